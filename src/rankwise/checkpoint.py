@@ -1,0 +1,202 @@
+"""Atomic checkpoints: weights, optimizer, scheduler, progress, RNG, config and tokenizer.
+
+Layout of ``<run>/checkpoints/``::
+
+    step-00000420/
+        model.safetensors     unwrapped weights (no ``module.`` prefix)
+        training_state.pt     optimizer, scheduler, precision scaler, step, epoch, RNG per rank
+        config.json           the run configuration
+        model_spec.json       how to rebuild the architecture
+        labels.json           label names in class-id order
+        tokenizer.json        the exact tokenizer used (text tasks)
+        manifest.json         SHA-256 of every file above; written last
+    latest -> step-00000420   updated only after the directory is complete
+
+A checkpoint is written into a hidden temporary directory, every file fsynced, the
+directory renamed into place and its parent fsynced; only then does ``latest`` move.
+A crash at any moment leaves either the old or the new checkpoint, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+WEIGHTS = "model.safetensors"
+STATE = "training_state.pt"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accept weights saved from a DDP/DataParallel wrapper (``module.`` prefix) or plain."""
+    if state and all(key.startswith("module.") for key in state):
+        return {key[len("module."):]: value for key, value in state.items()}
+    return state
+
+
+def write_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Path:
+    """Write weights as safetensors atomically (temp file, fsync, rename, directory fsync)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in strip_module_prefix(state).items()}, str(tmp))
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read weights from a safetensors/torch file or a checkpoint directory."""
+    path = Path(path)
+    if path.is_dir():
+        path = resolve(path) / WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"no weights at {path}")
+    if path.suffix == ".safetensors":
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("model", state) if isinstance(state, dict) and "model" in state else state
+    return strip_module_prefix(state)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], training_state: dict,
+                    config_json: str, model_spec: dict, label_names: list[str],
+                    tokenizer_file: str | os.PathLike | None = None, keep: int = 2) -> Path:
+    """Write ``root/step-NNNNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in strip_module_prefix(weights).items()}, str(tmp / WEIGHTS))
+    torch.save(training_state, tmp / STATE)
+    (tmp / "config.json").write_text(config_json, encoding="utf-8")
+    (tmp / "model_spec.json").write_text(json.dumps(model_spec, indent=2, ensure_ascii=False), encoding="utf-8")
+    (tmp / "labels.json").write_text(json.dumps(label_names, ensure_ascii=False), encoding="utf-8")
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    files = sorted(p for p in tmp.iterdir() if p.is_file())
+    manifest = {"step": step, "files": {p.name: _sha256(p) for p in files}}
+    for p in files:
+        _fsync_file(p)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    _fsync_file(tmp / MANIFEST)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. epoch end == max_steps): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _point_latest(root, final.name)
+    _fsync_dir(root)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _point_latest(root: Path, name: str) -> None:
+    link = root / "latest"
+    tmp = root / f".latest-{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(name, tmp)
+    os.replace(tmp, link)
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from a step directory, ``.../latest`` or a run's ``checkpoints`` folder."""
+    path = Path(path)
+    if (path / "checkpoints").is_dir() and not (path / MANIFEST).exists():
+        path = path / "checkpoints"
+    if (path / "latest").exists() and not (path / MANIFEST).exists():
+        path = path / "latest"
+    path = path.resolve()
+    if not (path / MANIFEST).is_file():
+        raise CheckpointError(f"{path} is not a complete rankwise checkpoint (no {MANIFEST})")
+    return path
+
+
+def verify(path: Path) -> dict:
+    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    for name, expected in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+        if _sha256(file) != expected:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its checksum")
+    return manifest
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    weights: dict[str, torch.Tensor]
+    config: dict
+    model_spec: dict
+    label_names: list[str]
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        file = self.path / "tokenizer.json"
+        return file if file.is_file() else None
+
+    def training_state(self) -> dict:
+        return torch.load(self.path / STATE, map_location="cpu", weights_only=False)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    path = resolve(path)
+    verify(path)
+    read = lambda name: json.loads((path / name).read_text(encoding="utf-8"))  # noqa: E731
+    return Checkpoint(path, read_weights(path / WEIGHTS), read("config.json"), read("model_spec.json"),
+                      read("labels.json"))

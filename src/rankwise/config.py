@@ -1,0 +1,294 @@
+"""Run configuration: typed, validated, one docstring per field.
+
+One channel: a TOML file (``--config run.toml``), then ``--set section.key=value``
+overrides, then the CLI's own flags, all merged into one dict and validated once by
+:class:`TrainConfig`.  Unknown keys and wrong types are reported with their dotted
+key, e.g. ``optim.lr: Input should be a valid number``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user (names the key or file)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class DataConfig(_Section):
+    source: str = "sentiment"
+    """`sentiment` (built-in Chinese reviews), `toy` (random features) or a path to a .csv/.tsv/.jsonl file."""
+    text_column: str = "text"
+    """Column (CSV/TSV header name or JSONL key) holding the text."""
+    label_column: str = "label"
+    """Column holding the label; any strings, e.g. 其他/喜好/悲伤."""
+    split_column: str | None = None
+    """Optional column with train/dev/test per row; without it rows are split by a hash of the text."""
+    dev_percent: int = Field(5, ge=0, le=50)
+    """Share of rows (by text hash) that go to the dev split."""
+    test_percent: int = Field(10, ge=1, le=50)
+    """Share of rows (by text hash) that go to the test split."""
+    limit: int | None = Field(None, ge=1)
+    """Keep only the first N rows of each split after splitting (quick runs and tests)."""
+    tokenizer: str = "wordpiece"
+    """`char` (one token per character), `wordpiece` (learned on the training split) or a local HF tokenizer path."""
+    vocab_size: int = Field(6000, ge=100)
+    """Vocabulary size for a learned `wordpiece` tokenizer (upper bound for `char`)."""
+    max_length: int = Field(96, ge=8)
+    """Tokens per text, [CLS] and [SEP] included; longer texts are truncated."""
+    toy_samples: int = Field(4096, ge=8)
+    """Number of samples in the `toy` dataset."""
+    toy_features: int = Field(10, ge=1)
+    """Input features of the `toy` dataset."""
+    toy_classes: int = Field(5, ge=2)
+    """Classes of the `toy` dataset."""
+
+
+class ModelConfig(_Section):
+    name: str = "tiny"
+    """`tiny`, `small`, `base` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path."""
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    """Dropout in the BERT presets and toy MLP; set 0 for bit-comparable equivalence runs."""
+    split_devices: bool = False
+    """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel)."""
+
+
+class OptimConfig(_Section):
+    lr: float = Field(2e-3, gt=0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW weight decay; never applied to biases and LayerNorm weights."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    warmup_ratio: float = Field(0.06, ge=0, le=1)
+    """Fraction of the optimizer steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    """Decay after warm-up."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    """Label smoothing of the cross-entropy loss."""
+
+
+class DDPConfig(_Section):
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    """Gradient bucket size for DDP's all-reduce, in MB."""
+    find_unused_parameters: bool = False
+    """Let DDP tolerate parameters that get no gradient (costs a graph traversal per step)."""
+    static_graph: bool = False
+    """Tell DDP the graph never changes between steps (enables some optimisations)."""
+    gradient_as_bucket_view: bool = True
+    """Gradients alias DDP's communication buckets: saves one copy and memory."""
+
+
+class LaunchConfig(_Section):
+    launcher: Literal["torchrun", "spawn"] = "torchrun"
+    """How worker processes start: torchrun's elastic agent in-process, or torch.multiprocessing spawn."""
+    nproc_per_node: int = Field(1, ge=1)
+    """Processes on this node (usually one per GPU)."""
+    nnodes: int = Field(1, ge=1)
+    """Number of nodes (machines)."""
+    node_rank: int = Field(0, ge=0)
+    """Rank of this node, 0 .. nnodes-1."""
+    master_addr: str = "127.0.0.1"
+    """Address of the rank-0 node."""
+    master_port: int | None = Field(None, ge=1, le=65535)
+    """Port on the rank-0 node; a free one is picked on a single node when not set."""
+    rdzv_backend: str | None = None
+    """torchrun rendezvous backend (e.g. c10d); overrides master_addr/port when set."""
+    rdzv_endpoint: str | None = None
+    """torchrun rendezvous endpoint host:port."""
+    rdzv_id: str | None = None
+    """torchrun rendezvous id shared by all nodes of the job."""
+    max_restarts: int = Field(0, ge=0)
+    """How often torchrun restarts the worker group after a failure."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Timeout of collective operations and process-group set-up, in seconds."""
+
+
+class TrainConfig(_Section):
+    strategy: str = "single"
+    """Data-parallel strategy: see `rankwise train --help` for the registered names."""
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    """Numeric precision: full fp32, or autocast to bf16 / fp16 (fp16 needs CUDA)."""
+    epochs: int = Field(3, ge=1)
+    """Passes over the training split."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many optimizer steps (overrides epochs when reached first)."""
+    batch_size: int = Field(64, ge=1)
+    """Global batch per optimizer step, the same whatever the world size: per-rank micro-batch = batch_size / (world_size * grad_accum)."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step (gradient sync only on the last)."""
+    eval_batch_size: int = Field(256, ge=1)
+    """Global batch for evaluation."""
+    seed: int = 0
+    """Seed for weights, shuffling and dropout; shuffling is identical on every rank."""
+    out: str | None = None
+    """Run directory; default runs/<name>."""
+    name: str | None = None
+    """Run name; default <data>-<strategy>-<timestamp>."""
+    log_every: int = Field(20, ge=1)
+    """Log (and all-reduce) the loss every N optimizer steps."""
+    save_every: int | None = Field(None, ge=1)
+    """Also checkpoint every N optimizer steps (a checkpoint is always written at each epoch end)."""
+    resume: str | None = None
+    """Checkpoint directory to resume from (`latest` means <out>/checkpoints/latest)."""
+    eval_split: Literal["dev", "test"] = "test"
+    """Split evaluated at the end of training and reported."""
+    progress: bool = True
+    """Show a tqdm progress bar on rank 0."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Data and tokenizer."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Model."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    ddp: DDPConfig = Field(default_factory=DDPConfig)
+    """DistributedDataParallel options."""
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    """Process launch."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TrainConfig":
+        from rankwise.strategies import strategy_names
+
+        if self.strategy not in strategy_names():
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(strategy_names())}")
+        if self.launch.node_rank >= self.launch.nnodes:
+            raise ValueError(f"launch.node_rank={self.launch.node_rank} must be < launch.nnodes={self.launch.nnodes}")
+        if self.data.dev_percent + self.data.test_percent >= 90:
+            raise ValueError("data.dev_percent + data.test_percent must leave at least 10% for training")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.nproc_per_node * self.launch.nnodes
+
+    def micro_batch_size(self, world_size: int) -> int:
+        """Per-rank micro-batch; raises ConfigError when the global batch does not divide evenly."""
+        per_step = world_size * self.grad_accum
+        if self.batch_size % per_step:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is not divisible by world_size ({world_size}) x grad_accum "
+                f"({self.grad_accum}) = {per_step}; the global batch must split evenly across ranks and micro-batches"
+            )
+        return self.batch_size // per_step
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def parse_value(raw: str) -> Any:
+    """Parse a ``--set`` value as a TOML literal (numbers, booleans, arrays, quoted strings), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_override(tree: dict, dotted: str, value: Any) -> None:
+    """Set ``tree[a][b] = value`` for ``dotted='a.b'``, checking every key against the schema."""
+    parts = dotted.split(".")
+    model: type[BaseModel] = TrainConfig
+    node = tree
+    for i, key in enumerate(parts):
+        fields = model.model_fields
+        if key not in fields:
+            where = ".".join(parts[:i]) or "top level"
+            hint = difflib.get_close_matches(key, list(fields), n=1)
+            suggestion = f"; did you mean {'.'.join(parts[:i] + hint)!r}?" if hint else ""
+            raise ConfigError(f"unknown config key {dotted!r} (no {key!r} in {where}){suggestion}")
+        annotation = fields[key].annotation
+        is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        if i == len(parts) - 1:
+            if is_section:
+                raise ConfigError(f"config key {dotted!r} is a section; set one of its fields, e.g. {dotted}.{next(iter(annotation.model_fields))}")
+            node[key] = value
+        else:
+            if not is_section:
+                raise ConfigError(f"config key {'.'.join(parts[: i + 1])!r} is not a section")
+            node = node.setdefault(key, {})
+            model = annotation
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    items = []
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            items.extend(_flatten(value, dotted + "."))
+        else:
+            items.append((dotted, value))
+    return items
+
+
+def build_config(
+    config_file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Merge file < ``--set`` overrides < explicit CLI flags and validate once."""
+    tree: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            loaded = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        for dotted, value in _flatten(loaded):
+            try:
+                apply_override(tree, dotted, value)
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        apply_override(tree, key.strip(), parse_value(raw.strip()))
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            apply_override(tree, dotted, value)
+    return validate(tree)
+
+
+def validate(tree: dict[str, Any]) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(tree)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "config"
+            given = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+            lines.append(f"  {key}: {err['msg']}{given}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+
+
+def load_config_json(path: str | Path) -> TrainConfig:
+    return validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def describe_fields(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every leaf field: the config reference in ``--help``."""
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe_fields(annotation, f"{prefix}{name}."))
+        else:
+            default = field.default if field.default_factory is None else field.default_factory()
+            rows.append((f"{prefix}{name}", json.dumps(default, ensure_ascii=False), field.description or ""))
+    return rows

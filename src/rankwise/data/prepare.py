@@ -1,0 +1,128 @@
+"""Turn ``data.*`` config into train/dev/test datasets, once, before workers start.
+
+The launching process reads and validates the data (so bad files fail before any
+worker is spawned), learns the tokenizer on the training split, encodes every split and
+saves the result under ``<run>/data/``.  Workers only load that file, so every rank
+trains on exactly the same token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rankwise.config import DataConfig
+from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
+from rankwise.data.files import read_file
+from rankwise.data.records import DataError, Record
+from rankwise.data.sentiment import load_sentiment
+from rankwise.data.split import SPLITS, assign_splits, clean, hash_split
+from rankwise.data.tokenizer import TextEncoder
+from rankwise.data.toy import make_toy
+
+PREPARED_FILE = "prepared.pt"
+
+
+@dataclass
+class PreparedData:
+    kind: str
+    """``text`` or ``features``."""
+    label_names: list[str]
+    splits: dict[str, dict]
+    """split -> {"ids"/"features": ..., "labels": ...}."""
+    stats: dict = field(default_factory=dict)
+    encoder: TextEncoder | None = None
+    features: int | None = None
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def size(self, split: str) -> int:
+        return len(self.splits[split]["labels"])
+
+    def dataset(self, split: str):
+        part = self.splits[split]
+        if self.kind == "features":
+            return FeatureDataset(part["features"], part["labels"])
+        return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.encoder is not None:
+            self.encoder.save(directory)
+        payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,
+                   "stats": self.stats, "features": self.features,
+                   "max_length": self.encoder.max_length if self.encoder else None}
+        tmp = directory / f".{PREPARED_FILE}.tmp"
+        torch.save(payload, tmp)
+        os.replace(tmp, directory / PREPARED_FILE)
+        (directory / "stats.json").write_text(json.dumps(self.stats, indent=2, ensure_ascii=False), encoding="utf-8")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "PreparedData":
+        directory = Path(directory)
+        payload = torch.load(directory / PREPARED_FILE, weights_only=False)
+        encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
+        return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
+                   payload["features"])
+
+
+def load_records(config: DataConfig) -> list[Record]:
+    if config.source == "sentiment":
+        return load_sentiment()
+    return read_file(config.source, config.text_column, config.label_column, config.split_column)
+
+
+def prepare_text(config: DataConfig) -> PreparedData:
+    records, stats = clean(load_records(config))
+    splits = assign_splits(records, config.dev_percent, config.test_percent)
+    if config.limit:
+        splits = {name: part[: config.limit] for name, part in splits.items()}
+    if not splits["train"]:
+        raise DataError(config.source, "the training split is empty")
+    if not splits["test"]:
+        raise DataError(config.source, "the test split is empty; add rows or raise data.test_percent")
+    label_names = sorted({r.label for r in splits["train"]})
+    if len(label_names) < 2:
+        raise DataError(config.source, f"the training split has a single label {label_names}; need at least 2")
+    label_id = {name: i for i, name in enumerate(label_names)}
+    for name in ("dev", "test"):
+        for record in splits[name]:
+            if record.label not in label_id:
+                raise DataError(record.source.rsplit(":", 1)[0], f"label {record.label!r} of the {name} split never "
+                                f"occurs in the training split ({', '.join(label_names)})",
+                                int(record.source.rsplit(":", 1)[1]))
+    encoder = TextEncoder.build(config.tokenizer, [r.text for r in splits["train"]], config.vocab_size,
+                                config.max_length)
+    encoded = {name: {"ids": encoder.encode([r.text for r in part]), "labels": [label_id[r.label] for r in part]}
+               for name, part in splits.items()}
+    stats |= {f"{name}_samples": len(part) for name, part in splits.items()}
+    stats["vocab_size"] = encoder.vocab_size
+    return PreparedData("text", label_names, encoded, stats, encoder)
+
+
+def prepare_toy(config: DataConfig, seed: int) -> PreparedData:
+    x, y = make_toy(config.toy_samples, config.toy_features, config.toy_classes, seed=seed)
+    names = [hash_split(f"toy-{i}", config.dev_percent, config.test_percent) for i in range(len(y))]
+    splits = {}
+    for split in SPLITS:
+        rows = torch.tensor([i for i, name in enumerate(names) if name == split], dtype=torch.long)
+        if config.limit:
+            rows = rows[: config.limit]
+        splits[split] = {"features": x[rows], "labels": y[rows]}
+    stats = {f"{split}_samples": len(part["labels"]) for split, part in splits.items()}
+    return PreparedData("features", [str(c) for c in range(config.toy_classes)], splits, stats,
+                        features=config.toy_features)
+
+
+def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
+    if config.source == "toy":
+        return prepare_toy(config, seed)
+    return prepare_text(config)

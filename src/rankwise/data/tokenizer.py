@@ -1,0 +1,117 @@
+"""Tokenizers: learned from the training split with HF ``tokenizers``, or a local HF tokenizer.
+
+* ``char``: one token per character (NFKC-normalised, lower-cased).
+* ``wordpiece``: a WordPiece vocabulary learned on the training texts.  Runs of CJK
+  characters are *not* split into single characters first, so frequent words and
+  phrases (质量, 不错, 很好) become single tokens, with single characters as fallback.
+* a local path: any tokenizer ``transformers.AutoTokenizer`` loads offline.
+
+The tokenizer is saved next to the prepared data and inside every checkpoint, so
+``rankwise predict`` encodes text exactly as training did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _normalizer():
+    return normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(), normalizers.Strip()])
+
+
+def _finish(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def train_char_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.normalizer = _normalizer()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Split(Regex("."), behavior="isolated"),
+    ])
+    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return _finish(tokenizer, max_length)
+
+
+def train_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=200))
+    tokenizer.normalizer = _normalizer()
+    # Whitespace splits on spaces and between word characters and punctuation; CJK runs stay whole.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits()])
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return _finish(tokenizer, max_length)
+
+
+class TextEncoder:
+    """Text -> token ids, with the padding id and vocabulary size the model needs."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.no_padding()
+
+    @classmethod
+    def build(cls, kind: str, train_texts: list[str], vocab_size: int, max_length: int) -> "TextEncoder":
+        if kind == "char":
+            return cls(train_char_tokenizer(train_texts, vocab_size, max_length), max_length)
+        if kind == "wordpiece":
+            return cls(train_wordpiece_tokenizer(train_texts, vocab_size, max_length), max_length)
+        return cls.from_pretrained(kind, max_length)
+
+    @classmethod
+    def from_pretrained(cls, path: str, max_length: int) -> "TextEncoder":
+        """A local HF tokenizer (directory or tokenizer.json); never downloads."""
+        location = Path(path)
+        if location.is_file():
+            return cls(Tokenizer.from_file(str(location)), max_length)
+        if not location.is_dir():
+            raise ValueError(f"data.tokenizer={path!r}: expected char, wordpiece or a local tokenizer path")
+        if (location / "tokenizer.json").is_file():
+            return cls(Tokenizer.from_file(str(location / "tokenizer.json")), max_length)
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(location), local_files_only=True, use_fast=True)
+        if not getattr(hf, "is_fast", False):
+            raise ValueError(f"data.tokenizer={path!r}: only fast (tokenizers-backed) tokenizers are supported")
+        return cls(hf.backend_tokenizer, max_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def pad_id(self) -> int:
+        for token in ("[PAD]", "<pad>"):
+            token_id = self.tokenizer.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        return 0
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(path))
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path, max_length: int) -> "TextEncoder":
+        return cls(Tokenizer.from_file(str(Path(directory) / "tokenizer.json")), max_length)

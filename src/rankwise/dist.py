@@ -1,0 +1,126 @@
+"""Collectives that are no-ops at world size 1 and loud when a process group is missing.
+
+Every function here is safe to call from a single-process run.  In a run that *should*
+be distributed (``WORLD_SIZE`` > 1 in the environment) but never joined a process
+group, they raise :class:`MissingProcessGroupError` instead of silently returning this
+rank's values: that is how the "each process trains alone" bug is caught.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+import torch.distributed as torch_dist
+
+ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
+class MissingProcessGroupError(RuntimeError):
+    pass
+
+
+def _expected_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def world_size() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size()
+    expected = _expected_world_size()
+    if expected > 1:
+        raise MissingProcessGroupError(
+            f"WORLD_SIZE={expected} but this process (RANK={os.environ.get('RANK', '?')}) has not joined a process "
+            "group; call rankwise.setup(...) (or torch.distributed.init_process_group) before collectives"
+        )
+    return 1
+
+
+def rank() -> int:
+    return torch_dist.get_rank() if world_size() > 1 else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        torch_dist.barrier()
+
+
+def all_reduce(tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+    """Reduce ``tensor`` in place across ranks and return it (``mean`` divides by the world size)."""
+    n = world_size()
+    if n == 1:
+        return tensor
+    torch_op = {"sum": torch_dist.ReduceOp.SUM, "mean": torch_dist.ReduceOp.SUM,
+                "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}[op]
+    torch_dist.all_reduce(tensor, op=torch_op)
+    if op == "mean":
+        tensor /= n
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    if world_size() > 1:
+        torch_dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def broadcast_object(obj, src: int = 0):
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's picklable ``obj``, in rank order."""
+    n = world_size()
+    if n == 1:
+        return [obj]
+    out = [None] * n
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0, in rank order; first dims may differ between ranks."""
+    n = world_size()
+    if n == 1:
+        return tensor
+    # Why: all_gather needs equal shapes, so ranks first agree on each one's length, then pad to the longest.
+    local_len = torch.tensor([tensor.shape[0]], device=tensor.device)
+    lengths = [torch.zeros_like(local_len) for _ in range(n)]
+    torch_dist.all_gather(lengths, local_len)
+    lengths = [int(x.item()) for x in lengths]
+    longest = max(lengths)
+    padded = tensor
+    if tensor.shape[0] < longest:
+        pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        padded = torch.cat([tensor, pad])
+    parts = [torch.empty_like(padded) for _ in range(n)]
+    torch_dist.all_gather(parts, padded.contiguous())
+    return torch.cat([part[:length] for part, length in zip(parts, lengths)])
+
+
+def gather_exact(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+    """Gather per-sample tensors from all ranks, one row per sample, ordered by sample index.
+
+    ``DistributedSampler`` pads the last shard by repeating samples so every rank gets the
+    same count; the padded copies carry an index already seen and are dropped here.  The
+    result has exactly ``total`` rows, or a ``RuntimeError`` says which samples are missing.
+    """
+    gathered_index = all_gather(index)
+    gathered = [all_gather(t) for t in tensors]
+    order = torch.argsort(gathered_index, stable=True)
+    sorted_index = gathered_index[order]
+    keep = torch.ones_like(sorted_index, dtype=torch.bool)
+    keep[1:] = sorted_index[1:] != sorted_index[:-1]
+    unique_index = sorted_index[keep]
+    if unique_index.numel() != total:
+        seen = set(unique_index.tolist())
+        missing = [i for i in range(total) if i not in seen][:10]
+        raise RuntimeError(
+            f"exact gather found {unique_index.numel()} distinct samples, expected {total}; missing e.g. {missing}"
+        )
+    return (unique_index, *(t[order][keep] for t in gathered))

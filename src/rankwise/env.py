@@ -1,0 +1,193 @@
+"""Who am I: rank, local rank, world size, node, device and backend of this process.
+
+Read from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), from
+Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...), from arguments an
+``mp.spawn`` worker receives, or a single process when none is set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    rank: int = 0
+    """Global rank, 0 .. world_size-1."""
+    local_rank: int = 0
+    """Rank within this node; picks the device."""
+    world_size: int = 1
+    """Processes in the job."""
+    local_world_size: int = 1
+    """Processes on this node."""
+    node_rank: int = 0
+    """Rank of this node."""
+    master_addr: str = "127.0.0.1"
+    """Address of the process that hosts the rendezvous store."""
+    master_port: int | None = None
+    """Port of the rendezvous store."""
+    source: str = "single"
+    """Where the values came from: torchrun, slurm, spawn or single."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def detect(cls) -> "ProcessEnv":
+        env = os.environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            return cls(
+                rank=int(env["RANK"]),
+                local_rank=int(env.get("LOCAL_RANK", 0)),
+                world_size=int(env["WORLD_SIZE"]),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+                node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", 0))),
+                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
+                source="torchrun",
+            )
+        if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", 1)) > 1:
+            return cls.from_slurm(env)
+        return cls()
+
+    @classmethod
+    def from_slurm(cls, env: dict[str, str] | os._Environ) -> "ProcessEnv":
+        ntasks = int(env["SLURM_NTASKS"])
+        nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", 1)))
+        # SLURM_NTASKS_PER_NODE looks like "4" or "4(x2)"; fall back to an even split.
+        per_node = env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
+        match = re.match(r"(\d+)", per_node)
+        local_world_size = int(match.group(1)) if match else max(1, ntasks // nnodes)
+        job_id = int(env.get("SLURM_JOB_ID", 0))
+        return cls(
+            rank=int(env["SLURM_PROCID"]),
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            world_size=ntasks,
+            local_world_size=local_world_size,
+            node_rank=int(env.get("SLURM_NODEID", 0)),
+            master_addr=env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+            # Every task of the job must agree on the port without talking: derive it from the job id.
+            master_port=int(env.get("MASTER_PORT", 15000 + job_id % 20000)),
+            source="slurm",
+        )
+
+    @classmethod
+    def from_spawn(cls, local_rank: int, nproc_per_node: int, *, node_rank: int = 0, nnodes: int = 1,
+                   master_addr: str = "127.0.0.1", master_port: int) -> "ProcessEnv":
+        return cls(
+            rank=node_rank * nproc_per_node + local_rank,
+            local_rank=local_rank,
+            world_size=nproc_per_node * nnodes,
+            local_world_size=nproc_per_node,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            source="spawn",
+        )
+
+    def export(self) -> None:
+        """Write the torchrun-style variables, so libraries that read them (and user code) agree with us."""
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.local_world_size),
+            GROUP_RANK=str(self.node_rank),
+            MASTER_ADDR=self.master_addr,
+        )
+        if self.master_port is not None:
+            os.environ["MASTER_PORT"] = str(self.master_port)
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
+    head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not head:
+        return nodelist
+    prefix, ranges = head.group(1), head.group(2)
+    if not ranges:
+        return prefix
+    return prefix + re.split(r"[-,]", ranges)[0]
+
+
+def device_for(local_rank: int) -> torch.device:
+    """One CUDA device per local rank when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float = 300.0) -> None:
+    """Join the job's process group (no-op when already joined).
+
+    A one-process "group" (e.g. ``--strategy ddp --nproc-per-node 1``) needs no
+    rendezvous: it uses an in-memory store, so it works without MASTER_PORT.
+    """
+    if torch_dist.is_initialized():
+        return
+    if not env.distributed:
+        torch_dist.init_process_group(backend=backend_for(device), store=torch_dist.HashStore(), rank=0,
+                                      world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
+        return
+    if env.master_port is None:
+        raise RuntimeError(f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or set it")
+    env.export()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch_dist.init_process_group(
+        backend=backend_for(device),
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def destroy_process_group(clean: bool = True) -> None:
+    """Leave the process group.
+
+    torch 2.13 on gloo aborts at exit about one run in three when a DDP module is still
+    alive at ``destroy_process_group()``; callers drop their wrapped modules first, then
+    we collect them and, after a successful run, meet at a barrier so no rank tears down
+    while another still communicates.  After a failure we skip the barrier: the peers
+    may never reach it, and the launcher stops them.
+    """
+    gc.collect()
+    if not torch_dist.is_initialized():
+        return
+    try:
+        if clean:
+            # Why: a rank that destroys its group while a peer is mid-collective makes the peer hang or abort.
+            torch_dist.barrier()
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_process(local_processes: int) -> int:
+    """OMP threads each local process should use: the user's OMP_NUM_THREADS, else cores / processes."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
+    return max(1, usable_cores() // max(1, local_processes))

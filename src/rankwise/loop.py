@@ -1,0 +1,262 @@
+"""The training loop, written only against the public :class:`~rankwise.runtime.Runtime` API.
+
+The same code runs under every strategy.  Per optimizer step: ``grad_accum``
+micro-batches, gradient synchronisation only on the last (``no_sync`` before), clip,
+step, schedule.  No barrier and no ``.item()`` per step: the loss is reduced across ranks
+only when it is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from tqdm import tqdm
+
+from rankwise import checkpoint as ckpt
+from rankwise.config import ConfigError, TrainConfig
+from rankwise.data.prepare import PreparedData
+from rankwise.evaluate import evaluate, forward_logits, write_report
+from rankwise.models import build_model
+from rankwise.runtime import Runtime, iterate_steps, setup
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: never on biases, LayerNorm weights or other 1-D parameters."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    # The fused kernel is one pass over all parameters on CPU and CUDA alike.
+    return torch.optim.AdamW(parameter_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
+                             fused=device.type in ("cpu", "cuda"))
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return factor
+
+
+class MetricsLog:
+    """metrics.jsonl and TensorBoard events, written by rank 0 only."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.file = None
+        self.writer = None
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, step: int, **values) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and key not in ("epoch",):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            self.writer.close()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime):
+        self.cfg, self.data, self.run_dir, self.rt = cfg, data, Path(run_dir), rt
+        self.train_set = data.dataset("train")
+        self.eval_sets = {name: data.dataset(name) for name in ("dev", "test") if data.size(name)}
+        model, self.model_spec = build_model(
+            cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
+            vocab_size=data.encoder.vocab_size if data.encoder else None,
+            pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
+            features=data.features, split_devices=cfg.model.split_devices)
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        optimizer = make_optimizer(model, cfg, rt.device)
+        self.model, self.optimizer = rt.prepare(model, optimizer)
+        # Weights are initialised identically on every rank (same seed); from here on each
+        # rank gets its own stream so dropout masks differ between ranks, as they should.
+        torch.manual_seed(cfg.seed + rt.rank)
+        self.micro_batch = cfg.micro_batch_size(rt.world_size)
+        self.collate = getattr(self.train_set, "collate", None)
+        self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
+                                collate_fn=self.collate)
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"the training split ({len(self.train_set)} samples) is smaller than one global batch "
+                              f"of {cfg.batch_size}; lower --batch-size")
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        if cfg.max_steps:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        warmup = int(cfg.optim.warmup_ratio * self.total_steps)
+        self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
+        self.step = 0
+        self.metrics = MetricsLog(self.run_dir, rt.is_main)
+        self.checkpoint_path: Path | None = None
+
+    # -- state -------------------------------------------------------------------------------
+    def save(self, epoch: int) -> None:
+        # Every rank contributes (sharded strategies gather weights; RNG differs per rank).
+        weights = self.rt.state_dict(self.model)
+        rng = self.rt.all_gather_object(ckpt.rng_state()) if self.rt.world_size > 1 else [ckpt.rng_state()]
+        if self.rt.is_main:
+            state = {"step": self.step, "epoch": epoch, "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "precision": self.rt.strategy.precision.state_dict(),
+                     "rng": rng, "world_size": self.rt.world_size}
+            tokenizer = self.run_dir / "data" / "tokenizer.json"
+            self.checkpoint_path = ckpt.save_checkpoint(
+                self.run_dir / "checkpoints", self.step, weights=weights, training_state=state,
+                config_json=self.cfg.to_json(), model_spec=self.model_spec, label_names=self.data.label_names,
+                tokenizer_file=tokenizer if tokenizer.is_file() else None)
+
+    def resume(self, path: str) -> None:
+        if path == "latest":
+            path = str(self.run_dir / "checkpoints" / "latest")
+        checkpoint = ckpt.load_checkpoint(path)
+        state = checkpoint.training_state()
+        if state["world_size"] != self.rt.world_size:
+            raise ConfigError(f"checkpoint {checkpoint.path} was written at world size {state['world_size']}, "
+                              f"this run has {self.rt.world_size}; resume with the same number of processes")
+        self.rt.strategy.load_model_state_dict(self.model, checkpoint.weights)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rt.strategy.precision.load_state_dict(state["precision"])
+        ckpt.set_rng_state(state["rng"][self.rt.rank])
+        self.step = state["step"]
+        self.rt.print(f"resumed from {checkpoint.path} at step {self.step}")
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
+        batch = self.rt.to_device(batch)
+        with self.rt.no_sync(self.model, enabled=not sync):
+            with self.rt.autocast():
+                logits = forward_logits(self.model, batch)
+                loss = nn.functional.cross_entropy(logits.float(), batch["labels"],
+                                                   label_smoothing=self.cfg.optim.label_smoothing)
+            self.rt.backward(loss / self.cfg.grad_accum, self.model)
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        if self.cfg.optim.max_grad_norm:
+            self.rt.clip_grad_norm(self.model, self.optimizer, self.cfg.optim.max_grad_norm)
+        self.rt.step(self.optimizer, self.model)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+
+    def fit(self) -> dict:
+        cfg, rt = self.cfg, self.rt
+        if cfg.resume:
+            self.resume(cfg.resume)
+        start_step = self.step
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
+                   unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
+        loss_sum = torch.zeros((), device=rt.device)
+        loss_steps = 0
+        train_time = 0.0
+        epoch = self.step // self.steps_per_epoch
+        while self.step < self.total_steps:
+            rt.set_epoch(self.loader, epoch)
+            skip = self.step - epoch * self.steps_per_epoch  # steps of this epoch done before a resume
+            started = time.perf_counter()
+            for micro, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
+                if micro < skip * cfg.grad_accum:
+                    continue
+                loss_sum += self.train_step(batch, sync) / cfg.grad_accum
+                if not sync:
+                    continue
+                self.optimizer_step()
+                loss_steps += 1
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    # Why: the only per-interval sync of the loop; .item() waits for the device.
+                    mean_loss = rt.all_reduce(loss_sum / loss_steps, "mean").item()
+                    lr = self.scheduler.get_last_lr()[0]
+                    self.metrics.log(self.step, epoch=epoch, loss=mean_loss, lr=lr)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+                    loss_sum.zero_()
+                    loss_steps = 0
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save(epoch)
+                if self.step >= self.total_steps:
+                    break
+            train_time += time.perf_counter() - started
+            epoch_done = self.step % self.steps_per_epoch == 0 or self.step >= self.total_steps
+            if epoch_done:
+                if "dev" in self.eval_sets:
+                    dev = self.evaluate("dev")
+                    self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
+                    if rt.is_main and cfg.progress:
+                        bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
+                self.save(epoch)
+            epoch += 1
+        bar.close()
+        return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
+
+    def evaluate(self, split: str):
+        return evaluate(self.rt, self.model, self.eval_sets[split], self.data.label_names, self.cfg.eval_batch_size,
+                        self.collate)
+
+    def finish(self, train_time: float, samples: int) -> dict:
+        cfg, rt = self.cfg, self.rt
+        if cfg.eval_split not in self.eval_sets:
+            raise ConfigError(f"eval_split={cfg.eval_split!r} is empty for this data")
+        result = self.evaluate(cfg.eval_split)
+        summary = {
+            "strategy": cfg.strategy,
+            "world_size": rt.world_size,
+            "library_world_size": rt.strategy.library_world_size,
+            "precision": cfg.precision,
+            "model": cfg.model.name,
+            "parameters": self.num_parameters,
+            "train_samples": len(self.train_set),
+            "eval_split": cfg.eval_split,
+            "eval_samples": result.samples,
+            "accuracy": result.accuracy,
+            "macro_f1": result.macro_f1,
+            "weighted_f1": result.weighted_f1,
+            "steps": self.step,
+            "train_s": round(train_time, 3),
+            "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
+            "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
+            "run_dir": str(self.run_dir),
+        }
+        if rt.is_main:
+            title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
+            write_report(self.run_dir / "report.md", result, self.data.label_names, title)
+            self.metrics.log(self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")})
+            (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            (self.run_dir / "report.txt").write_text(result.report_text, encoding="utf-8")
+        self.metrics.close()
+        return summary
+
+
+def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path) -> dict:
+    """Train and evaluate in this process (one rank of the job); always tears the process group down."""
+    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=cfg.ddp, timeout_s=cfg.launch.timeout_s) as rt:
+        return Trainer(cfg, data, Path(run_dir), rt).fit()

@@ -1,0 +1,37 @@
+"""Model builders.  Every model maps a batch's inputs to class logits.
+
+A model is described by a *spec* (a JSON-able dict) saved with each checkpoint, so
+``predict`` and ``export`` rebuild the exact architecture without the training config.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from rankwise.models.bert import BERT_PRESETS, bert_from_spec, build_bert
+from rankwise.models.toy import TOY_MODELS, build_toy, toy_from_spec
+
+
+def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int | None = None,
+                pad_id: int = 0, max_length: int = 128, features: int | None = None,
+                split_devices: bool = False) -> tuple[nn.Module, dict]:
+    """Return ``(model, spec)``."""
+    if name in TOY_MODELS:
+        if features is None:
+            raise ValueError(f"model {name!r} needs feature inputs: use it with --data toy")
+        return build_toy(name, features, num_labels, dropout, split_devices)
+    if features is not None:
+        raise ValueError(f"model {name!r} reads text; with --data toy use --model linear or mlp")
+    return build_bert(name, num_labels=num_labels, dropout=dropout, vocab_size=vocab_size, pad_id=pad_id,
+                      max_length=max_length)
+
+
+def model_from_spec(spec: dict) -> nn.Module:
+    """Rebuild a freshly initialised model from a saved spec (weights are loaded separately)."""
+    if spec["kind"] == "toy":
+        return toy_from_spec(spec)
+    return bert_from_spec(spec)
+
+
+def model_names() -> list[str]:
+    return [*BERT_PRESETS, *TOY_MODELS]

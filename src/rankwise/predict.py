@@ -1,0 +1,46 @@
+"""Classify texts with a checkpoint: same tokenizer, same architecture, unwrapped weights."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rankwise.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from rankwise.data.datasets import TokenizedTextDataset
+from rankwise.data.tokenizer import TextEncoder
+from rankwise.evaluate import forward_logits
+from rankwise.models import model_from_spec
+
+
+class Predictor:
+    def __init__(self, model: nn.Module, encoder: TextEncoder, label_names: list[str]):
+        self.model = model.eval()
+        self.encoder = encoder
+        self.label_names = label_names
+
+    @classmethod
+    def from_checkpoint(cls, path) -> "Predictor":
+        checkpoint: Checkpoint = load_checkpoint(path)
+        if checkpoint.tokenizer_file is None:
+            raise CheckpointError(f"{checkpoint.path} has no tokenizer: it was not trained on text")
+        model = model_from_spec(checkpoint.model_spec)
+        model.load_state_dict(checkpoint.weights)
+        encoder = TextEncoder.load(checkpoint.path, checkpoint.config["data"]["max_length"])
+        return cls(model, encoder, checkpoint.label_names)
+
+    @torch.no_grad()
+    def probabilities(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+        ids = self.encoder.encode(texts)
+        dataset = TokenizedTextDataset(ids, [0] * len(ids), self.encoder.pad_id)
+        out = []
+        for start in range(0, len(ids), batch_size):
+            batch = dataset.collate([dataset[i] for i in range(start, min(start + batch_size, len(ids)))])
+            out.append(forward_logits(self.model, batch).float().softmax(dim=-1))
+        return torch.cat(out)
+
+    def predict(self, texts: list[str]) -> list[dict]:
+        probs = self.probabilities(texts)
+        best = probs.argmax(dim=-1)
+        return [{"label": self.label_names[int(i)], "probability": float(p[i]),
+                 "probabilities": {name: round(float(x), 6) for name, x in zip(self.label_names, p)}}
+                for i, p in zip(best, probs)]

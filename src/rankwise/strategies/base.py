@@ -1,0 +1,83 @@
+"""The small interface every strategy implements.
+
+A strategy decides how a model and optimizer are wrapped, how the backward pass and
+the optimizer step run, and how gradient synchronisation is skipped during
+accumulation.  It never starts processes (that is ``rankwise.launch``) and never
+contains the training loop (that is ``rankwise.loop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from rankwise import env as process
+from rankwise.env import ProcessEnv
+from rankwise.precision import Precision
+
+
+class Strategy:
+    name: ClassVar[str]
+    """Name used with ``--strategy``."""
+    multiprocess: ClassVar[bool] = True
+    """Whether the strategy runs one process per device (and so needs a launcher)."""
+    description: ClassVar[str] = ""
+    """One line for ``--help``."""
+
+    def __init__(self, env: ProcessEnv, precision: str = "32-true", options: Any = None, timeout_s: float = 300.0):
+        self.env = env
+        self.options = options
+        self.timeout_s = timeout_s
+        self.device = process.device_for(env.local_rank)
+        self.precision = Precision(precision, self.device)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Join the process group (multi-process strategies)."""
+        process.init_process_group(self.env, self.device, self.timeout_s)
+
+    def teardown(self, clean: bool = True) -> None:
+        process.destroy_process_group(clean)
+
+    # -- wrapping ----------------------------------------------------------------------------
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    # -- the step ----------------------------------------------------------------------------
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which backward passes do not synchronise gradients (accumulation)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        self.precision.backward(loss)
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        self.precision.unscale(optimizer)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        self.precision.step(optimizer)
+
+    # -- state -------------------------------------------------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full, unwrapped weights (no ``module.`` prefix), on the CPU."""
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        self.unwrap(model).load_state_dict(state)
+
+    @property
+    def library_world_size(self) -> int:
+        """World size as the strategy's own library sees it (guards against ranks training alone)."""
+        from rankwise import dist
+
+        return dist.world_size()
