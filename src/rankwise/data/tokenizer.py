@@ -54,6 +54,13 @@ def train_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
                                         show_progress=False)
     tokenizer.train_from_iterator(texts, trainer)
+    # Every known character must also exist as a continuation piece ("##质"), or a word
+    # whose only unseen piece is such a character would encode as one [UNK].
+    vocab = tokenizer.get_vocab()
+    for token in sorted(vocab, key=vocab.get):
+        if len(token) == 1 and f"##{token}" not in vocab:
+            vocab[f"##{token}"] = len(vocab)
+    tokenizer.model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200)
     return _finish(tokenizer, max_length)
 
 

@@ -1,0 +1,33 @@
+# make demo   - create .venv if missing, install, run the main job
+# make test   - same set-up, then the whole test suite
+PYTHON     ?= python3
+VENV       ?= .venv
+# torch 2.13.0 installs from a local CPU build on the development machines; set e.g.
+# TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" for CUDA.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= dev
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.rankwise-installed
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rankwise train --data sentiment --strategy ddp --nproc-per-node 2
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m rankwise.bench.overhead
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

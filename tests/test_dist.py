@@ -1,0 +1,48 @@
+import pytest
+import torch
+
+from rankwise import dist
+from tests.multiproc import run_ranks
+
+
+def test_collectives_are_noops_in_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    t = torch.tensor([1.0, 2.0])
+    assert dist.all_reduce(t, "mean") is t and t.tolist() == [1.0, 2.0]
+    assert torch.equal(dist.all_gather(t), t)
+    dist.barrier()
+    index, values = dist.gather_exact(torch.tensor([1, 0]), torch.tensor([10, 20]), total=2)
+    assert index.tolist() == [0, 1] and values.tolist() == [20, 10]
+
+
+def test_missing_process_group_is_loud(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(dist.MissingProcessGroupError, match="WORLD_SIZE=2.*RANK=1.*has not joined"):
+        dist.all_reduce(torch.ones(1))
+
+
+def _collectives():
+    import rankwise
+
+    with rankwise.setup("ddp") as rt:
+        r = rt.rank
+        total = rt.all_reduce(torch.tensor([float(r + 1)]), "sum").item()
+        mean = rt.all_reduce(torch.tensor([float(r + 1)]), "mean").item()
+        biggest = rt.all_reduce(torch.tensor([float(r)]), "max").item()
+        # Uneven first dimensions: rank r contributes r+1 rows.
+        gathered = rt.all_gather(torch.full((r + 1, 2), r)).tolist()
+        shared = rt.broadcast_object({"from": r}, src=0)
+        return total, mean, biggest, gathered, shared
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_collectives_across_ranks(world_size):
+    results = run_ranks(_collectives, world_size)
+    expected_rows = [[r, r] for r in range(world_size) for _ in range(r + 1)]
+    for total, mean, biggest, gathered, shared in results:
+        assert total == sum(range(1, world_size + 1))
+        assert mean == pytest.approx(total / world_size)
+        assert biggest == world_size - 1
+        assert gathered == expected_rows
+        assert shared == {"from": 0}
