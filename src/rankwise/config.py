@@ -39,7 +39,7 @@ class DataConfig(_Section):
     test_percent: int = Field(10, ge=1, le=50)
     """Share of rows (by text hash) that go to the test split."""
     limit: int | None = Field(None, ge=1)
-    """Keep only the first N rows of each split after splitting (quick runs and tests)."""
+    """Keep N rows of each split (a fixed hash-ordered sample) for quick runs and tests."""
     tokenizer: str = "wordpiece"
     """`char` (one token per character), `wordpiece` (learned on the training split) or a local HF tokenizer path."""
     vocab_size: int = Field(6000, ge=100)

@@ -20,7 +20,7 @@ from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
 from rankwise.data.files import read_file
 from rankwise.data.records import DataError, Record
 from rankwise.data.sentiment import load_sentiment
-from rankwise.data.split import SPLITS, assign_splits, clean, hash_split
+from rankwise.data.split import SPLITS, assign_splits, clean, hash_bucket, hash_split
 from rankwise.data.tokenizer import TextEncoder
 from rankwise.data.toy import make_toy
 
@@ -84,7 +84,9 @@ def prepare_text(config: DataConfig) -> PreparedData:
     records, stats = clean(load_records(config))
     splits = assign_splits(records, config.dev_percent, config.test_percent)
     if config.limit:
-        splits = {name: part[: config.limit] for name, part in splits.items()}
+        # A hash order, not file order: a limited slice still mixes every label.
+        splits = {name: sorted(part, key=lambda r: hash_bucket(r.text, 2**32))[: config.limit]
+                  for name, part in splits.items()}
     if not splits["train"]:
         raise DataError(config.source, "the training split is empty")
     if not splits["test"]:
