@@ -38,9 +38,9 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         local = e.error_index
         rank = node_rank * nprocs + local
         last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
-        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.pid}): {last_line}\n{e}"]) from None
+        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.error_pid}): {last_line}\n{e}"]) from None
     except mp.ProcessExitedException as e:
         local = e.error_index
         rank = node_rank * nprocs + local
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.pid}) died with {how}"]) from None
+        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.error_pid}) died with {how}"]) from None

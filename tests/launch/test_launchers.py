@@ -1,0 +1,84 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rankwise
+from rankwise.launch import LaunchError
+from rankwise.launch.ports import free_port, port_in_use
+from rankwise.launch.torchrun import torchrun_argv
+from tests.launch.rank_probe import main as probe
+
+RANKWISE = [sys.executable, "-m", "rankwise.cli"]
+PROBE = str(Path(__file__).with_name("rank_probe.py"))
+
+
+def _read_ranks(out: Path) -> dict[int, dict]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+
+
+def _env_without_dist():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    return env
+
+
+def test_rankwise_launch_starts_every_rank(tmp_path):
+    proc = subprocess.run([*RANKWISE, "launch", "--nproc-per-node", "2", PROBE, str(tmp_path)], env=_env_without_dist(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ranks = _read_ranks(tmp_path)
+    assert set(ranks) == {0, 1}
+    for rank, seen in ranks.items():
+        assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == (str(rank), str(rank), "2")
+        assert seen["runtime"] == [rank, rank, 2]
+        assert seen["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert ranks[0]["MASTER_PORT"] == ranks[1]["MASTER_PORT"]
+
+
+def _probe_rank(local_rank: int, out_dir: str) -> None:
+    probe(out_dir)
+
+
+def test_spawn_launcher_starts_every_rank(tmp_path):
+    rankwise.spawn(_probe_rank, 2, args=(str(tmp_path),))
+    ranks = _read_ranks(tmp_path)
+    assert set(ranks) == {0, 1}
+    assert all(seen["runtime"] == [r, r, 2] and seen["WORLD_SIZE"] == "2" for r, seen in ranks.items())
+
+
+def _fail_on_rank_one(local_rank: int) -> None:
+    if local_rank == 1:
+        raise ValueError("bad shard on purpose")
+
+
+def test_spawn_failure_names_the_rank():
+    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1, pid \d+\): ValueError: bad shard on purpose"):
+        rankwise.spawn(_fail_on_rank_one, 2)
+
+
+def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    raise RuntimeError('rank one broke')\n")
+    proc = subprocess.run([*RANKWISE, "launch", "--nproc-per-node", "2", str(script)], env=_env_without_dist(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "rank 1 (local rank 1" in proc.stderr and "exit code 1" in proc.stderr
+    assert "RuntimeError: rank one broke" in proc.stderr
+
+
+def test_torchrun_arguments():
+    argv = torchrun_argv(2, ["train.py", "--x", "1"], nnodes=2, node_rank=1, master_addr="10.0.0.2",
+                         master_port=29400, max_restarts=3)
+    assert argv == ["--nproc-per-node=2", "--nnodes=2", "--max-restarts=3", "--node-rank=1",
+                    "--master-addr=10.0.0.2", "--master-port=29400", "train.py", "--x", "1"]
+    rdzv = torchrun_argv(4, ["-m", "pkg"], nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:1", rdzv_id="job")
+    assert "--rdzv-backend=c10d" in rdzv and "--rdzv-endpoint=h:1" in rdzv and not any("master" in a for a in rdzv)
+
+
+def test_free_port_is_free():
+    port = free_port()
+    assert 1024 <= port <= 65535 and not port_in_use(port)

@@ -1,0 +1,110 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankwise import cli
+
+ROOT = Path(__file__).parents[1]
+
+
+def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    return subprocess.run([sys.executable, "-m", "rankwise.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
+                "--batch-size", "16", "--out", str(out), "--json", "--set", "data.limit=300",
+                "--set", "data.max_length=32", "--set", "data.tokenizer=char", "--set", "eval_batch_size=64")
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_train_json_summary(trained):
+    out, summary = trained
+    required = {"strategy", "world_size", "train_samples", "eval_samples", "accuracy", "macro_f1", "wall_s",
+                "samples_per_s", "checkpoint"}
+    assert required <= summary.keys()
+    assert (summary["strategy"], summary["world_size"], summary["library_world_size"]) == ("ddp", 2, 2)
+    assert summary["train_samples"] == 300 and summary["eval_samples"] == 300 and summary["steps"] == 6
+    assert 0.0 <= summary["accuracy"] <= 1.0 and summary["samples_per_s"] > 0
+    assert Path(summary["checkpoint"]).is_dir() and (out / "checkpoints" / "latest").exists()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [6]  # log_every=20 > steps: logged once, at the end
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "| negative |" in report and "| accuracy | | |" in report and "samples: 300" in report
+
+
+def test_predict_matches_the_model(trained):
+    out, _ = trained
+    texts = ["这本书很好看", "质量太差了"]
+    proc = _run("predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts)
+    assert proc.returncode == 0, proc.stderr
+    predicted = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+
+    # Rebuild the model independently of rankwise.predict: transformers config + weights + tokenizer file.
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+    from transformers import BertConfig, BertForSequenceClassification
+
+    ckpt = (out / "checkpoints" / "latest").resolve()
+    spec = json.loads((ckpt / "model_spec.json").read_text())
+    config = BertConfig(**{k: v for k, v in spec["config"].items() if k != "model_type"})
+    model = BertForSequenceClassification(config).eval()
+    model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    tokenizer = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    labels = json.loads((ckpt / "labels.json").read_text())
+    for text, row in zip(texts, predicted):
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            probs = model(input_ids=ids).logits.softmax(-1)[0]
+        assert row["text"] == text
+        assert row["label"] == labels[int(probs.argmax())]
+        assert row["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
+
+
+def test_bad_data_fails_before_any_worker_is_spawned(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,label\n很好,pos\n\"unterminated,neg\n", encoding="utf-8")
+    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    code = cli.main(["train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", "--out",
+                     str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{bad}:3: malformed row" in err
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_bad_data_exit_code_from_the_command_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes("text\tlabel\n好\tpos\n".encode() + "坏\tneg\n".encode("gbk"))
+    proc = _run("train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", timeout=60)
+    assert proc.returncode == 2 and f"{bad}:3: not valid UTF-8" in proc.stderr
+    assert "torch.distributed" not in proc.stderr  # nothing was launched
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
+    (["--batch-size", "30", "--strategy", "ddp", "--nproc-per-node", "4"], "not divisible by world_size (4)"),
+    (["--strategy", "single", "--nproc-per-node", "2"], "runs in one process"),
+])
+def test_bad_config_is_a_clear_error(args, message, capsys):
+    assert cli.main(["train", "--data", "toy", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_reads_like_a_manual(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "ddp" in text and "optim.lr" in text and "Outputs" in text
+    assert cli.main(["launch", "--help"]) == 0
+    assert "--nproc-per-node" in capsys.readouterr().out
