@@ -137,8 +137,11 @@ class Runtime:
                 f"the dataset has {len(dataset)} samples: too few for one global batch of {batch_size} "
                 f"over {self.world_size} ranks; lower the batch size or the number of processes"
             )
+        # A private generator: iterating the loader must not consume the global RNG (dropout's),
+        # or a resumed run would draw different dropout masks than an uninterrupted one.
         return DataLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
-                          collate_fn=collate_fn, num_workers=num_workers, pin_memory=self.device.type == "cuda")
+                          collate_fn=collate_fn, num_workers=num_workers, pin_memory=self.device.type == "cuda",
+                          generator=torch.Generator().manual_seed(seed))
 
     @staticmethod
     def set_epoch(loader: DataLoader, epoch: int) -> None:

@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from rankwise.models import build_model, model_from_spec
+
+
+def test_tiny_preset_is_about_a_million_parameters():
+    model, spec = build_model("tiny", num_labels=2, dropout=0.1, vocab_size=6000, pad_id=0, max_length=96)
+    params = sum(p.numel() for p in model.parameters())
+    assert 0.8e6 < params < 1.4e6
+    rebuilt = model_from_spec(spec)
+    assert sum(p.numel() for p in rebuilt.parameters()) == params
+
+
+def test_local_pretrained_path_loads_offline(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32, num_labels=5)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "pretrained")
+    model, spec = build_model(str(tmp_path / "pretrained"), num_labels=3, dropout=0.1, vocab_size=None)
+    assert model.config.num_labels == 3  # the head is resized to this task's labels
+    logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3)
+    assert model_from_spec(spec).config.num_labels == 3
+
+
+def test_toy_models_and_wrong_pairings():
+    linear, _ = build_model("linear", num_labels=5, dropout=0.0, features=10)
+    assert linear(features=torch.randn(4, 10)).shape == (4, 5)
+    with pytest.raises(ValueError, match="needs feature inputs"):
+        build_model("mlp", num_labels=5, dropout=0.0)
+    with pytest.raises(ValueError, match="reads text"):
+        build_model("tiny", num_labels=2, dropout=0.0, features=10)
+    with pytest.raises(ValueError, match="not a preset"):
+        build_model("/no/such/model", num_labels=2, dropout=0.0, vocab_size=10)
+
+
+def test_split_devices_mlp_matches_the_unsplit_one():
+    torch.manual_seed(0)
+    whole, spec = build_model("mlp", num_labels=5, dropout=0.0, features=10)
+    split, _ = build_model("mlp", num_labels=5, dropout=0.0, features=10, split_devices=True)
+    split.load_state_dict(whole.state_dict())
+    x = torch.randn(8, 10)
+    assert torch.allclose(whole(features=x), split(features=x))
