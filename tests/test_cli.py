@@ -108,3 +108,10 @@ def test_help_reads_like_a_manual(capsys):
     assert "ddp" in text and "optim.lr" in text and "Outputs" in text
     assert cli.main(["launch", "--help"]) == 0
     assert "--nproc-per-node" in capsys.readouterr().out
+
+
+def test_train_refuses_to_run_inside_a_launched_worker(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "--data", "toy"]) == 2
+    assert "starts its own workers" in capsys.readouterr().err

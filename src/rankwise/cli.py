@@ -131,6 +131,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rankwise.launch.worker import CONFIG_FILE, DATA_DIR
     from rankwise.strategies import get_strategy
 
+    from rankwise.env import ProcessEnv
+
+    if ProcessEnv.detect().distributed:
+        raise ConfigError("`rankwise train` starts its own workers (--nproc-per-node, --nnodes); run it directly, "
+                          "not under torchrun / rankwise launch / srun")
     started = time.perf_counter()
     flags = {k: v for k, v in vars(args).items() if "." in k or k in TrainConfig.model_fields}
     if args.no_progress:
