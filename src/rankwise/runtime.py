@@ -106,11 +106,9 @@ class Runtime:
         Build the optimizer on the *unwrapped* model's parameters before calling this
         (the same code as a single-device script).
         """
-        wrapped = self.strategy.setup_module(model)
+        wrapped, optimizer = self.strategy.setup(model, optimizer)
         self._prepared.append(wrapped)
-        if optimizer is None:
-            return wrapped, None
-        return wrapped, self.strategy.setup_optimizer(optimizer)
+        return wrapped, optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)

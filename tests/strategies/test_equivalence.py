@@ -48,25 +48,31 @@ CASES = {
 }
 
 
+STRATEGIES = ["ddp", "fsdp"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_ddp_two_ranks_match_single_process(case, datasets, tmp_path):
+def test_two_ranks_match_single_process(strategy, case, datasets, tmp_path):
     data, model = CASES[case]
     batch = ["batch_size=16"]
     assert run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / data), [*model, *batch, "strategy=single"]) == [6]
-    run_ranks(_train, 2, str(tmp_path / "ddp"), str(datasets / data), [*model, *batch, "strategy=ddp"])
-    single, ddp = _weights(tmp_path / "single"), _weights(tmp_path / "ddp")
-    print(f"{case}: max |single - ddp| = {_max_difference(single, ddp):.2e}")
-    assert _max_difference(single, ddp) < TOLERANCE
+    run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data), [*model, *batch, f"strategy={strategy}"])
+    single, distributed = _weights(tmp_path / "single"), _weights(tmp_path / strategy)
+    print(f"{case}: max |single - {strategy}| = {_max_difference(single, distributed):.2e}")
+    assert _max_difference(single, distributed) < TOLERANCE
     # The runs really trained: weights moved well beyond the tolerance from their initial values.
     initial = _initial_weights(data, model, datasets)
+    single = _weights(tmp_path / "single")
     assert _max_difference(single, initial) > 100 * TOLERANCE
 
 
-def test_gradient_accumulation_matches_the_full_batch(datasets, tmp_path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, tmp_path):
     _, model = CASES["toy-mlp"]
     run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / "toy"), [*model, "batch_size=32", "strategy=single"])
     run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
-              [*model, "batch_size=32", "grad_accum=2", "strategy=ddp"])
+              [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
     assert _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / "accum")) < TOLERANCE
 
 

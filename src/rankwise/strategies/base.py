@@ -43,6 +43,11 @@ class Strategy:
         process.destroy_process_group(clean)
 
     # -- wrapping ----------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        """Wrap model and optimizer together (strategies such as FSDP and DeepSpeed need both at once)."""
+        model = self.setup_module(model)
+        return model, (self.setup_optimizer(optimizer) if optimizer is not None else None)
+
     def setup_module(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
 

@@ -1,0 +1,42 @@
+"""``dp``: ``torch.nn.DataParallel``: one process drives every visible GPU.
+
+Each step scatters the batch over the GPUs, replicates the module, and gathers outputs
+on GPU 0, which becomes the bottleneck; it cannot span machines.  Kept because the
+source documents compare it; prefer ``ddp``.  Without GPUs it runs the module on the
+CPU and says so once.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from rankwise.strategies import register
+from rankwise.strategies.base import Strategy
+
+
+@register
+class DataParallel(Strategy):
+    name = "dp"
+    multiprocess = False
+    description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
+
+    def setup_environment(self) -> None:
+        pass
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        model = super().setup_module(model)
+        if self.device.type != "cuda":
+            warnings.warn("strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one process "
+                          "(no parallelism); use ddp for multi-process CPU training", stacklevel=2)
+            return model
+        return nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, nn.DataParallel) else model
+
+    @property
+    def library_world_size(self) -> int:
+        return 1

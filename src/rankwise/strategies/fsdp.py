@@ -1,0 +1,76 @@
+"""``fsdp``: PyTorch FSDP2 (``fully_shard``) with full sharding, on CUDA/NCCL or CPU/gloo.
+
+Parameters, gradients and optimizer state are split across ranks; each layer's
+parameters are all-gathered just before it runs and freed after.  Layers named in a
+transformers model's ``_no_split_modules`` (e.g. ``BertLayer``) become their own
+shard units, then the root; other models are sharded as one unit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from rankwise.strategies import register
+from rankwise.strategies.base import Strategy
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
+    """The same optimizer (class, groups, hyper-parameters) over the model's new parameter objects.
+
+    ``fully_shard`` replaces every parameter with a sharded DTensor parameter, so an
+    optimizer built by the user on the plain model must be rebuilt on the new ones.
+    """
+    current = dict(model.named_parameters())
+    groups = []
+    for group in optimizer.param_groups:
+        params = [current[names_by_id[id(p)]] for p in group["params"]]
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    # Each group carries all its hyper-parameters, so the constructor needs nothing else.
+    return type(optimizer)(groups)
+
+
+@register
+class FSDP(Strategy):
+    name = "fsdp"
+    description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(self.device)
+        names_by_id = {id(p): name for name, p in model.named_parameters()}
+        mesh = init_device_mesh(self.device.type, (self.env.world_size,))
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in block_names and module is not model:
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if optimizer is not None:
+            optimizer = rebuild_optimizer(optimizer, model, names_by_id)
+        return model, optimizer
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module):
+        # Why: without the reduce-scatter on all but the last micro-batch, gradients accumulate
+        # unsharded locally and are reduced once per optimizer step.
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full weights gathered from the shards (a collective: every rank must call it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
