@@ -37,7 +37,7 @@ def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
         results.put(RankResult(rank, error=traceback.format_exc()))
 
 
-def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 240.0) -> list[Any]:
     """``fn(*args)`` on ``world_size`` ranks; returns the values in rank order or raises with every traceback.
 
     A rank that hangs (e.g. waits in a collective its peer never joins) fails the test

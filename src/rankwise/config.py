@@ -93,6 +93,17 @@ class DDPConfig(_Section):
     """Gradients alias DDP's communication buckets: saves one copy and memory."""
 
 
+class DeepSpeedConfig(_Section):
+    zero_stage: int = Field(2, ge=0, le=3)
+    """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    offload_optimizer: bool = False
+    """Keep optimizer state (and its step) on the CPU (ZeRO stage >= 1)."""
+    offload_param: bool = False
+    """Keep parameters on the CPU between uses (ZeRO stage 3)."""
+    config_file: str | None = None
+    """A DeepSpeed JSON config merged over the generated one (batch sizes, clipping and precision stay rankwise's)."""
+
+
 class LaunchConfig(_Section):
     launcher: Literal["torchrun", "spawn"] = "torchrun"
     """How worker processes start: torchrun's elastic agent in-process, or torch.multiprocessing spawn."""
@@ -157,6 +168,8 @@ class TrainConfig(_Section):
     """Optimizer and schedule."""
     ddp: DDPConfig = Field(default_factory=DDPConfig)
     """DistributedDataParallel options."""
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    """DeepSpeed options."""
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """Process launch."""
 

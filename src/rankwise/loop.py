@@ -258,5 +258,5 @@ class Trainer:
 
 def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path) -> dict:
     """Train and evaluate in this process (one rank of the job); always tears the process group down."""
-    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=cfg.ddp, timeout_s=cfg.launch.timeout_s) as rt:
+    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, config=cfg, timeout_s=cfg.launch.timeout_s) as rt:
         return Trainer(cfg, data, Path(run_dir), rt).fit()

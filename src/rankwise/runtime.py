@@ -30,7 +30,7 @@ import contextlib
 import gc
 import os
 import random
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from rankwise import dist
 from rankwise.env import ProcessEnv
 from rankwise.strategies import Strategy, get_strategy
+
+if TYPE_CHECKING:
+    from rankwise.config import TrainConfig
 
 
 def seed_everything(seed: int) -> None:
@@ -52,7 +55,7 @@ class Runtime:
     """One process's view of a distributed run: its strategy, device, rank and collectives."""
 
     def __init__(self, strategy: str = "single", precision: str = "32-true", *, seed: int | None = 0,
-                 options: Any = None, timeout_s: float = 300.0, env: ProcessEnv | None = None):
+                 config: "TrainConfig | None" = None, timeout_s: float = 300.0, env: ProcessEnv | None = None):
         self.env = env or ProcessEnv.detect()
         strategy_cls = get_strategy(strategy)
         if not strategy_cls.multiprocess and self.env.distributed:
@@ -60,7 +63,7 @@ class Runtime:
                 f"strategy {strategy!r} runs in one process, but this process was launched as rank "
                 f"{self.env.rank} of {self.env.world_size}; use a multi-process strategy such as ddp"
             )
-        self.strategy: Strategy = strategy_cls(self.env, precision, options, timeout_s)
+        self.strategy: Strategy = strategy_cls(self.env, precision, config, timeout_s)
         self.strategy.setup_environment()
         if self.strategy.multiprocess and self.env.distributed and self.strategy.library_world_size != self.env.world_size:
             raise RuntimeError(

@@ -48,7 +48,7 @@ CASES = {
 }
 
 
-STRATEGIES = ["ddp", "fsdp"]
+STRATEGIES = ["ddp", "fsdp", "deepspeed"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -9,7 +9,7 @@ contains the training loop (that is ``rankwise.loop``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from torch import nn
 from rankwise import env as process
 from rankwise.env import ProcessEnv
 from rankwise.precision import Precision
+
+if TYPE_CHECKING:
+    from rankwise.config import TrainConfig
 
 
 class Strategy:
@@ -27,9 +30,13 @@ class Strategy:
     description: ClassVar[str] = ""
     """One line for ``--help``."""
 
-    def __init__(self, env: ProcessEnv, precision: str = "32-true", options: Any = None, timeout_s: float = 300.0):
+    def __init__(self, env: ProcessEnv, precision: str = "32-true", config: "TrainConfig | None" = None,
+                 timeout_s: float = 300.0):
+        from rankwise.config import TrainConfig
+
         self.env = env
-        self.options = options
+        self.config = config or TrainConfig(strategy=self.name, precision=precision)
+        """The run's configuration: each strategy reads its own section (``ddp``, ``deepspeed``, ...)."""
         self.timeout_s = timeout_s
         self.device = process.device_for(env.local_rank)
         self.precision = Precision(precision, self.device)

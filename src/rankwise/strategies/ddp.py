@@ -16,7 +16,7 @@ class DDP(Strategy):
     description = "DistributedDataParallel, one process per device (torchrun-style or spawn launcher)"
 
     def setup_module(self, model: nn.Module) -> nn.Module:
-        options: DDPConfig = self.options or DDPConfig()
+        options: DDPConfig = self.config.ddp
         model = super().setup_module(model)
         # device_ids only for a module on one CUDA device; CPU modules and modules split
         # across devices (ToyMpModel) must leave it unset.

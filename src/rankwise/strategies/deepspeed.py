@@ -1,0 +1,164 @@
+"""``deepspeed``: ``deepspeed.initialize`` with a generated config; rankwise keeps the loop.
+
+ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``), optional CPU offload, optional user
+JSON merged on top.  Gradient accumulation and clipping are DeepSpeed's own
+(``gradient_accumulation_steps``, ``gradient_clipping``); precision maps onto its
+``bf16`` / ``fp16`` sections instead of autocast.  Runs under the torchrun-style
+launcher: no ``deepspeed`` launcher needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rankwise.config import ConfigError
+from rankwise.env import backend_for
+from rankwise.precision import Precision
+from rankwise.strategies import register
+from rankwise.strategies.base import Strategy
+
+INSTALL = "pip install 'rankwise[deepspeed]'"
+
+
+def import_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise ImportError(f"strategy deepspeed needs DeepSpeed: {INSTALL}  ({e})") from None
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    return deepspeed
+
+
+@register
+class DeepSpeed(Strategy):
+    name = "deepspeed"
+    description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.engine = None
+        # DeepSpeed casts parameters itself (bf16/fp16 sections): autocast would be a second,
+        # conflicting cast, so the loop runs with plain fp32 precision handling.
+        self.ds_dtype = self.precision.dtype
+        self.precision = Precision("32-true", self.device)
+
+    def ds_config(self) -> dict:
+        cfg = self.config
+        ds = cfg.deepspeed
+        micro = cfg.micro_batch_size(self.env.world_size)
+        zero: dict = {"stage": ds.zero_stage}
+        if ds.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu"}
+        if ds.offload_param:
+            if ds.zero_stage != 3:
+                raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
+            zero["offload_param"] = {"device": "cpu"}
+        if ds.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        config = {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "train_batch_size": micro * cfg.grad_accum * self.env.world_size,
+            "gradient_clipping": cfg.optim.max_grad_norm or 0.0,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "bf16": {"enabled": self.ds_dtype == torch.bfloat16},
+            "fp16": {"enabled": self.ds_dtype == torch.float16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if ds.config_file:
+            try:
+                user = json.loads(Path(ds.config_file).read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"deepspeed.config_file={ds.config_file!r}: {e}") from None
+            owned = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                     "gradient_clipping", "bf16", "fp16"}
+            clashes = sorted(owned & user.keys())
+            if clashes:
+                raise ConfigError(f"{ds.config_file}: {', '.join(clashes)} come from rankwise's --batch-size, "
+                                  "--grad-accum, optim.max_grad_norm and --precision; remove them from the JSON")
+            config = {**config, **user, "zero_optimization": {**zero, **user.get("zero_optimization", {})}}
+        return config
+
+    def setup_environment(self) -> None:
+        deepspeed = import_deepspeed()
+        super().setup_environment()
+        # DeepSpeed's communication layer attaches to the process group created above.
+        deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
+                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        deepspeed = import_deepspeed()
+        if optimizer is None:
+            raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
+        self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
+                                                    config=self.ds_config(), dist_init_required=False)
+        # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
+        # learning-rate schedulers and zero_grad on it work as in any other strategy.
+        return self.engine, optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "module", model)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module):
+        # Why: marks the micro-batch as inside an accumulation window, so DeepSpeed defers
+        # the gradient reduction (stages 0-1) and the optimizer step to the last one.
+        model.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            model.set_gradient_accumulation_boundary(True)
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        # The loop already divided the loss by grad_accum: do not let DeepSpeed divide again.
+        model.backward(loss, scale_wrt_gas=False)
+        if not model.is_gradient_accumulation_boundary():
+            model.step()  # advances DeepSpeed's micro-step count; no update inside the window
+
+    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
+        return None  # DeepSpeed clips inside step() (gradient_clipping)
+
+    def optimizer_step(self, optimizer, model: nn.Module) -> None:
+        model.step()
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full weights; under ZeRO-3 gathered from every rank (a collective)."""
+        deepspeed = import_deepspeed()
+        module = self.unwrap(model)
+        params = list(module.parameters())
+        gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) \
+            if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
+        with gather:
+            return {k: v.detach().float().cpu().clone() if v.is_floating_point() else v.detach().cpu().clone()
+                    for k, v in module.state_dict().items()}
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        deepspeed = import_deepspeed()
+        module = self.unwrap(model)
+        gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0) \
+            if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
+        with gather:
+            module.load_state_dict(state)
+
+    @property
+    def library_world_size(self) -> int:
+        import deepspeed.comm
+
+        return deepspeed.comm.get_world_size()
+
+    def teardown(self, clean: bool = True) -> None:
+        # ZeRO-3 registers hooks and buffers that abort the process at exit (SIGABRT) if the
+        # process group goes first: destroy the engine, then leave the group.
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        super().teardown(clean)
