@@ -48,7 +48,7 @@ CASES = {
 }
 
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed"]
+STRATEGIES = ["ddp", "fsdp", "deepspeed", "accelerate"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
