@@ -5,7 +5,7 @@ VENV       ?= .venv
 # torch 2.13.0 installs from a local CPU build on the development machines; set e.g.
 # TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" for CUDA.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= dev
+EXTRAS     ?= dev,deepspeed,accelerate
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.rankwise-installed
 export TOKENIZERS_PARALLELISM := false
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	scripts/build_horovod.sh $(PY)
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -49,7 +49,7 @@ def main() -> None:
                 loss = nn.functional.mse_loss(model(inputs), targets)
                 rt.backward(loss, model)                                             # rankwise
                 rt.step(optimizer, model)                                            # rankwise
-                optimizer.zero_grad(set_to_none=True)
+                rt.zero_grad(optimizer)
             # Why: one all-reduce per epoch, only to report the loss averaged over ranks.
             mean_loss = rt.all_reduce(loss.detach(), "mean").item()
             rt.print(f"epoch {epoch}: loss {mean_loss:.4f} ({rt.world_size} processes, {len(loader)} steps each)")

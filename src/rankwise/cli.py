@@ -194,8 +194,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
+    from rankwise.strategies import get_strategy
+
     lc = cfg.launch
-    if lc.launcher == "spawn":
+    launcher = get_strategy(cfg.strategy).launcher or lc.launcher
+    if launcher == "horovodrun":
+        from rankwise.launch.horovodrun import launch as horovodrun
+
+        horovodrun(lc.nproc_per_node, ["-m", "rankwise.launch.worker", str(run_dir)], nnodes=lc.nnodes,
+                   master_addr=lc.master_addr, master_port=lc.master_port)
+        return
+    if launcher == "spawn":
         from rankwise.launch.spawn import spawn
         from rankwise.launch.worker import spawn_worker
 

@@ -104,9 +104,14 @@ class DeepSpeedConfig(_Section):
     """A DeepSpeed JSON config merged over the generated one (batch sizes, clipping and precision stay rankwise's)."""
 
 
+class HorovodConfig(_Section):
+    fp16_compression: bool = False
+    """Send gradients as fp16 over the wire (halves traffic; averaging then loses precision)."""
+
+
 class LaunchConfig(_Section):
-    launcher: Literal["torchrun", "spawn"] = "torchrun"
-    """How worker processes start: torchrun's elastic agent in-process, or torch.multiprocessing spawn."""
+    launcher: Literal["torchrun", "spawn", "horovodrun"] = "torchrun"
+    """How worker processes start: torchrun's elastic agent in-process, torch.multiprocessing spawn, or horovodrun (chosen for the horovod strategy)."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes on this node (usually one per GPU)."""
     nnodes: int = Field(1, ge=1)
@@ -170,6 +175,8 @@ class TrainConfig(_Section):
     """DistributedDataParallel options."""
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     """DeepSpeed options."""
+    horovod: HorovodConfig = Field(default_factory=HorovodConfig)
+    """Horovod options."""
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """Process launch."""
 

@@ -1,7 +1,7 @@
 """Who am I: rank, local rank, world size, node, device and backend of this process.
 
 Read from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), from
-Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...), from arguments an
+horovodrun's (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...), from arguments an
 ``mp.spawn`` worker receives, or a single process when none is set.
 """
 
@@ -34,7 +34,7 @@ class ProcessEnv:
     master_port: int | None = None
     """Port of the rendezvous store."""
     source: str = "single"
-    """Where the values came from: torchrun, slurm, spawn or single."""
+    """Where the values came from: torchrun, horovod, slurm, spawn or single."""
 
     @property
     def distributed(self) -> bool:
@@ -57,6 +57,17 @@ class ProcessEnv:
                 master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
                 master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
                 source="torchrun",
+            )
+        if "HOROVOD_RANK" in env and "HOROVOD_SIZE" in env:
+            return cls(
+                rank=int(env["HOROVOD_RANK"]),
+                local_rank=int(env.get("HOROVOD_LOCAL_RANK", 0)),
+                world_size=int(env["HOROVOD_SIZE"]),
+                local_world_size=int(env.get("HOROVOD_LOCAL_SIZE", env["HOROVOD_SIZE"])),
+                node_rank=int(env.get("HOROVOD_CROSS_RANK", 0)),
+                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
+                source="horovod",
             )
         if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", 1)) > 1:
             return cls.from_slurm(env)

@@ -165,7 +165,7 @@ class Trainer:
         if self.cfg.optim.max_grad_norm:
             self.rt.clip_grad_norm(self.model, self.optimizer, self.cfg.optim.max_grad_norm)
         self.rt.step(self.optimizer, self.model)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.rt.zero_grad(self.optimizer)
         self.scheduler.step()
         self.step += 1
 

@@ -16,7 +16,7 @@ A single-device script becomes distributed by changing a few lines::
                 rt.backward(loss, model)
                 rt.clip_grad_norm(model, optimizer, 1.0)
                 rt.step(optimizer, model)
-                optimizer.zero_grad(set_to_none=True)
+                rt.zero_grad(optimizer)
         rt.print("mean loss", rt.all_reduce(loss.detach(), "mean").item())
         rt.save_weights(model, "model.safetensors")
 
@@ -175,6 +175,10 @@ class Runtime:
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
         self.strategy.optimizer_step(optimizer, model)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop gradients (set to None) after a step."""
+        self.strategy.zero_grad(optimizer)
 
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = "mean") -> torch.Tensor:

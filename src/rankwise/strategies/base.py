@@ -29,6 +29,8 @@ class Strategy:
     """Whether the strategy runs one process per device (and so needs a launcher)."""
     description: ClassVar[str] = ""
     """One line for ``--help``."""
+    launcher: ClassVar[str | None] = None
+    """A launcher the strategy needs (e.g. horovodrun), overriding launch.launcher."""
 
     def __init__(self, env: ProcessEnv, precision: str = "32-true", config: "TrainConfig | None" = None,
                  timeout_s: float = 300.0):
@@ -78,6 +80,9 @@ class Strategy:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
         self.precision.step(optimizer)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
 
     # -- state -------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,90 @@
+"""``horovod``: ``horovod.torch`` with its gloo controller, started by ``horovodrun --gloo``.
+
+Gradients are averaged by Horovod's ``DistributedOptimizer`` (optional fp16
+compression on the wire); parameters and optimizer state are broadcast from rank 0;
+gradient accumulation is Horovod's ``backward_passes_per_step``.  rankwise's own
+collectives (loss logging, exact evaluation gather) use a torch gloo group created
+alongside, so evaluation counts every sample exactly once here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from rankwise.strategies import register
+from rankwise.strategies.base import Strategy
+
+INSTALL = "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: scripts/build_horovod.sh)"
+
+
+def import_horovod():
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        raise ImportError(f"strategy horovod needs Horovod: {INSTALL}  ({e})") from None
+    return hvd
+
+
+@register
+class Horovod(Strategy):
+    name = "horovod"
+    description = "Horovod DistributedOptimizer over gloo (started with horovodrun --gloo)"
+    launcher = "horovodrun"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hvd = None
+        self._synchronized = False
+
+    def setup_environment(self) -> None:
+        self.hvd = import_horovod()
+        self.hvd.init()
+        super().setup_environment()
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        hvd = self.hvd
+        model = model.to(self.device)
+        # Why: every rank must start from rank 0's weights and optimizer state.
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if optimizer is None:
+            return model, None
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        compression = hvd.Compression.fp16 if self.config.horovod.fp16_compression else hvd.Compression.none
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression, op=hvd.Average,
+                                             backward_passes_per_step=self.config.grad_accum)
+        return model, optimizer
+
+    def no_sync(self, model: nn.Module):
+        # Horovod counts backward passes itself (backward_passes_per_step) and reduces on the last.
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
+        # Why: gradients must be averaged across ranks before their norm means anything.
+        optimizer.synchronize()
+        self._synchronized = True
+        self.precision.unscale(optimizer)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def optimizer_step(self, optimizer, model: nn.Module) -> None:
+        if self._synchronized:
+            with optimizer.skip_synchronize():
+                self.precision.step(optimizer)
+            self._synchronized = False
+        else:
+            self.precision.step(optimizer)
+
+    def zero_grad(self, optimizer) -> None:
+        optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch's default is already True)
+
+    @property
+    def library_world_size(self) -> int:
+        return self.hvd.size()
+
+    def teardown(self, clean: bool = True) -> None:
+        super().teardown(clean)
+        if self.hvd is not None:
+            self.hvd.shutdown()
