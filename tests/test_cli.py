@@ -115,3 +115,12 @@ def test_train_refuses_to_run_inside_a_launched_worker(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["train", "--data", "toy"]) == 2
     assert "starts its own workers" in capsys.readouterr().err
+
+
+def test_missing_strategy_library_names_the_install_command(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    assert cli.main(["train", "--data", "toy", "--strategy", "deepspeed", "--nproc-per-node", "2"]) == 2
+    assert "pip install 'rankwise[deepspeed]'" in capsys.readouterr().err

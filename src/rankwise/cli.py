@@ -142,6 +142,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         flags["progress"] = False
     cfg = build_config(args.config, args.set, flags)
     strategy = get_strategy(cfg.strategy)
+    try:
+        strategy.check_available()
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
     if not strategy.multiprocess and cfg.world_size > 1:
         raise ConfigError(f"strategy {cfg.strategy!r} runs in one process; drop --nproc-per-node/--nnodes "
                           "or use a multi-process strategy such as ddp")

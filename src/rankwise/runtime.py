@@ -58,6 +58,7 @@ class Runtime:
                  config: "TrainConfig | None" = None, timeout_s: float = 300.0, env: ProcessEnv | None = None):
         self.env = env or ProcessEnv.detect()
         strategy_cls = get_strategy(strategy)
+        strategy_cls.check_available()
         if not strategy_cls.multiprocess and self.env.distributed:
             raise RuntimeError(
                 f"strategy {strategy!r} runs in one process, but this process was launched as rank "

@@ -23,6 +23,8 @@ MIXED = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
 class Accelerate(Strategy):
     name = "accelerate"
     description = "HuggingFace Accelerate (Accelerator.prepare), rankwise's loop"
+    requires = ("accelerate",)
+    install = INSTALL
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

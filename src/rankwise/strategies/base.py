@@ -31,6 +31,23 @@ class Strategy:
     """One line for ``--help``."""
     launcher: ClassVar[str | None] = None
     """A launcher the strategy needs (e.g. horovodrun), overriding launch.launcher."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Importable modules the strategy needs beyond torch."""
+    install: ClassVar[str] = ""
+    """The command that installs them."""
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ImportError with the install command when a required library is missing."""
+        import importlib.util
+
+        for module in cls.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                raise ImportError(f"strategy {cls.name!r} needs the {module.split('.')[0]} library: {cls.install}")
 
     def __init__(self, env: ProcessEnv, precision: str = "32-true", config: "TrainConfig | None" = None,
                  timeout_s: float = 300.0):

@@ -40,6 +40,8 @@ def import_deepspeed():
 class DeepSpeed(Strategy):
     name = "deepspeed"
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
+    requires = ("deepspeed",)
+    install = INSTALL
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -32,6 +32,8 @@ def import_horovod():
 class Horovod(Strategy):
     name = "horovod"
     description = "Horovod DistributedOptimizer over gloo (started with horovodrun --gloo)"
+    requires = ("horovod.torch",)
+    install = INSTALL
     launcher = "horovodrun"
 
     def __init__(self, *args, **kwargs):
