@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sklearn.metrics import accuracy_score, classification_report, f1_score
 from torch import nn
 
 from rankwise.runtime import Runtime
@@ -71,6 +70,8 @@ def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, 
 
 
 def score(predictions: torch.Tensor, targets: torch.Tensor, label_names: list[str]) -> EvalResult:
+    from sklearn.metrics import accuracy_score, classification_report, f1_score  # slow import: only when scoring
+
     y_pred, y_true = predictions.numpy(), targets.numpy()
     labels = list(range(len(label_names)))
     kwargs = dict(labels=labels, target_names=label_names, zero_division=0, digits=4)

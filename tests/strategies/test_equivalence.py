@@ -33,6 +33,24 @@ def datasets(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def single_run(datasets, tmp_path_factory):
+    """The one-process reference runs, trained once per (data, model, batch) and shared by every strategy."""
+    cache = {}
+
+    def run(case: str, batch: int) -> dict:
+        if (case, batch) not in cache:
+            data, model = CASES[case]
+            out = tmp_path_factory.mktemp(f"single-{case}-{batch}")
+            steps = run_ranks(_train, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
+                                                                          "strategy=single"])
+            assert steps == [6]
+            cache[case, batch] = _weights(out)
+        return cache[case, batch]
+
+    return run
+
+
 def _weights(run_dir):
     return read_weights(run_dir / "checkpoints" / "latest")
 
@@ -53,35 +71,28 @@ STRATEGIES = ["ddp", "fsdp", "deepspeed", "accelerate"]
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_match_single_process(strategy, case, datasets, tmp_path):
+def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tmp_path):
     data, model = CASES[case]
-    batch = ["batch_size=16"]
-    assert run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / data), [*model, *batch, "strategy=single"]) == [6]
-    run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data), [*model, *batch, f"strategy={strategy}"])
-    single, distributed = _weights(tmp_path / "single"), _weights(tmp_path / strategy)
+    run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data), [*model, "batch_size=16", f"strategy={strategy}"])
+    single, distributed = single_run(case, 16), _weights(tmp_path / strategy)
     print(f"{case}: max |single - {strategy}| = {_max_difference(single, distributed):.2e}")
     assert _max_difference(single, distributed) < TOLERANCE
     # The runs really trained: weights moved well beyond the tolerance from their initial values.
     initial = _initial_weights(data, model, datasets)
-    single = _weights(tmp_path / "single")
     assert _max_difference(single, initial) > 100 * TOLERANCE
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, tmp_path):
+def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single_run, tmp_path):
     _, model = CASES["toy-mlp"]
-    run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / "toy"), [*model, "batch_size=32", "strategy=single"])
     run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
               [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
-    assert _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / "accum")) < TOLERANCE
+    assert _max_difference(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
 
 
-def test_a_different_global_batch_does_not_match(datasets, tmp_path):
+def test_a_different_global_batch_does_not_match(single_run):
     """Guards the test itself: the comparison is sensitive enough to see a wrong batch."""
-    _, model = CASES["toy-mlp"]
-    run_ranks(_train, 1, str(tmp_path / "a"), str(datasets / "toy"), [*model, "batch_size=16", "strategy=single"])
-    run_ranks(_train, 1, str(tmp_path / "b"), str(datasets / "toy"), [*model, "batch_size=32", "strategy=single"])
-    assert _max_difference(_weights(tmp_path / "a"), _weights(tmp_path / "b")) > 100 * TOLERANCE
+    assert _max_difference(single_run("toy-mlp", 16), single_run("toy-mlp", 32)) > 100 * TOLERANCE
 
 
 def _initial_weights(data: str, model_overrides: list[str], datasets) -> dict:
