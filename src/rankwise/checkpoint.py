@@ -110,16 +110,29 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], training_state: dict,
-                    config_json: str, model_spec: dict, label_names: list[str],
-                    tokenizer_file: str | os.PathLike | None = None, keep: int = 2) -> Path:
-    """Write ``root/step-NNNNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+def staging_dir(root: str | os.PathLike, step: int) -> Path:
+    """The hidden directory a checkpoint is assembled in (a fixed name every rank can compute)."""
+    return Path(root) / f".tmp-step-{step:08d}"
+
+
+def begin_checkpoint(root: str | os.PathLike, step: int) -> Path:
+    """Create an empty staging directory (rank 0 only; other ranks wait before writing into it)."""
+    tmp = staging_dir(root, step)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor],
+                      training_state: dict, config_json: str, model_spec: dict, label_names: list[str],
+                      tokenizer_file: str | os.PathLike | None = None, keep: int = 2) -> Path:
+    """Add the common files to the staging directory, checksum everything, rename it into place
+    as ``root/step-NNNNNNNN``, point ``root/latest`` at it and keep the newest ``keep`` (rank 0 only)."""
+    root = Path(root)
+    tmp = staging_dir(root, step)
+    if not tmp.is_dir():
+        tmp = begin_checkpoint(root, step)
+    final = root / f"step-{step:08d}"
     save_file({k: v.contiguous() for k, v in strip_module_prefix(weights).items()}, str(tmp / WEIGHTS))
     torch.save(training_state, tmp / STATE)
     (tmp / "config.json").write_text(config_json, encoding="utf-8")
@@ -127,13 +140,15 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
     (tmp / "labels.json").write_text(json.dumps(label_names, ensure_ascii=False), encoding="utf-8")
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
-    files = sorted(p for p in tmp.iterdir() if p.is_file())
-    manifest = {"step": step, "files": {p.name: _sha256(p) for p in files}}
+    # Strategy files (FSDP shards, DeepSpeed state) live in subdirectories: checksum them all.
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
     for p in files:
         _fsync_file(p)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     _fsync_file(tmp / MANIFEST)
-    _fsync_dir(tmp)
+    for directory in {p.parent for p in files} | {tmp}:
+        _fsync_dir(directory)
     if final.exists():  # re-saving the same step (e.g. epoch end == max_steps): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -142,6 +157,9 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+save_checkpoint = commit_checkpoint  # one process writing everything: begin and commit in one call
 
 
 def _point_latest(root: Path, name: str) -> None:

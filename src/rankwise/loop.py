@@ -121,17 +121,29 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def save(self, epoch: int) -> None:
-        # Every rank contributes (sharded strategies gather weights; RNG differs per rank).
-        weights = self.rt.state_dict(self.model)
-        rng = self.rt.all_gather_object(ckpt.rng_state()) if self.rt.world_size > 1 else [ckpt.rng_state()]
-        if self.rt.is_main:
-            state = {"step": self.step, "epoch": epoch, "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict(), "precision": self.rt.strategy.precision.state_dict(),
-                     "rng": rng, "world_size": self.rt.world_size}
+        rt, strategy = self.rt, self.rt.strategy
+        root = self.run_dir / "checkpoints"
+        # Every rank contributes: sharded strategies gather full weights, and RNG differs per rank.
+        weights = rt.state_dict(self.model)
+        rng = rt.all_gather_object(ckpt.rng_state())
+        if strategy.sharded_state:
+            if rt.is_main:
+                ckpt.begin_checkpoint(root, self.step)
+            # Why: the staging directory must exist before any rank writes its shard into it.
+            rt.barrier()
+            strategy.save_sharded_state(ckpt.staging_dir(root, self.step), self.model, self.optimizer)
+            # Why: rank 0 checksums and renames the directory only once every shard is written.
+            rt.barrier()
+        if rt.is_main:
+            state = {"step": self.step, "epoch": epoch, "scheduler": self.scheduler.state_dict(),
+                     "precision": strategy.precision.state_dict(), "rng": rng, "world_size": rt.world_size,
+                     "strategy": self.cfg.strategy}
+            if not strategy.sharded_state:
+                state["optimizer"] = self.optimizer.state_dict()
             tokenizer = self.run_dir / "data" / "tokenizer.json"
-            self.checkpoint_path = ckpt.save_checkpoint(
-                self.run_dir / "checkpoints", self.step, weights=weights, training_state=state,
-                config_json=self.cfg.to_json(), model_spec=self.model_spec, label_names=self.data.label_names,
+            self.checkpoint_path = ckpt.commit_checkpoint(
+                root, self.step, weights=weights, training_state=state, config_json=self.cfg.to_json(),
+                model_spec=self.model_spec, label_names=self.data.label_names,
                 tokenizer_file=tokenizer if tokenizer.is_file() else None)
 
     def resume(self, path: str) -> None:
@@ -142,8 +154,14 @@ class Trainer:
         if state["world_size"] != self.rt.world_size:
             raise ConfigError(f"checkpoint {checkpoint.path} was written at world size {state['world_size']}, "
                               f"this run has {self.rt.world_size}; resume with the same number of processes")
-        self.rt.strategy.load_model_state_dict(self.model, checkpoint.weights)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("strategy", self.cfg.strategy) != self.cfg.strategy:
+            raise ConfigError(f"checkpoint {checkpoint.path} was written by strategy {state['strategy']!r}; resume "
+                              f"with it, or start a new run from its weights (rankwise export, model.init_weights)")
+        if self.rt.strategy.sharded_state:
+            self.rt.strategy.load_sharded_state(checkpoint.path, self.model, self.optimizer)
+        else:
+            self.rt.strategy.load_model_state_dict(self.model, checkpoint.weights)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.rt.strategy.precision.load_state_dict(state["precision"])
         ckpt.set_rng_state(state["rng"][self.rt.rank])

@@ -9,6 +9,7 @@ contains the training loop (that is ``rankwise.loop``).
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -31,6 +32,8 @@ class Strategy:
     """One line for ``--help``."""
     launcher: ClassVar[str | None] = None
     """A launcher the strategy needs (e.g. horovodrun), overriding launch.launcher."""
+    sharded_state: ClassVar[bool] = False
+    """Whether model/optimizer state is split across ranks and saved by every rank (FSDP, DeepSpeed)."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Importable modules the strategy needs beyond torch."""
     install: ClassVar[str] = ""
@@ -108,6 +111,13 @@ class Strategy:
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         self.unwrap(model).load_state_dict(state)
+
+    def save_sharded_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        """Write this rank's share of model and optimizer state into ``directory`` (every rank calls it)."""
+        raise NotImplementedError(f"strategy {self.name} keeps full state on rank 0")
+
+    def load_sharded_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        raise NotImplementedError(f"strategy {self.name} keeps full state on rank 0")
 
     @property
     def library_world_size(self) -> int:

@@ -39,6 +39,7 @@ def import_deepspeed():
 @register
 class DeepSpeed(Strategy):
     name = "deepspeed"
+    sharded_state = True
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
     requires = ("deepspeed",)
     install = INSTALL
@@ -150,6 +151,16 @@ class DeepSpeed(Strategy):
             if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
         with gather:
             module.load_state_dict(state)
+
+    def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+        # Every rank must call save_checkpoint: each writes its ZeRO partition.
+        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+
+    def load_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+        path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True,
+                                        load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / 'deepspeed'}")
 
     @property
     def library_world_size(self) -> int:

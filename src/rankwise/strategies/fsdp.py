@@ -35,6 +35,7 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_
 @register
 class FSDP(Strategy):
     name = "fsdp"
+    sharded_state = True
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -74,3 +75,20 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+        """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "sharded"))
+
+    def load_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / "sharded"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
