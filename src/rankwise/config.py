@@ -40,12 +40,12 @@ class DataConfig(_Section):
     """Share of rows (by text hash) that go to the test split."""
     limit: int | None = Field(None, ge=1)
     """Keep N rows of each split (a fixed hash-ordered sample) for quick runs and tests."""
-    tokenizer: str = "wordpiece"
-    """`char` (one token per character), `wordpiece` (learned on the training split) or a local HF tokenizer path."""
+    tokenizer: str = "bpe"
+    """`bpe` or `wordpiece` (subword vocabularies learned on the training split), `char` (one token per character) or a local HF tokenizer path."""
     vocab_size: int = Field(6000, ge=100)
-    """Vocabulary size for a learned `wordpiece` tokenizer (upper bound for `char`)."""
+    """Vocabulary size of a learned tokenizer (upper bound for `char`)."""
     max_length: int = Field(96, ge=8)
-    """Tokens per text, [CLS] and [SEP] included; longer texts are truncated."""
+    """Tokens per text, [CLS] and [SEP] included; longer texts keep their first and last max_length/2 tokens."""
     toy_samples: int = Field(4096, ge=8)
     """Number of samples in the `toy` dataset."""
     toy_features: int = Field(10, ge=1)
@@ -64,21 +64,21 @@ class ModelConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(2e-3, gt=0)
+    lr: float = Field(1e-3, gt=0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW weight decay; never applied to biases and LayerNorm weights."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.98)
     """AdamW betas."""
-    eps: float = Field(1e-8, gt=0)
+    eps: float = Field(1e-6, gt=0)
     """AdamW epsilon."""
-    warmup_ratio: float = Field(0.06, ge=0, le=1)
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
     """Fraction of the optimizer steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     """Decay after warm-up."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this value; null disables clipping."""
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
     """Label smoothing of the cross-entropy loss."""
 
 
@@ -143,7 +143,7 @@ class TrainConfig(_Section):
     """Passes over the training split."""
     max_steps: int | None = Field(None, ge=1)
     """Stop after this many optimizer steps (overrides epochs when reached first)."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(32, ge=1)
     """Global batch per optimizer step, the same whatever the world size: per-rank micro-batch = batch_size / (world_size * grad_accum)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches accumulated per optimizer step (gradient sync only on the last)."""

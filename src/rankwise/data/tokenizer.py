@@ -1,9 +1,11 @@
 """Tokenizers: learned from the training split with HF ``tokenizers``, or a local HF tokenizer.
 
 * ``char``: one token per character (NFKC-normalised, lower-cased).
-* ``wordpiece``: a WordPiece vocabulary learned on the training texts.  Runs of CJK
+* ``bpe`` (default): a byte-pair vocabulary learned on the training texts.  Runs of CJK
   characters are *not* split into single characters first, so frequent words and
-  phrases (质量, 不错, 很好) become single tokens, with single characters as fallback.
+  phrases (质量, 不错, 我觉得) become single tokens, with single characters as fallback;
+  reviews get ~37% shorter than character level.
+* ``wordpiece``: the same idea with WordPiece (``##`` continuation pieces).
 * a local path: any tokenizer ``transformers.AutoTokenizer`` loads offline.
 
 The tokenizer is saved next to the prepared data and inside every checkpoint, so
@@ -28,8 +30,29 @@ def _finish(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
     )
-    tokenizer.enable_truncation(max_length)
     return tokenizer
+
+
+def _word_pre_tokenizer():
+    # Split on whitespace and punctuation only: CJK runs stay whole so merges can form words.
+    return pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
+                                    pre_tokenizers.Digits(individual_digits=False)])
+
+
+# Cap the single-character alphabet: without it, the thousands of rare CJK characters
+# alone fill the vocabulary and nothing is left for multi-character tokens.
+ALPHABET_LIMIT = 2500
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.normalizer = _normalizer()
+    tokenizer.pre_tokenizer = _word_pre_tokenizer()
+    tokenizer.decoder = decoders.BPEDecoder()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                  limit_alphabet=ALPHABET_LIMIT, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return _finish(tokenizer, max_length)
 
 
 def train_char_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
@@ -48,11 +71,10 @@ def train_char_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> 
 def train_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=200))
     tokenizer.normalizer = _normalizer()
-    # Whitespace splits on spaces and between word characters and punctuation; CJK runs stay whole.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits()])
+    tokenizer.pre_tokenizer = _word_pre_tokenizer()
     tokenizer.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                        show_progress=False)
+                                        limit_alphabet=ALPHABET_LIMIT, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer)
     # Every known character must also exist as a continuation piece ("##质"), or a word
     # whose only unseen piece is such a character would encode as one [UNK].
@@ -65,12 +87,16 @@ def train_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int
 
 
 class TextEncoder:
-    """Text -> token ids, with the padding id and vocabulary size the model needs."""
+    """Text -> token ids, with the padding id and vocabulary size the model needs.
+
+    Texts longer than ``max_length`` keep their head and their tail (``[CLS]`` and
+    ``[SEP]`` included): reviews often state the verdict at the end.
+    """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int):
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
 
     @classmethod
@@ -79,6 +105,8 @@ class TextEncoder:
             return cls(train_char_tokenizer(train_texts, vocab_size, max_length), max_length)
         if kind == "wordpiece":
             return cls(train_wordpiece_tokenizer(train_texts, vocab_size, max_length), max_length)
+        if kind == "bpe":
+            return cls(train_bpe_tokenizer(train_texts, vocab_size, max_length), max_length)
         return cls.from_pretrained(kind, max_length)
 
     @classmethod
@@ -88,7 +116,7 @@ class TextEncoder:
         if location.is_file():
             return cls(Tokenizer.from_file(str(location)), max_length)
         if not location.is_dir():
-            raise ValueError(f"data.tokenizer={path!r}: expected char, wordpiece or a local tokenizer path")
+            raise ValueError(f"data.tokenizer={path!r}: expected bpe, wordpiece, char or a local tokenizer path")
         if (location / "tokenizer.json").is_file():
             return cls(Tokenizer.from_file(str(location / "tokenizer.json")), max_length)
         from transformers import AutoTokenizer
@@ -111,7 +139,13 @@ class TextEncoder:
         return 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+        return [self._head_and_tail(encoding.ids) for encoding in self.tokenizer.encode_batch(texts)]
+
+    def _head_and_tail(self, ids: list[int]) -> list[int]:
+        if len(ids) <= self.max_length:
+            return ids
+        head = self.max_length // 2
+        return ids[:head] + ids[len(ids) - (self.max_length - head):]
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.json"
