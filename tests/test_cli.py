@@ -124,3 +124,36 @@ def test_missing_strategy_library_names_the_install_command(monkeypatch, capsys)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     assert cli.main(["train", "--data", "toy", "--strategy", "deepspeed", "--nproc-per-node", "2"]) == 2
     assert "pip install 'rankwise[deepspeed]'" in capsys.readouterr().err
+
+
+def test_export_then_predict_and_init_from_it(trained, tmp_path):
+    out, _ = trained
+    exported = tmp_path / "model.safetensors"
+    assert _run("export", "--checkpoint", str(out), "--out", str(exported)).returncode == 0
+    texts = ["这本书很好看", "质量太差了"]
+    from_export = _run("predict", "--checkpoint", str(exported), "--json", *texts)
+    from_checkpoint = _run("predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts)
+    assert from_export.returncode == 0, from_export.stderr
+    assert from_export.stdout == from_checkpoint.stdout
+
+    from rankwise.checkpoint import read_weights
+    from rankwise.config import build_config
+    from rankwise.data.prepare import PreparedData
+    from rankwise.loop import Trainer
+    from rankwise.runtime import setup
+
+    cfg = build_config(overrides=["strategy=single", f"model.init_weights={exported}", "data.max_length=32"])
+    with setup("single", config=cfg) as rt:
+        trainer = Trainer(cfg, PreparedData.load(out / "data"), tmp_path / "init", rt)
+        start = trainer.model.state_dict()
+    weights = read_weights(exported)
+    assert all(torch.equal(start[k], weights[k]) for k in weights)
+
+
+def test_predict_rejects_a_foreign_file(tmp_path):
+    plain = tmp_path / "plain.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(plain))
+    proc = _run("predict", "--checkpoint", str(plain), "x")
+    assert proc.returncode == 2 and "no rankwise metadata" in proc.stderr

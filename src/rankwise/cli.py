@@ -4,6 +4,7 @@ Commands
   rankwise train    train and evaluate a text (or toy) classifier with any strategy
   rankwise launch   start any script on N processes / nodes, like torchrun
   rankwise predict  classify texts with a trained checkpoint
+  rankwise export   write a checkpoint's weights as one plain .safetensors file
 
 Concepts
   world_size   number of processes in the job (nnodes x nproc_per_node)
@@ -105,6 +106,16 @@ def _add_predict_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per text")
 
 
+def _add_export_parser(commands) -> None:
+    p = commands.add_parser("export", help="write a checkpoint's full weights as one plain .safetensors file",
+                            description="Export plain, unwrapped fp32 weights from a checkpoint written by any "
+                                        "strategy (FSDP shards and DeepSpeed ZeRO partitions included). The file "
+                                        "carries architecture, labels and tokenizer in its metadata: use it with "
+                                        "`predict --checkpoint FILE` or `train --set model.init_weights=FILE`.")
+    p.add_argument("--checkpoint", required=True, help="checkpoint dir, .../checkpoints/latest or a run dir")
+    p.add_argument("--out", required=True, help="output .safetensors file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwise", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(commands)
     _add_launch_parser(commands)
     _add_predict_parser(commands)
+    _add_export_parser(commands)
     return parser
 
 
@@ -274,6 +286,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from rankwise.checkpoint import export
+
+    path = export(args.checkpoint, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "launch":
@@ -284,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "export":
+            return cmd_export(args)
         return cmd_predict(args)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"rankwise {args.command}: error: {e}", file=sys.stderr)

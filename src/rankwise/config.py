@@ -59,6 +59,8 @@ class ModelConfig(_Section):
     """`tiny`, `small`, `base` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     """Dropout in the BERT presets and toy MLP; set 0 for bit-comparable equivalence runs."""
+    init_weights: str | None = None
+    """Start from these weights: a `rankwise export` .safetensors file or a checkpoint directory (any strategy's)."""
     split_devices: bool = False
     """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel)."""
 

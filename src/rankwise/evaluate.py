@@ -59,7 +59,7 @@ def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, 
         with rt.autocast():
             logits = forward_logits(model, batch)
         indices.append(batch["index"])
-        predictions.append(logits.argmax(dim=-1))
+        predictions.append(logits.argmax(dim=-1).to(rt.device))  # a split model's logits may sit elsewhere
         targets.append(batch["labels"])
     model.train(was_training)
     empty = torch.empty(0, dtype=torch.long, device=rt.device)

@@ -95,7 +95,9 @@ class Trainer:
             cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
             pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
-            features=data.features, split_devices=cfg.model.split_devices)
+            features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank)
+        if cfg.model.init_weights:
+            model.load_state_dict(ckpt.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         optimizer = make_optimizer(model, cfg, rt.device)
         self.model, self.optimizer = rt.prepare(model, optimizer)
@@ -174,7 +176,7 @@ class Trainer:
         with self.rt.no_sync(self.model, enabled=not sync):
             with self.rt.autocast():
                 logits = forward_logits(self.model, batch)
-                loss = nn.functional.cross_entropy(logits.float(), batch["labels"],
+                loss = nn.functional.cross_entropy(logits.float(), batch["labels"].to(logits.device),
                                                    label_smoothing=self.cfg.optim.label_smoothing)
             self.rt.backward(loss / self.cfg.grad_accum, self.model)
         return loss.detach()
@@ -270,6 +272,11 @@ class Trainer:
             self.metrics.log(self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")})
             (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
             (self.run_dir / "report.txt").write_text(result.report_text, encoding="utf-8")
+            names = self.data.label_names
+            with open(self.run_dir / "predictions.jsonl", "w", encoding="utf-8") as handle:
+                for i, (p, t) in enumerate(zip(result.predictions.tolist(), result.targets.tolist())):
+                    handle.write(json.dumps({"index": i, "label": names[t], "prediction": names[p]},
+                                            ensure_ascii=False) + "\n")
         self.metrics.close()
         return summary
 

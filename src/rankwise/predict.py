@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from rankwise.checkpoint import Checkpoint, CheckpointError, load_checkpoint
@@ -21,11 +22,11 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, path) -> "Predictor":
         checkpoint: Checkpoint = load_checkpoint(path)
-        if checkpoint.tokenizer_file is None:
+        if checkpoint.tokenizer_json is None:
             raise CheckpointError(f"{checkpoint.path} has no tokenizer: it was not trained on text")
         model = model_from_spec(checkpoint.model_spec)
         model.load_state_dict(checkpoint.weights)
-        encoder = TextEncoder.load(checkpoint.path, checkpoint.config["data"]["max_length"])
+        encoder = TextEncoder(Tokenizer.from_str(checkpoint.tokenizer_json), checkpoint.max_length)
         return cls(model, encoder, checkpoint.label_names)
 
     @torch.no_grad()

@@ -43,3 +43,25 @@ def test_completed_ddp_run_always_exits_zero(tmp_path, attempt):
     """torch 2.13 on gloo aborted ~1 run in 3 at teardown with a live DDP module; rankwise must exit 0 every time."""
     proc = _launch(tmp_path, "--epochs", "1")
     assert proc.returncode == 0, f"attempt {attempt}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+
+
+def _run_example(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], env=_env(), capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_toy_mp_spawn_example_saves_unwrapped_weights_once(tmp_path):
+    proc = _run_example("toy_mp_spawn.py", "--out", str(tmp_path), "--steps", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"world_size": 2, "steps": 5}
+    assert set(load_file(str(tmp_path / "toy.safetensors"))) == {"net1.weight", "net1.bias", "net2.weight", "net2.bias"}
+    assert proc.stdout.count("rank 0 saved") == 1  # printed by the main process only
+
+
+def test_long_sequence_example_accumulates_and_saves_periodically(tmp_path):
+    proc = _run_example("long_sequence_accumulation.py", "--max-steps", "4", "--save-every", "2", "--documents", "64",
+                        "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("step-*.safetensors")) == ["step-2.safetensors", "step-4.safetensors"]
+    assert "on 64 documents of up to 512 tokens; 2 processes x 2 x 4 accumulation" in proc.stdout
+    assert any((tmp_path / "tensorboard").iterdir())

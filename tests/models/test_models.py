@@ -39,7 +39,7 @@ def test_toy_models_and_wrong_pairings():
 def test_split_devices_mlp_matches_the_unsplit_one():
     torch.manual_seed(0)
     whole, spec = build_model("mlp", num_labels=5, dropout=0.0, features=10)
-    split, _ = build_model("mlp", num_labels=5, dropout=0.0, features=10, split_devices=True)
+    split, _ = build_model("mlp", num_labels=5, dropout=0.0, features=10, split_devices=True, local_rank=1)
     split.load_state_dict(whole.state_dict())
     x = torch.randn(8, 10)
     assert torch.allclose(whole(features=x), split(features=x))

@@ -16,12 +16,14 @@ from tests.multiproc import run_ranks
 TOLERANCE = 1e-5
 
 
-def _train(run_dir: str, data_dir: str, overrides: list[str]) -> int:
+def _train(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int]:
+    """Train on this rank; returns (optimizer steps, world size as the strategy's own library sees it)."""
     from rankwise.loop import run_training
 
     cfg = build_config(overrides=["seed=7", "max_steps=6", "log_every=2", "eval_batch_size=64", "progress=false",
                                   "model.dropout=0.0", *overrides])
-    return run_training(cfg, PreparedData.load(data_dir), run_dir)["steps"]
+    summary = run_training(cfg, PreparedData.load(data_dir), run_dir)
+    return summary["steps"], summary["library_world_size"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def single_run(datasets, tmp_path_factory):
             out = tmp_path_factory.mktemp(f"single-{case}-{batch}")
             steps = run_ranks(_train, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
                                                                           "strategy=single"])
-            assert steps == [6]
+            assert steps == [(6, 1)]
             cache[case, batch] = _weights(out)
         return cache[case, batch]
 
@@ -73,7 +75,10 @@ STRATEGIES = ["ddp", "fsdp", "deepspeed", "accelerate"]
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tmp_path):
     data, model = CASES[case]
-    run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data), [*model, "batch_size=16", f"strategy={strategy}"])
+    results = run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data),
+                        [*model, "batch_size=16", f"strategy={strategy}"])
+    # Accelerate's num_processes, DeepSpeed's world size, ...: no rank trained alone.
+    assert results == [(6, 2), (6, 2)]
     single, distributed = single_run(case, 16), _weights(tmp_path / strategy)
     print(f"{case}: max |single - {strategy}| = {_max_difference(single, distributed):.2e}")
     assert _max_difference(single, distributed) < TOLERANCE
@@ -107,3 +112,12 @@ def _initial_weights(data: str, model_overrides: list[str], datasets) -> dict:
                            pad_id=prepared.encoder.pad_id if prepared.encoder else 0,
                            max_length=cfg.data.max_length, features=prepared.features)
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_path):
+    """The source documents' ToyMpModel: each rank's MLP halves on two devices, DDP without device_ids.
+    On a CPU both halves sit on the CPU; the run must equal the unsplit single-process one."""
+    _, model = CASES["toy-mlp"]
+    run_ranks(_train, 2, str(tmp_path / "split"), str(datasets / "toy"),
+              [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"])
+    assert _max_difference(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE

@@ -39,15 +39,21 @@ class ToyMLP(nn.Module):
         return self.net2(self.net1(features))
 
 
-def build_toy(name: str, features: int, num_labels: int, dropout: float, split_devices: bool = False):
+def split_device_pair(local_rank: int) -> tuple[str, str]:
+    """The two devices of one rank: cuda:2r and cuda:2r+1 when present, else the CPU twice."""
+    first = 2 * local_rank
+    if torch.cuda.device_count() >= first + 2:
+        return f"cuda:{first}", f"cuda:{first + 1}"
+    return "cpu", "cpu"
+
+
+def build_toy(name: str, features: int, num_labels: int, dropout: float, split_devices: bool = False,
+              local_rank: int = 0):
     spec = {"kind": "toy", "name": name, "features": features, "num_labels": num_labels, "dropout": dropout}
-    return toy_from_spec(spec, split_devices), spec
+    return toy_from_spec(spec, split_device_pair(local_rank) if split_devices else None), spec
 
 
-def toy_from_spec(spec: dict, split_devices: bool = False) -> nn.Module:
+def toy_from_spec(spec: dict, devices: tuple[str, str] | None = None) -> nn.Module:
     if spec["name"] == "linear":
         return LinearClassifier(spec["features"], spec["num_labels"])
-    devices = None
-    if split_devices:
-        devices = ("cuda:0", "cuda:1") if torch.cuda.device_count() >= 2 else ("cpu", "cpu")
     return ToyMLP(spec["features"], spec["num_labels"], dropout=spec["dropout"], devices=devices)

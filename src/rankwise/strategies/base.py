@@ -78,6 +78,8 @@ class Strategy:
         return model, (self.setup_optimizer(optimizer) if optimizer is not None else None)
 
     def setup_module(self, model: nn.Module) -> nn.Module:
+        if len({p.device for p in model.parameters()}) > 1:
+            return model  # already placed across devices by its builder (model.split_devices)
         return model.to(self.device)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
