@@ -14,17 +14,15 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.single import SingleDevice
 
 
 @register
-class DataParallel(Strategy):
-    name = "dp"
-    multiprocess = False
-    description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
+class DataParallel(SingleDevice):
+    """One process like ``single``; only the module wrapping differs."""
 
-    def setup_environment(self) -> None:
-        pass
+    name = "dp"
+    description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         model = super().setup_module(model)
@@ -36,7 +34,3 @@ class DataParallel(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, nn.DataParallel) else model
-
-    @property
-    def library_world_size(self) -> int:
-        return 1

@@ -1,0 +1,51 @@
+"""DataParallel on a CPU-only machine, and mixed precision."""
+
+import warnings
+
+import pytest
+import torch
+
+from tests.multiproc import run_ranks
+from tests.strategies.test_equivalence import CASES, _max_difference, _train, _weights, datasets  # noqa: F401
+
+
+def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
+    import rankwise
+    from rankwise.models.toy import ToyMLP
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with rankwise.setup("dp") as rt, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = rt.prepare(ToyMLP(10, 5))
+    assert type(model) is ToyMLP and rt.world_size == 1
+    assert any("no CUDA device" in str(w.message) for w in caught)
+
+
+def test_dp_matches_single(datasets, tmp_path):  # noqa: F811
+    _, model = CASES["toy-mlp"]
+    for strategy in ("single", "dp"):
+        run_ranks(_train, 1, str(tmp_path / strategy), str(datasets / "toy"),
+                  [*model, "batch_size=16", f"strategy={strategy}"])
+    assert _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / "dp")) == 0.0
+
+
+BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate"])
+def test_bf16_mixed_stays_close_to_single_bf16(strategy, datasets, tmp_path):  # noqa: F811
+    _, model = CASES["tiny-bert"]
+    common = [*model, "batch_size=16", "precision=bf16-mixed"]
+    run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / "text"), [*common, "strategy=single"])
+    assert run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / "text"), [*common, f"strategy={strategy}"]) \
+        == [(6, 2), (6, 2)]
+    difference = _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / strategy))
+    print(f"bf16 {strategy}: max |single - {strategy}| = {difference:.2e}")
+    assert difference < BF16_TOLERANCE
+
+
+def test_fp16_on_cpu_is_refused_clearly():
+    from rankwise.precision import Precision
+
+    with pytest.raises(ValueError, match="16-mixed needs a CUDA device"):
+        Precision("16-mixed", torch.device("cpu"))
