@@ -26,6 +26,13 @@ from rankwise.models import build_model
 from rankwise.runtime import Runtime, iterate_steps, setup
 
 
+def peak_rss_megabytes() -> float:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only: never on biases, LayerNorm weights or other 1-D parameters."""
     decay, no_decay = [], []
@@ -120,6 +127,7 @@ class Trainer:
         self.step = 0
         self.metrics = MetricsLog(self.run_dir, rt.is_main)
         self.checkpoint_path: Path | None = None
+        self.train_peak_rss_mb = 0.0
 
     # -- state -------------------------------------------------------------------------------
     def save(self, epoch: int) -> None:
@@ -226,6 +234,7 @@ class Trainer:
                 if self.step >= self.total_steps:
                     break
             train_time += time.perf_counter() - started
+            self.train_peak_rss_mb = peak_rss_megabytes()  # before this epoch's evaluation and checkpoint
             epoch_done = self.step % self.steps_per_epoch == 0 or self.step >= self.total_steps
             if epoch_done:
                 if "dev" in self.eval_sets:
@@ -247,6 +256,8 @@ class Trainer:
         if cfg.eval_split not in self.eval_sets:
             raise ConfigError(f"eval_split={cfg.eval_split!r} is empty for this data")
         result = self.evaluate(cfg.eval_split)
+        # (training peak, overall peak) per rank; the overall one includes checkpoint gathers.
+        peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
         summary = {
             "strategy": cfg.strategy,
             "world_size": rt.world_size,
@@ -262,6 +273,7 @@ class Trainer:
             "weighted_f1": result.weighted_f1,
             "steps": self.step,
             "train_s": round(train_time, 3),
+            "peak_rss_mb": peak_rss_mb,
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "run_dir": str(self.run_dir),

@@ -32,14 +32,22 @@ def test_dp_matches_single(datasets, tmp_path):  # noqa: F811
 BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
 
 
+BF16_COMMON = [*CASES["tiny-bert"][1], "batch_size=16", "precision=bf16-mixed"]
+
+
+@pytest.fixture(scope="module")
+def single_bf16(datasets, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("single-bf16")
+    run_ranks(_train, 1, str(out), str(datasets / "text"), [*BF16_COMMON, "strategy=single"])
+    return _weights(out)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate"])
-def test_bf16_mixed_stays_close_to_single_bf16(strategy, datasets, tmp_path):  # noqa: F811
-    _, model = CASES["tiny-bert"]
-    common = [*model, "batch_size=16", "precision=bf16-mixed"]
-    run_ranks(_train, 1, str(tmp_path / "single"), str(datasets / "text"), [*common, "strategy=single"])
+def test_bf16_mixed_stays_close_to_single_bf16(strategy, datasets, single_bf16, tmp_path):  # noqa: F811
+    common = BF16_COMMON
     assert run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / "text"), [*common, f"strategy={strategy}"]) \
         == [(6, 2), (6, 2)]
-    difference = _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / strategy))
+    difference = _max_difference(single_bf16, _weights(tmp_path / strategy))
     print(f"bf16 {strategy}: max |single - {strategy}| = {difference:.2e}")
     assert difference < BF16_TOLERANCE
 

@@ -1,0 +1,62 @@
+"""Every strategy on the same job: throughput, peak memory per rank, accuracy.
+
+Each strategy runs ``rankwise train ... --json`` end to end on 2 processes (``single``
+and ``dp`` on one), one after another; the table lists samples/s, the peak resident
+memory of each rank and the test accuracy::
+
+    python -m rankwise.bench.strategies                       # tiny model, sentiment, full default run
+    python -m rankwise.bench.strategies --max-steps 100       # quicker: throughput and memory only
+    python -m rankwise.bench.strategies --model base --max-steps 3 --strategies ddp fsdp deepspeed \\
+        --set deepspeed.zero_stage=3 --set data.max_length=32 --batch-size 4   # memory of a 100M model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+
+from rankwise.bench.common import machine
+
+ALL = ["single", "dp", "ddp", "fsdp", "deepspeed", "accelerate", "horovod"]
+
+
+def run(strategy: str, nproc: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"rankwise-{strategy}-") as out:
+        procs = [] if strategy in ("single", "dp") else ["--nproc-per-node", str(nproc)]
+        command = [sys.executable, "-m", "rankwise.cli", "train", "--strategy", strategy, *procs, "--out", out,
+                   "--json", "--no-progress", *extra]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode:
+            return {"strategy": strategy, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategies", nargs="+", default=ALL, choices=ALL)
+    parser.add_argument("--nproc", type=int, default=2)
+    args, extra = parser.parse_known_args(argv)
+    if not any(a == "--data" for a in extra):
+        extra = ["--data", "sentiment", *extra]
+    rows = []
+    print("| strategy | ranks | parameters | samples/s | peak RSS per rank in training (MB) | overall peak (MB) | "
+          "accuracy | wall s |")
+    print("|---|---:|---:|---:|---|---|---:|---:|")
+    for strategy in args.strategies:
+        row = run(strategy, args.nproc, extra)
+        rows.append(row)
+        if "error" in row:
+            print(f"| {strategy} | | | | | | | failed: {row['error']} |", flush=True)
+            continue
+        print(f"| {strategy} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
+              f"{', '.join(str(t) for t, _ in row['peak_rss_mb'])} | {', '.join(str(o) for _, o in row['peak_rss_mb'])} "
+              f"| {row['accuracy']:.4f} | {row['wall_s']} |",
+              flush=True)
+    print(json.dumps({"runs": rows, **machine()}))
+
+
+if __name__ == "__main__":
+    main()
