@@ -133,9 +133,9 @@ class Trainer:
     def save(self, epoch: int) -> None:
         rt, strategy = self.rt, self.rt.strategy
         root = self.run_dir / "checkpoints"
-        # Every rank contributes: sharded strategies gather full weights, and RNG differs per rank.
-        weights = rt.state_dict(self.model)
-        rng = rt.all_gather_object(ckpt.rng_state())
+        # Sharded strategies gather full weights collectively (every rank calls); others have them on rank 0.
+        weights = rt.state_dict(self.model) if strategy.sharded_state or rt.is_main else None
+        rng = rt.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
         if strategy.sharded_state:
             if rt.is_main:
                 ckpt.begin_checkpoint(root, self.step)
