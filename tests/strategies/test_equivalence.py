@@ -6,7 +6,6 @@ and dropout off, parameters must agree to 1e-5 after several optimizer steps.
 """
 
 import pytest
-import torch
 
 from rankwise.checkpoint import read_weights
 from rankwise.config import DataConfig, build_config

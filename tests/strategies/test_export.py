@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from rankwise.checkpoint import export, load_checkpoint
 from rankwise.config import DataConfig, build_config

@@ -69,7 +69,8 @@ def handwritten_worker(local_rank: int, data_dir: str, run_dir: str, steps: int,
         for batch_ in loader:
             labels = batch_.pop("labels")
             batch_.pop("index")
-            loss = nn.functional.cross_entropy(model(**batch_).logits, labels)
+            loss = nn.functional.cross_entropy(model(**batch_).logits, labels,
+                                               label_smoothing=cfg.optim.label_smoothing)  # same loss as rankwise
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
             optimizer.step()
