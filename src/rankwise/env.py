@@ -12,6 +12,7 @@ import gc
 import os
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -170,8 +171,8 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     )
 
 
-def destroy_process_group(clean: bool = True) -> None:
-    """Leave the process group.
+def destroy_process_group(clean: bool = True, destroy: Callable[[], None] | None = None) -> None:
+    """Leave the process group (``destroy``: a library's own teardown of it, torch's by default).
 
     torch 2.13 on gloo aborts at exit about one run in three when a DDP module is still
     alive at ``destroy_process_group()``; callers drop their wrapped modules first, then
@@ -187,7 +188,7 @@ def destroy_process_group(clean: bool = True) -> None:
             # Why: a rank that destroys its group while a peer is mid-collective makes the peer hang or abort.
             torch_dist.barrier()
     finally:
-        torch_dist.destroy_process_group()
+        (destroy or torch_dist.destroy_process_group)()
 
 
 def usable_cores() -> int:

@@ -77,3 +77,9 @@ class Accelerate(Strategy):
             self.accelerator.free_memory()
             self.accelerator = None
         super().teardown(clean)
+        # Accelerate keeps process-wide singletons that outlive the process group; clear them
+        # so a later setup() in this process (a notebook, a second run) starts afresh.
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()

@@ -13,12 +13,14 @@ import contextlib
 import datetime
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from rankwise.config import ConfigError
+from rankwise import env as process
 from rankwise.env import backend_for
 from rankwise.precision import Precision
 from rankwise.strategies import register
@@ -93,6 +95,9 @@ class DeepSpeed(Strategy):
 
     def setup_environment(self) -> None:
         deepspeed = import_deepspeed()
+        # DeepSpeed reads its device from LOCAL_RANK, which only launchers set: a one-process
+        # run (no launcher) gets it here.
+        os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))
         super().setup_environment()
         # DeepSpeed's communication layer attaches to the process group created above.
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
@@ -174,4 +179,9 @@ class DeepSpeed(Strategy):
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None
-        super().teardown(clean)
+        import deepspeed.comm
+
+        # DeepSpeed's own teardown also drops the groups it caches: a second run in this
+        # process would otherwise broadcast over the destroyed ones.
+        process.destroy_process_group(clean, deepspeed.comm.destroy_process_group
+                                      if deepspeed.comm.is_initialized() else None)
