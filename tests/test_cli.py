@@ -44,12 +44,12 @@ def test_train_json_summary(trained):
     assert "| negative |" in report and "| accuracy | | |" in report and "samples: 300" in report
 
 
-def test_predict_matches_the_model(trained):
+def test_predict_matches_the_model(trained, capsys):
     out, _ = trained
     texts = ["这本书很好看", "质量太差了"]
-    proc = _run("predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts)
-    assert proc.returncode == 0, proc.stderr
-    predicted = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    capsys.readouterr()
+    assert cli.main(["predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts]) == 0
+    predicted = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
 
     # Rebuild the model independently of rankwise.predict: transformers config + weights + tokenizer file.
     from safetensors.torch import load_file
@@ -126,15 +126,16 @@ def test_missing_strategy_library_names_the_install_command(monkeypatch, capsys)
     assert "pip install 'rankwise[deepspeed]'" in capsys.readouterr().err
 
 
-def test_export_then_predict_and_init_from_it(trained, tmp_path):
+def test_export_then_predict_and_init_from_it(trained, tmp_path, capsys):
     out, _ = trained
     exported = tmp_path / "model.safetensors"
-    assert _run("export", "--checkpoint", str(out), "--out", str(exported)).returncode == 0
+    assert cli.main(["export", "--checkpoint", str(out), "--out", str(exported)]) == 0
     texts = ["这本书很好看", "质量太差了"]
-    from_export = _run("predict", "--checkpoint", str(exported), "--json", *texts)
-    from_checkpoint = _run("predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts)
-    assert from_export.returncode == 0, from_export.stderr
-    assert from_export.stdout == from_checkpoint.stdout
+    capsys.readouterr()
+    assert cli.main(["predict", "--checkpoint", str(exported), "--json", *texts]) == 0
+    from_export = capsys.readouterr().out
+    assert cli.main(["predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts]) == 0
+    assert from_export == capsys.readouterr().out and from_export.count("\n") == 2
 
     from rankwise.checkpoint import read_weights
     from rankwise.config import build_config
@@ -150,10 +151,10 @@ def test_export_then_predict_and_init_from_it(trained, tmp_path):
     assert all(torch.equal(start[k], weights[k]) for k in weights)
 
 
-def test_predict_rejects_a_foreign_file(tmp_path):
+def test_predict_rejects_a_foreign_file(tmp_path, capsys):
     plain = tmp_path / "plain.safetensors"
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(plain))
-    proc = _run("predict", "--checkpoint", str(plain), "x")
-    assert proc.returncode == 2 and "no rankwise metadata" in proc.stderr
+    assert cli.main(["predict", "--checkpoint", str(plain), "x"]) == 2
+    assert "no rankwise metadata" in capsys.readouterr().err

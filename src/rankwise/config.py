@@ -61,6 +61,8 @@ class ModelConfig(_Section):
     """Dropout in the BERT presets and toy MLP; set 0 for bit-comparable equivalence runs."""
     init_weights: str | None = None
     """Start from these weights: a `rankwise export` .safetensors file or a checkpoint directory (any strategy's)."""
+    pooling: Literal["cls", "mean"] = "cls"
+    """How a BERT preset summarises a text for its classifier: the [CLS] state through BERT's pooler, or the mean of the non-padding token states."""
     split_devices: bool = False
     """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel)."""
 
@@ -102,6 +104,10 @@ class DeepSpeedConfig(_Section):
     """Keep optimizer state (and its step) on the CPU (ZeRO stage >= 1)."""
     offload_param: bool = False
     """Keep parameters on the CPU between uses (ZeRO stage 3)."""
+    bucket_size: int = Field(5_000_000, gt=0)
+    """Elements per gradient-reduction bucket and per ZeRO-3 parameter prefetch (reduce_bucket_size, stage3_prefetch_bucket_size); DeepSpeed's own 5e8 holds a whole 100M-parameter model's gradients in one buffer."""
+    max_live_parameters: int = Field(10_000_000, gt=0)
+    """ZeRO-3: gathered parameters kept resident at most (stage3_max_live_parameters, stage3_max_reuse_distance); DeepSpeed's own 1e9 keeps every layer of most models gathered, undoing the sharding."""
     config_file: str | None = None
     """A DeepSpeed JSON config merged over the generated one (batch sizes, clipping and precision stay rankwise's)."""
 

@@ -102,7 +102,8 @@ class Trainer:
             cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
             pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
-            features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank)
+            features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank,
+            pooling=cfg.model.pooling)
         if cfg.model.init_weights:
             model.load_state_dict(ckpt.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())

@@ -32,6 +32,10 @@ def test_dp_matches_single(datasets, tmp_path):  # noqa: F811
 BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
 
 
+# DeepSpeed's bf16 mode is not autocast: it keeps the model itself in bf16 (every matmul input and
+# gradient rounded) with fp32 master weights in the optimizer, so it drifts further from autocast.
+DEEPSPEED_BF16_TOLERANCE = 2e-2
+
 BF16_COMMON = [*CASES["tiny-bert"][1], "batch_size=16", "precision=bf16-mixed"]
 
 
@@ -42,14 +46,14 @@ def single_bf16(datasets, tmp_path_factory):  # noqa: F811
     return _weights(out)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate", "deepspeed"])
 def test_bf16_mixed_stays_close_to_single_bf16(strategy, datasets, single_bf16, tmp_path):  # noqa: F811
     common = BF16_COMMON
     assert run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / "text"), [*common, f"strategy={strategy}"]) \
         == [(6, 2), (6, 2)]
     difference = _max_difference(single_bf16, _weights(tmp_path / strategy))
     print(f"bf16 {strategy}: max |single - {strategy}| = {difference:.2e}")
-    assert difference < BF16_TOLERANCE
+    assert difference < (DEEPSPEED_BF16_TOLERANCE if strategy == "deepspeed" else BF16_TOLERANCE)
 
 
 def test_fp16_on_cpu_is_refused_clearly():

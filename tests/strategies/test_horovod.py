@@ -7,6 +7,7 @@ which differs from a single process's mean by float rounding: parameters agree t
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,8 +15,11 @@ import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fa
 import pytest
 
 from rankwise.checkpoint import read_weights
+from tests.strategies.test_export import assert_export_reproduces_the_runs_predictions
+from tests.strategies.test_resume import cut_back
 
 TOLERANCE = 5e-5
+SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate
 
 
 def _train(out, strategy: str, *extra: str) -> dict:
@@ -23,8 +27,8 @@ def _train(out, strategy: str, *extra: str) -> dict:
     nproc = ["--nproc-per-node", "2"] if strategy != "single" else []
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", "--data", "toy", "--model", "mlp",
                            "--strategy", strategy, *nproc, "--max-steps", "6", "--seed", "7", "--out", str(out),
-                           "--set", "model.dropout=0", "--set", "data.toy_samples=1024", "--json", "--no-progress",
-                           *extra], env=env, capture_output=True, text=True, timeout=240)
+                           "--batch-size", "32", "--set", "model.dropout=0", "--set", f"data.toy_samples={SAMPLES}",
+                           "--json", "--no-progress", *extra], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -34,10 +38,51 @@ def _difference(a, b) -> float:
     return max((wa[k] - wb[k]).abs().max().item() for k in wa)
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_horovod_matches_single_process(tmp_path, accum):
-    single = _train(tmp_path / "single", "single", "--batch-size", "32")
-    hvd = _train(tmp_path / "hvd", "horovod", "--batch-size", "32", "--grad-accum", str(accum))
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    return out, _train(out, "single")
+
+
+@pytest.fixture(scope="module")
+def horovod_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("horovod")
+    return out, _train(out, "horovod", "--set", "save_every=3")
+
+
+def test_horovod_matches_single_process(horovod_run, single):
+    (hvd_dir, hvd), (single_dir, one) = horovod_run, single
     assert (hvd["world_size"], hvd["library_world_size"]) == (2, 2)  # hvd.size() saw both ranks
-    assert hvd["eval_samples"] == single["eval_samples"]
-    assert _difference(tmp_path / "single", tmp_path / "hvd") < TOLERANCE
+    assert hvd["eval_samples"] == one["eval_samples"] == 105  # counted exactly once
+    assert _difference(single_dir, hvd_dir) < TOLERANCE
+
+
+def test_horovod_accumulation_matches_single_process(single, tmp_path):
+    single_dir, _ = single
+    _train(tmp_path, "horovod", "--grad-accum", "2")  # backward_passes_per_step=2, micro-batches of 8 per rank
+    assert _difference(single_dir, tmp_path) < TOLERANCE
+
+
+def test_horovod_export_reproduces_the_runs_predictions(horovod_run, tmp_path):
+    run_dir, _ = horovod_run
+    assert_export_reproduces_the_runs_predictions(run_dir, run_dir / "data", tmp_path)
+
+
+def test_horovod_resume_after_a_cut_equals_the_uninterrupted_run(horovod_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(horovod_run[0], run_dir, symlinks=True)
+    uninterrupted = cut_back(run_dir / "checkpoints", "step-00000006", "step-00000003")
+    _train(run_dir, "horovod", "--set", "save_every=3", "--resume", "latest")
+    resumed = read_weights(run_dir / "checkpoints")
+    assert max((uninterrupted[k] - resumed[k]).abs().max().item() for k in resumed) == 0.0
+
+
+COMPRESSED_TOLERANCE = 5e-3  # gradients rounded to fp16 (11-bit mantissa) on the wire, then averaged
+
+
+def test_horovod_fp16_compression_stays_close_to_single_process(single, tmp_path):
+    single_dir, _ = single
+    _train(tmp_path, "horovod", "--set", "horovod.fp16_compression=true")
+    difference = _difference(single_dir, tmp_path)
+    print(f"horovod fp16 compression: max |single - horovod| = {difference:.2e}")
+    assert 0.0 < difference < COMPRESSED_TOLERANCE  # not bit-equal: the compression really ran

@@ -1,8 +1,10 @@
-"""Resume within a strategy: a run cut after step 4 and resumed ends with exactly the weights of an
-uninterrupted run, also where model and optimizer state are sharded (FSDP shards, DeepSpeed ZeRO partitions)."""
+"""Resume within a strategy: a run cut after step 4 and resumed ends with exactly the weights the
+uninterrupted run reached, also where model and optimizer state are sharded (FSDP shards, DeepSpeed
+ZeRO partitions)."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +18,17 @@ def _train(run_dir: str, data_dir: str, strategy: str, *extra: str) -> None:
     from rankwise.loop import run_training
 
     cfg = build_config(overrides=[f"strategy={strategy}", "model.name=mlp", "data.source=toy", "batch_size=16",
-                                  "max_steps=8", "progress=false", "seed=5", *extra])
+                                  "max_steps=8", "save_every=4", "progress=false", "seed=5", *extra])
     run_training(cfg, PreparedData.load(data_dir), run_dir)
+
+
+def cut_back(checkpoints: Path, last: str, keep: str) -> dict:
+    """Pretend the run died after checkpoint ``keep``: drop ``last`` (returning its weights), point latest back."""
+    final = read_weights(checkpoints / last)
+    shutil.rmtree(checkpoints / last)
+    os.remove(checkpoints / "latest")
+    os.symlink(keep, checkpoints / "latest")
+    return final
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +38,14 @@ def toy(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("strategy, extra", [("fsdp", ()), ("deepspeed", ("deepspeed.zero_stage=3",))])
+@pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), ("deepspeed", ("deepspeed.zero_stage=3",)),
+                                             ("accelerate", ())])
 def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, extra, toy, tmp_path):
-    run_ranks(_train, 2, str(tmp_path / "full"), str(toy), strategy, *extra)
-    run_ranks(_train, 2, str(tmp_path / "cut"), str(toy), strategy, "save_every=4", *extra)
-    checkpoints = tmp_path / "cut" / "checkpoints"
-    shutil.rmtree(checkpoints / "step-00000008")
-    os.remove(checkpoints / "latest")
-    os.symlink("step-00000004", checkpoints / "latest")
-    run_ranks(_train, 2, str(tmp_path / "cut"), str(toy), strategy, "resume=latest", *extra)
-    full, resumed = read_weights(tmp_path / "full"), read_weights(checkpoints)
-    difference = max((full[k] - resumed[k]).abs().max().item() for k in full)
+    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, *extra)
+    checkpoints = tmp_path / "checkpoints"
+    uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
+    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, "resume=latest", *extra)
+    resumed = read_weights(checkpoints)
+    assert resumed.keys() == uninterrupted.keys() and read_weights(checkpoints / "step-00000004") != resumed
+    difference = max((uninterrupted[k] - resumed[k]).abs().max().item() for k in uninterrupted)
     assert difference == 0.0, f"{strategy}: resumed run differs by {difference:.2e}"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from rankwise.launch.errors import LaunchError
-from rankwise.launch.ports import free_port, set_worker_threads
+from rankwise.launch.ports import free_port, set_worker_environment
 
 
 def horovodrun_command(nproc: int, entry: list[str]) -> list[str]:
@@ -29,7 +29,7 @@ def launch(nproc: int, entry: list[str], *, nnodes: int = 1, master_addr: str = 
     if nnodes != 1:
         raise LaunchError(["the horovodrun launcher starts one node; for several run "
                            "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.launch.worker RUN_DIR`"])
-    set_worker_threads(nproc)
+    set_worker_environment(nproc)
     env = dict(os.environ, MASTER_ADDR=master_addr, MASTER_PORT=str(master_port or free_port()))
     proc = subprocess.run(horovodrun_command(nproc, entry), env=env)
     if proc.returncode:

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from rankwise.env import ProcessEnv
 from rankwise.launch.errors import LaunchError
-from rankwise.launch.ports import free_port, set_worker_threads
+from rankwise.launch.ports import free_port, set_worker_environment
 
 
 def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: int, master_addr: str,
@@ -30,7 +30,7 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         if nnodes > 1:
             raise LaunchError([f"node {node_rank}: a multi-node spawn needs --master-port (all nodes must agree)"])
         master_port = free_port()
-    set_worker_threads(nprocs)
+    set_worker_environment(nprocs)
     try:
         mp.start_processes(_entry, args=(fn, nprocs, nnodes, node_rank, master_addr, master_port, args),
                            nprocs=nprocs, join=True, start_method="spawn")

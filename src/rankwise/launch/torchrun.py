@@ -1,8 +1,9 @@
 """The torchrun launcher, called in-process: ``torch.distributed.run`` does the real work.
 
 rankwise adds three things before delegating: a free master port on a single node when
-none is given, OMP_NUM_THREADS = cores / local processes unless the user set it, and a
-per-rank summary of failures instead of torchrun's long report.
+none is given, the workers' environment (OMP_NUM_THREADS = cores / local processes and a
+fixed glibc mmap threshold, unless the user set them; see ``set_worker_environment``),
+and a per-rank summary of failures instead of torchrun's long report.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from rankwise.launch.errors import LaunchError
-from rankwise.launch.ports import free_port, set_worker_threads
+from rankwise.launch.ports import free_port, set_worker_environment
 
 
 def _flag(argv: list[str], *names: str) -> str | None:
@@ -50,7 +51,7 @@ def launch(argv: list[str]) -> None:
     if single_node and args.rdzv_endpoint == "" and _flag(argv, "--master-port", "--master_port") is None:
         args.master_port = free_port()
     nproc = args.nproc_per_node
-    set_worker_threads(int(nproc) if str(nproc).isdigit() else 1)
+    set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     try:
         run(args)
     except ChildFailedError as e:

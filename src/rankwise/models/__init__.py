@@ -14,7 +14,7 @@ from rankwise.models.toy import TOY_MODELS, build_toy, toy_from_spec
 
 def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int | None = None,
                 pad_id: int = 0, max_length: int = 128, features: int | None = None,
-                split_devices: bool = False, local_rank: int = 0) -> tuple[nn.Module, dict]:
+                split_devices: bool = False, local_rank: int = 0, pooling: str = "cls") -> tuple[nn.Module, dict]:
     """Return ``(model, spec)``."""
     if name in TOY_MODELS:
         if features is None:
@@ -23,7 +23,7 @@ def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int |
     if features is not None:
         raise ValueError(f"model {name!r} reads text; with --data toy use --model linear or mlp")
     return build_bert(name, num_labels=num_labels, dropout=dropout, vocab_size=vocab_size, pad_id=pad_id,
-                      max_length=max_length)
+                      max_length=max_length, pooling=pooling)
 
 
 def model_from_spec(spec: dict) -> nn.Module:

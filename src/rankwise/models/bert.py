@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 # Sizes for models trained from scratch.  tiny is ~1M parameters with a 6k vocabulary.
@@ -12,34 +13,72 @@ BERT_PRESETS: dict[str, dict] = {
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
 }
+POOLINGS = ("cls", "mean")
+
+
+class MeanPooledBert(nn.Module):
+    """A BERT encoder whose classifier reads the mean of the non-padding token states.
+
+    Trained from scratch on a few thousand short texts, the mean of all tokens is a
+    steadier sentence summary than the single [CLS] state that BertForSequenceClassification
+    passes through its pooler.
+    """
+
+    _no_split_modules = ["BertLayer"]  # FSDP shards each layer as its own unit
+
+    def __init__(self, config):
+        from transformers import BertModel
+
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        nn.init.normal_(self.classifier.weight, std=config.initializer_range)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        states = self.bert(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.classifier(self.dropout(pooled))
 
 
 def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | None, pad_id: int,
-               max_length: int) -> tuple[nn.Module, dict]:
-    from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+               max_length: int, pooling: str = "cls") -> tuple[nn.Module, dict]:
+    from transformers import AutoModelForSequenceClassification, BertConfig
 
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
     if name in BERT_PRESETS:
         if vocab_size is None:
             raise ValueError("a BERT preset needs the tokenizer's vocabulary size")
         config = BertConfig(vocab_size=vocab_size, max_position_embeddings=max_length, pad_token_id=pad_id,
                             num_labels=num_labels, hidden_dropout_prob=dropout,
                             attention_probs_dropout_prob=dropout, **BERT_PRESETS[name])
-        model = BertForSequenceClassification(config)
-    elif Path(name).is_dir():
+        spec = {"kind": "hf", "config": config.to_dict(), "pooling": pooling}
+        return bert_from_spec(spec), spec
+    if Path(name).is_dir():
+        if pooling != "cls":
+            raise ValueError("a local pretrained model keeps its own classification head: use model.pooling=cls")
         # A local pretrained model; never downloads (local_files_only).
         model = AutoModelForSequenceClassification.from_pretrained(
             name, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True)
         if dropout is not None and hasattr(model.config, "hidden_dropout_prob"):
             model.config.hidden_dropout_prob = dropout
-    else:
-        raise ValueError(f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
-                         "and not a local directory with a pretrained model")
-    return model, {"kind": "hf", "config": model.config.to_dict()}
+        return model, {"kind": "hf", "config": model.config.to_dict(), "pooling": "cls"}
+    raise ValueError(f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
+                     "and not a local directory with a pretrained model")
 
 
 def bert_from_spec(spec: dict) -> nn.Module:
+    """A freshly initialised model of the spec's architecture (the RNG state decides the weights)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     settings = dict(spec["config"])
     config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    if spec.get("pooling", "cls") == "mean":
+        return MeanPooledBert(config)
     return AutoModelForSequenceClassification.from_config(config)

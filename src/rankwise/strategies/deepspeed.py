@@ -58,7 +58,7 @@ class DeepSpeed(Strategy):
         cfg = self.config
         ds = cfg.deepspeed
         micro = cfg.micro_batch_size(self.env.world_size)
-        zero: dict = {"stage": ds.zero_stage}
+        zero: dict = {"stage": ds.zero_stage, "reduce_bucket_size": ds.bucket_size}
         if ds.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu"}
         if ds.offload_param:
@@ -66,7 +66,9 @@ class DeepSpeed(Strategy):
                 raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
             zero["offload_param"] = {"device": "cpu"}
         if ds.zero_stage == 3:
-            zero["stage3_gather_16bit_weights_on_model_save"] = True
+            zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_prefetch_bucket_size=ds.bucket_size,
+                        stage3_max_live_parameters=ds.max_live_parameters,
+                        stage3_max_reuse_distance=ds.max_live_parameters)
         config = {
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": cfg.grad_accum,
