@@ -33,8 +33,9 @@ BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: fa
 
 
 # DeepSpeed's bf16 mode is not autocast: it keeps the model itself in bf16 (every matmul input and
-# gradient rounded) with fp32 master weights in the optimizer, so it drifts further from autocast.
-DEEPSPEED_BF16_TOLERANCE = 2e-2
+# gradient rounded) with fp32 master weights in the optimizer, so it drifts further from autocast
+# (measured 2.9e-3 after 6 steps).
+DEEPSPEED_BF16_TOLERANCE = 6e-3
 
 BF16_COMMON = [*CASES["tiny-bert"][1], "batch_size=16", "precision=bf16-mixed"]
 
