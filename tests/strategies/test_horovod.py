@@ -77,12 +77,15 @@ def test_horovod_resume_after_a_cut_equals_the_uninterrupted_run(horovod_run, tm
     assert max((uninterrupted[k] - resumed[k]).abs().max().item() for k in resumed) == 0.0
 
 
-COMPRESSED_TOLERANCE = 5e-3  # gradients rounded to fp16 (11-bit mantissa) on the wire, then averaged
+# Gradients rounded to fp16 (11-bit mantissa, relative error up to 5e-4) on the wire, then
+# averaged; Adam's normalisation keeps the effect on parameters small (measured 3.3e-6).
+COMPRESSED_TOLERANCE = 5e-4
 
 
-def test_horovod_fp16_compression_stays_close_to_single_process(single, tmp_path):
+def test_horovod_fp16_compression_stays_close_to_single_process(single, horovod_run, tmp_path):
     single_dir, _ = single
     _train(tmp_path, "horovod", "--set", "horovod.fp16_compression=true")
     difference = _difference(single_dir, tmp_path)
     print(f"horovod fp16 compression: max |single - horovod| = {difference:.2e}")
-    assert 0.0 < difference < COMPRESSED_TOLERANCE  # not bit-equal: the compression really ran
+    assert difference < COMPRESSED_TOLERANCE
+    assert _difference(horovod_run[0], tmp_path) > 0  # differs from the uncompressed run: compression ran
