@@ -17,7 +17,10 @@ def _train(run_dir: str, data_dir: str, strategy: str) -> None:
     from rankwise.loop import run_training
 
     cfg = build_config(overrides=[f"strategy={strategy}", "max_steps=4", "batch_size=16", "progress=false",
-                                  "data.max_length=32", "deepspeed.zero_stage=3", "seed=1"])
+                                  "data.max_length=32", "deepspeed.zero_stage=3", "seed=1",
+                                  # ZeRO-3 releases and prefetches layers (as with a large model), so
+                                  # parameters are still in flight when the checkpoint gathers them.
+                                  "deepspeed.max_live_parameters=20000", "deepspeed.bucket_size=20000"])
     run_training(cfg, PreparedData.load(data_dir), run_dir)
 
 

@@ -145,6 +145,10 @@ class DeepSpeed(Strategy):
         deepspeed = import_deepspeed()
         module = self.unwrap(model)
         params = list(module.parameters())
+        if self.config.deepspeed.zero_stage == 3 and hasattr(model, "empty_partition_cache"):
+            # Parameters prefetched for the next forward may still be in flight; the gather below
+            # re-partitions every parameter on exit, which DeepSpeed refuses for one in flight.
+            model.empty_partition_cache()
         gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) \
             if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
         with gather:
