@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rankwise.config import ConfigError
 from rankwise import env as process
+from rankwise.config import ConfigError
 from rankwise.env import backend_for
 from rankwise.precision import Precision
 from rankwise.strategies import register
