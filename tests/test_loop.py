@@ -1,5 +1,7 @@
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -7,7 +9,7 @@ import torch
 from rankwise.checkpoint import read_weights
 from rankwise.config import ConfigError, DataConfig, build_config
 from rankwise.data.prepare import prepare_data
-from rankwise.loop import lr_lambda, parameter_groups, run_training
+from rankwise.loop import lr_lambda, parameter_groups, peak_rss_megabytes, run_training
 from rankwise.models.bert import build_bert
 
 
@@ -57,3 +59,14 @@ def test_schedule_warms_up_then_decays():
     assert f(110) == pytest.approx(0.0)
     c = lr_lambda("cosine", warmup_steps=0, total_steps=100)
     assert c(0) == pytest.approx(1.0) and c(50) == pytest.approx(0.5)
+
+
+def test_a_child_reports_its_own_peak_not_its_parents():
+    """ru_maxrss survives fork+exec; the reported peak must not (a launched worker would show its launcher's)."""
+    ballast = bytearray(1024 * 1024 * 1024)  # this process's peak is now above 1 GB
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    child = subprocess.run([sys.executable, "-c", "from rankwise.loop import peak_rss_megabytes as p; print(p())"],
+                           capture_output=True, text=True, check=True)
+    del ballast
+    assert peak_rss_megabytes() > 1024
+    assert float(child.stdout.strip().splitlines()[-1]) < peak_rss_megabytes() - 600
