@@ -43,3 +43,34 @@ def test_split_devices_mlp_matches_the_unsplit_one():
     split.load_state_dict(whole.state_dict())
     x = torch.randn(8, 10)
     assert torch.allclose(whole(features=x), split(features=x))
+
+
+def test_mean_pooling_ignores_padding_and_survives_the_spec(tmp_path):
+    from rankwise.models.bert import MeanPooledBert
+
+    torch.manual_seed(0)
+    model, spec = build_model("tiny", num_labels=3, dropout=0.0, vocab_size=100, pad_id=0, max_length=16,
+                              pooling="mean")
+    assert isinstance(model, MeanPooledBert) and spec["pooling"] == "mean"
+    model.eval()
+    ids = torch.tensor([[5, 6, 7]])
+    padded = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]])
+    mask = (padded != 0).long()
+    with torch.no_grad():
+        alone = model(input_ids=ids)
+        batched = model(input_ids=padded, attention_mask=mask)
+    assert batched.shape == (2, 3)
+    assert torch.allclose(alone[0], batched[0], atol=1e-5)  # padding changes nothing
+    rebuilt = model_from_spec(spec)
+    assert isinstance(rebuilt, MeanPooledBert)
+    rebuilt.load_state_dict(model.state_dict())  # strict: same architecture
+
+
+def test_mean_pooling_is_refused_for_a_pretrained_head(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "pretrained")
+    with pytest.raises(ValueError, match="model.pooling=cls"):
+        build_model(str(tmp_path / "pretrained"), num_labels=2, dropout=0.1, pooling="mean")
