@@ -46,6 +46,8 @@ class DataConfig(_Section):
     """Vocabulary size of a learned tokenizer (upper bound for `char`)."""
     max_length: int = Field(96, ge=8)
     """Tokens per text, [CLS] and [SEP] included; longer texts keep their first and last max_length/2 tokens."""
+    group_by_length: bool = True
+    """Put training texts of similar length into the same global batch (less padding, about 2x faster on `sentiment`); the shuffle stays seeded and identical at every world size."""
     toy_samples: int = Field(4096, ge=8)
     """Number of samples in the `toy` dataset."""
     toy_features: int = Field(10, ge=1)
@@ -56,7 +58,7 @@ class DataConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = "tiny"
-    """`tiny`, `small`, `base` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path."""
+    """`tiny`, `small`, `base`, `large` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     """Dropout in the BERT presets and toy MLP; set 0 for bit-comparable equivalence runs."""
     init_weights: str | None = None

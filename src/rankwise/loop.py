@@ -126,8 +126,9 @@ class Trainer:
         torch.manual_seed(cfg.seed + rt.rank)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
         self.collate = getattr(self.train_set, "collate", None)
+        lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
         self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
-                                collate_fn=self.collate)
+                                collate_fn=self.collate, lengths=lengths, group_size=cfg.batch_size)
         self.steps_per_epoch = len(self.loader) // cfg.grad_accum
         if self.steps_per_epoch == 0:
             raise ConfigError(f"the training split ({len(self.train_set)} samples) is smaller than one global batch "

@@ -30,7 +30,7 @@ import contextlib
 import gc
 import os
 import random
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import dist
+from rankwise.data.sampler import LengthGroupedSampler
 from rankwise.env import ProcessEnv
 from rankwise.strategies import Strategy, get_strategy
 
@@ -118,21 +119,36 @@ class Runtime:
         return self.strategy.unwrap(model)
 
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool | None = None,
-               seed: int | None = None, collate_fn=None, num_workers: int = 0) -> DataLoader:
+               seed: int | None = None, collate_fn=None, num_workers: int = 0,
+               lengths: Sequence[int] | None = None, group_size: int | None = None) -> DataLoader:
         """A DataLoader over this rank's shard; ``batch_size`` is the *global* batch.
 
         Training loaders (``shuffle=True``) drop the last incomplete global batch, so each
         step's per-rank batches together are exactly one batch of a single-process run
         with the same seed.  Evaluation loaders (``shuffle=False``) keep every sample;
         the sampler pads the last shard, and :meth:`gather_exact` removes the padding.
+
+        ``lengths`` (one per sample, shuffled loaders only) groups samples of similar
+        length into the same global batch, so padding to the batch's longest costs little.
+        Under gradient accumulation pass the optimizer step's global batch as
+        ``group_size`` so each step, not each micro-batch, is one length group.
         """
         if batch_size % self.world_size:
             raise ValueError(f"global batch {batch_size} is not divisible by world size {self.world_size}")
         drop_last = shuffle if drop_last is None else drop_last
         if seed is None:
             seed = self.seed or 0
-        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle,
-                                     seed=seed, drop_last=drop_last)
+        if lengths is not None:
+            if not (shuffle and drop_last):
+                raise ValueError("lengths group a shuffled training loader (shuffle=True, drop_last=True)")
+            group_size = group_size or batch_size
+            if group_size % batch_size:
+                raise ValueError(f"group_size {group_size} is not a multiple of the batch size {batch_size}")
+            sampler = LengthGroupedSampler(dataset, lengths, group_size, num_replicas=self.world_size, rank=self.rank,
+                                           seed=seed)
+        else:
+            sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle,
+                                         seed=seed, drop_last=drop_last)
         per_rank = batch_size // self.world_size
         if drop_last and len(sampler) < per_rank:
             raise ValueError(

@@ -1,11 +1,12 @@
 """Overhead of rankwise's DDP loop against a minimal hand-written DDP loop.
 
-Same model (tiny BERT), same prepared data, same global batch, same optimizer, clipping
-and schedule, same number of steps, 2 processes x (cores / 2) threads, both started by
-the spawn launcher.  Runs alternate (rankwise, hand-written, rankwise, ...) and the
-report is the median of the per-pair throughput ratios::
+Same model (tiny BERT), same prepared data and length-grouped batches, same global
+batch, same optimizer, clipping and schedule, same number of steps, 2 processes x
+(cores / 2) threads, both started by the spawn launcher.  Runs alternate (rankwise,
+hand-written, rankwise, ...) and the report is the median of the per-pair throughput
+ratios::
 
-    python -m rankwise.bench.overhead --pairs 3 --steps 120
+    python -m rankwise.bench.overhead --pairs 5 --steps 200
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def handwritten_worker(local_rank: int, data_dir: str, run_dir: str, steps: int,
     """The loop a careful user writes by hand: no logging, no checkpoints, no evaluation."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DataLoader
 
+    from rankwise.data.sampler import LengthGroupedSampler
     from rankwise.loop import lr_lambda, parameter_groups
     from rankwise.models import build_model
 
@@ -56,10 +58,13 @@ def handwritten_worker(local_rank: int, data_dir: str, run_dir: str, steps: int,
                            vocab_size=data.encoder.vocab_size, pad_id=data.encoder.pad_id,
                            max_length=cfg.data.max_length)
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("linear", int(0.06 * steps), steps))
+    warmup = int(cfg.optim.warmup_ratio * steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim.schedule, warmup, steps))
     model = DistributedDataParallel(model, bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=True)
     dataset = data.dataset("train")
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    # The same length-grouped DistributedSampler as rankwise's default (data.group_by_length), so both
+    # loops see identical batches and the comparison measures the loop alone.
+    sampler = LengthGroupedSampler(dataset, dataset.lengths, batch, num_replicas=world, rank=rank, seed=cfg.seed)
     loader = DataLoader(dataset, batch_size=batch // world, sampler=sampler, drop_last=True,
                         collate_fn=dataset.collate)
     done, epoch = 0, 0
@@ -97,8 +102,8 @@ def measure(worker, data_dir: Path, root: Path, name: str, steps: int, batch: in
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=3, help="alternating (rankwise, hand-written) pairs")
-    parser.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
+    parser.add_argument("--pairs", type=int, default=5, help="alternating (rankwise, hand-written) pairs")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--json", action="store_true")

@@ -6,8 +6,8 @@ memory of each rank and the test accuracy::
 
     python -m rankwise.bench.strategies                       # tiny model, sentiment, full default run
     python -m rankwise.bench.strategies --max-steps 100       # quicker: throughput and memory only
-    python -m rankwise.bench.strategies --model base --max-steps 3 --strategies ddp fsdp deepspeed \\
-        --set deepspeed.zero_stage=3 --set data.max_length=32 --batch-size 4   # memory of a 100M model
+
+(``rankwise.bench.memory`` compares the sharded strategies' memory on a large model.)
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ class TokenizedTextDataset(Dataset):
     def __getitem__(self, i: int):
         return self.ids[i], self.labels[i], i
 
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens per sample, for batching texts of similar length together."""
+        return [len(ids) for ids in self.ids]
+
     def collate(self, items) -> dict[str, torch.Tensor]:
         """Pad to the longest sequence of the batch (not to max_length): less work per step."""
         longest = max(len(ids) for ids, _, _ in items)

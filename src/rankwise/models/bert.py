@@ -7,11 +7,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-# Sizes for models trained from scratch.  tiny is ~1M parameters with a 6k vocabulary.
+# Sizes for models trained from scratch.  tiny is ~1M parameters with a 6k vocabulary, base ~90M, large ~310M.
 BERT_PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    # ~310M parameters: where sharding (fsdp, deepspeed ZeRO-3) pays off against each process's fixed footprint.
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
 }
 POOLINGS = ("cls", "mean")
 
