@@ -9,10 +9,13 @@ evaluation and checkpoint excluded) and its ratio to DDP's::
     python -m rankwise.bench.memory --model base --nproc 4   # ~90M parameters, 4 ranks
 
 What to expect per parameter, fp32 with AdamW: DDP holds weights, gradients and two
-Adam moments, 16 bytes on every rank.  FSDP and ZeRO-3 shard all four, 16 / N bytes,
-plus the layers gathered at the moment.  Each process also carries a fixed few hundred
-MB of interpreter and libraries, which sharding cannot remove: at 2 ranks the ratio
-approaches 0.5 only when the model dwarfs that.
+Adam moments, 16 bytes on every rank.  FSDP shards all four, 16 / N bytes, plus the
+layers gathered at the moment.  DeepSpeed 0.19's ZeRO-3 holds 24 / N: besides its
+flat gradient partition it keeps a separate fp32 master copy of the parameter
+partition (its test for reusing fp32 weights compares a ``torch.device`` with the
+device *string*, which is never equal) and flattens the gradients into one more
+partition-sized buffer for the optimizer step.  Each process also carries a fixed few
+hundred MB of interpreter and libraries, which sharding cannot remove.
 """
 
 from __future__ import annotations
