@@ -1,9 +1,9 @@
 """A DistributedSampler whose global batches hold texts of similar length.
 
-Batches are padded to their longest text, so a batch of random reviews (mean length
-42 tokens, 90th percentile 96) costs as much as one of 96-token texts.  Grouping texts
-of similar length into the same batch (as Hugging Face's ``group_by_length`` does)
-roughly halves the work per epoch on the ``sentiment`` task.
+Batches are padded to their longest text, so a batch of 32 random reviews (mean 42
+BPE tokens, one in six cut at 96) costs as much as 32 texts of the longest one's length.
+Grouping texts of similar length into the same batch (as Hugging Face's
+``group_by_length`` does) roughly halves the work per epoch on the ``sentiment`` task.
 
 The grouping never breaks the equivalence contract: the epoch's order is built on the
 *global* sequence of samples, identically on every rank, and each rank then takes every
