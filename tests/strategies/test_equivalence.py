@@ -67,7 +67,14 @@ CASES = {
 }
 
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed", "accelerate"]
+# Test id -> overrides.  DeepSpeed's default is ZeRO-2; ZeRO-3 also shards (and here updates in place) the parameters.
+STRATEGIES = {
+    "ddp": ["strategy=ddp"],
+    "fsdp": ["strategy=fsdp"],
+    "deepspeed": ["strategy=deepspeed"],
+    "deepspeed-zero3": ["strategy=deepspeed", "deepspeed.zero_stage=3"],
+    "accelerate": ["strategy=accelerate"],
+}
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -75,7 +82,7 @@ STRATEGIES = ["ddp", "fsdp", "deepspeed", "accelerate"]
 def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tmp_path):
     data, model = CASES[case]
     results = run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data),
-                        [*model, "batch_size=16", f"strategy={strategy}"])
+                        [*model, "batch_size=16", *STRATEGIES[strategy]])
     # Accelerate's num_processes, DeepSpeed's world size, ...: no rank trained alone.
     assert results == [(6, 2), (6, 2)]
     single, distributed = single_run(case, 16), _weights(tmp_path / strategy)
@@ -90,7 +97,7 @@ def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tm
 def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single_run, tmp_path):
     _, model = CASES["toy-mlp"]
     run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
-              [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
+              [*model, "batch_size=32", "grad_accum=2", *STRATEGIES[strategy]])
     assert _max_difference(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
 
 

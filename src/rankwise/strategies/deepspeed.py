@@ -38,6 +38,31 @@ def import_deepspeed():
     return deepspeed
 
 
+def share_fp32_master_partitions(optimizer) -> int:
+    """Let ZeRO-3 update fp32 parameter partitions in place instead of through a master copy.
+
+    DeepSpeed 0.19 means to skip the fp32 master copy when the partitioned parameters are
+    already fp32 on the optimizer's device (stage3.py ``_create_fp32_partitions``), but it
+    compares a ``torch.device`` with a device *string*, which is never equal, so a fp32 run
+    keeps a second copy of its partition: 4/N bytes per parameter.  Pointing each master
+    tensor at its parameter partition is the aliasing DeepSpeed designed for that case (its
+    step then copies the partition onto itself).  Optimizer state stays keyed by the same
+    tensor objects.  Returns the number of elements no longer duplicated.
+    """
+    masters = getattr(optimizer, "fp32_partitioned_groups_flat", None)
+    partitions = getattr(optimizer, "fp16_partitioned_groups_flat", None)
+    if not masters or not partitions or getattr(optimizer, "offload_optimizer", False):
+        return 0
+    freed = 0
+    for master, partition in zip(masters, partitions):
+        if (partition is None or master is partition or master.dtype != partition.dtype
+                or master.device != partition.device or master.shape != partition.shape):
+            continue
+        master.data = partition.data
+        freed += partition.numel()
+    return freed
+
+
 @register
 class DeepSpeed(Strategy):
     name = "deepspeed"
@@ -68,7 +93,10 @@ class DeepSpeed(Strategy):
         if ds.zero_stage == 3:
             zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_prefetch_bucket_size=ds.bucket_size,
                         stage3_max_live_parameters=ds.max_live_parameters,
-                        stage3_max_reuse_distance=ds.max_live_parameters)
+                        stage3_max_reuse_distance=ds.max_live_parameters,
+                        # The optimizer step flattens one sub-group's gradients into a fresh buffer at a
+                        # time; DeepSpeed's 1e9 makes that a second copy of the whole gradient partition.
+                        sub_group_size=ds.bucket_size)
         config = {
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": cfg.grad_accum,
@@ -101,6 +129,13 @@ class DeepSpeed(Strategy):
         # run (no launcher) gets it here.
         os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))
         super().setup_environment()
+        if self.device.type == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce kernel when its
+            # communication layer starts (1-2 minutes on 2 cores, again for every new virtualenv);
+            # only inference tensor parallelism uses it, training reduces through torch.distributed.
+            import deepspeed.ops
+
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         # DeepSpeed's communication layer attaches to the process group created above.
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
@@ -111,6 +146,7 @@ class DeepSpeed(Strategy):
             raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
                                                     config=self.ds_config(), dist_init_required=False)
+        share_fp32_master_partitions(self.engine.optimizer)
         # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
         # learning-rate schedulers and zero_grad on it work as in any other strategy.
         return self.engine, optimizer
