@@ -107,7 +107,7 @@ class DeepSpeedConfig(_Section):
     offload_param: bool = False
     """Keep parameters on the CPU between uses (ZeRO stage 3)."""
     bucket_size: int = Field(5_000_000, gt=0)
-    """Elements per gradient-reduction bucket and per ZeRO-3 parameter prefetch (reduce_bucket_size, stage3_prefetch_bucket_size); DeepSpeed's own 5e8 holds a whole 100M-parameter model's gradients in one buffer."""
+    """Elements per gradient-reduction bucket, per ZeRO-3 parameter prefetch and per ZeRO-3 optimizer sub-group (reduce_bucket_size, stage3_prefetch_bucket_size, sub_group_size); DeepSpeed's own 5e8 and 1e9 hold a whole 100M-parameter model's gradients in one extra buffer."""
     max_live_parameters: int = Field(10_000_000, gt=0)
     """ZeRO-3: gathered parameters kept resident at most (stage3_max_live_parameters, stage3_max_reuse_distance); DeepSpeed's own 1e9 keeps every layer of most models gathered, undoing the sharding."""
     config_file: str | None = None
