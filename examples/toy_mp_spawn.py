@@ -16,17 +16,7 @@ import torch
 from torch import nn
 
 import rankwise
-
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net1 = nn.Linear(10, 10)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
+from plain_ddp_torchrun import ToyModel  # the blog's model, shared with the plain torchrun example
 
 
 def train(local_rank: int, steps: int, out: str) -> None:

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,13 +118,24 @@ def test_train_refuses_to_run_inside_a_launched_worker(monkeypatch, capsys):
     assert "starts its own workers" in capsys.readouterr().err
 
 
-def test_missing_strategy_library_names_the_install_command(monkeypatch, capsys):
+@pytest.mark.parametrize("strategy, module, install", [
+    ("deepspeed", "deepspeed", "pip install 'rankwise[deepspeed]'"),
+    ("accelerate", "accelerate", "pip install 'rankwise[accelerate]'"),
+    ("horovod", "horovod", "scripts/build_horovod.sh"),
+])
+def test_missing_strategy_library_names_the_install_command(strategy, module, install, monkeypatch, capsys):
     import importlib.util
 
+    import rankwise
+
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
-    assert cli.main(["train", "--data", "toy", "--strategy", "deepspeed", "--nproc-per-node", "2"]) == 2
-    assert "pip install 'rankwise[deepspeed]'" in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.split(".")[0] == module else real(name, *a))
+    assert cli.main(["train", "--data", "toy", "--strategy", strategy, "--nproc-per-node", "2"]) == 2
+    assert install in capsys.readouterr().err
+    # The Python API says the same, as an ImportError, before touching any process group.
+    with pytest.raises(ImportError, match=re.escape(install)):
+        rankwise.setup(strategy)
 
 
 def test_export_then_predict_and_init_from_it(trained, tmp_path, capsys):

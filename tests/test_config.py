@@ -39,6 +39,11 @@ def test_unknown_strategy_and_cross_field_checks():
         build_config(overrides=["strategy=horovd"])
     with pytest.raises(ConfigError, match="node_rank"):
         build_config(overrides=["launch.nnodes=2", "launch.node_rank=2"])
+    with pytest.raises(ConfigError, match="model.split_devices .* strategy=fsdp"):
+        build_config(overrides=["model.name=mlp", "model.split_devices=true", "strategy=fsdp"])
+    with pytest.raises(ConfigError, match="model.split_devices .* model.name=tiny"):
+        build_config(overrides=["model.split_devices=true", "strategy=ddp"])
+    assert build_config(overrides=["model.name=mlp", "model.split_devices=true", "strategy=ddp"]).model.split_devices
 
 
 def test_batch_must_divide_world_and_accumulation():

@@ -66,7 +66,7 @@ class ModelConfig(_Section):
     pooling: Literal["cls", "mean"] = "cls"
     """How a BERT preset summarises a text for its classifier: the [CLS] state through BERT's pooler, or the mean of the non-padding token states."""
     split_devices: bool = False
-    """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel)."""
+    """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel): rank r uses cuda:2r and cuda:2r+1 (the CPU twice without GPUs); model mlp with strategy single or ddp only."""
 
 
 class OptimConfig(_Section):
@@ -198,6 +198,10 @@ class TrainConfig(_Section):
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(strategy_names())}")
         if self.launch.node_rank >= self.launch.nnodes:
             raise ValueError(f"launch.node_rank={self.launch.node_rank} must be < launch.nnodes={self.launch.nnodes}")
+        if self.model.split_devices and (self.model.name != "mlp" or self.strategy not in ("single", "ddp")):
+            raise ValueError(f"model.split_devices splits the toy MLP inside one process: it needs model.name=mlp "
+                             f"and strategy single or ddp (got model.name={self.model.name}, "
+                             f"strategy={self.strategy})")
         if self.data.dev_percent + self.data.test_percent >= 90:
             raise ValueError("data.dev_percent + data.test_percent must leave at least 10% for training")
         return self

@@ -110,10 +110,14 @@ def gather_exact(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tup
     same count; the padded copies carry an index already seen and are dropped here.  The
     result has exactly ``total`` rows, or a ``RuntimeError`` says which samples are missing.
     """
-    gathered_index = all_gather(index)
-    gathered = [all_gather(t) for t in tensors]
-    order = torch.argsort(gathered_index, stable=True)
-    sorted_index = gathered_index[order]
+    return exactly_once(all_gather(index), *(all_gather(t) for t in tensors), total=total)
+
+
+def exactly_once(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+    """Rows of already gathered per-sample tensors, one per distinct sample index, in index order;
+    a ``RuntimeError`` unless there are exactly ``total`` distinct samples."""
+    order = torch.argsort(index, stable=True)
+    sorted_index = index[order]
     keep = torch.ones_like(sorted_index, dtype=torch.bool)
     keep[1:] = sorted_index[1:] != sorted_index[:-1]
     unique_index = sorted_index[keep]
@@ -123,4 +127,4 @@ def gather_exact(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tup
         raise RuntimeError(
             f"exact gather found {unique_index.numel()} distinct samples, expected {total}; missing e.g. {missing}"
         )
-    return (unique_index, *(t[order][keep] for t in gathered))
+    return (unique_index, *(t[order][keep] for t in tensors))

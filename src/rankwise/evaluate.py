@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rankwise import dist
 from rankwise.runtime import Runtime
 
 
@@ -50,7 +51,11 @@ class EvalResult:
 @torch.no_grad()
 def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, collate_fn=None):
     """Predictions and targets of the whole ``dataset``, exactly once each, on every rank."""
-    loader = rt.loader(dataset, batch_size, shuffle=False, collate_fn=collate_fn)
+    strategy = rt.strategy
+    if strategy.gathers_for_metrics:
+        loader = strategy.evaluation_loader(dataset, batch_size // rt.world_size, collate_fn)
+    else:
+        loader = rt.loader(dataset, batch_size, shuffle=False, collate_fn=collate_fn)
     was_training = model.training
     model.eval()
     indices, predictions, targets = [], [], []
@@ -58,14 +63,24 @@ def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, 
         batch = rt.to_device(batch)
         with rt.autocast():
             logits = forward_logits(model, batch)
-        indices.append(batch["index"])
-        predictions.append(logits.argmax(dim=-1).to(rt.device))  # a split model's logits may sit elsewhere
-        targets.append(batch["labels"])
+        # A split model's logits may sit on another device.
+        rows = (batch["index"], logits.argmax(dim=-1).to(rt.device), batch["labels"])
+        if strategy.gathers_for_metrics:
+            rows = strategy.gather_for_metrics(*rows)
+        for parts, row in zip((indices, predictions, targets), rows):
+            parts.append(row)
     model.train(was_training)
     empty = torch.empty(0, dtype=torch.long, device=rt.device)
     local = [torch.cat(parts) if parts else empty for parts in (indices, predictions, targets)]
-    # Why: the only synchronisation of evaluation: one gather of the (index, prediction, target) triples.
-    _, predictions, targets = rt.gather_exact(*local, total=len(dataset))
+    if strategy.gathers_for_metrics:
+        # Already gathered batch by batch, padding dropped by the library: check that it was.
+        if local[0].numel() != len(dataset):
+            raise RuntimeError(f"{strategy.name}'s gather_for_metrics returned {local[0].numel()} rows "
+                               f"for {len(dataset)} samples")
+        _, predictions, targets = dist.exactly_once(*local, total=len(dataset))
+    else:
+        # Why: the only synchronisation of evaluation: one gather of the (index, prediction, target) triples.
+        _, predictions, targets = rt.gather_exact(*local, total=len(dataset))
     return predictions.cpu(), targets.cpu()
 
 

@@ -1,4 +1,6 @@
-"""DeepSpeed specifics: ZeRO-3 at fp32 keeps one copy of each parameter partition."""
+"""DeepSpeed specifics: ZeRO-3 at fp32 keeps one copy of each parameter partition, and its processes exit cleanly."""
+
+import pytest
 
 from tests.multiproc import run_ranks
 
@@ -33,3 +35,12 @@ def test_zero3_fp32_updates_parameter_partitions_in_place_without_a_master_copy(
         assert result["sub_groups"] > 1, f"rank {rank}: sub_group_size did not follow deepspeed.bucket_size"
         assert all(result["shared"]), f"rank {rank}: a fp32 master partition is a separate copy"
         assert all(result["updated"]), f"rank {rank}: the optimizer step did not reach the parameter partitions"
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_zero3_processes_exit_cleanly(attempt):
+    """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (DESIGN.md); rankwise's teardown
+    (engine destroyed before the process group) must let every rank exit 0, every time."""
+    # fresh=True: dedicated processes that must exit with code 0 after returning their result.
+    results = run_ranks(_zero3_partitions, 2, 1000, fresh=True, timeout=120)
+    assert all(all(r["updated"]) for r in results), f"attempt {attempt}: ZeRO-3 did not train"

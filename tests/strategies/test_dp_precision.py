@@ -47,14 +47,25 @@ def single_bf16(datasets, tmp_path_factory):  # noqa: F811
     return _weights(out)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate", "deepspeed"])
-def test_bf16_mixed_stays_close_to_single_bf16(strategy, datasets, single_bf16, tmp_path):  # noqa: F811
-    common = BF16_COMMON
-    assert run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / "text"), [*common, f"strategy={strategy}"]) \
-        == [(6, 2), (6, 2)]
-    difference = _max_difference(single_bf16, _weights(tmp_path / strategy))
-    print(f"bf16 {strategy}: max |single - {strategy}| = {difference:.2e}")
-    assert difference < (DEEPSPEED_BF16_TOLERANCE if strategy == "deepspeed" else BF16_TOLERANCE)
+# Test id -> (ranks, overrides, tolerance).  Horovod's bf16 run is in test_horovod.py (it needs horovodrun).
+BF16_RUNS = {
+    "dp": (1, ["strategy=dp"], BF16_TOLERANCE),
+    "ddp": (2, ["strategy=ddp"], BF16_TOLERANCE),
+    "fsdp": (2, ["strategy=fsdp"], BF16_TOLERANCE),
+    "accelerate": (2, ["strategy=accelerate"], BF16_TOLERANCE),
+    "deepspeed-zero2": (2, ["strategy=deepspeed", "deepspeed.zero_stage=2"], DEEPSPEED_BF16_TOLERANCE),
+    "deepspeed-zero3": (2, ["strategy=deepspeed", "deepspeed.zero_stage=3"], DEEPSPEED_BF16_TOLERANCE),
+}
+
+
+@pytest.mark.parametrize("run", BF16_RUNS)
+def test_bf16_mixed_stays_close_to_single_bf16(run, datasets, single_bf16, tmp_path):  # noqa: F811
+    ranks, overrides, tolerance = BF16_RUNS[run]
+    assert run_ranks(_train, ranks, str(tmp_path / run), str(datasets / "text"), [*BF16_COMMON, *overrides]) \
+        == [(6, ranks)] * ranks
+    difference = _max_difference(single_bf16, _weights(tmp_path / run))
+    print(f"bf16 {run}: max |single - {run}| = {difference:.2e}")
+    assert difference < tolerance
 
 
 def test_fp16_on_cpu_is_refused_clearly():

@@ -39,15 +39,15 @@ def single_run(datasets, tmp_path_factory):
     """The one-process reference runs, trained once per (data, model, batch) and shared by every strategy."""
     cache = {}
 
-    def run(case: str, batch: int) -> dict:
-        if (case, batch) not in cache:
+    def run(case: str, batch: int, extra: tuple[str, ...] = ()) -> dict:
+        if (case, batch, extra) not in cache:
             data, model = CASES[case]
             out = tmp_path_factory.mktemp(f"single-{case}-{batch}")
             steps = run_ranks(_train, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
-                                                                          "strategy=single"])
+                                                                          "strategy=single", *extra])
             assert steps == [(6, 1)]
-            cache[case, batch] = _weights(out)
-        return cache[case, batch]
+            cache[case, batch, extra] = _weights(out)
+        return cache[case, batch, extra]
 
     return run
 
@@ -99,6 +99,24 @@ def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single
     run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
               [*model, "batch_size=32", "grad_accum=2", *STRATEGIES[strategy]])
     assert _max_difference(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
+
+
+# A norm limit far below the toy MLP's gradient norms, so every step is clipped.  AdamW divides
+# by the gradient's running RMS, so a uniform rescaling changes its update only through eps
+# (1e-6): the limit is low enough that the clipped per-parameter gradients are comparable to eps.
+TIGHT_CLIPPING = ["optim.max_grad_norm=1e-4"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gradient_clipping_matches_single_process(strategy, datasets, single_run, tmp_path):
+    """Each library clips the norm of the *global* gradient (all ranks' shards together), as one process does."""
+    _, model = CASES["toy-mlp"]
+    overrides = [*model, "batch_size=16", *TIGHT_CLIPPING]
+    single = single_run("toy-mlp", 16, extra=tuple(TIGHT_CLIPPING))
+    run_ranks(_train, 2, str(tmp_path / "clip"), str(datasets / "toy"), [*overrides, *STRATEGIES[strategy]])
+    assert _max_difference(single, _weights(tmp_path / "clip")) < TOLERANCE
+    # Guards the test: the tight limit changed the single run (clipping fired).
+    assert _max_difference(single, single_run("toy-mlp", 16)) > 100 * TOLERANCE
 
 
 def test_a_different_global_batch_does_not_match(single_run):

@@ -13,14 +13,13 @@ from rankwise.models import model_from_spec
 from tests.multiproc import run_ranks
 
 
-def _train(run_dir: str, data_dir: str, strategy: str) -> None:
+def _train(run_dir: str, data_dir: str, overrides: list[str]) -> None:
     from rankwise.loop import run_training
 
-    cfg = build_config(overrides=[f"strategy={strategy}", "max_steps=4", "batch_size=16", "progress=false",
-                                  "data.max_length=32", "deepspeed.zero_stage=3", "seed=1",
+    cfg = build_config(overrides=["max_steps=4", "batch_size=16", "progress=false", "data.max_length=32", "seed=1",
                                   # ZeRO-3 releases and prefetches layers (as with a large model), so
                                   # parameters are still in flight when the checkpoint gathers them.
-                                  "deepspeed.max_live_parameters=20000", "deepspeed.bucket_size=20000"])
+                                  "deepspeed.max_live_parameters=20000", "deepspeed.bucket_size=20000", *overrides])
     run_training(cfg, PreparedData.load(data_dir), run_dir)
 
 
@@ -54,8 +53,21 @@ def assert_export_reproduces_the_runs_predictions(run_dir: Path, data_dir: Path,
     assert [names[i] for i in predictions.tolist()] == run_predictions
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed", "accelerate"])
-def test_exported_weights_reproduce_the_runs_predictions(strategy, text_data, tmp_path):
-    run_ranks(_train, 2, str(tmp_path / "run"), str(text_data), strategy)
+# Test id -> (ranks, overrides).  single and dp keep full state in one process; the others shard or replicate.
+RUNS = {
+    "single": (1, ["strategy=single"]),
+    "dp": (1, ["strategy=dp"]),
+    "ddp": (2, ["strategy=ddp"]),
+    "fsdp": (2, ["strategy=fsdp"]),
+    "deepspeed-zero2": (2, ["strategy=deepspeed", "deepspeed.zero_stage=2"]),
+    "deepspeed-zero3": (2, ["strategy=deepspeed", "deepspeed.zero_stage=3"]),
+    "accelerate": (2, ["strategy=accelerate"]),
+}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_exported_weights_reproduce_the_runs_predictions(run, text_data, tmp_path):
+    ranks, overrides = RUNS[run]
+    run_ranks(_train, ranks, str(tmp_path / "run"), str(text_data), overrides)
     assert PreparedData.load(text_data).size("test") == 301  # odd: the 2 shards carry a padding duplicate
     assert_export_reproduces_the_runs_predictions(tmp_path / "run", text_data, tmp_path)

@@ -4,6 +4,8 @@ On a CPU-only machine the Accelerator must be created with ``cpu=True``: without
 Accelerate 1.x reports ``DistributedType.NO`` under torchrun and every process silently
 trains alone on all the data.  rankwise passes it and checks ``num_processes``.
 Mixed precision is Accelerate's (it patches the model's forward with autocast).
+Evaluation is Accelerate's too: its sharded loader and ``gather_for_metrics``, which drops
+the samples its last batch repeats to keep the ranks even.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ class Accelerate(Strategy):
 
     def optimizer_step(self, optimizer, model: nn.Module) -> None:
         optimizer.step()
+
+    gathers_for_metrics = True
+
+    def evaluation_loader(self, dataset, per_rank_batch: int, collate_fn=None):
+        from torch.utils.data import DataLoader
+
+        # Accelerate shards the batches itself (rank r takes batches r, r+W, ...) and remembers how
+        # many samples the last round really holds; rankwise moves each batch to the device.
+        loader = DataLoader(dataset, batch_size=per_rank_batch, shuffle=False, collate_fn=collate_fn)
+        return self.accelerator.prepare_data_loader(loader, device_placement=False)
+
+    def gather_for_metrics(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # Why: every rank needs every prediction; Accelerate truncates the last round's repeats.
+        return tuple(self.accelerator.gather_for_metrics(tensors))
 
     @property
     def library_world_size(self) -> int:

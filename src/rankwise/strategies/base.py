@@ -106,6 +106,19 @@ class Strategy:
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
 
+    # -- evaluation --------------------------------------------------------------------------
+    gathers_for_metrics: ClassVar[bool] = False
+    """Whether the library shards evaluation batches and gathers each one itself (Accelerate's
+    ``gather_for_metrics``); otherwise rankwise shards with a sampler and gathers once at the end."""
+
+    def evaluation_loader(self, dataset, per_rank_batch: int, collate_fn=None):
+        """The library's sharded evaluation loader (only when ``gathers_for_metrics``)."""
+        raise NotImplementedError(f"strategy {self.name} evaluates with rankwise's sampler")
+
+    def gather_for_metrics(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One evaluation batch's per-sample tensors from every rank, padding dropped (only when ``gathers_for_metrics``)."""
+        raise NotImplementedError(f"strategy {self.name} evaluates with rankwise's sampler")
+
     # -- state -------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full, unwrapped weights (no ``module.`` prefix), on the CPU."""
