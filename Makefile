@@ -19,8 +19,6 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	scripts/build_horovod.sh $(PY)
-	@# DeepSpeed compiles its CPU shared-memory op on first use (about a minute); do it once here.
-	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -19,14 +19,27 @@ def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
+def _train_small_ddp(out: Path, *extra: str) -> dict:
+    proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
+                "--batch-size", "16", "--out", str(out), "--json", "--set", "data.limit=300",
+                "--set", "data.max_length=32", "--set", "data.tokenizer=char", "--set", "eval_batch_size=64", *extra)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
-                "--batch-size", "16", "--out", str(out), "--json", "--set", "data.limit=300",
-                "--set", "data.max_length=32", "--set", "data.tokenizer=char", "--set", "eval_batch_size=64")
-    assert proc.returncode == 0, proc.stderr
-    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+    return out, _train_small_ddp(out)
+
+
+def test_spawn_launcher_trains_exactly_like_torchrun(trained, tmp_path):
+    from rankwise.checkpoint import read_weights
+
+    summary = _train_small_ddp(tmp_path, "--launcher", "spawn")
+    assert (summary["world_size"], summary["library_world_size"], summary["eval_samples"]) == (2, 2, 300)
+    torchrun, spawned = (read_weights(Path(p) / "checkpoints" / "latest") for p in (trained[0], tmp_path))
+    assert all(torch.equal(torchrun[k], spawned[k]) for k in torchrun)  # same seed, same batches, same weights
 
 
 def test_train_json_summary(trained):
@@ -96,6 +109,10 @@ def test_bad_data_exit_code_from_the_command_line(tmp_path):
     (["--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
     (["--batch-size", "30", "--strategy", "ddp", "--nproc-per-node", "4"], "not divisible by world_size (4)"),
     (["--strategy", "single", "--nproc-per-node", "2"], "runs in one process"),
+    (["--strategy", "deepspeed", "--nproc-per-node", "2", "--set", "deepspeed.config_file=/nonexistent/ds.json"],
+     "deepspeed.config_file='/nonexistent/ds.json'"),
+    (["--strategy", "deepspeed", "--nproc-per-node", "2", "--set", "deepspeed.offload_param=true"],
+     "offload_param needs deepspeed.zero_stage=3"),
 ])
 def test_bad_config_is_a_clear_error(args, message, capsys):
     assert cli.main(["train", "--data", "toy", *args]) == 2

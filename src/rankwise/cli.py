@@ -158,6 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         strategy.check_available()
     except ImportError as e:
         raise ConfigError(str(e)) from None
+    strategy.check_config(cfg)
     if not strategy.multiprocess and cfg.world_size > 1:
         raise ConfigError(f"strategy {cfg.strategy!r} runs in one process; drop --nproc-per-node/--nnodes "
                           "or use a multi-process strategy such as ddp")

@@ -44,3 +44,47 @@ def test_zero3_processes_exit_cleanly(attempt):
     # fresh=True: dedicated processes that must exit with code 0 after returning their result.
     results = run_ranks(_zero3_partitions, 2, 1000, fresh=True, timeout=120)
     assert all(all(r["updated"]) for r in results), f"attempt {attempt}: ZeRO-3 did not train"
+
+
+def _deepspeed_config(tmp_path, user_json: str | None, *overrides: str) -> dict:
+    from rankwise.config import build_config
+    from rankwise.env import ProcessEnv
+    from rankwise.strategies.deepspeed import DeepSpeed
+
+    extra = []
+    if user_json is not None:
+        (tmp_path / "ds.json").write_text(user_json, encoding="utf-8")
+        extra = [f"deepspeed.config_file={tmp_path / 'ds.json'}"]
+    cfg = build_config(overrides=["strategy=deepspeed", "batch_size=32", "grad_accum=2", *extra, *overrides])
+    DeepSpeed.check_config(cfg)
+    return DeepSpeed(ProcessEnv.detect(), config=cfg).ds_config()
+
+
+def test_user_json_is_merged_over_the_generated_config(tmp_path):
+    config = _deepspeed_config(tmp_path, '{"zero_optimization": {"overlap_comm": true}, "steps_per_print": 5}')
+    assert config["steps_per_print"] == 5
+    assert config["zero_optimization"]["overlap_comm"] is True
+    assert config["zero_optimization"]["stage"] == 2  # rankwise's keys stay
+    assert (config["gradient_accumulation_steps"], config["train_micro_batch_size_per_gpu"]) == (2, 16)
+
+
+@pytest.mark.parametrize("user_json, message", [
+    ('{"train_batch_size": 64, "gradient_clipping": 0.5}', "gradient_clipping, train_batch_size come from rankwise"),
+    ('{"zero_optimization": ', "ds.json"),
+    ("[1, 2]", "expected a JSON object"),
+])
+def test_bad_user_json_is_refused_naming_the_file(tmp_path, user_json, message):
+    from rankwise.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _deepspeed_config(tmp_path, user_json)
+
+
+def test_parameter_offload_needs_stage_3(tmp_path):
+    from rankwise.config import ConfigError
+
+    with pytest.raises(ConfigError, match="offload_param needs deepspeed.zero_stage=3"):
+        _deepspeed_config(tmp_path, None, "deepspeed.offload_param=true")
+    zero = _deepspeed_config(tmp_path, None, "deepspeed.offload_param=true", "deepspeed.zero_stage=3",
+                             "deepspeed.offload_optimizer=true")["zero_optimization"]
+    assert zero["offload_param"] == zero["offload_optimizer"] == {"device": "cpu"}

@@ -101,6 +101,16 @@ def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single
     assert _max_difference(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
 
 
+@pytest.mark.parametrize("stage", [0, 1])
+def test_deepspeed_zero_stages_0_and_1_match_single_process(stage, datasets, single_run, tmp_path):
+    """Stages 2 and 3 run in every test above; 0 (plain data parallel) and 1 (sharded optimizer state) here."""
+    _, model = CASES["toy-mlp"]
+    results = run_ranks(_train, 2, str(tmp_path / "zero"), str(datasets / "toy"),
+                        [*model, "batch_size=16", "strategy=deepspeed", f"deepspeed.zero_stage={stage}"])
+    assert results == [(6, 2), (6, 2)]
+    assert _max_difference(single_run("toy-mlp", 16), _weights(tmp_path / "zero")) < TOLERANCE
+
+
 # A norm limit far below the toy MLP's gradient norms, so every step is clipped.  AdamW divides
 # by the gradient's running RMS, so a uniform rescaling changes its update only through eps
 # (1e-6): the limit is low enough that the clipped per-parameter gradients are comparable to eps.

@@ -52,6 +52,10 @@ class Strategy:
             if not found:
                 raise ImportError(f"strategy {cls.name!r} needs the {module.split('.')[0]} library: {cls.install}")
 
+    @classmethod
+    def check_config(cls, cfg: "TrainConfig") -> None:
+        """Raise ConfigError for settings this strategy cannot run (called before any worker starts)."""
+
     def __init__(self, env: ProcessEnv, precision: str = "32-true", config: "TrainConfig | None" = None,
                  timeout_s: float = 300.0):
         from rankwise.config import TrainConfig

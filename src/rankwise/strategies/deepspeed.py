@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rankwise import env as process
-from rankwise.config import ConfigError
+from rankwise.config import ConfigError, TrainConfig
 from rankwise.env import backend_for
 from rankwise.precision import Precision
 from rankwise.strategies import register
@@ -63,6 +63,27 @@ def share_fp32_master_partitions(optimizer) -> int:
     return freed
 
 
+# DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
+OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+              "gradient_clipping", "bf16", "fp16"}
+
+
+def read_user_config(cfg: TrainConfig) -> dict:
+    """The JSON of ``deepspeed.config_file``; a ConfigError names the file for bad JSON or keys rankwise owns."""
+    path = cfg.deepspeed.config_file
+    try:
+        user = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"deepspeed.config_file={path!r}: {e}") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"deepspeed.config_file={path!r}: expected a JSON object, got {type(user).__name__}")
+    clashes = sorted(OWNED_KEYS & user.keys())
+    if clashes:
+        raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
+                          "--grad-accum, optim.max_grad_norm and --precision; remove them from the JSON")
+    return user
+
+
 @register
 class DeepSpeed(Strategy):
     name = "deepspeed"
@@ -79,16 +100,22 @@ class DeepSpeed(Strategy):
         self.ds_dtype = self.precision.dtype
         self.precision = Precision("32-true", self.device)
 
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if cfg.deepspeed.offload_param and cfg.deepspeed.zero_stage != 3:
+            raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
+        if cfg.deepspeed.config_file:
+            read_user_config(cfg)
+
     def ds_config(self) -> dict:
         cfg = self.config
+        self.check_config(cfg)
         ds = cfg.deepspeed
         micro = cfg.micro_batch_size(self.env.world_size)
         zero: dict = {"stage": ds.zero_stage, "reduce_bucket_size": ds.bucket_size}
         if ds.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu"}
         if ds.offload_param:
-            if ds.zero_stage != 3:
-                raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
             zero["offload_param"] = {"device": "cpu"}
         if ds.zero_stage == 3:
             zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_prefetch_bucket_size=ds.bucket_size,
@@ -110,16 +137,7 @@ class DeepSpeed(Strategy):
             "wall_clock_breakdown": False,
         }
         if ds.config_file:
-            try:
-                user = json.loads(Path(ds.config_file).read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                raise ConfigError(f"deepspeed.config_file={ds.config_file!r}: {e}") from None
-            owned = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-                     "gradient_clipping", "bf16", "fp16"}
-            clashes = sorted(owned & user.keys())
-            if clashes:
-                raise ConfigError(f"{ds.config_file}: {', '.join(clashes)} come from rankwise's --batch-size, "
-                                  "--grad-accum, optim.max_grad_norm and --precision; remove them from the JSON")
+            user = read_user_config(cfg)
             config = {**config, **user, "zero_optimization": {**zero, **user.get("zero_optimization", {})}}
         return config
 
