@@ -1,10 +1,12 @@
 """Every strategy on the same job: throughput, peak memory per rank, accuracy.
 
-Each strategy runs ``rankwise train ... --json`` end to end on 2 processes (``single``
-and ``dp`` on one), one after another; the table lists samples/s, the peak resident
-memory of each rank and the test accuracy::
+Each strategy (DeepSpeed at ZeRO stages 1-3, DDP by torchrun and by spawn) runs
+``rankwise train ... --json`` end to end on 2 processes (``single`` and ``dp`` on one),
+one after another; the table lists samples/s, the peak resident memory of each rank and
+the test accuracy.  Flags it does not know go to ``rankwise train``::
 
     python -m rankwise.bench.strategies                       # tiny model, sentiment, full default run
+    python -m rankwise.bench.strategies --epochs 1 --strategies ddp fsdp deepspeed-zero3
     python -m rankwise.bench.strategies --max-steps 100       # quicker: throughput and memory only
 
 (``rankwise.bench.memory`` compares the sharded strategies' memory on a large model.)
@@ -20,17 +22,32 @@ import tempfile
 
 from rankwise.bench.common import machine
 
-ALL = ["single", "dp", "ddp", "fsdp", "deepspeed", "accelerate", "horovod"]
+# Row name -> (strategy, its extra flags): every strategy, DeepSpeed at each ZeRO stage, DDP by both launchers.
+VARIANTS = {
+    "single": ("single", []),
+    "dp": ("dp", []),
+    "ddp": ("ddp", []),
+    "ddp-spawn": ("ddp", ["--launcher", "spawn"]),
+    "fsdp": ("fsdp", []),
+    "deepspeed-zero1": ("deepspeed", ["--set", "deepspeed.zero_stage=1"]),
+    "deepspeed-zero2": ("deepspeed", ["--set", "deepspeed.zero_stage=2"]),
+    "deepspeed-zero3": ("deepspeed", ["--set", "deepspeed.zero_stage=3"]),
+    "accelerate": ("accelerate", []),
+    "horovod": ("horovod", []),
+}
+ALL = list(VARIANTS)
 
 
-def run(strategy: str, nproc: int, extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"rankwise-{strategy}-") as out:
+def run(variant: str, nproc: int, extra: list[str]) -> dict:
+    strategy, flags = VARIANTS[variant]
+    extra = [*flags, *extra]
+    with tempfile.TemporaryDirectory(prefix=f"rankwise-{variant}-") as out:
         procs = [] if strategy in ("single", "dp") else ["--nproc-per-node", str(nproc)]
         command = [sys.executable, "-m", "rankwise.cli", "train", "--strategy", strategy, *procs, "--out", out,
                    "--json", "--no-progress", *extra]
         proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode:
-            return {"strategy": strategy, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+            return {"strategy": variant, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -42,16 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     if not any(a == "--data" for a in extra):
         extra = ["--data", "sentiment", *extra]
     rows = []
-    print("| strategy | ranks | parameters | samples/s | peak RSS per rank in training (MB) | overall peak (MB) | "
+    print("| run | ranks | parameters | samples/s | peak RSS per rank in training (MB) | overall peak (MB) | "
           "accuracy | wall s |")
     print("|---|---:|---:|---:|---|---|---:|---:|")
-    for strategy in args.strategies:
-        row = run(strategy, args.nproc, extra)
+    for variant in args.strategies:
+        row = run(variant, args.nproc, extra) | {"run": variant}
         rows.append(row)
         if "error" in row:
-            print(f"| {strategy} | | | | | | | failed: {row['error']} |", flush=True)
+            print(f"| {variant} | | | | | | | failed: {row['error']} |", flush=True)
             continue
-        print(f"| {strategy} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
+        print(f"| {variant} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
               f"{', '.join(str(t) for t, _ in row['peak_rss_mb'])} | {', '.join(str(o) for _, o in row['peak_rss_mb'])} "
               f"| {row['accuracy']:.4f} | {row['wall_s']} |",
               flush=True)
