@@ -22,12 +22,17 @@ TOLERANCE = 5e-5
 SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate
 
 
-def _train(out, strategy: str, *extra: str) -> dict:
+TOY = ("--data", "toy", "--model", "mlp", "--set", f"data.toy_samples={SAMPLES}")
+TINY_BERT = ("--data", "sentiment", "--model", "tiny", "--set", "data.limit=300", "--set", "data.max_length=32",
+             "--set", "data.tokenizer=char", "--set", "eval_batch_size=64")
+
+
+def _train(out, strategy: str, *extra: str, task: tuple[str, ...] = TOY) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     nproc = ["--nproc-per-node", "2"] if strategy != "single" else []
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", "--data", "toy", "--model", "mlp",
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *task,
                            "--strategy", strategy, *nproc, "--max-steps", "6", "--seed", "7", "--out", str(out),
-                           "--batch-size", "32", "--set", "model.dropout=0", "--set", f"data.toy_samples={SAMPLES}",
+                           "--batch-size", "32", "--set", "model.dropout=0",
                            "--json", "--no-progress", *extra], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -55,6 +60,15 @@ def test_horovod_matches_single_process(horovod_run, single):
     assert (hvd["world_size"], hvd["library_world_size"]) == (2, 2)  # hvd.size() saw both ranks
     assert hvd["eval_samples"] == one["eval_samples"] == 105  # counted exactly once
     assert _difference(single_dir, hvd_dir) < TOLERANCE
+
+
+def test_horovod_matches_single_process_on_tiny_bert(tmp_path):
+    _train(tmp_path / "single", "single", task=TINY_BERT)
+    summary = _train(tmp_path / "horovod", "horovod", task=TINY_BERT)
+    assert (summary["library_world_size"], summary["eval_samples"]) == (2, 300)
+    difference = _difference(tmp_path / "single", tmp_path / "horovod")
+    print(f"tiny BERT: max |single - horovod| = {difference:.2e}")
+    assert difference < TOLERANCE
 
 
 def test_horovod_accumulation_matches_single_process(single, tmp_path):
