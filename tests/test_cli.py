@@ -65,7 +65,10 @@ def test_predict_matches_the_model(trained, capsys):
     assert cli.main(["predict", "--checkpoint", str(out / "checkpoints" / "latest"), "--json", *texts]) == 0
     predicted = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
 
-    # Rebuild the model independently of rankwise.predict: transformers config + weights + tokenizer file.
+    # Rebuild the model independently of rankwise.predict: transformers config + weights + tokenizer file,
+    # and the bag-of-n-grams path by hand (CRC-32 of each 1-3-character substring, as documented).
+    import zlib
+
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
     from transformers import BertConfig, BertForSequenceClassification
@@ -74,13 +77,18 @@ def test_predict_matches_the_model(trained, capsys):
     spec = json.loads((ckpt / "model_spec.json").read_text())
     config = BertConfig(**{k: v for k, v in spec["config"].items() if k != "model_type"})
     model = BertForSequenceClassification(config).eval()
-    model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    weights = load_file(str(ckpt / "model.safetensors"))
+    model.load_state_dict({k.removeprefix("bert."): v for k, v in weights.items() if k.startswith("bert.")})
+    ngram_weights, buckets = weights["ngrams.weight"], spec["ngrams"]["buckets"]
     tokenizer = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     labels = json.loads((ckpt / "labels.json").read_text())
     for text, row in zip(texts, predicted):
         ids = torch.tensor([tokenizer.encode(text).ids])
+        grams = [1 + zlib.crc32(text[i:i + n].encode("utf-32-le")) % (buckets - 1)
+                 for n in (1, 2, 3) for i in range(len(text) - n + 1)]
         with torch.no_grad():
-            probs = model(input_ids=ids).logits.softmax(-1)[0]
+            wide = ngram_weights[grams].sum(0) / len(grams) ** 0.5 * 10.0
+            probs = (model(input_ids=ids).logits + wide).softmax(-1)[0]
         assert row["text"] == text
         assert row["label"] == labels[int(probs.argmax())]
         assert row["probability"] == pytest.approx(float(probs.max()), abs=1e-5)

@@ -22,7 +22,7 @@ from rankwise import checkpoint as ckpt
 from rankwise.config import ConfigError, TrainConfig
 from rankwise.data.prepare import PreparedData
 from rankwise.evaluate import evaluate, forward_logits, write_report
-from rankwise.models import build_model
+from rankwise.models import build_model, reads_ngrams
 from rankwise.runtime import Runtime, iterate_steps, setup
 
 
@@ -108,14 +108,15 @@ class MetricsLog:
 class Trainer:
     def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime):
         self.cfg, self.data, self.run_dir, self.rt = cfg, data, Path(run_dir), rt
-        self.train_set = data.dataset("train")
-        self.eval_sets = {name: data.dataset(name) for name in ("dev", "test") if data.size(name)}
         model, self.model_spec = build_model(
             cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
             pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
             features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank,
-            pooling=cfg.model.pooling)
+            pooling=cfg.model.pooling, ngrams=data.ngrams.to_dict() if data.ngrams else None)
+        ngrams = reads_ngrams(self.model_spec)
+        self.train_set = data.dataset("train", ngrams)
+        self.eval_sets = {name: data.dataset(name, ngrams) for name in ("dev", "test") if data.size(name)}
         if cfg.model.init_weights:
             model.load_state_dict(ckpt.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
@@ -125,10 +126,10 @@ class Trainer:
         # rank gets its own stream so dropout masks differ between ranks, as they should.
         torch.manual_seed(cfg.seed + rt.rank)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
-        self.collate = getattr(self.train_set, "collate", None)
+        collate = getattr(self.train_set, "collate", None)
         lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
         self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
-                                collate_fn=self.collate, lengths=lengths, group_size=cfg.batch_size)
+                                collate_fn=collate, lengths=lengths, group_size=cfg.batch_size)
         self.steps_per_epoch = len(self.loader) // cfg.grad_accum
         if self.steps_per_epoch == 0:
             raise ConfigError(f"the training split ({len(self.train_set)} samples) is smaller than one global batch "
@@ -262,8 +263,9 @@ class Trainer:
         return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
 
     def evaluate(self, split: str):
-        return evaluate(self.rt, self.model, self.eval_sets[split], self.data.label_names, self.cfg.eval_batch_size,
-                        self.collate)
+        dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split
+        return evaluate(self.rt, self.model, dataset, self.data.label_names, self.cfg.eval_batch_size,
+                        getattr(dataset, "collate", None))
 
     def finish(self, train_time: float, samples: int) -> dict:
         cfg, rt = self.cfg, self.rt

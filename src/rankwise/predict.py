@@ -8,16 +8,20 @@ from torch import nn
 
 from rankwise.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from rankwise.data.datasets import TokenizedTextDataset
+from rankwise.data.ngrams import CharNgrams
 from rankwise.data.tokenizer import TextEncoder
 from rankwise.evaluate import forward_logits
 from rankwise.models import model_from_spec
 
 
 class Predictor:
-    def __init__(self, model: nn.Module, encoder: TextEncoder, label_names: list[str]):
+    def __init__(self, model: nn.Module, encoder: TextEncoder, label_names: list[str],
+                 ngrams: CharNgrams | None = None):
         self.model = model.eval()
         self.encoder = encoder
         self.label_names = label_names
+        self.ngrams = ngrams
+        """The character n-gram hashing the model was trained with (None: tokens only)."""
 
     @classmethod
     def from_checkpoint(cls, path) -> "Predictor":
@@ -27,12 +31,14 @@ class Predictor:
         model = model_from_spec(checkpoint.model_spec)
         model.load_state_dict(checkpoint.weights)
         encoder = TextEncoder(Tokenizer.from_str(checkpoint.tokenizer_json), checkpoint.max_length)
-        return cls(model, encoder, checkpoint.label_names)
+        ngrams = CharNgrams.from_dict(checkpoint.model_spec.get("ngrams"))
+        return cls(model, encoder, checkpoint.label_names, ngrams)
 
     @torch.no_grad()
     def probabilities(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
         ids = self.encoder.encode(texts)
-        dataset = TokenizedTextDataset(ids, [0] * len(ids), self.encoder.pad_id)
+        ngrams = self.ngrams.encode(texts) if self.ngrams else None
+        dataset = TokenizedTextDataset(ids, [0] * len(ids), self.encoder.pad_id, ngrams)
         out = []
         for start in range(0, len(ids), batch_size):
             batch = dataset.collate([dataset[i] for i in range(start, min(start + batch_size, len(ids)))])

@@ -74,3 +74,31 @@ def test_mean_pooling_is_refused_for_a_pretrained_head(tmp_path):
     BertForSequenceClassification(config).save_pretrained(tmp_path / "pretrained")
     with pytest.raises(ValueError, match="model.pooling=cls"):
         build_model(str(tmp_path / "pretrained"), num_labels=2, dropout=0.1, pooling="mean")
+
+
+def test_wide_and_deep_adds_an_ngram_bag_to_the_transformer():
+    from rankwise.models.bert import WideAndDeepBert
+
+    torch.manual_seed(0)
+    model, spec = build_model("tiny", num_labels=2, dropout=0.0, vocab_size=100, pad_id=0, max_length=16,
+                              ngrams={"n": 3, "buckets": 64})
+    assert isinstance(model, WideAndDeepBert) and spec["ngrams"] == {"n": 3, "buckets": 64}
+    assert sum(p.numel() for p in model.ngrams.parameters()) == 64 * 2
+    model.eval()
+    ids, mask = torch.tensor([[1, 5, 6, 2]]), torch.ones(1, 4, dtype=torch.long)
+    grams = torch.tensor([[3, 7, 7, 9]])
+    with torch.no_grad():
+        deep = model.bert(input_ids=ids, attention_mask=mask).logits
+        assert torch.equal(model(ids, mask, ngram_ids=grams), deep)  # zero-initialised: the transformer alone
+        model.ngrams.weight.normal_()
+        model.ngrams.weight[0] = 0  # the padding row, as training keeps it (it never gets a gradient)
+        with_grams = model(ids, mask, ngram_ids=grams)
+        padded = model(ids, mask, ngram_ids=torch.tensor([[3, 7, 7, 9, 0, 0]]))
+    assert not torch.allclose(with_grams, deep)
+    assert torch.allclose(with_grams, padded)  # padding id 0 adds nothing and does not count
+    expected = deep + model.ngrams.weight[[3, 7, 7, 9]].sum(0) / 2 * 10.0  # sum / sqrt(4 n-grams) x lr scale
+    assert torch.allclose(with_grams, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="ngram_ids"):
+        model(ids, mask)
+    rebuilt = model_from_spec(spec)
+    rebuilt.load_state_dict(model.state_dict())  # strict: the same architecture from the spec

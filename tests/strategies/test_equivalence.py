@@ -144,7 +144,8 @@ def _initial_weights(data: str, model_overrides: list[str], datasets) -> dict:
     model, _ = build_model(cfg.model.name, num_labels=prepared.num_labels, dropout=0.0,
                            vocab_size=prepared.encoder.vocab_size if prepared.encoder else None,
                            pad_id=prepared.encoder.pad_id if prepared.encoder else 0,
-                           max_length=cfg.data.max_length, features=prepared.features)
+                           max_length=cfg.data.max_length, features=prepared.features,
+                           ngrams=prepared.ngrams.to_dict() if prepared.ngrams else None)
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 

@@ -9,7 +9,7 @@ from rankwise.checkpoint import export, load_checkpoint
 from rankwise.config import DataConfig, build_config
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.evaluate import gather_predictions
-from rankwise.models import model_from_spec
+from rankwise.models import model_from_spec, reads_ngrams
 from tests.multiproc import run_ranks
 
 
@@ -43,7 +43,7 @@ def assert_export_reproduces_the_runs_predictions(run_dir: Path, data_dir: Path,
 
     data = PreparedData.load(data_dir)
     split = "test" if data.size("test") else "dev"
-    dataset = data.dataset(split)
+    dataset = data.dataset(split, ngrams=reads_ngrams(loaded.model_spec))
     with rankwise.setup("single") as rt:
         predictions, _ = gather_predictions(rt, model, dataset, 64, getattr(dataset, "collate", None))
     names = loaded.label_names

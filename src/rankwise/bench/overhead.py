@@ -56,12 +56,12 @@ def handwritten_worker(local_rank: int, data_dir: str, run_dir: str, steps: int,
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
                            vocab_size=data.encoder.vocab_size, pad_id=data.encoder.pad_id,
-                           max_length=cfg.data.max_length)
+                           max_length=cfg.data.max_length, ngrams=data.ngrams.to_dict() if data.ngrams else None)
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=True)
     warmup = int(cfg.optim.warmup_ratio * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim.schedule, warmup, steps))
     model = DistributedDataParallel(model, bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=True)
-    dataset = data.dataset("train")
+    dataset = data.dataset("train", ngrams=data.ngrams is not None)  # the same inputs as rankwise's default model
     # The same length-grouped DistributedSampler as rankwise's default (data.group_by_length), so both
     # loops see identical batches and the comparison measures the loop alone.
     sampler = LengthGroupedSampler(dataset, dataset.lengths, batch, num_replicas=world, rank=rank, seed=cfg.seed)

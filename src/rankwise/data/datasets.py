@@ -7,14 +7,19 @@ from torch.utils.data import Dataset
 
 
 class TokenizedTextDataset(Dataset):
-    """Token-id sequences of varying length and integer labels."""
+    """Token-id sequences of varying length and integer labels, optionally with each text's
+    hashed character n-grams (``ngrams``: flat ids and per-text offsets, see ``data.ngrams``)."""
 
-    def __init__(self, ids: list[list[int]], labels: list[int], pad_id: int = 0):
+    def __init__(self, ids: list[list[int]], labels: list[int], pad_id: int = 0,
+                 ngrams: tuple[torch.Tensor, torch.Tensor] | None = None):
         if len(ids) != len(labels):
             raise ValueError(f"{len(ids)} texts but {len(labels)} labels")
+        if ngrams is not None and len(ngrams[1]) != len(ids) + 1:
+            raise ValueError(f"{len(ids)} texts but n-gram offsets for {len(ngrams[1]) - 1}")
         self.ids = ids
         self.labels = labels
         self.pad_id = pad_id
+        self.ngrams = ngrams
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -35,12 +40,22 @@ class TokenizedTextDataset(Dataset):
         for row, (ids, _, _) in enumerate(items):
             input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[row, : len(ids)] = 1
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": torch.tensor([label for _, label, _ in items], dtype=torch.long),
-            "index": torch.tensor([i for _, _, i in items], dtype=torch.long),
-        }
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.ngrams is not None:
+            batch["ngram_ids"] = self._ngram_batch([i for _, _, i in items])
+        batch["labels"] = torch.tensor([label for _, label, _ in items], dtype=torch.long)
+        batch["index"] = torch.tensor([i for _, _, i in items], dtype=torch.long)
+        return batch
+
+    def _ngram_batch(self, indices: list[int]) -> torch.Tensor:
+        """Each text's n-gram ids in a row, padded with 0 (a (batch, n-grams) tensor splits by
+        sample like every other input, also under DataParallel's scatter)."""
+        flat, offsets = self.ngrams
+        rows = [flat[offsets[i]:offsets[i + 1]] for i in indices]
+        out = torch.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=torch.long)
+        for row, ids in enumerate(rows):
+            out[row, : len(ids)] = ids
+        return out
 
 
 class FeatureDataset(Dataset):

@@ -18,6 +18,7 @@ import torch
 from rankwise.config import DataConfig
 from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
 from rankwise.data.files import read_file
+from rankwise.data.ngrams import CharNgrams
 from rankwise.data.records import DataError, Record
 from rankwise.data.sentiment import load_sentiment
 from rankwise.data.split import SPLITS, assign_splits, clean, hash_bucket, hash_split
@@ -37,6 +38,8 @@ class PreparedData:
     stats: dict = field(default_factory=dict)
     encoder: TextEncoder | None = None
     features: int | None = None
+    ngrams: CharNgrams | None = None
+    """How the splits' character n-grams were hashed (``None``: tokens only)."""
 
     @property
     def num_labels(self) -> int:
@@ -45,11 +48,15 @@ class PreparedData:
     def size(self, split: str) -> int:
         return len(self.splits[split]["labels"])
 
-    def dataset(self, split: str):
+    def dataset(self, split: str, ngrams: bool = False):
+        """The split as a torch dataset; ``ngrams`` adds each text's character n-grams to its batches."""
         part = self.splits[split]
         if self.kind == "features":
             return FeatureDataset(part["features"], part["labels"])
-        return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id)
+        if ngrams and self.ngrams is None:
+            raise ValueError("the model reads character n-grams but the data has none (data.char_ngrams=0)")
+        return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id,
+                                    part["ngrams"] if ngrams else None)
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -58,7 +65,8 @@ class PreparedData:
             self.encoder.save(directory)
         payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,
                    "stats": self.stats, "features": self.features,
-                   "max_length": self.encoder.max_length if self.encoder else None}
+                   "max_length": self.encoder.max_length if self.encoder else None,
+                   "ngrams": self.ngrams.to_dict() if self.ngrams else None}
         tmp = directory / f".{PREPARED_FILE}.tmp"
         torch.save(payload, tmp)
         os.replace(tmp, directory / PREPARED_FILE)
@@ -71,7 +79,7 @@ class PreparedData:
         payload = torch.load(directory / PREPARED_FILE, weights_only=False)
         encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
         return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
-                   payload["features"])
+                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")))
 
 
 def load_records(config: DataConfig) -> list[Record]:
@@ -105,9 +113,13 @@ def prepare_text(config: DataConfig) -> PreparedData:
                                 config.max_length)
     encoded = {name: {"ids": encoder.encode([r.text for r in part]), "labels": [label_id[r.label] for r in part]}
                for name, part in splits.items()}
+    ngrams = CharNgrams(config.char_ngrams, config.ngram_buckets) if config.char_ngrams else None
+    if ngrams:
+        for name, part in splits.items():
+            encoded[name]["ngrams"] = ngrams.encode([r.text for r in part])
     stats |= {f"{name}_samples": len(part) for name, part in splits.items()}
     stats["vocab_size"] = encoder.vocab_size
-    return PreparedData("text", label_names, encoded, stats, encoder)
+    return PreparedData("text", label_names, encoded, stats, encoder, ngrams=ngrams)
 
 
 def prepare_toy(config: DataConfig, seed: int) -> PreparedData:

@@ -14,8 +14,10 @@ from rankwise.models.toy import TOY_MODELS, build_toy, toy_from_spec
 
 def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int | None = None,
                 pad_id: int = 0, max_length: int = 128, features: int | None = None,
-                split_devices: bool = False, local_rank: int = 0, pooling: str = "cls") -> tuple[nn.Module, dict]:
-    """Return ``(model, spec)``."""
+                split_devices: bool = False, local_rank: int = 0, pooling: str = "cls",
+                ngrams: dict | None = None) -> tuple[nn.Module, dict]:
+    """Return ``(model, spec)``; ``ngrams`` (the data's character n-gram settings) adds a BERT
+    preset's bag-of-n-grams path."""
     if name in TOY_MODELS:
         if features is None:
             raise ValueError(f"model {name!r} needs feature inputs: use it with --data toy")
@@ -23,7 +25,12 @@ def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int |
     if features is not None:
         raise ValueError(f"model {name!r} reads text; with --data toy use --model linear or mlp")
     return build_bert(name, num_labels=num_labels, dropout=dropout, vocab_size=vocab_size, pad_id=pad_id,
-                      max_length=max_length, pooling=pooling)
+                      max_length=max_length, pooling=pooling, ngrams=ngrams)
+
+
+def reads_ngrams(spec: dict) -> bool:
+    """Whether the model built from ``spec`` also needs each text's character n-grams."""
+    return bool(spec.get("ngrams"))
 
 
 def model_from_spec(spec: dict) -> nn.Module:

@@ -48,8 +48,45 @@ class MeanPooledBert(nn.Module):
         return self.classifier(self.dropout(pooled))
 
 
+# The bag-of-n-grams path's output is multiplied by this: under the shared AdamW learning rate
+# its weights then move 10x faster than the transformer's (an Adam step moves each weight by
+# about lr), which is what a linear model over sparse n-grams needs in a few epochs.
+NGRAM_LR_SCALE = 10.0
+
+
+class WideAndDeepBert(nn.Module):
+    """A BERT classifier ("deep") whose logits are added to those of a linear classifier over
+    the text's hashed character n-grams ("wide", a bag of n-grams).
+
+    Trained from scratch on ~15k short reviews, the transformer alone stays at ~0.84
+    accuracy and a linear n-gram model at ~0.85; trained jointly, each learns what the other
+    misses.  The n-gram path reads the whole text, the transformer ``max_length`` tokens.
+    """
+
+    _no_split_modules = ["BertLayer"]  # FSDP shards each layer as its own unit
+
+    def __init__(self, bert: nn.Module, buckets: int, num_labels: int):
+        super().__init__()
+        self.bert = bert
+        self.ngrams = nn.Embedding(buckets, num_labels, padding_idx=0)
+        nn.init.zeros_(self.ngrams.weight)  # starts as the plain transformer
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                ngram_ids: torch.Tensor | None = None, **inputs) -> torch.Tensor:
+        if ngram_ids is None:
+            raise ValueError("this model also reads character n-grams: the batch needs ngram_ids")
+        deep = self.bert(input_ids=input_ids, attention_mask=attention_mask, **inputs)
+        deep = getattr(deep, "logits", deep)
+        # Sum of the n-grams' weights over sqrt(count): an L2-normalised bag of n-gram counts.
+        count = (ngram_ids != 0).sum(dim=1, keepdim=True).clamp(min=1).to(deep.dtype)
+        wide = self.ngrams(ngram_ids).sum(dim=1) * count.rsqrt() * NGRAM_LR_SCALE
+        return deep + wide.to(deep.dtype)
+
+
 def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | None, pad_id: int,
-               max_length: int, pooling: str = "cls") -> tuple[nn.Module, dict]:
+               max_length: int, pooling: str = "cls", ngrams: dict | None = None) -> tuple[nn.Module, dict]:
+    """A preset trained from scratch (with a bag-of-n-grams path when ``ngrams`` describes the
+    data's character n-grams) or a local pretrained model (tokens only)."""
     from transformers import AutoModelForSequenceClassification, BertConfig
 
     if pooling not in POOLINGS:
@@ -60,7 +97,7 @@ def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | 
         config = BertConfig(vocab_size=vocab_size, max_position_embeddings=max_length, pad_token_id=pad_id,
                             num_labels=num_labels, hidden_dropout_prob=dropout,
                             attention_probs_dropout_prob=dropout, **BERT_PRESETS[name])
-        spec = {"kind": "hf", "config": config.to_dict(), "pooling": pooling}
+        spec = {"kind": "hf", "config": config.to_dict(), "pooling": pooling, "ngrams": ngrams}
         return bert_from_spec(spec), spec
     if Path(name).is_dir():
         if pooling != "cls":
@@ -82,5 +119,9 @@ def bert_from_spec(spec: dict) -> nn.Module:
     settings = dict(spec["config"])
     config = AutoConfig.for_model(settings.pop("model_type"), **settings)
     if spec.get("pooling", "cls") == "mean":
-        return MeanPooledBert(config)
-    return AutoModelForSequenceClassification.from_config(config)
+        model = MeanPooledBert(config)
+    else:
+        model = AutoModelForSequenceClassification.from_config(config)
+    if spec.get("ngrams"):
+        model = WideAndDeepBert(model, spec["ngrams"]["buckets"], config.num_labels)
+    return model
