@@ -1,6 +1,6 @@
 """Overhead of rankwise's DDP loop against a minimal hand-written DDP loop.
 
-Same model (tiny BERT), same prepared data and length-grouped batches, same global
+Same model (the default tiny wide-and-deep BERT), same prepared data and length-grouped batches, same global
 batch, same optimizer, clipping and schedule, same number of steps, 2 processes x
 (cores / 2) threads, both started by the spawn launcher.  Runs alternate (rankwise,
 hand-written, rankwise, ...) and the report is the median of the per-pair throughput
@@ -74,7 +74,9 @@ def handwritten_worker(local_rank: int, data_dir: str, run_dir: str, steps: int,
         for batch_ in loader:
             labels = batch_.pop("labels")
             batch_.pop("index")
-            loss = nn.functional.cross_entropy(model(**batch_).logits, labels,
+            output = model(**batch_)  # the wide-and-deep model returns logits, HF models an output object
+            logits = getattr(output, "logits", output)
+            loss = nn.functional.cross_entropy(logits, labels,
                                                label_smoothing=cfg.optim.label_smoothing)  # same loss as rankwise
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
