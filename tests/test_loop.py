@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -23,19 +24,45 @@ def _cfg(*overrides):
                                    "progress=false", "seed=3", *overrides])
 
 
-def test_resume_ends_with_the_weights_of_an_uninterrupted_run(toy, tmp_path):
-    full = run_training(_cfg("max_steps=8"), toy, tmp_path / "full")
+def test_resume_ends_with_the_weights_and_logs_of_an_uninterrupted_run(toy, tmp_path):
+    full = run_training(_cfg("max_steps=8", "log_every=2"), toy, tmp_path / "full")
     assert full["steps"] == 8
-    run_training(_cfg("max_steps=8", "save_every=4"), toy, tmp_path / "cut")
+    run_training(_cfg("max_steps=8", "save_every=4", "log_every=2"), toy, tmp_path / "cut")
     # Pretend the run died after step 4: drop the later checkpoint and point latest back.
     checkpoints = tmp_path / "cut" / "checkpoints"
     shutil.rmtree(checkpoints / "step-00000008")
     os.remove(checkpoints / "latest")
     os.symlink("step-00000004", checkpoints / "latest")
-    resumed = run_training(_cfg("max_steps=8", "resume=latest"), toy, tmp_path / "cut")
+    resumed = run_training(_cfg("max_steps=8", "resume=latest", "log_every=2"), toy, tmp_path / "cut")
     assert resumed["steps"] == 8
     a, b = read_weights(tmp_path / "full" / "checkpoints"), read_weights(checkpoints)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # Steps 5-8 were logged twice in all; each log must hold them once, as the uninterrupted run does.
+    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "full")
+    assert [r["step"] for r in _metrics(tmp_path / "full") if "loss" in r] == [2, 4, 6, 8]
+    assert _tensorboard_steps(tmp_path / "cut", "loss") == [2, 4, 6, 8]
+
+
+def test_a_new_run_in_a_used_directory_replaces_its_logs(toy, tmp_path):
+    run_training(_cfg("max_steps=4", "log_every=2"), toy, tmp_path)
+    first = _metrics(tmp_path)
+    run_training(_cfg("max_steps=4", "log_every=2", "seed=4"), toy, tmp_path)
+    second = _metrics(tmp_path)
+    assert [r["step"] for r in second] == [r["step"] for r in first]
+    assert second != first  # the second run's own records, not the first's kept
+    assert _tensorboard_steps(tmp_path, "loss") == [2, 4]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tensorboard_steps(run_dir, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
 
 
 def test_batch_larger_than_the_data_is_a_clear_error(toy, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -77,18 +78,31 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
 
 
 class MetricsLog:
-    """metrics.jsonl and TensorBoard events, written by rank 0 only."""
+    """metrics.jsonl and TensorBoard events, written by rank 0 only.
 
-    def __init__(self, run_dir: Path, enabled: bool):
+    A fresh run replaces what an earlier run left in the same directory.  A run resumed at
+    step S keeps the records up to S and drops later ones, which it is about to log again.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, resumed_step: int = 0):
         self.enabled = enabled
         self.file = None
         self.writer = None
         if enabled:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            path = run_dir / "metrics.jsonl"
+            kept = _records_up_to(path, resumed_step) if resumed_step else []
+            partial = path.with_name(path.name + ".tmp")
+            partial.write_text("".join(kept), encoding="utf-8")
+            partial.replace(path)  # the earlier log stays whole until the kept part replaces it
+            self.file = open(path, "a", encoding="utf-8")
+            events = run_dir / "tensorboard"
+            if not resumed_step:
+                shutil.rmtree(events, ignore_errors=True)
+            # purge_step hides the earlier run's events after the checkpoint from TensorBoard.
+            self.writer = SummaryWriter(str(events), purge_step=resumed_step + 1 if resumed_step else None)
 
     def log(self, step: int, **values) -> None:
         if not self.enabled:
@@ -103,6 +117,20 @@ class MetricsLog:
         if self.enabled:
             self.file.close()
             self.writer.close()
+
+
+def _records_up_to(path: Path, step: int) -> list[str]:
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # blank, or cut short by the crash this run resumes from
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    return kept
 
 
 class Trainer:
@@ -140,7 +168,6 @@ class Trainer:
         warmup = int(cfg.optim.warmup_ratio * self.total_steps)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
         self.step = 0
-        self.metrics = MetricsLog(self.run_dir, rt.is_main)
         self.checkpoint_path: Path | None = None
         self.train_peak_rss_mb = 0.0
 
@@ -217,6 +244,7 @@ class Trainer:
         if cfg.resume:
             self.resume(cfg.resume)
         start_step = self.step
+        self.metrics = MetricsLog(self.run_dir, rt.is_main, resumed_step=start_step)
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
                    unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
         loss_sum = torch.zeros((), device=rt.device)
