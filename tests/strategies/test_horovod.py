@@ -1,8 +1,10 @@
 """Horovod runs under horovodrun (its gloo rendezvous), so it is tested through the CLI.
 
 Horovod averages gradients in its own order (each rank's gradient scaled, then summed),
-which differs from a single process's mean by float rounding: parameters agree to
-5e-5 after 6 AdamW steps (measured ~6e-6 on the toy model).
+which differs from a single process's mean only by float rounding: measured 1.5e-8 (toy
+MLP) and 1.2e-7 (tiny BERT) after 6 AdamW steps.  The tolerance is tighter than the other
+strategies' 1e-5 on purpose: Horovod's ``broadcast_optimizer_state`` on a fresh AdamW takes
+a hidden step that decays every weight once, which showed up here as 3-6e-6.
 """
 
 import json
@@ -18,7 +20,7 @@ from rankwise.checkpoint import read_weights
 from tests.strategies.test_export import assert_export_reproduces_the_runs_predictions
 from tests.strategies.test_resume import cut_back
 
-TOLERANCE = 5e-5
+TOLERANCE = 1e-6
 SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate
 
 
@@ -59,7 +61,9 @@ def test_horovod_matches_single_process(horovod_run, single):
     (hvd_dir, hvd), (single_dir, one) = horovod_run, single
     assert (hvd["world_size"], hvd["library_world_size"]) == (2, 2)  # hvd.size() saw both ranks
     assert hvd["eval_samples"] == one["eval_samples"] == 105  # counted exactly once
-    assert _difference(single_dir, hvd_dir) < TOLERANCE
+    difference = _difference(single_dir, hvd_dir)
+    print(f"toy MLP: max |single - horovod| = {difference:.2e}")
+    assert difference < TOLERANCE
 
 
 def test_horovod_matches_single_process_on_tiny_bert(tmp_path):
@@ -74,7 +78,9 @@ def test_horovod_matches_single_process_on_tiny_bert(tmp_path):
 def test_horovod_accumulation_matches_single_process(single, tmp_path):
     single_dir, _ = single
     _train(tmp_path, "horovod", "--grad-accum", "2")  # backward_passes_per_step=2, micro-batches of 8 per rank
-    assert _difference(single_dir, tmp_path) < TOLERANCE
+    difference = _difference(single_dir, tmp_path)
+    print(f"accumulation: max |single - horovod| = {difference:.2e}")
+    assert difference < TOLERANCE
 
 
 def test_horovod_export_reproduces_the_runs_predictions(horovod_run, tmp_path):
@@ -92,8 +98,8 @@ def test_horovod_resume_after_a_cut_equals_the_uninterrupted_run(horovod_run, tm
 
 
 # Gradients rounded to fp16 (11-bit mantissa, relative error up to 5e-4) on the wire, then
-# averaged; Adam's normalisation keeps the effect on parameters small (measured 3.3e-6).
-COMPRESSED_TOLERANCE = 5e-4
+# averaged; Adam's normalisation keeps the effect on parameters small (measured 7.5e-7).
+COMPRESSED_TOLERANCE = 1e-4
 
 
 def test_horovod_fp16_compression_stays_close_to_single_process(single, horovod_run, tmp_path):
@@ -118,6 +124,6 @@ def test_horovod_bf16_mixed_stays_close_to_single_bf16(single, tmp_path):
     fp32_gap = _difference(single[0], tmp_path / "horovod")
     print(f"horovod bf16: max |single - horovod| = {difference:.2e}; from the fp32 run {fp32_gap:.2e}")
     assert difference < BF16_TOLERANCE
-    # bf16 really ran: farther from the fp32 run than from single-process bf16 (measured 3.2e-5 vs 8.4e-6;
+    # bf16 really ran: farther from the fp32 run than from single-process bf16 (measured 2.9e-5 vs 6.9e-6;
     # Adam's normalisation keeps the toy MLP's bf16 drift small).
     assert fp32_gap > 2 * difference

@@ -53,7 +53,11 @@ class Horovod(Strategy):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if optimizer is None:
             return model, None
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if optimizer.state_dict()["state"]:
+            # Why: state loaded on rank 0 only (a user's resume) must reach every rank.  A fresh
+            # optimizer is skipped: Horovod would first fill its state with a real step on zero
+            # gradients, and AdamW's decoupled weight decay would shrink every weight once.
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         compression = hvd.Compression.fp16 if self.config.horovod.fp16_compression else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression, op=hvd.Average,
