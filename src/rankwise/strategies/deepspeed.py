@@ -63,6 +63,36 @@ def share_fp32_master_partitions(optimizer) -> int:
     return freed
 
 
+def cast_floating_inputs(dtype: torch.dtype):
+    """A forward pre-hook (``with_kwargs=True``) casting floating-point tensor inputs to ``dtype``."""
+    def cast(value):
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def hook(module, args, kwargs):
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    return hook
+
+
+def fp32_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    return (tensor.float() if tensor.is_floating_point() else tensor).cpu().clone()
+
+
+def chunks_of(params: list[nn.Parameter], elements: int):
+    """Consecutive groups of parameters of about ``elements`` elements (a larger one alone)."""
+    chunk, size = [], 0
+    for param in params:
+        numel = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
+        if chunk and size + numel > elements:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(param)
+        size += numel
+    if chunk:
+        yield chunk
+
+
 # DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
 OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
               "gradient_clipping", "bf16", "fp16"}
@@ -131,6 +161,9 @@ class DeepSpeed(Strategy):
             "gradient_clipping": cfg.optim.max_grad_norm or 0.0,
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
+            # The loop's own AdamW steps the offloaded partitions on the CPU (DeepSpeed otherwise
+            # insists on its JIT-compiled CPU Adam).
+            "zero_force_ds_cpu_optimizer": False,
             "bf16": {"enabled": self.ds_dtype == torch.bfloat16},
             "fp16": {"enabled": self.ds_dtype == torch.float16},
             "steps_per_print": 10**9,
@@ -165,6 +198,10 @@ class DeepSpeed(Strategy):
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
                                                     config=self.ds_config(), dist_init_required=False)
         share_fp32_master_partitions(self.engine.optimizer)
+        if self.ds_dtype != torch.float32:
+            # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
+            # meet half-precision layers.  (Token ids and masks are integers and pass unchanged.)
+            self.engine.module.register_forward_pre_hook(cast_floating_inputs(self.ds_dtype), with_kwargs=True)
         # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
         # learning-rate schedulers and zero_grad on it work as in any other strategy.
         return self.engine, optimizer
@@ -194,28 +231,60 @@ class DeepSpeed(Strategy):
     def optimizer_step(self, optimizer, model: nn.Module) -> None:
         model.step()
 
+    def zero_grad(self, optimizer) -> None:
+        # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the
+        # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it once.
+        return None
+
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full weights; under ZeRO-3 gathered from every rank (a collective)."""
-        deepspeed = import_deepspeed()
+        """Full fp32 weights on the CPU; under ZeRO-3 gathered from every rank (a collective) and
+        complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
         module = self.unwrap(model)
-        params = list(module.parameters())
-        if self.config.deepspeed.zero_stage == 3 and hasattr(model, "empty_partition_cache"):
-            # Parameters prefetched for the next forward may still be in flight; the gather below
-            # re-partitions every parameter on exit, which DeepSpeed refuses for one in flight.
+        if self.config.deepspeed.zero_stage != 3:
+            return {k: fp32_cpu_copy(v) for k, v in module.state_dict().items()}
+        deepspeed = import_deepspeed()
+        if hasattr(model, "empty_partition_cache"):
+            # Parameters prefetched for the next forward may still be in flight; the gathers below
+            # re-partition each parameter on exit, which DeepSpeed refuses for one in flight.
             model.empty_partition_cache()
-        gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) \
-            if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
-        with gather:
-            return {k: v.detach().float().cpu().clone() if v.is_floating_point() else v.detach().cpu().clone()
-                    for k, v in module.state_dict().items()}
+        state = module.state_dict(keep_vars=True)  # partitioned parameters are empty placeholders here
+        unique = list({id(p): p for p in state.values() if isinstance(p, nn.Parameter)}.values())
+        full: dict[int, torch.Tensor] = {}
+        for chunk in chunks_of(unique, self.config.deepspeed.bucket_size):
+            # Why: a collective on every rank; a bucket at a time, so no rank ever holds the whole
+            # model gathered (the point of ZeRO-3), and only rank 0 keeps the copies.
+            with deepspeed.zero.GatheredParameters(chunk, modifier_rank=None):
+                if self.env.is_main:
+                    full.update((id(p), fp32_cpu_copy(p)) for p in chunk)
+        if not self.env.is_main:
+            return {}
+        return {k: full[id(v)] if id(v) in full else fp32_cpu_copy(v) for k, v in state.items()}
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        deepspeed = import_deepspeed()
+        """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every rank)."""
         module = self.unwrap(model)
-        gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0) \
-            if self.config.deepspeed.zero_stage == 3 else contextlib.nullcontext()
-        with gather:
+        if self.config.deepspeed.zero_stage != 3:
             module.load_state_dict(state)
+            return
+        deepspeed = import_deepspeed()
+        current = module.state_dict(keep_vars=True)
+        if current.keys() != state.keys():
+            missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
+            raise RuntimeError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        names = {}
+        for key, value in current.items():
+            if isinstance(value, nn.Parameter):
+                names.setdefault(id(value), key)
+            else:
+                value.copy_(state[key])  # buffers are not partitioned
+        unique = list({id(p): p for p in current.values() if isinstance(p, nn.Parameter)}.values())
+        for chunk in chunks_of(unique, self.config.deepspeed.bucket_size):
+            # Why: a collective; rank 0 writes the gathered bucket, DeepSpeed re-partitions it on exit.
+            with deepspeed.zero.GatheredParameters(chunk, modifier_rank=0):
+                if self.env.is_main:
+                    with torch.no_grad():
+                        for param in chunk:
+                            param.copy_(state[names[id(param)]])
 
     def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.
