@@ -121,10 +121,21 @@ def test_bad_data_exit_code_from_the_command_line(tmp_path):
      "deepspeed.config_file='/nonexistent/ds.json'"),
     (["--strategy", "deepspeed", "--nproc-per-node", "2", "--set", "deepspeed.offload_param=true"],
      "offload_param needs deepspeed.zero_stage=3"),
+    (["--model", "tiny"], "model 'tiny' reads text: use --model linear or mlp"),
+    (["--model", "tinyy", "--strategy", "ddp", "--nproc-per-node", "2"], "'tinyy': not a preset"),
 ])
-def test_bad_config_is_a_clear_error(args, message, capsys):
+def test_bad_config_is_a_clear_error(args, message, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     assert cli.main(["train", "--data", "toy", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast is allowed on CUDA")
+def test_fp16_without_cuda_is_refused_before_launch(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--nproc-per-node", "2",
+                     "--precision", "16-mixed"]) == 2
+    assert "precision 16-mixed needs a CUDA device" in capsys.readouterr().err
 
 
 def test_help_reads_like_a_manual(capsys):

@@ -67,3 +67,18 @@ def test_every_field_is_documented():
     rows = describe_fields()
     undocumented = [key for key, _, doc in rows if not doc]
     assert rows and not undocumented
+
+
+def test_defaults_that_follow_other_settings(tmp_path):
+    assert build_config(overrides=["data.source=toy"]).model.name == "linear"  # not a text model
+    assert build_config(overrides=["data.source=toy", "model.name=mlp"]).model.name == "mlp"
+    (tmp_path / "bert").mkdir()
+    cfg = build_config(overrides=[f"model.name={tmp_path / 'bert'}"])
+    assert cfg.data.tokenizer == str(tmp_path / "bert")  # a pretrained model reads its own token ids
+    explicit = build_config(overrides=[f"model.name={tmp_path / 'bert'}", "data.tokenizer=bpe"])
+    assert explicit.data.tokenizer == "bpe"
+    # The saved config (what workers load) keeps the resolved values.
+    from rankwise.config import validate
+    import json
+
+    assert validate(json.loads(cfg.to_json())).data.tokenizer == str(tmp_path / "bert")

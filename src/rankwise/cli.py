@@ -159,6 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ConfigError(str(e)) from None
     strategy.check_config(cfg)
+    check_runnable(cfg)
     if not strategy.multiprocess and cfg.world_size > 1:
         raise ConfigError(f"strategy {cfg.strategy!r} runs in one process; drop --nproc-per-node/--nnodes "
                           "or use a multi-process strategy such as ddp")
@@ -208,6 +209,19 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s")
         print(f"report: {run_dir / 'report.md'}\ncheckpoint: {summary['checkpoint']}")
     return 0
+
+
+def check_runnable(cfg: TrainConfig) -> None:
+    """Refuse, before any worker starts, settings that would fail inside every worker."""
+    from rankwise.env import device_for
+    from rankwise.models import check_model
+    from rankwise.precision import Precision
+
+    try:
+        Precision(cfg.precision, device_for(0))
+        check_model(cfg.model.name, reads_text=cfg.data.source != "toy", max_length=cfg.data.max_length)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:

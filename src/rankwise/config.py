@@ -41,7 +41,7 @@ class DataConfig(_Section):
     limit: int | None = Field(None, ge=1)
     """Keep N rows of each split (a fixed hash-ordered sample) for quick runs and tests."""
     tokenizer: str = "bpe"
-    """`bpe` or `wordpiece` (subword vocabularies learned on the training split), `char` (one token per character) or a local HF tokenizer path."""
+    """`bpe` or `wordpiece` (subword vocabularies learned on the training split), `char` (one token per character) or a local HF tokenizer path; with a local pretrained `--model` the default is that model's own tokenizer."""
     vocab_size: int = Field(6000, ge=100)
     """Vocabulary size of a learned tokenizer (upper bound for `char`)."""
     max_length: int = Field(96, ge=8)
@@ -62,7 +62,7 @@ class DataConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = "tiny"
-    """`tiny`, `small`, `base`, `large` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path."""
+    """`tiny`, `small`, `base`, `large` (BERT presets trained from scratch), `linear` / `mlp` (toy models) or a local pretrained path; `linear` by default with `--data toy`."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     """Dropout in the BERT presets and toy MLP; set 0 for bit-comparable equivalence runs."""
     init_weights: str | None = None
@@ -193,6 +193,15 @@ class TrainConfig(_Section):
     """Horovod options."""
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """Process launch."""
+
+    @model_validator(mode="after")
+    def _defaults_from_other_sections(self) -> "TrainConfig":
+        """Defaults that depend on another section, applied only to keys the user left unset."""
+        if "name" not in self.model.model_fields_set and self.data.source == "toy":
+            self.model.name = "linear"  # the source documents' one dense layer
+        if "tokenizer" not in self.data.model_fields_set and Path(self.model.name).is_dir():
+            self.data.tokenizer = self.model.name  # a pretrained model only understands its own token ids
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "TrainConfig":

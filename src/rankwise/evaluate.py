@@ -52,10 +52,11 @@ class EvalResult:
 def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, collate_fn=None):
     """Predictions and targets of the whole ``dataset``, exactly once each, on every rank."""
     strategy = rt.strategy
+    per_rank = -(-batch_size // rt.world_size)  # evaluation batches need not divide evenly: round up
     if strategy.gathers_for_metrics:
-        loader = strategy.evaluation_loader(dataset, batch_size // rt.world_size, collate_fn)
+        loader = strategy.evaluation_loader(dataset, per_rank, collate_fn)
     else:
-        loader = rt.loader(dataset, batch_size, shuffle=False, collate_fn=collate_fn)
+        loader = rt.loader(dataset, per_rank * rt.world_size, shuffle=False, collate_fn=collate_fn)
     was_training = model.training
     model.eval()
     indices, predictions, targets = [], [], []

@@ -68,8 +68,10 @@ class Runtime:
         self.strategy: Strategy = strategy_cls(self.env, precision, config, timeout_s)
         self.strategy.setup_environment()
         if self.strategy.multiprocess and self.env.distributed and self.strategy.library_world_size != self.env.world_size:
+            seen = self.strategy.library_world_size
+            self.strategy.teardown(clean=False)  # the group was joined: leave it before refusing
             raise RuntimeError(
-                f"rank {self.rank}: the {strategy} library sees world size {self.strategy.library_world_size}, "
+                f"rank {self.rank}: the {strategy} library sees world size {seen}, "
                 f"the launcher started {self.env.world_size} processes: each process would train alone"
             )
         self.seed = seed
@@ -203,6 +205,10 @@ class Runtime:
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return dist.all_gather(tensor)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` in place with rank ``src``'s values and return it."""
+        return dist.broadcast(tensor, src)
 
     def gather_exact(self, index: torch.Tensor, *tensors: torch.Tensor, total: int):
         return dist.gather_exact(index, *tensors, total=total)

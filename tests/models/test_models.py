@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rankwise.models import build_model, model_from_spec
+from rankwise.models import build_model, check_model, model_from_spec
 
 
 def test_tiny_preset_is_about_a_million_parameters():
@@ -23,6 +23,30 @@ def test_local_pretrained_path_loads_offline(tmp_path):
     logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3)
     assert model_from_spec(spec).config.num_labels == 3
+    # Dropout (0.1 in the saved config) is what the run asks for, in the layers themselves.
+    quiet, _ = build_model(str(tmp_path / "pretrained"), num_labels=3, dropout=0.0, vocab_size=None)
+    rates = {m.p for m in quiet.modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates == {0.0}, rates
+    assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
+
+
+def test_check_model_refuses_what_cannot_train_before_launch(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    check_model("tiny", reads_text=True, max_length=96)
+    check_model("linear", reads_text=False, max_length=96)
+    with pytest.raises(ValueError, match="reads text: use --model linear or mlp"):
+        check_model("tiny", reads_text=False, max_length=96)
+    with pytest.raises(ValueError, match="reads feature vectors"):
+        check_model("mlp", reads_text=True, max_length=96)
+    with pytest.raises(ValueError, match="'tinyy': not a preset"):
+        check_model("tinyy", reads_text=True, max_length=96)
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "pretrained")
+    check_model(str(tmp_path / "pretrained"), reads_text=True, max_length=32)
+    with pytest.raises(ValueError, match="max_position_embeddings=32"):
+        check_model(str(tmp_path / "pretrained"), reads_text=True, max_length=64)
 
 
 def test_toy_models_and_wrong_pairings():

@@ -6,6 +6,8 @@ A model is described by a *spec* (a JSON-able dict) saved with each checkpoint, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torch import nn
 
 from rankwise.models.bert import BERT_PRESETS, bert_from_spec, build_bert
@@ -26,6 +28,31 @@ def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int |
         raise ValueError(f"model {name!r} reads text; with --data toy use --model linear or mlp")
     return build_bert(name, num_labels=num_labels, dropout=dropout, vocab_size=vocab_size, pad_id=pad_id,
                       max_length=max_length, pooling=pooling, ngrams=ngrams)
+
+
+def check_model(name: str, *, reads_text: bool, max_length: int) -> None:
+    """Raise ``ValueError`` when model ``name`` cannot train on this data: called before any worker starts."""
+    if name in TOY_MODELS or name in BERT_PRESETS:
+        if reads_text == (name in TOY_MODELS):
+            raise ValueError(f"model {name!r} reads {'feature vectors' if name in TOY_MODELS else 'text'}: "
+                             f"use {'a BERT preset or a local pretrained path' if reads_text else '--model linear or mlp'} "
+                             f"with this data")
+        return
+    if not Path(name).is_dir():
+        raise ValueError(f"model {name!r}: not a preset ({', '.join(model_names())}) and not a local directory "
+                         "with a pretrained model")
+    if not reads_text:
+        raise ValueError(f"model {name!r} is a pretrained text model: with --data toy use --model linear or mlp")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model {name!r}: cannot read its config.json ({e})") from None
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise ValueError(f"data.max_length={max_length} is longer than model {name!r} reads "
+                         f"(max_position_embeddings={positions})")
 
 
 def reads_ngrams(spec: dict) -> bool:

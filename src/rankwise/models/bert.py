@@ -83,11 +83,15 @@ class WideAndDeepBert(nn.Module):
         return deep + wide.to(deep.dtype)
 
 
+# Dropout settings of the common encoder configs (BERT, RoBERTa, ALBERT, ELECTRA, MegatronBERT; DistilBERT).
+DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+
+
 def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | None, pad_id: int,
                max_length: int, pooling: str = "cls", ngrams: dict | None = None) -> tuple[nn.Module, dict]:
     """A preset trained from scratch (with a bag-of-n-grams path when ``ngrams`` describes the
     data's character n-grams) or a local pretrained model (tokens only)."""
-    from transformers import AutoModelForSequenceClassification, BertConfig
+    from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig
 
     if pooling not in POOLINGS:
         raise ValueError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
@@ -103,10 +107,13 @@ def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | 
         if pooling != "cls":
             raise ValueError("a local pretrained model keeps its own classification head: use model.pooling=cls")
         # A local pretrained model; never downloads (local_files_only).
+        config = AutoConfig.from_pretrained(name, num_labels=num_labels, local_files_only=True)
+        # Dropout is set in the config before loading: the dropout layers are built from it.
+        for key in DROPOUT_KEYS:
+            if dropout is not None and hasattr(config, key):
+                setattr(config, key, dropout)
         model = AutoModelForSequenceClassification.from_pretrained(
-            name, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True)
-        if dropout is not None and hasattr(model.config, "hidden_dropout_prob"):
-            model.config.hidden_dropout_prob = dropout
+            name, config=config, local_files_only=True, ignore_mismatched_sizes=True)
         return model, {"kind": "hf", "config": model.config.to_dict(), "pooling": "cls"}
     raise ValueError(f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
                      "and not a local directory with a pretrained model")
