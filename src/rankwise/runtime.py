@@ -224,7 +224,8 @@ class Runtime:
 
     # -- weights -----------------------------------------------------------------------------
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full unwrapped weights on the CPU (collective for sharded strategies: call on every rank)."""
+        """Full unwrapped weights on the CPU.  Sharded strategies (fsdp, deepspeed ZeRO-3) gather them
+        collectively, so call it on every rank; they return them on rank 0 only (others get ``{}``)."""
         return self.strategy.model_state_dict(model)
 
     def save_weights(self, model: nn.Module, path: str | os.PathLike) -> None:

@@ -83,6 +83,14 @@ def test_horovod_accumulation_matches_single_process(single, tmp_path):
     assert difference < TOLERANCE
 
 
+def test_horovod_clipping_matches_single_process(single, tmp_path):
+    clip = ("--set", "optim.max_grad_norm=0.001")  # far below the gradient norms: clips every step
+    _train(tmp_path / "single", "single", *clip)
+    _train(tmp_path / "horovod", "horovod", *clip)
+    assert _difference(tmp_path / "single", tmp_path / "horovod") < TOLERANCE
+    assert _difference(single[0], tmp_path / "single") > 100 * TOLERANCE  # clipping changed the run
+
+
 def test_horovod_export_reproduces_the_runs_predictions(horovod_run, tmp_path):
     run_dir, _ = horovod_run
     assert_export_reproduces_the_runs_predictions(run_dir, run_dir / "data", tmp_path)

@@ -76,11 +76,12 @@ class Horovod(Strategy):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     def optimizer_step(self, optimizer, model: nn.Module) -> None:
-        if self._synchronized:
-            with optimizer.skip_synchronize():
-                self.precision.step(optimizer)
-            self._synchronized = False
-        else:
+        if not self._synchronized:
+            # Why: wait for the averaged gradients here, not inside step(): a GradScaler (fp16)
+            # reads them to unscale and check for overflow before it calls step().
+            optimizer.synchronize()
+        self._synchronized = False
+        with optimizer.skip_synchronize():
             self.precision.step(optimizer)
 
     def zero_grad(self, optimizer) -> None:
