@@ -3,7 +3,7 @@
 Same model (the default tiny wide-and-deep BERT), same prepared data and length-grouped batches, same global
 batch, same optimizer, clipping and schedule, same number of steps, 2 processes x
 (cores / 2) threads, both started by the spawn launcher.  Runs alternate (rankwise,
-hand-written, rankwise, ...) and the report is the median of the per-pair throughput
+hand-written, then hand-written, rankwise, ...) and the report is the median of the per-pair throughput
 ratios::
 
     python -m rankwise.bench.overhead --pairs 5 --steps 200
@@ -116,10 +116,16 @@ def main(argv: list[str] | None = None) -> None:
         prepare_data(_config(args.steps, args.batch_size).data).save(root / "data")
         pairs = []
         for i in range(args.pairs):
-            ours = measure(rankwise_worker, root / "data", root, f"rankwise-{i}", args.steps, args.batch_size,
-                           args.nproc)
-            theirs = measure(handwritten_worker, root / "data", root, f"hand-{i}", args.steps, args.batch_size,
-                             args.nproc)
+            run = {name: lambda name=name, worker=worker: measure(worker, root / "data", root, f"{name}-{i}",
+                                                                  args.steps, args.batch_size, args.nproc)
+                   for name, worker in (("rankwise", rankwise_worker), ("hand", handwritten_worker))}
+            # A-B, B-A, A-B, ...: neither loop always runs first (warm caches, clock drift).
+            if i % 2 == 0:
+                ours = run["rankwise"]()
+                theirs = run["hand"]()
+            else:
+                theirs = run["hand"]()
+                ours = run["rankwise"]()
             pairs.append((ours, theirs))
             print(f"pair {i}: rankwise {ours:.1f} samples/s, hand-written {theirs:.1f} samples/s, "
                   f"ratio {ours / theirs:.3f}", flush=True)
