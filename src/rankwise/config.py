@@ -197,10 +197,10 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _defaults_from_other_sections(self) -> "TrainConfig":
         """Defaults that depend on another section, applied only to keys the user left unset."""
-        if "name" not in self.model.model_fields_set and self.data.source == "toy":
-            self.model.name = "linear"  # the source documents' one dense layer
         from rankwise.models import model_names
 
+        if "name" not in self.model.model_fields_set and self.data.source == "toy":
+            self.model.name = "linear"  # the source documents' one dense layer
         pretrained = self.model.name not in model_names() and Path(self.model.name).is_dir()
         if "tokenizer" not in self.data.model_fields_set and pretrained:
             self.data.tokenizer = self.model.name  # a pretrained model only understands its own token ids

@@ -116,16 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         prepare_data(_config(args.steps, args.batch_size).data).save(root / "data")
         pairs = []
         for i in range(args.pairs):
-            run = {name: lambda name=name, worker=worker: measure(worker, root / "data", root, f"{name}-{i}",
-                                                                  args.steps, args.batch_size, args.nproc)
-                   for name, worker in (("rankwise", rankwise_worker), ("hand", handwritten_worker))}
-            # A-B, B-A, A-B, ...: neither loop always runs first (warm caches, clock drift).
-            if i % 2 == 0:
-                ours = run["rankwise"]()
-                theirs = run["hand"]()
-            else:
-                theirs = run["hand"]()
-                ours = run["rankwise"]()
+            order = [("rankwise", rankwise_worker), ("hand", handwritten_worker)]
+            if i % 2:
+                order.reverse()  # A-B, B-A, ...: neither loop always runs first (warm caches, clock drift)
+            speed = {name: measure(worker, root / "data", root, f"{name}-{i}", args.steps, args.batch_size,
+                                   args.nproc) for name, worker in order}
+            ours, theirs = speed["rankwise"], speed["hand"]
             pairs.append((ours, theirs))
             print(f"pair {i}: rankwise {ours:.1f} samples/s, hand-written {theirs:.1f} samples/s, "
                   f"ratio {ours / theirs:.3f}", flush=True)

@@ -32,11 +32,14 @@ def build_model(name: str, *, num_labels: int, dropout: float, vocab_size: int |
 
 def check_model(name: str, *, reads_text: bool, max_length: int) -> None:
     """Raise ``ValueError`` when model ``name`` cannot train on this data: called before any worker starts."""
-    if name in TOY_MODELS or name in BERT_PRESETS:
-        if reads_text == (name in TOY_MODELS):
-            raise ValueError(f"model {name!r} reads {'feature vectors' if name in TOY_MODELS else 'text'}: "
-                             f"use {'a BERT preset or a local pretrained path' if reads_text else '--model linear or mlp'} "
-                             f"with this data")
+    if name in TOY_MODELS:
+        if reads_text:
+            raise ValueError(f"model {name!r} reads feature vectors: use a BERT preset or a local pretrained "
+                             "path with this data")
+        return
+    if name in BERT_PRESETS:
+        if not reads_text:
+            raise ValueError(f"model {name!r} reads text: use --model linear or mlp with this data")
         return
     if not Path(name).is_dir():
         raise ValueError(f"model {name!r}: not a preset ({', '.join(model_names())}) and not a local directory "

@@ -22,12 +22,18 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
+_discovered = False
+
+
 def _discover() -> None:
-    if _REGISTRY:
+    # A flag, not "is the registry empty": importing one strategy module directly registers it alone.
+    global _discovered
+    if _discovered:
         return
     for module in pkgutil.iter_modules(__path__):
         if module.name != "base":
             importlib.import_module(f"{__name__}.{module.name}")
+    _discovered = True
 
 
 def strategy_names() -> list[str]:

@@ -93,6 +93,17 @@ def chunks_of(params: list[nn.Parameter], elements: int):
         yield chunk
 
 
+def gathered_buckets(state: dict, elements: int, modifier_rank: int | None):
+    """The distinct parameters of a ZeRO-3 ``state_dict(keep_vars=True)``, yielded a bucket of about
+    ``elements`` at a time while that bucket is gathered in full (a collective: every rank iterates)."""
+    deepspeed = import_deepspeed()
+    unique = list({id(p): p for p in state.values() if isinstance(p, nn.Parameter)}.values())
+    for chunk in chunks_of(unique, elements):
+        # Why: one bucket at a time, so no rank ever holds the whole model gathered (the point of ZeRO-3).
+        with deepspeed.zero.GatheredParameters(chunk, modifier_rank=modifier_rank):
+            yield chunk
+
+
 # DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
 OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
               "gradient_clipping", "bf16", "fp16"}
@@ -242,20 +253,15 @@ class DeepSpeed(Strategy):
         module = self.unwrap(model)
         if self.config.deepspeed.zero_stage != 3:
             return {k: fp32_cpu_copy(v) for k, v in module.state_dict().items()}
-        deepspeed = import_deepspeed()
         if hasattr(model, "empty_partition_cache"):
             # Parameters prefetched for the next forward may still be in flight; the gathers below
             # re-partition each parameter on exit, which DeepSpeed refuses for one in flight.
             model.empty_partition_cache()
         state = module.state_dict(keep_vars=True)  # partitioned parameters are empty placeholders here
-        unique = list({id(p): p for p in state.values() if isinstance(p, nn.Parameter)}.values())
         full: dict[int, torch.Tensor] = {}
-        for chunk in chunks_of(unique, self.config.deepspeed.bucket_size):
-            # Why: a collective on every rank; a bucket at a time, so no rank ever holds the whole
-            # model gathered (the point of ZeRO-3), and only rank 0 keeps the copies.
-            with deepspeed.zero.GatheredParameters(chunk, modifier_rank=None):
-                if self.env.is_main:
-                    full.update((id(p), fp32_cpu_copy(p)) for p in chunk)
+        for chunk in gathered_buckets(state, self.config.deepspeed.bucket_size, modifier_rank=None):
+            if self.env.is_main:  # only rank 0 keeps the copies
+                full.update((id(p), fp32_cpu_copy(p)) for p in chunk)
         if not self.env.is_main:
             return {}
         return {k: full[id(v)] if id(v) in full else fp32_cpu_copy(v) for k, v in state.items()}
@@ -266,7 +272,6 @@ class DeepSpeed(Strategy):
         if self.config.deepspeed.zero_stage != 3:
             module.load_state_dict(state)
             return
-        deepspeed = import_deepspeed()
         current = module.state_dict(keep_vars=True)
         if current.keys() != state.keys():
             missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
@@ -277,14 +282,12 @@ class DeepSpeed(Strategy):
                 names.setdefault(id(value), key)
             else:
                 value.copy_(state[key])  # buffers are not partitioned
-        unique = list({id(p): p for p in current.values() if isinstance(p, nn.Parameter)}.values())
-        for chunk in chunks_of(unique, self.config.deepspeed.bucket_size):
-            # Why: a collective; rank 0 writes the gathered bucket, DeepSpeed re-partitions it on exit.
-            with deepspeed.zero.GatheredParameters(chunk, modifier_rank=0):
-                if self.env.is_main:
-                    with torch.no_grad():
-                        for param in chunk:
-                            param.copy_(state[names[id(param)]])
+        # Rank 0 writes each gathered bucket; DeepSpeed re-partitions it to every rank on exit.
+        for chunk in gathered_buckets(current, self.config.deepspeed.bucket_size, modifier_rank=0):
+            if self.env.is_main:
+                with torch.no_grad():
+                    for param in chunk:
+                        param.copy_(state[names[id(param)]])
 
     def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.

@@ -53,7 +53,7 @@ class Horovod(Strategy):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if optimizer is None:
             return model, None
-        if optimizer.state_dict()["state"]:
+        if optimizer.state:
             # Why: state loaded on rank 0 only (a user's resume) must reach every rank.  A fresh
             # optimizer is skipped: Horovod would first fill its state with a real step on zero
             # gradients, and AdamW's decoupled weight decay would shrink every weight once.
