@@ -22,7 +22,6 @@ from torch import nn
 from tqdm import tqdm
 
 import rankwise
-from rankwise.config import build_config
 from rankwise.data.datasets import TokenizedTextDataset
 from rankwise.data.sentiment import load_sentiment
 from rankwise.data.split import clean, hash_split
@@ -77,13 +76,13 @@ def build_model(vocab_size: int, max_len: int) -> nn.Module:
 
 def worker(gpu: int, cfg: Config) -> None:
     # BigBird's block-sparse path leaves a few parameters without gradients: DDP must be told.
-    settings = build_config(overrides=["strategy=ddp", "ddp.find_unused_parameters=true"])
-    with rankwise.setup("ddp", seed=0, config=settings) as rt:
+    with rankwise.setup("ddp", seed=0, options={"find_unused_parameters": True}) as rt:
         texts, labels = long_documents(cfg.documents)
         encoder = TextEncoder.build("char", texts, 4000, cfg.max_len)
         data = TokenizedTextDataset(encoder.encode(texts), labels, encoder.pad_id)
         model = build_model(encoder.vocab_size, cfg.max_len)
-        model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
+        model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr),
+                                      grad_accum=cfg.accumulate, micro_batch_size=cfg.batch_per_rank)
         loader = rt.loader(data, cfg.batch_per_rank * rt.world_size, collate_fn=data.collate)
         writer = None
         if rt.is_main:

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 
 import torch
+from plain_ddp_torchrun import ToyModel  # the blog's model, shared with the plain torchrun example
 from torch import nn
 
 import rankwise
-from plain_ddp_torchrun import ToyModel  # the blog's model, shared with the plain torchrun example
 
 
 def train(local_rank: int, steps: int, out: str) -> None:

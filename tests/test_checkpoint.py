@@ -9,11 +9,10 @@ from rankwise.models.toy import ToyMLP
 
 
 def save(root, step, model, **extra):
-    return ckpt.save_checkpoint(root, step, weights=model.state_dict(), training_state={"step": step, **extra},
-                                config_json=json.dumps({"data": {"max_length": 8}}),
-                                model_spec={"kind": "toy", "name": "mlp", "features": 4, "num_labels": 3,
-                                            "dropout": 0.0},
-                                label_names=["a", "b", "c"])
+    spec = {"kind": "toy", "name": "mlp", "features": 4, "num_labels": 3, "dropout": 0.0}
+    return ckpt.commit_checkpoint(root, step, weights=model.state_dict(), training_state={"step": step, **extra},
+                                  files={ckpt.CONFIG: json.dumps({"data": {"max_length": 8}}),
+                                         ckpt.MODEL_SPEC: json.dumps(spec), ckpt.LABELS: json.dumps(["a", "b", "c"])})
 
 
 def test_round_trip_and_latest_pointer(tmp_path):

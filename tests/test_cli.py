@@ -192,7 +192,7 @@ def test_export_then_predict_and_init_from_it(trained, tmp_path, capsys):
     from rankwise.runtime import setup
 
     cfg = build_config(overrides=["strategy=single", f"model.init_weights={exported}", "data.max_length=32"])
-    with setup("single", config=cfg) as rt:
+    with setup("single") as rt:
         trainer = Trainer(cfg, PreparedData.load(out / "data"), tmp_path / "init", rt)
         start = trainer.model.state_dict()
     weights = read_weights(exported)

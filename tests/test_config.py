@@ -55,7 +55,8 @@ def test_batch_must_divide_world_and_accumulation():
 
 def test_set_value_parsing():
     assert parse_value("3") == 3 and parse_value("1e-3") == 1e-3 and parse_value("true") is True
-    assert parse_value("hello") == "hello" and parse_value('"a b"') == "a b" and parse_value("[0.9, 0.99]") == [0.9, 0.99]
+    assert parse_value("hello") == "hello" and parse_value('"a b"') == "a b"
+    assert parse_value("[0.9, 0.99]") == [0.9, 0.99]
 
 
 def test_section_cannot_be_set_whole():
@@ -78,7 +79,8 @@ def test_defaults_that_follow_other_settings(tmp_path):
     explicit = build_config(overrides=[f"model.name={tmp_path / 'bert'}", "data.tokenizer=bpe"])
     assert explicit.data.tokenizer == "bpe"
     # The saved config (what workers load) keeps the resolved values.
-    from rankwise.config import validate
     import json
+
+    from rankwise.config import validate
 
     assert validate(json.loads(cfg.to_json())).data.tokenizer == str(tmp_path / "bert")

@@ -20,7 +20,8 @@ def _evaluate(n: int, strategy: str):
     model = LinearClassifier(6, 3)
     with rankwise.setup(strategy) as rt:
         model, _ = rt.prepare(model)
-        result = evaluate(rt, model, _dataset(n), ["x", "y", "z"], batch_size=64)  # not divisible by 3 ranks: rounded up per rank
+        # A batch of 64 does not divide by 3 ranks: rounded up per rank.
+        result = evaluate(rt, model, _dataset(n), ["x", "y", "z"], batch_size=64)
         return result.samples, result.accuracy, result.macro_f1, result.report["z"]["support"], \
             result.predictions.tolist()
 

@@ -1,14 +1,17 @@
 """Atomic checkpoints: weights, optimizer, scheduler, progress, RNG, config and tokenizer.
 
-Layout of ``<run>/checkpoints/``::
+Layout of a checkpoints folder (``<run>/checkpoints/`` for ``rankwise train``)::
 
     step-00000420/
         model.safetensors     unwrapped weights (no ``module.`` prefix)
-        training_state.pt     optimizer, scheduler, precision scaler, step, epoch, RNG per rank
-        config.json           the run configuration
-        model_spec.json       how to rebuild the architecture
-        labels.json           label names in class-id order
-        tokenizer.json        the exact tokenizer used (text tasks)
+        training_state.pt     scheduler, precision scaler, step, the loop's extras, RNG per rank
+        optimizer.pt | sharded/ | deepspeed/
+                              optimizer state, as the strategy keeps it (whole, FSDP shards,
+                              DeepSpeed partitions)
+        config.json           the run configuration          } files the loop adds
+        model_spec.json       how to rebuild the architecture  } (``rankwise train``;
+        labels.json           label names in class-id order    }  a user's loop may add
+        tokenizer.json        the exact tokenizer used         }  its own)
         manifest.json         SHA-256 of every file above; written last
     latest -> step-00000420   updated only after the directory is complete
 
@@ -19,11 +22,13 @@ A crash at any moment leaves either the old or the new checkpoint, never half of
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +39,10 @@ from safetensors.torch import load_file, save_file
 WEIGHTS = "model.safetensors"
 STATE = "training_state.pt"
 MANIFEST = "manifest.json"
+CONFIG = "config.json"
+MODEL_SPEC = "model_spec.json"
+LABELS = "labels.json"
+TOKENIZER = "tokenizer.json"
 
 
 class CheckpointError(RuntimeError):
@@ -53,6 +62,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path next to ``path``; once the block has written it: fsync, rename onto
+    ``path``, fsync the directory.  A crash at any moment leaves the old file or the new one whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Accept weights saved from a DDP/DataParallel wrapper (``module.`` prefix) or plain."""
     if state and all(key.startswith("module.") for key in state):
@@ -62,14 +93,9 @@ def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 def write_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Path:
     """Write weights as safetensors atomically (temp file, fsync, rename, directory fsync)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in strip_module_prefix(state).items()}, str(tmp))
-    _fsync_file(tmp)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in strip_module_prefix(state).items()}, str(tmp))
+    return Path(path)
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -124,10 +150,11 @@ def begin_checkpoint(root: str | os.PathLike, step: int) -> Path:
 
 
 def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor],
-                      training_state: dict, config_json: str, model_spec: dict, label_names: list[str],
-                      tokenizer_file: str | os.PathLike | None = None, keep: int = 2) -> Path:
-    """Add the common files to the staging directory, checksum everything, rename it into place
-    as ``root/step-NNNNNNNN``, point ``root/latest`` at it and keep the newest ``keep`` (rank 0 only)."""
+                      training_state: dict, files: Mapping[str, str | os.PathLike | bytes] | None = None,
+                      keep: int = 2) -> Path:
+    """Add weights, training state and ``files`` (name -> text, or a path to copy) to the staging
+    directory, checksum everything, rename it into place as ``root/step-NNNNNNNN``, point
+    ``root/latest`` at it and keep the newest ``keep`` (rank 0 only)."""
     root = Path(root)
     tmp = staging_dir(root, step)
     if not tmp.is_dir():
@@ -135,11 +162,13 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
     final = root / f"step-{step:08d}"
     save_file({k: v.contiguous() for k, v in strip_module_prefix(weights).items()}, str(tmp / WEIGHTS))
     torch.save(training_state, tmp / STATE)
-    (tmp / "config.json").write_text(config_json, encoding="utf-8")
-    (tmp / "model_spec.json").write_text(json.dumps(model_spec, indent=2, ensure_ascii=False), encoding="utf-8")
-    (tmp / "labels.json").write_text(json.dumps(label_names, ensure_ascii=False), encoding="utf-8")
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    for name, content in (files or {}).items():
+        if isinstance(content, bytes):
+            (tmp / name).write_bytes(content)
+        elif isinstance(content, str):
+            (tmp / name).write_text(content, encoding="utf-8")
+        else:
+            shutil.copyfile(content, tmp / name)
     # Strategy files (FSDP shards, DeepSpeed state) live in subdirectories: checksum them all.
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
@@ -158,8 +187,6 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
         shutil.rmtree(old, ignore_errors=True)
     return final
 
-
-save_checkpoint = commit_checkpoint  # one process writing everything: begin and commit in one call
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -221,10 +248,14 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         return load_export(path)
     path = resolve(path)
     verify(path)
-    read = lambda name: json.loads((path / name).read_text(encoding="utf-8"))  # noqa: E731
-    tokenizer = path / "tokenizer.json"
-    return Checkpoint(path, read_weights(path / WEIGHTS), read("config.json"), read("model_spec.json"),
-                      read("labels.json"), tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None)
+
+    def read(name: str, default):
+        file = path / name
+        return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else default
+
+    tokenizer = path / TOKENIZER
+    return Checkpoint(path, read_weights(path / WEIGHTS), read(CONFIG, {}), read(MODEL_SPEC, {}), read(LABELS, []),
+                      tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None)
 
 
 def export(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -239,14 +270,9 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
                 "max_length": str(source.max_length)}
     if source.tokenizer_json is not None:
         metadata["tokenizer"] = source.tokenizer_json
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_file({k: v.contiguous() for k, v in source.weights.items()}, str(tmp), metadata=metadata)
-    _fsync_file(tmp)
-    os.replace(tmp, out)
-    _fsync_dir(out.parent)
-    return out
+    with atomic_path(out) as tmp:
+        save_file({k: v.contiguous() for k, v in source.weights.items()}, str(tmp), metadata=metadata)
+    return Path(out)
 
 
 def load_export(path: str | os.PathLike) -> Checkpoint:

@@ -32,8 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-from rankwise.config import ConfigError, TrainConfig, build_config, describe_fields
+from rankwise import checks
+from rankwise.checkpoint import write_text_atomic
+from rankwise.config import LAUNCHERS, ConfigError, TrainConfig, build_config, describe_fields
 from rankwise.data.records import DataError
+from rankwise.precision import PRECISIONS
+from rankwise.rundir import RunDir
 
 EPILOG_TRAIN = """\
 The global --batch-size is the same whatever the number of processes: each rank gets
@@ -55,9 +59,9 @@ def _config_reference() -> str:
 
 
 def _add_train_parser(commands) -> None:
-    from rankwise.strategies import get_strategy, strategy_names
+    from rankwise.strategies import lookup, strategy_names
 
-    strategies = "\n".join(f"  {name:<10} {get_strategy(name).description}" for name in strategy_names())
+    strategies = "\n".join(f"  {name:<16} {lookup(name).description}" for name in strategy_names())
     p = commands.add_parser(
         "train", help="train and evaluate a classifier with a data-parallel strategy",
         description="Train and evaluate a classifier.\n\nStrategies:\n" + strategies,
@@ -65,7 +69,7 @@ def _add_train_parser(commands) -> None:
     flag = lambda *names, key, **kw: p.add_argument(*names, dest=key, default=None, **kw)  # noqa: E731
     flag("--data", key="data.source", metavar="SOURCE", help="sentiment | toy | PATH.csv/.tsv/.jsonl")
     flag("--strategy", key="strategy", choices=strategy_names(), help="data-parallel strategy (default single)")
-    flag("--precision", key="precision", choices=["32-true", "bf16-mixed", "16-mixed"])
+    flag("--precision", key="precision", choices=PRECISIONS)
     flag("--epochs", key="epochs", type=int)
     flag("--max-steps", key="max_steps", type=int, help="stop after this many optimizer steps")
     flag("--batch-size", key="batch_size", type=int, help="global batch per optimizer step")
@@ -85,7 +89,7 @@ def _add_train_parser(commands) -> None:
     flag("--rdzv-endpoint", key="launch.rdzv_endpoint")
     flag("--rdzv-id", key="launch.rdzv_id")
     flag("--max-restarts", key="launch.max_restarts", type=int)
-    flag("--launcher", key="launch.launcher", choices=["torchrun", "spawn"])
+    flag("--launcher", key="launch.launcher", choices=[name for name in LAUNCHERS if name != "horovodrun"])
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with any of the keys below")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -138,97 +142,80 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rankwise.data.prepare import prepare_data
+    """check -> prepare -> launch -> report."""
     from rankwise.launch import LaunchError
-    from rankwise.launch.worker import CONFIG_FILE, DATA_DIR
-    from rankwise.strategies import get_strategy
 
-    from rankwise.env import ProcessEnv
-
-    if ProcessEnv.detect().distributed:
-        raise ConfigError("`rankwise train` starts its own workers (--nproc-per-node, --nnodes); run it directly, "
-                          "not under torchrun / rankwise launch / srun")
     started = time.perf_counter()
+    cfg = check_train(args)
+    run_dir = prepare_run(cfg, quiet=args.json)
+    try:
+        launch_workers(cfg, run_dir.root)
+    except LaunchError as e:
+        print(f"rankwise train: {e}", file=sys.stderr)
+        return 1
+    return report_run(cfg, run_dir, time.perf_counter() - started, as_json=args.json)
+
+
+def check_train(args: argparse.Namespace) -> TrainConfig:
+    """The validated configuration; everything refusable before reading data is refused here."""
     flags = {k: v for k, v in vars(args).items() if "." in k or k in TrainConfig.model_fields}
     if args.no_progress:
         flags["progress"] = False
     cfg = build_config(args.config, args.set, flags)
-    strategy = get_strategy(cfg.strategy)
-    try:
-        strategy.check_available()
-    except ImportError as e:
-        raise ConfigError(str(e)) from None
-    strategy.check_config(cfg)
-    check_runnable(cfg)
-    if not strategy.multiprocess and cfg.world_size > 1:
-        raise ConfigError(f"strategy {cfg.strategy!r} runs in one process; drop --nproc-per-node/--nnodes "
-                          "or use a multi-process strategy such as ddp")
-    cfg.micro_batch_size(cfg.world_size)  # fail now, not in every worker
-    run_dir = default_run_dir(cfg)
-    cfg.out = str(run_dir)
-    if cfg.resume is None and (run_dir / "result.json").exists() and not args.json:
-        print(f"note: {run_dir} already holds a finished run; it will be overwritten", file=sys.stderr)
+    checks.before_launch(cfg)
+    cfg.out = str(default_run_dir(cfg))
+    return cfg
 
-    # Read, validate, split and tokenize the data here, once: bad input fails before any worker starts.
+
+def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
+    """Read, validate, split and tokenize the data here, once: bad input fails before any worker starts."""
+    from rankwise.data.prepare import prepare_data
+
+    run_dir = RunDir(cfg.out)
+    if cfg.resume is None and run_dir.result.exists() and not quiet:
+        print(f"note: {run_dir.root} already holds a finished run; it will be overwritten", file=sys.stderr)
     data = prepare_data(cfg.data)
-    if data.size("train") < cfg.batch_size:
-        raise ConfigError(f"the training split has {data.size('train')} samples, fewer than one global batch "
-                          f"({cfg.batch_size}); lower --batch-size")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data.save(run_dir / DATA_DIR)
-    (run_dir / CONFIG_FILE).write_text(cfg.to_json(), encoding="utf-8")
-    if not args.json:
+    checks.prepared_data(cfg, data.size("train"))
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    data.save(run_dir.data)
+    write_text_atomic(run_dir.config, cfg.to_json())
+    if not quiet:
         counts = ", ".join(f"{s} {data.size(s)}" for s in ("train", "dev", "test"))
         print(f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} duplicates and "
               f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)", flush=True)
+    return run_dir
 
-    try:
-        if strategy.multiprocess:
-            launch_workers(cfg, run_dir)
-        else:
-            from rankwise.launch.worker import train_from_run_dir
 
-            train_from_run_dir(run_dir)
-    except LaunchError as e:
-        print(f"rankwise train: {e}", file=sys.stderr)
-        return 1
-
-    result_file = run_dir / "result.json"
-    if not result_file.exists():  # a node other than the one holding rank 0
+def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) -> int:
+    if not run_dir.result.exists():  # a node other than the one holding rank 0
         print(f"node {cfg.launch.node_rank}: workers finished; rank 0's report is on node 0")
         return 0
-    summary = json.loads(result_file.read_text(encoding="utf-8"))
-    summary["wall_s"] = round(time.perf_counter() - started, 2)
-    result_file.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    if args.json:
+    summary = json.loads(run_dir.result.read_text(encoding="utf-8"))
+    summary["wall_s"] = round(wall_s, 2)
+    write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
+    if as_json:
         print(json.dumps(summary, ensure_ascii=False))
-    else:
-        print((run_dir / "report.txt").read_text(encoding="utf-8"))
-        print(f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, macro-F1 "
-              f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
-              f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s")
-        print(f"report: {run_dir / 'report.md'}\ncheckpoint: {summary['checkpoint']}")
+        return 0
+    print(run_dir.report_txt.read_text(encoding="utf-8"))
+    print(f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, macro-F1 "
+          f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
+          f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s")
+    print(f"report: {run_dir.report_md}\ncheckpoint: {summary['checkpoint']}")
     return 0
 
 
-def check_runnable(cfg: TrainConfig) -> None:
-    """Refuse, before any worker starts, settings that would fail inside every worker."""
-    from rankwise.env import device_for
-    from rankwise.models import check_model
-    from rankwise.precision import Precision
-
-    try:
-        Precision(cfg.precision, device_for(0))
-        check_model(cfg.model.name, reads_text=cfg.data.source != "toy", max_length=cfg.data.max_length)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
+    """Start the workers (or, for a one-process strategy, train right here)."""
     from rankwise.strategies import get_strategy
 
+    strategy = get_strategy(cfg.strategy)
+    if not strategy.multiprocess:
+        from rankwise.launch.worker import train_from_run_dir
+
+        train_from_run_dir(run_dir)
+        return
     lc = cfg.launch
-    launcher = get_strategy(cfg.strategy).launcher or lc.launcher
+    launcher = strategy.launcher or lc.launcher
     if launcher == "horovodrun":
         from rankwise.launch.horovodrun import launch as horovodrun
 

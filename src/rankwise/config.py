@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import difflib
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rankwise.checks import micro_batch_size
+from rankwise.errors import ConfigError
+from rankwise.models import model_names
+from rankwise.precision import PRECISIONS
+from rankwise.strategies import lookup, strategy_names
+from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions
 
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the user (names the key or file)."""
+LAUNCHERS = ("torchrun", "spawn", "horovodrun")
+"""How worker processes start (``launch.launcher``)."""
+
+__all__ = ["ConfigError", "DataConfig", "LAUNCHERS", "TrainConfig", "build_config", "describe_fields",
+           "load_config_json"]
 
 
 class _Section(BaseModel):
@@ -92,39 +101,8 @@ class OptimConfig(_Section):
     """Label smoothing of the cross-entropy loss."""
 
 
-class DDPConfig(_Section):
-    bucket_cap_mb: float = Field(25.0, gt=0)
-    """Gradient bucket size for DDP's all-reduce, in MB."""
-    find_unused_parameters: bool = False
-    """Let DDP tolerate parameters that get no gradient (costs a graph traversal per step)."""
-    static_graph: bool = False
-    """Tell DDP the graph never changes between steps (enables some optimisations)."""
-    gradient_as_bucket_view: bool = True
-    """Gradients alias DDP's communication buckets: saves one copy and memory."""
-
-
-class DeepSpeedConfig(_Section):
-    zero_stage: int = Field(2, ge=0, le=3)
-    """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
-    offload_optimizer: bool = False
-    """Keep optimizer state (and its step) on the CPU (ZeRO stage >= 1)."""
-    offload_param: bool = False
-    """Keep parameters on the CPU between uses (ZeRO stage 3)."""
-    bucket_size: int = Field(5_000_000, gt=0)
-    """Elements per gradient-reduction bucket, per ZeRO-3 parameter prefetch and per ZeRO-3 optimizer sub-group (reduce_bucket_size, stage3_prefetch_bucket_size, sub_group_size); DeepSpeed's own 5e8 and 1e9 hold a whole 100M-parameter model's gradients in one extra buffer."""
-    max_live_parameters: int = Field(10_000_000, gt=0)
-    """ZeRO-3: gathered parameters kept resident at most (stage3_max_live_parameters, stage3_max_reuse_distance); DeepSpeed's own 1e9 keeps every layer of most models gathered, undoing the sharding."""
-    config_file: str | None = None
-    """A DeepSpeed JSON config merged over the generated one (batch sizes, clipping and precision stay rankwise's)."""
-
-
-class HorovodConfig(_Section):
-    fp16_compression: bool = False
-    """Send gradients as fp16 over the wire (halves traffic; averaging then loses precision)."""
-
-
 class LaunchConfig(_Section):
-    launcher: Literal["torchrun", "spawn", "horovodrun"] = "torchrun"
+    launcher: Literal[LAUNCHERS] = "torchrun"
     """How worker processes start: torchrun's elastic agent in-process, torch.multiprocessing spawn, or horovodrun (chosen for the horovod strategy)."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes on this node (usually one per GPU)."""
@@ -150,8 +128,8 @@ class LaunchConfig(_Section):
 
 class TrainConfig(_Section):
     strategy: str = "single"
-    """Data-parallel strategy: see `rankwise train --help` for the registered names."""
-    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    """Data-parallel strategy or variant (e.g. `deepspeed-zero3`): see `rankwise train --help` for the registered names."""
+    precision: Literal[PRECISIONS] = "32-true"
     """Numeric precision: full fp32, or autocast to bf16 / fp16 (fp16 needs CUDA)."""
     epochs: int = Field(2, ge=1)
     """Passes over the training split (on `sentiment` a third epoch overfits: 3-seed mean test accuracy 0.854 after 2, 0.845 after 3)."""
@@ -185,20 +163,18 @@ class TrainConfig(_Section):
     """Model."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer and schedule."""
-    ddp: DDPConfig = Field(default_factory=DDPConfig)
-    """DistributedDataParallel options."""
-    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    ddp: DDPOptions = Field(default_factory=DDPOptions)
+    """DistributedDataParallel options (also the DDP wrapper Accelerate creates)."""
+    deepspeed: DeepSpeedOptions = Field(default_factory=DeepSpeedOptions)
     """DeepSpeed options."""
-    horovod: HorovodConfig = Field(default_factory=HorovodConfig)
+    horovod: HorovodOptions = Field(default_factory=HorovodOptions)
     """Horovod options."""
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     """Process launch."""
 
     @model_validator(mode="after")
-    def _defaults_from_other_sections(self) -> "TrainConfig":
+    def _defaults_from_other_sections(self) -> TrainConfig:
         """Defaults that depend on another section, applied only to keys the user left unset."""
-        from rankwise.models import model_names
-
         if "name" not in self.model.model_fields_set and self.data.source == "toy":
             self.model.name = "linear"  # the source documents' one dense layer
         pretrained = self.model.name not in model_names() and Path(self.model.name).is_dir()
@@ -207,9 +183,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "TrainConfig":
-        from rankwise.strategies import strategy_names
-
+    def _cross_checks(self) -> TrainConfig:
         if self.strategy not in strategy_names():
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(strategy_names())}")
         if self.launch.node_rank >= self.launch.nnodes:
@@ -228,13 +202,7 @@ class TrainConfig(_Section):
 
     def micro_batch_size(self, world_size: int) -> int:
         """Per-rank micro-batch; raises ConfigError when the global batch does not divide evenly."""
-        per_step = world_size * self.grad_accum
-        if self.batch_size % per_step:
-            raise ConfigError(
-                f"batch_size={self.batch_size} is not divisible by world_size ({world_size}) x grad_accum "
-                f"({self.grad_accum}) = {per_step}; the global batch must split evenly across ranks and micro-batches"
-            )
-        return self.batch_size // per_step
+        return micro_batch_size(self.batch_size, world_size, self.grad_accum)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -312,7 +280,26 @@ def build_config(
     for dotted, value in (flags or {}).items():
         if value is not None:
             apply_override(tree, dotted, value)
+    apply_variant(tree)
     return validate(tree)
+
+
+def apply_variant(tree: dict[str, Any]) -> None:
+    """Set the keys a strategy variant fixes (``deepspeed-zero3``: ``deepspeed.zero_stage=3``);
+    a different value given for one of them is an error naming both."""
+    name = tree.get("strategy", "single")
+    try:
+        variant = lookup(name)
+    except ValueError as e:
+        raise ConfigError(f"strategy: {e}") from None
+    for dotted, value in variant.settings.items():
+        node = tree
+        *sections, key = dotted.split(".")
+        for section in sections:
+            node = node.get(section, {})
+        if key in node and node[key] != value:
+            raise ConfigError(f"strategy {name!r} sets {dotted}={value!r}; it was also given {node[key]!r}")
+        apply_override(tree, dotted, value)
 
 
 def validate(tree: dict[str, Any]) -> TrainConfig:

@@ -37,10 +37,6 @@ def world_size() -> int:
     return 1
 
 
-def rank() -> int:
-    return torch_dist.get_rank() if world_size() > 1 else 0
-
-
 def barrier() -> None:
     if world_size() > 1:
         torch_dist.barrier()
@@ -128,3 +124,30 @@ def exactly_once(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tup
             f"exact gather found {unique_index.numel()} distinct samples, expected {total}; missing e.g. {missing}"
         )
     return (unique_index, *(t[order][keep] for t in tensors))
+
+
+class ExactGather:
+    """Per-sample outputs of a sharded evaluation: kept on this rank batch by batch, gathered once at the end.
+
+    ``add(index, *tensors)`` takes one batch's sample indices and per-sample rows;
+    ``result()`` returns ``(index, *tensors)`` on every rank with each of the ``total``
+    samples exactly once, in index order (the sampler's padding repeats dropped).
+    """
+
+    def __init__(self, total: int, columns: int = 3):
+        self.total = total
+        self.columns = columns
+        """Tensors per ``add`` call, the index included (what an empty rank contributes)."""
+        self.parts: list[tuple[torch.Tensor, ...]] = []
+
+    def add(self, index: torch.Tensor, *tensors: torch.Tensor) -> None:
+        self.parts.append((index, *tensors))
+
+    def local(self) -> tuple[torch.Tensor, ...]:
+        if not self.parts:  # an empty evaluation set: the rank still joins the gather
+            return tuple(torch.empty(0, dtype=torch.long) for _ in range(self.columns))
+        return tuple(torch.cat(column) for column in zip(*self.parts))
+
+    def result(self) -> tuple[torch.Tensor, ...]:
+        # Why: the only synchronisation of evaluation: one gather of every rank's rows.
+        return gather_exact(*self.local(), total=self.total)

@@ -1,8 +1,9 @@
 """Who am I: rank, local rank, world size, node, device and backend of this process.
 
 Read from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), from
-horovodrun's (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from Slurm's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...), from arguments an
-``mp.spawn`` worker receives, or a single process when none is set.
+horovodrun's (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ...), from Slurm's (``SLURM_PROCID``,
+``SLURM_NTASKS``, ``SLURM_LOCALID``, ...), from arguments an ``mp.spawn`` worker
+receives, or a single process when none is set.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import datetime
 import gc
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -46,7 +47,7 @@ class ProcessEnv:
         return self.rank == 0
 
     @classmethod
-    def detect(cls) -> "ProcessEnv":
+    def detect(cls) -> ProcessEnv:
         env = os.environ
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls(
@@ -75,7 +76,7 @@ class ProcessEnv:
         return cls()
 
     @classmethod
-    def from_slurm(cls, env: dict[str, str] | os._Environ) -> "ProcessEnv":
+    def from_slurm(cls, env: dict[str, str] | os._Environ) -> ProcessEnv:
         ntasks = int(env["SLURM_NTASKS"])
         nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", 1)))
         # SLURM_NTASKS_PER_NODE looks like "4" or "4(x2)"; fall back to an even split.
@@ -97,7 +98,7 @@ class ProcessEnv:
 
     @classmethod
     def from_spawn(cls, local_rank: int, nproc_per_node: int, *, node_rank: int = 0, nnodes: int = 1,
-                   master_addr: str = "127.0.0.1", master_port: int) -> "ProcessEnv":
+                   master_addr: str = "127.0.0.1", master_port: int) -> ProcessEnv:
         return cls(
             rank=node_rank * nproc_per_node + local_rank,
             local_rank=local_rank,

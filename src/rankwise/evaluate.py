@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rankwise import dist
 from rankwise.runtime import Runtime
 
 
@@ -51,37 +50,18 @@ class EvalResult:
 @torch.no_grad()
 def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, collate_fn=None):
     """Predictions and targets of the whole ``dataset``, exactly once each, on every rank."""
-    strategy = rt.strategy
     per_rank = -(-batch_size // rt.world_size)  # evaluation batches need not divide evenly: round up
-    if strategy.gathers_for_metrics:
-        loader = strategy.evaluation_loader(dataset, per_rank, collate_fn)
-    else:
-        loader = rt.loader(dataset, per_rank * rt.world_size, shuffle=False, collate_fn=collate_fn)
+    gatherer = rt.eval_gatherer(len(dataset))
     was_training = model.training
     model.eval()
-    indices, predictions, targets = [], [], []
-    for batch in loader:
+    for batch in rt.eval_loader(dataset, per_rank, collate_fn):
         batch = rt.to_device(batch)
         with rt.autocast():
             logits = forward_logits(model, batch)
         # A split model's logits may sit on another device.
-        rows = (batch["index"], logits.argmax(dim=-1).to(rt.device), batch["labels"])
-        if strategy.gathers_for_metrics:
-            rows = strategy.gather_for_metrics(*rows)
-        for parts, row in zip((indices, predictions, targets), rows):
-            parts.append(row)
+        gatherer.add(batch["index"], logits.argmax(dim=-1).to(rt.device), batch["labels"])
     model.train(was_training)
-    empty = torch.empty(0, dtype=torch.long, device=rt.device)
-    local = [torch.cat(parts) if parts else empty for parts in (indices, predictions, targets)]
-    if strategy.gathers_for_metrics:
-        # Already gathered batch by batch, padding dropped by the library: check that it was.
-        if local[0].numel() != len(dataset):
-            raise RuntimeError(f"{strategy.name}'s gather_for_metrics returned {local[0].numel()} rows "
-                               f"for {len(dataset)} samples")
-        _, predictions, targets = dist.exactly_once(*local, total=len(dataset))
-    else:
-        # Why: the only synchronisation of evaluation: one gather of the (index, prediction, target) triples.
-        _, predictions, targets = rt.gather_exact(*local, total=len(dataset))
+    _, predictions, targets = gatherer.result()
     return predictions.cpu(), targets.cpu()
 
 

@@ -24,7 +24,9 @@ from rankwise.config import ConfigError, TrainConfig
 from rankwise.data.prepare import PreparedData
 from rankwise.evaluate import evaluate, forward_logits, write_report
 from rankwise.models import build_model, reads_ngrams
+from rankwise.rundir import RunDir
 from rankwise.runtime import Runtime, iterate_steps, setup
+from rankwise.strategies import get_strategy
 
 
 def peak_rss_megabytes() -> float:
@@ -84,21 +86,18 @@ class MetricsLog:
     step S keeps the records up to S and drops later ones, which it is about to log again.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, resumed_step: int = 0):
+    def __init__(self, run_dir: RunDir, enabled: bool, resumed_step: int = 0):
         self.enabled = enabled
         self.file = None
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            run_dir.mkdir(parents=True, exist_ok=True)
-            path = run_dir / "metrics.jsonl"
+            path = run_dir.metrics
             kept = _records_up_to(path, resumed_step) if resumed_step else []
-            partial = path.with_name(path.name + ".tmp")
-            partial.write_text("".join(kept), encoding="utf-8")
-            partial.replace(path)  # the earlier log stays whole until the kept part replaces it
+            ckpt.write_text_atomic(path, "".join(kept))  # the earlier log stays whole until the kept part replaces it
             self.file = open(path, "a", encoding="utf-8")
-            events = run_dir / "tensorboard"
+            events = run_dir.tensorboard
             if not resumed_step:
                 shutil.rmtree(events, ignore_errors=True)
             # purge_step hides the earlier run's events after the checkpoint from TensorBoard.
@@ -135,7 +134,7 @@ def _records_up_to(path: Path, step: int) -> list[str]:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime):
-        self.cfg, self.data, self.run_dir, self.rt = cfg, data, Path(run_dir), rt
+        self.cfg, self.data, self.run_dir, self.rt = cfg, data, RunDir(run_dir), rt
         model, self.model_spec = build_model(
             cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
@@ -149,19 +148,17 @@ class Trainer:
             model.load_state_dict(ckpt.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         optimizer = make_optimizer(model, cfg, rt.device)
-        self.model, self.optimizer = rt.prepare(model, optimizer)
+        self.micro_batch = cfg.micro_batch_size(rt.world_size)
+        self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
+                                                micro_batch_size=self.micro_batch)
         # Weights are initialised identically on every rank (same seed); from here on each
         # rank gets its own stream so dropout masks differ between ranks, as they should.
         torch.manual_seed(cfg.seed + rt.rank)
-        self.micro_batch = cfg.micro_batch_size(rt.world_size)
         collate = getattr(self.train_set, "collate", None)
         lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
         self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
                                 collate_fn=collate, lengths=lengths, group_size=cfg.batch_size)
-        self.steps_per_epoch = len(self.loader) // cfg.grad_accum
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"the training split ({len(self.train_set)} samples) is smaller than one global batch "
-                              f"of {cfg.batch_size}; lower --batch-size")
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum  # >= 1: the loader refuses fewer samples
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
@@ -173,52 +170,19 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def save(self, epoch: int) -> None:
-        rt, strategy = self.rt, self.rt.strategy
-        root = self.run_dir / "checkpoints"
-        # Sharded strategies gather full weights collectively (every rank calls); others have them on rank 0.
-        weights = rt.state_dict(self.model) if strategy.sharded_state or rt.is_main else None
-        rng = rt.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
-        if strategy.sharded_state:
-            if rt.is_main:
-                ckpt.begin_checkpoint(root, self.step)
-            # Why: the staging directory must exist before any rank writes its shard into it.
-            rt.barrier()
-            strategy.save_sharded_state(ckpt.staging_dir(root, self.step), self.model, self.optimizer)
-            # Why: rank 0 checksums and renames the directory only once every shard is written.
-            rt.barrier()
-        if rt.is_main:
-            state = {"step": self.step, "epoch": epoch, "scheduler": self.scheduler.state_dict(),
-                     "precision": strategy.precision.state_dict(), "rng": rng, "world_size": rt.world_size,
-                     "strategy": self.cfg.strategy}
-            if not strategy.sharded_state:
-                state["optimizer"] = self.optimizer.state_dict()
-            tokenizer = self.run_dir / "data" / "tokenizer.json"
-            self.checkpoint_path = ckpt.commit_checkpoint(
-                root, self.step, weights=weights, training_state=state, config_json=self.cfg.to_json(),
-                model_spec=self.model_spec, label_names=self.data.label_names,
-                tokenizer_file=tokenizer if tokenizer.is_file() else None)
+        files = {ckpt.CONFIG: self.cfg.to_json(),
+                 ckpt.MODEL_SPEC: json.dumps(self.model_spec, indent=2, ensure_ascii=False),
+                 ckpt.LABELS: json.dumps(self.data.label_names, ensure_ascii=False)}
+        if self.run_dir.tokenizer.is_file():
+            files[ckpt.TOKENIZER] = self.run_dir.tokenizer
+        self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
+                                                  self.scheduler, extra={"epoch": epoch}, step=self.step, files=files)
 
     def resume(self, path: str) -> None:
         if path == "latest":
-            path = str(self.run_dir / "checkpoints" / "latest")
-        checkpoint = ckpt.load_checkpoint(path)
-        state = checkpoint.training_state()
-        if state["world_size"] != self.rt.world_size:
-            raise ConfigError(f"checkpoint {checkpoint.path} was written at world size {state['world_size']}, "
-                              f"this run has {self.rt.world_size}; resume with the same number of processes")
-        if state.get("strategy", self.cfg.strategy) != self.cfg.strategy:
-            raise ConfigError(f"checkpoint {checkpoint.path} was written by strategy {state['strategy']!r}; resume "
-                              f"with it, or start a new run from its weights (rankwise export, model.init_weights)")
-        if self.rt.strategy.sharded_state:
-            self.rt.strategy.load_sharded_state(checkpoint.path, self.model, self.optimizer)
-        else:
-            self.rt.strategy.load_model_state_dict(self.model, checkpoint.weights)
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.rt.strategy.precision.load_state_dict(state["precision"])
-        ckpt.set_rng_state(state["rng"][self.rt.rank])
-        self.step = state["step"]
-        self.rt.print(f"resumed from {checkpoint.path} at step {self.step}")
+            path = str(self.run_dir.latest)
+        self.step = self.rt.load_state(path, self.model, self.optimizer, self.scheduler)["step"]
+        self.rt.print(f"resumed from {ckpt.resolve(path)} at step {self.step}")
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
@@ -320,24 +284,26 @@ class Trainer:
             "peak_rss_mb": peak_rss_mb,
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
-            "run_dir": str(self.run_dir),
+            "run_dir": str(self.run_dir.root),
         }
         if rt.is_main:
+            run_dir = self.run_dir
             title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
-            write_report(self.run_dir / "report.md", result, self.data.label_names, title)
+            write_report(run_dir.report_md, result, self.data.label_names, title)
             self.metrics.log(self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")})
-            (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-            (self.run_dir / "report.txt").write_text(result.report_text, encoding="utf-8")
+            ckpt.write_text_atomic(run_dir.report_txt, result.report_text)
             names = self.data.label_names
-            with open(self.run_dir / "predictions.jsonl", "w", encoding="utf-8") as handle:
-                for i, (p, t) in enumerate(zip(result.predictions.tolist(), result.targets.tolist())):
-                    handle.write(json.dumps({"index": i, "label": names[t], "prediction": names[p]},
-                                            ensure_ascii=False) + "\n")
+            ckpt.write_text_atomic(run_dir.predictions, "".join(
+                json.dumps({"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False) + "\n"
+                for i, (p, t) in enumerate(zip(result.predictions.tolist(), result.targets.tolist()))))
+            ckpt.write_text_atomic(run_dir.result, json.dumps(summary, indent=2))  # last: the run is complete
         self.metrics.close()
         return summary
 
 
 def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path) -> dict:
     """Train and evaluate in this process (one rank of the job); always tears the process group down."""
-    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, config=cfg, timeout_s=cfg.launch.timeout_s) as rt:
+    section = get_strategy(cfg.strategy).options_section
+    options = getattr(cfg, section) if section else None  # the strategy's own section, nothing else
+    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=options, timeout_s=cfg.launch.timeout_s) as rt:
         return Trainer(cfg, data, Path(run_dir), rt).fit()

@@ -24,7 +24,7 @@ class Predictor:
         """The character n-gram hashing the model was trained with (None: tokens only)."""
 
     @classmethod
-    def from_checkpoint(cls, path) -> "Predictor":
+    def from_checkpoint(cls, path) -> Predictor:
         checkpoint: Checkpoint = load_checkpoint(path)
         if checkpoint.tokenizer_json is None:
             raise CheckpointError(f"{checkpoint.path} has no tokenizer: it was not trained on text")

@@ -5,23 +5,32 @@ A single-device script becomes distributed by changing a few lines::
     import rankwise
 
     with rankwise.setup(strategy="ddp", precision="32-true", seed=0) as rt:
-        model, optimizer = rt.prepare(model, optimizer)
+        model, optimizer = rt.prepare(model, optimizer, grad_accum=2)
         loader = rt.loader(train_set, batch_size=64, shuffle=True)        # global batch
+        if resuming:
+            extra = rt.load_state("ckpt", model, optimizer, scheduler)    # every rank, any strategy
         for epoch in range(epochs):
             rt.set_epoch(loader, epoch)
-            for batch in loader:
+            for micro, last, batch in rankwise.iterate_steps(loader, grad_accum=2):
                 batch = rt.to_device(batch)
-                with rt.autocast():
+                with rt.no_sync(model, enabled=not last), rt.autocast():
                     loss = loss_fn(model(batch["x"]), batch["y"])
-                rt.backward(loss, model)
-                rt.clip_grad_norm(model, optimizer, 1.0)
-                rt.step(optimizer, model)
-                rt.zero_grad(optimizer)
+                rt.backward(loss / 2, model)
+                if last:
+                    norm = rt.clip_grad_norm(model, optimizer, 1.0)    # the global norm, before clipping
+                    rt.step(optimizer, model)
+                    rt.zero_grad(optimizer)
+            rt.save_state("ckpt", model, optimizer, scheduler, extra={"epoch": epoch})
         rt.print("mean loss", rt.all_reduce(loss.detach(), "mean").item())
         rt.save_weights(model, "model.safetensors")
 
 and is started with ``rankwise launch --nproc-per-node 2 script.py``.  The built-in
 ``rankwise train`` command is written on this same API (``rankwise.loop``).
+
+Every call behaves the same under every strategy: ``save_state`` / ``load_state``
+decide themselves whether state is whole on rank 0 or sharded (FSDP, DeepSpeed);
+``eval_loader`` / ``eval_gatherer`` shard evaluation and gather each sample exactly
+once (Accelerate through its own ``gather_for_metrics``).
 """
 
 from __future__ import annotations
@@ -30,20 +39,21 @@ import contextlib
 import gc
 import os
 import random
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from rankwise import dist
+from rankwise import checkpoint as ckpt
+from rankwise import checks, dist
 from rankwise.data.sampler import LengthGroupedSampler
 from rankwise.env import ProcessEnv
-from rankwise.strategies import Strategy, get_strategy
-
-if TYPE_CHECKING:
-    from rankwise.config import TrainConfig
+from rankwise.strategies import LoopFacts, Strategy, lookup
+from rankwise.strategies.options import Options
 
 
 def seed_everything(seed: int) -> None:
@@ -56,19 +66,21 @@ class Runtime:
     """One process's view of a distributed run: its strategy, device, rank and collectives."""
 
     def __init__(self, strategy: str = "single", precision: str = "32-true", *, seed: int | None = 0,
-                 config: "TrainConfig | None" = None, timeout_s: float = 300.0, env: ProcessEnv | None = None):
+                 options: Options | Mapping[str, Any] | None = None, timeout_s: float = 300.0,
+                 env: ProcessEnv | None = None):
+        """``options``: the strategy's own section (e.g. ``{"zero_stage": 3}`` for deepspeed); a
+        variant's fixed settings (``deepspeed-zero3``) apply on top and must not be contradicted."""
         self.env = env or ProcessEnv.detect()
-        strategy_cls = get_strategy(strategy)
+        variant = lookup(strategy)
+        strategy_cls = variant.cls
         strategy_cls.check_available()
-        if not strategy_cls.multiprocess and self.env.distributed:
-            raise RuntimeError(
-                f"strategy {strategy!r} runs in one process, but this process was launched as rank "
-                f"{self.env.rank} of {self.env.world_size}; use a multi-process strategy such as ddp"
-            )
-        self.strategy: Strategy = strategy_cls(self.env, precision, config, timeout_s)
+        checks.check_world_size(strategy, strategy_cls, self.env.world_size)
+        self.strategy: Strategy = strategy_cls(self.env, precision, checks.strategy_options(variant, options),
+                                               timeout_s)
+        self.strategy_name = strategy
         self.strategy.setup_environment()
-        if self.strategy.multiprocess and self.env.distributed and self.strategy.library_world_size != self.env.world_size:
-            seen = self.strategy.library_world_size
+        seen = self.strategy.library_world_size if self.strategy.multiprocess and self.env.distributed else None
+        if seen is not None and seen != self.env.world_size:
             self.strategy.teardown(clean=False)  # the group was joined: leave it before refusing
             raise RuntimeError(
                 f"rank {self.rank}: the {strategy} library sees world size {seen}, "
@@ -77,6 +89,8 @@ class Runtime:
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
+        self.steps = 0
+        """Optimizer steps taken through :meth:`step` (restored by :meth:`load_state`)."""
         self._prepared: list[nn.Module] = []
         self._closed = False
 
@@ -107,18 +121,21 @@ class Runtime:
             print(*args, **kwargs, flush=True)
 
     # -- model, optimizer, data --------------------------------------------------------------
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, grad_accum: int = 1,
+                micro_batch_size: int | None = None):
         """Move and wrap the model for the strategy; returns ``(model, optimizer)``.
 
         Build the optimizer on the *unwrapped* model's parameters before calling this
-        (the same code as a single-device script).
+        (the same code as a single-device script).  ``grad_accum``: micro-batches per
+        optimizer step, when the loop accumulates (Horovod and DeepSpeed must know it up
+        front); ``micro_batch_size``: samples per rank per micro-batch, if known.
         """
-        wrapped, optimizer = self.strategy.setup(model, optimizer)
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+        facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size)
+        wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
         self._prepared.append(wrapped)
         return wrapped, optimizer
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return self.strategy.unwrap(model)
 
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool | None = None,
                seed: int | None = None, collate_fn=None, num_workers: int = 0,
@@ -135,8 +152,7 @@ class Runtime:
         Under gradient accumulation pass the optimizer step's global batch as
         ``group_size`` so each step, not each micro-batch, is one length group.
         """
-        if batch_size % self.world_size:
-            raise ValueError(f"global batch {batch_size} is not divisible by world size {self.world_size}")
+        checks.micro_batch_size(batch_size, self.world_size)
         drop_last = shuffle if drop_last is None else drop_last
         if seed is None:
             seed = self.seed or 0
@@ -152,11 +168,8 @@ class Runtime:
             sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle,
                                          seed=seed, drop_last=drop_last)
         per_rank = batch_size // self.world_size
-        if drop_last and len(sampler) < per_rank:
-            raise ValueError(
-                f"the dataset has {len(dataset)} samples: too few for one global batch of {batch_size} "
-                f"over {self.world_size} ranks; lower the batch size or the number of processes"
-            )
+        if drop_last:
+            checks.check_enough_samples(len(dataset), batch_size)
         # A private generator: iterating the loader must not consume the global RNG (dropout's),
         # or a resumed run would draw different dropout masks than an uninterrupted one.
         return DataLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
@@ -178,6 +191,17 @@ class Runtime:
             return type(batch)(self.to_device(v) for v in batch)
         return batch
 
+    # -- evaluation --------------------------------------------------------------------------
+    def eval_loader(self, dataset: Dataset, per_rank_batch: int, collate_fn=None) -> Iterable:
+        """This rank's share of an evaluation set, as the strategy shards it; feed each batch's
+        per-sample outputs to an :meth:`eval_gatherer`."""
+        return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn)
+
+    def eval_gatherer(self, total: int) -> dist.ExactGather:
+        """``g.add(index, *per_sample_tensors)`` per batch, then ``g.result()`` on every rank:
+        ``(index, *tensors)`` with each of the ``total`` samples exactly once, in index order."""
+        return self.strategy.eval_gatherer(total)
+
     # -- the step ----------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
         return self.strategy.precision.autocast()
@@ -190,10 +214,14 @@ class Runtime:
         self.strategy.backward(loss, model)
 
     def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip the gradient norm of all ranks' gradients together to ``max_norm``; returns that norm
+        before clipping, the same value on every rank and under every strategy.  Call it once per
+        optimizer step, just before :meth:`step` (under DeepSpeed ZeRO it takes the step itself)."""
         return self.strategy.clip_grad_norm(model, optimizer, max_norm)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
         self.strategy.optimizer_step(optimizer, model)
+        self.steps += 1
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop gradients (set to None) after a step."""
@@ -230,18 +258,69 @@ class Runtime:
 
     def save_weights(self, model: nn.Module, path: str | os.PathLike) -> None:
         """Write unwrapped weights as safetensors, atomically, from rank 0 (call on every rank)."""
-        from rankwise.checkpoint import write_weights
-
         state = self.state_dict(model)
         if self.is_main:
-            write_weights(state, path)
+            ckpt.write_weights(state, path)
         # Why: other ranks must not read the file, or exit, before rank 0 finished writing it.
         self.barrier()
 
     def load_weights(self, model: nn.Module, path: str | os.PathLike) -> None:
-        from rankwise.checkpoint import read_weights
+        self.strategy.load_model_state_dict(model, ckpt.read_weights(path))
 
-        self.strategy.load_model_state_dict(model, read_weights(path))
+    # -- training state ----------------------------------------------------------------------
+    def save_state(self, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   scheduler=None, extra: dict | None = None, *, step: int | None = None,
+                   files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2) -> Path:
+        """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank).
+
+        Weights, optimizer state as the strategy keeps it (whole from rank 0, FSDP shards,
+        DeepSpeed partitions), scheduler, precision scaler, every rank's RNG, ``extra``
+        (anything picklable, returned by :meth:`load_state`) and ``files`` (name -> text,
+        bytes or a path to copy).  Atomic: written into a staging directory, checksummed in a
+        manifest written last, renamed into place; ``directory/latest`` then points at it and
+        the newest ``keep`` are kept.  ``step`` defaults to the steps taken through :meth:`step`.
+        Returns the checkpoint's path on every rank.
+        """
+        root = Path(directory)
+        step = self.steps if step is None else step
+        weights = self.state_dict(model)  # a collective for sharded strategies
+        rng = self.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
+        if self.is_main:
+            ckpt.begin_checkpoint(root, step)
+        # Why: the staging directory must exist before any rank writes its share into it.
+        self.barrier()
+        self.strategy.save_state(ckpt.staging_dir(root, step), model, optimizer)
+        # Why: rank 0 checksums and renames the directory only once every rank's share is written.
+        self.barrier()
+        final = None
+        if self.is_main:
+            state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
+                     "precision": self.strategy.precision.state_dict(), "rng": rng, "world_size": self.world_size,
+                     "strategy": self.strategy_name}
+            final = str(ckpt.commit_checkpoint(root, step, weights=weights, training_state=state, files=files,
+                                               keep=keep))
+        # Why: every rank returns only once the checkpoint is complete (and learns its path).
+        return Path(self.broadcast_object(final))
+
+    def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   scheduler=None) -> dict:
+        """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
+        ``extra`` with ``step`` added.  ``path``: a checkpoint, its folder (``latest`` is used) or a run.
+
+        The checkpoint must come from the same strategy and world size: sharded state is split
+        per rank.  To continue elsewhere, start from its weights (``rankwise export``).
+        """
+        directory = ckpt.resolve(path)
+        ckpt.verify(directory)
+        state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
+        checks.check_resumable(directory, state, self.strategy_name, self.world_size)
+        self.strategy.load_state(directory, model, optimizer)
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        self.strategy.precision.load_state_dict(state["precision"])
+        ckpt.set_rng_state(state["rng"][self.rank])
+        self.steps = state["step"]
+        return {**state.get("extra", {}), "step": state["step"]}
 
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self, clean: bool = True) -> None:
@@ -253,7 +332,7 @@ class Runtime:
         gc.collect()
         self.strategy.teardown(clean)
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

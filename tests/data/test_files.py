@@ -28,7 +28,8 @@ def test_tsv_with_custom_columns_and_split(tmp_path):
 
 
 def test_jsonl(tmp_path):
-    lines = [json.dumps({"text": "很好", "label": "pos"}, ensure_ascii=False), "", json.dumps({"text": "差", "label": 0})]
+    lines = [json.dumps({"text": "很好", "label": "pos"}, ensure_ascii=False), "",
+             json.dumps({"text": "差", "label": 0})]
     records = read_file(write(tmp_path / "d.jsonl", "\n".join(lines) + "\n"))
     assert [(r.text, r.label) for r in records] == [("很好", "pos"), ("差", "0")]
 
@@ -36,14 +37,16 @@ def test_jsonl(tmp_path):
 @pytest.mark.parametrize("name, content, kwargs, message", [
     ("short.csv", "text,label\nok,a\nonly-one-field\n", {}, r"short.csv:3: malformed row: 1 fields, the header has 2"),
     ("long.tsv", "text\tlabel\nok\ta\nx\ty\tz\n", {}, r"long.tsv:3: malformed row: 3 fields"),
-    ("cols.csv", "sentence,target\na,b\n", {}, r"cols.csv:1: missing column\(s\) 'text', 'label'.*'sentence', 'target'"),
+    ("cols.csv", "sentence,target\na,b\n", {},
+     r"cols.csv:1: missing column\(s\) 'text', 'label'.*'sentence', 'target'"),
     ("empty.csv", "", {}, r"empty.csv: the file is empty"),
     ("header.csv", "text,label\n", {}, r"header.csv: no data rows"),
     ("nolabel.csv", "text,label\nfine,a\nhmm,\n", {}, r"nolabel.csv:3: empty label"),
     ("bad.jsonl", '{"text": "a", "label": "b"}\n{"text": "a", "label": \n', {}, r"bad.jsonl:2: malformed JSON"),
     ("key.jsonl", '{"text": "a", "label": "b"}\n{"txt": "a", "label": "b"}\n', {}, r"key.jsonl:2: missing key 'text'"),
     ("list.jsonl", '["a", "b"]\n', {}, r"list.jsonl:1: expected a JSON object"),
-    ("split.csv", "text,label,s\na,b,train\nc,d,holdout\n", {"split_column": "s"}, r"split.csv:3: unknown split 'holdout'"),
+    ("split.csv", "text,label,s\na,b,train\nc,d,holdout\n", {"split_column": "s"},
+     r"split.csv:3: unknown split 'holdout'"),
     ("data.xlsx", "x", {}, r"data.xlsx: unsupported file type"),
 ])
 def test_bad_files_name_file_and_line(tmp_path, name, content, kwargs, message):
@@ -52,7 +55,7 @@ def test_bad_files_name_file_and_line(tmp_path, name, content, kwargs, message):
 
 
 def test_non_utf8_names_the_line(tmp_path):
-    f = write(tmp_path / "gbk.csv", "text,label\nok,a\n".encode() + "坏了,b\n".encode("gbk"))
+    f = write(tmp_path / "gbk.csv", b"text,label\nok,a\n" + "坏了,b\n".encode("gbk"))
     with pytest.raises(DataError, match=r"gbk.csv:3: not valid UTF-8"):
         read_file(f)
 

@@ -10,11 +10,8 @@ def _zero3_partitions(bucket_size: int) -> dict:
     from torch import nn
 
     import rankwise
-    from rankwise.config import build_config
 
-    cfg = build_config(overrides=["strategy=deepspeed", "deepspeed.zero_stage=3", "batch_size=4",
-                                  f"deepspeed.bucket_size={bucket_size}"])
-    with rankwise.setup("deepspeed", config=cfg, seed=0) as rt:
+    with rankwise.setup("deepspeed-zero3", options={"bucket_size": bucket_size}, seed=0) as rt:
         model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
         model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
         zero = rt.strategy.engine.optimizer
@@ -49,15 +46,16 @@ def test_zero3_processes_exit_cleanly(attempt):
 def _deepspeed_config(tmp_path, user_json: str | None, *overrides: str) -> dict:
     from rankwise.config import build_config
     from rankwise.env import ProcessEnv
+    from rankwise.strategies.base import LoopFacts
     from rankwise.strategies.deepspeed import DeepSpeed
 
     extra = []
     if user_json is not None:
         (tmp_path / "ds.json").write_text(user_json, encoding="utf-8")
         extra = [f"deepspeed.config_file={tmp_path / 'ds.json'}"]
-    cfg = build_config(overrides=["strategy=deepspeed", "batch_size=32", "grad_accum=2", *extra, *overrides])
-    DeepSpeed.check_config(cfg)
-    return DeepSpeed(ProcessEnv.detect(), config=cfg).ds_config()
+    cfg = build_config(overrides=["strategy=deepspeed", *extra, *overrides])
+    DeepSpeed.check_options(cfg.deepspeed)
+    return DeepSpeed(ProcessEnv.detect(), options=cfg.deepspeed).ds_config(LoopFacts(grad_accum=2, micro_batch_size=16))
 
 
 def test_user_json_is_merged_over_the_generated_config(tmp_path):
@@ -95,12 +93,9 @@ def _zero3_weights_round_trip() -> dict:
     from torch import nn
 
     import rankwise
-    from rankwise.config import build_config
 
     # A bucket of 1,000 elements: the 4,160-element first layer is gathered alone, the rest together.
-    cfg = build_config(overrides=["strategy=deepspeed", "deepspeed.zero_stage=3", "batch_size=4",
-                                  "deepspeed.bucket_size=1000"])
-    with rankwise.setup("deepspeed", config=cfg, seed=0) as rt:
+    with rankwise.setup("deepspeed-zero3", options={"bucket_size": 1000}, seed=0) as rt:
         model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
         original = {k: v.clone() for k, v in model.state_dict().items()}
         probe = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
@@ -130,10 +125,9 @@ def _train_three_steps(precision: str, *overrides: str) -> dict:
     from torch import nn
 
     import rankwise
-    from rankwise.config import build_config
 
-    cfg = build_config(overrides=["strategy=deepspeed", "batch_size=4", f"precision={precision}", *overrides])
-    with rankwise.setup("deepspeed", precision, config=cfg, seed=0) as rt:
+    options = {key: value for key, value in (item.split("=") for item in overrides)}
+    with rankwise.setup("deepspeed", precision, options=options, seed=0) as rt:
         model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2))
         model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01))
         batches = torch.Generator().manual_seed(rt.rank)
@@ -146,21 +140,21 @@ def _train_three_steps(precision: str, *overrides: str) -> dict:
 
 
 @pytest.mark.parametrize("stage, offload", [
-    (2, ["deepspeed.offload_optimizer=true"]),
-    (3, ["deepspeed.offload_optimizer=true", "deepspeed.offload_param=true"]),
+    (2, ["offload_optimizer=true"]),
+    (3, ["offload_optimizer=true", "offload_param=true"]),
 ], ids=["zero2-optimizer", "zero3-optimizer-and-parameters"])
 def test_cpu_offload_trains_like_no_offload(stage, offload):
     """DeepSpeed refuses a client optimizer with offload unless told otherwise; the loop's AdamW
     then steps the offloaded partitions and must give the same weights."""
-    plain = run_ranks(_train_three_steps, 2, "32-true", f"deepspeed.zero_stage={stage}")[0]
-    offloaded = run_ranks(_train_three_steps, 2, "32-true", f"deepspeed.zero_stage={stage}", *offload)[0]
+    plain = run_ranks(_train_three_steps, 2, "32-true", f"zero_stage={stage}")[0]
+    offloaded = run_ranks(_train_three_steps, 2, "32-true", f"zero_stage={stage}", *offload)[0]
     difference = max((plain[k] - offloaded[k]).abs().max().item() for k in plain)
     assert difference < 1e-6, difference
 
 
 def test_bf16_casts_float_inputs_for_the_bf16_model():
     """DeepSpeed's bf16 casts the weights, not keyword or feature inputs: rankwise does that."""
-    bf16 = run_ranks(_train_three_steps, 2, "bf16-mixed", "deepspeed.zero_stage=2")[0]
-    fp32 = run_ranks(_train_three_steps, 2, "32-true", "deepspeed.zero_stage=2")[0]
+    bf16 = run_ranks(_train_three_steps, 2, "bf16-mixed", "zero_stage=2")[0]
+    fp32 = run_ranks(_train_three_steps, 2, "32-true", "zero_stage=2")[0]
     difference = max((bf16[k] - fp32[k]).abs().max().item() for k in bf16)
     assert 0 < difference < 6e-3, difference  # bf16 ran, and stayed close to fp32

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {variant} | | | | | | | failed: {row['error']} |", flush=True)
             continue
         print(f"| {variant} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
-              f"{', '.join(str(t) for t, _ in row['peak_rss_mb'])} | {', '.join(str(o) for _, o in row['peak_rss_mb'])} "
+              f"{', '.join(str(t) for t, _ in row['peak_rss_mb'])} | "
+              f"{', '.join(str(o) for _, o in row['peak_rss_mb'])} "
               f"| {row['accuracy']:.4f} | {row['wall_s']} |",
               flush=True)
     print(json.dumps({"runs": rows, **machine()}))

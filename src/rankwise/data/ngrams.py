@@ -40,5 +40,5 @@ class CharNgrams:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, settings: dict | None) -> "CharNgrams | None":
+    def from_dict(cls, settings: dict | None) -> CharNgrams | None:
         return cls(**settings) if settings else None

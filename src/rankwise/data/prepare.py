@@ -74,7 +74,7 @@ class PreparedData:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "PreparedData":
+    def load(cls, directory: str | Path) -> PreparedData:
         directory = Path(directory)
         payload = torch.load(directory / PREPARED_FILE, weights_only=False)
         encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None

@@ -100,7 +100,7 @@ class TextEncoder:
         self.tokenizer.no_padding()
 
     @classmethod
-    def build(cls, kind: str, train_texts: list[str], vocab_size: int, max_length: int) -> "TextEncoder":
+    def build(cls, kind: str, train_texts: list[str], vocab_size: int, max_length: int) -> TextEncoder:
         if kind == "char":
             return cls(train_char_tokenizer(train_texts, vocab_size, max_length), max_length)
         if kind == "wordpiece":
@@ -110,7 +110,7 @@ class TextEncoder:
         return cls.from_pretrained(kind, max_length)
 
     @classmethod
-    def from_pretrained(cls, path: str, max_length: int) -> "TextEncoder":
+    def from_pretrained(cls, path: str, max_length: int) -> TextEncoder:
         """A local HF tokenizer (directory or tokenizer.json); never downloads."""
         location = Path(path)
         if location.is_file():
@@ -154,5 +154,5 @@ class TextEncoder:
         return path
 
     @classmethod
-    def load(cls, directory: str | Path, max_length: int) -> "TextEncoder":
+    def load(cls, directory: str | Path, max_length: int) -> TextEncoder:
         return cls(Tokenizer.from_file(str(Path(directory) / "tokenizer.json")), max_length)

@@ -7,7 +7,7 @@ the group exactly as under torchrun.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.multiprocessing as mp
 

@@ -31,7 +31,10 @@ def torchrun_argv(nproc_per_node: int, entry: list[str], *, nnodes: int = 1, nod
                   master_addr: str = "127.0.0.1", master_port: int | None = None, max_restarts: int = 0,
                   rdzv_backend: str | None = None, rdzv_endpoint: str | None = None,
                   rdzv_id: str | None = None) -> list[str]:
-    """torchrun's argument list for the given settings; ``entry`` is ``[script, args...]`` or ``["-m", module, ...]``."""
+    """torchrun's argument list for the given settings.
+
+    ``entry`` is ``[script, args...]`` or ``["-m", module, ...]``.
+    """
     argv = [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--max-restarts={max_restarts}"]
     if rdzv_backend:
         argv += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint or ''}",

@@ -14,16 +14,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from rankwise.config import load_config_json
 from rankwise.data.prepare import PreparedData
 from rankwise.loop import run_training
-
-CONFIG_FILE = "config.json"
-DATA_DIR = "data"
+from rankwise.rundir import RunDir
 
 
 def train_from_run_dir(run_dir: str | Path) -> dict:
-    run_dir = Path(run_dir)
-    cfg = load_config_json(run_dir / CONFIG_FILE)
-    data = PreparedData.load(run_dir / DATA_DIR)
-    return run_training(cfg, data, run_dir)
+    layout = RunDir(run_dir)
+    return run_training(load_config_json(layout.config), PreparedData.load(layout.data), layout.root)
 
 
 def spawn_worker(local_rank: int, run_dir: str) -> None:

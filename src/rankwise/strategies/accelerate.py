@@ -3,22 +3,77 @@
 On a CPU-only machine the Accelerator must be created with ``cpu=True``: without it,
 Accelerate 1.x reports ``DistributedType.NO`` under torchrun and every process silently
 trains alone on all the data.  rankwise passes it and checks ``num_processes``.
-Mixed precision is Accelerate's (it patches the model's forward with autocast).
-Evaluation is Accelerate's too: its sharded loader and ``gather_for_metrics``, which drops
-the samples its last batch repeats to keep the ranks even.
+Mixed precision is Accelerate's: it patches the model's forward with autocast and owns
+the GradScaler (fp16), which checkpoints save and restore.  Evaluation is Accelerate's
+too: its sharded loader and ``gather_for_metrics``, which drops the samples its last
+batch repeats to keep the ranks even.  DDP options (``ddp.*``) reach the DDP wrapper
+Accelerate creates.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from rankwise import dist
 from rankwise.precision import Precision
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.options import DDPOptions
 
 INSTALL = "pip install 'rankwise[accelerate]'"
 MIXED = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+
+
+class AcceleratePrecision(Precision):
+    """Accelerate's own mixed precision: autocast patched into the model's forward, its GradScaler."""
+
+    def __init__(self, name: str, device: torch.device, strategy: Accelerate):
+        super().__init__(name, device)
+        self.scaler = None  # Accelerate creates and drives its own
+        self.strategy = strategy
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # prepare() wrapped the model's forward in autocast already
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.strategy.accelerator.backward(loss)
+
+    def unscale(self, optimizer) -> None:
+        self.strategy.accelerator.unscale_gradients(optimizer)
+
+    def step(self, optimizer) -> None:
+        optimizer.step()  # Accelerate's optimizer wrapper steps through its scaler
+
+    def state_dict(self) -> dict:
+        scaler = self.strategy.accelerator.scaler
+        return {"scaler": scaler.state_dict()} if scaler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        scaler = self.strategy.accelerator.scaler
+        if scaler is not None and "scaler" in state:
+            scaler.load_state_dict(state["scaler"])
+
+
+class AccelerateGather(dist.ExactGather):
+    """Accelerate gathers each batch itself (``gather_for_metrics``) and drops its last batch's repeats."""
+
+    def __init__(self, total: int, accelerator):
+        super().__init__(total)
+        self.accelerator = accelerator
+
+    def add(self, index: torch.Tensor, *tensors: torch.Tensor) -> None:
+        # Why: gather_for_metrics is a collective per batch; every rank needs every prediction.
+        super().add(*self.accelerator.gather_for_metrics((index, *tensors)))
+
+    def result(self) -> tuple[torch.Tensor, ...]:
+        rows = self.local()
+        if rows[0].numel() != self.total:  # the library's promise, checked
+            raise RuntimeError(f"accelerate's gather_for_metrics returned {rows[0].numel()} rows "
+                               f"for {self.total} samples")
+        return dist.exactly_once(*rows, total=self.total)
 
 
 @register
@@ -27,12 +82,16 @@ class Accelerate(Strategy):
     description = "HuggingFace Accelerate (Accelerator.prepare), rankwise's loop"
     requires = ("accelerate",)
     install = INSTALL
+    options_section = "ddp"
+    options_cls = DDPOptions
+    options: DDPOptions
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.mixed_precision = MIXED[self.precision.name]
-        self.precision = Precision("32-true", self.device)  # Accelerate applies autocast itself
         self.accelerator = None
+        super().__init__(*args, **kwargs)
+
+    def make_precision(self, name: str) -> Precision:
+        return AcceleratePrecision(name, self.device, self)
 
     def setup_environment(self) -> None:
         try:
@@ -41,15 +100,15 @@ class Accelerate(Strategy):
         except ImportError as e:
             raise ImportError(f"strategy accelerate needs Accelerate: {INSTALL}  ({e})") from None
         super().setup_environment()  # Accelerate's state adopts the existing process group
-        ddp = self.config.ddp
-        # Our DDP settings reach the DDP wrapper Accelerate creates.
+        ddp = self.options
         ddp_kwargs = DistributedDataParallelKwargs(
             bucket_cap_mb=max(1, round(ddp.bucket_cap_mb)), find_unused_parameters=ddp.find_unused_parameters,
             static_graph=ddp.static_graph, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
-        self.accelerator = Accelerator(cpu=self.device.type == "cpu", mixed_precision=self.mixed_precision,
+        self.accelerator = Accelerator(cpu=self.device.type == "cpu", mixed_precision=MIXED[self.precision.name],
                                        kwargs_handlers=[ddp_kwargs])
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+        self.facts = facts
         if optimizer is None:
             return self.accelerator.prepare(model), None
         return self.accelerator.prepare(model, optimizer)
@@ -61,18 +120,10 @@ class Accelerate(Strategy):
         # Why: skip DDP's all-reduce on all but the last micro-batch of an accumulation window.
         return self.accelerator.no_sync(model)
 
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
-        self.accelerator.backward(loss)
-
     def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
-        return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)  # unscales first (fp16)
 
-    def optimizer_step(self, optimizer, model: nn.Module) -> None:
-        optimizer.step()
-
-    gathers_for_metrics = True
-
-    def evaluation_loader(self, dataset, per_rank_batch: int, collate_fn=None):
+    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None):
         from torch.utils.data import DataLoader
 
         # Accelerate shards the batches itself (rank r takes batches r, r+W, ...) and remembers how
@@ -80,9 +131,8 @@ class Accelerate(Strategy):
         loader = DataLoader(dataset, batch_size=per_rank_batch, shuffle=False, collate_fn=collate_fn)
         return self.accelerator.prepare_data_loader(loader, device_placement=False)
 
-    def gather_for_metrics(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # Why: every rank needs every prediction; Accelerate truncates the last round's repeats.
-        return tuple(self.accelerator.gather_for_metrics(tensors))
+    def eval_gatherer(self, total: int) -> dist.ExactGather:
+        return AccelerateGather(total, self.accelerator)
 
     @property
     def library_world_size(self) -> int:

@@ -1,26 +1,43 @@
 """The small interface every strategy implements.
 
 A strategy decides how a model and optimizer are wrapped, how the backward pass and
-the optimizer step run, and how gradient synchronisation is skipped during
-accumulation.  It never starts processes (that is ``rankwise.launch``) and never
+the optimizer step run, how gradient synchronisation is skipped during accumulation,
+how evaluation is sharded and gathered, and how training state is saved and loaded.
+It gets its own options section and the loop facts it needs (``LoopFacts``), never the
+run configuration.  It never starts processes (that is ``rankwise.launch``) and never
 contains the training loop (that is ``rankwise.loop``).
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
 
+from rankwise import dist
 from rankwise import env as process
+from rankwise.checkpoint import WEIGHTS, read_weights
 from rankwise.env import ProcessEnv
 from rankwise.precision import Precision
+from rankwise.strategies.options import Options
 
-if TYPE_CHECKING:
-    from rankwise.config import TrainConfig
+OPTIMIZER_FILE = "optimizer.pt"
+"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """What the training loop tells a strategy when it prepares the model (``Runtime.prepare``)."""
+
+    grad_accum: int = 1
+    """Micro-batches per optimizer step: Horovod's ``backward_passes_per_step``, DeepSpeed's accumulation."""
+    micro_batch_size: int | None = None
+    """Samples per rank per micro-batch, when the loop knows it (DeepSpeed's bookkeeping; 1 otherwise)."""
 
 
 class Strategy:
@@ -32,12 +49,14 @@ class Strategy:
     """One line for ``--help``."""
     launcher: ClassVar[str | None] = None
     """A launcher the strategy needs (e.g. horovodrun), overriding launch.launcher."""
-    sharded_state: ClassVar[bool] = False
-    """Whether model/optimizer state is split across ranks and saved by every rank (FSDP, DeepSpeed)."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Importable modules the strategy needs beyond torch."""
     install: ClassVar[str] = ""
     """The command that installs them."""
+    options_section: ClassVar[str | None] = None
+    """The config section holding this strategy's options (``ddp``, ``deepspeed``, ...)."""
+    options_cls: ClassVar[type[Options] | None] = None
+    """The options' type; ``None`` for strategies without options."""
 
     @classmethod
     def check_available(cls) -> None:
@@ -53,19 +72,24 @@ class Strategy:
                 raise ImportError(f"strategy {cls.name!r} needs the {module.split('.')[0]} library: {cls.install}")
 
     @classmethod
-    def check_config(cls, cfg: "TrainConfig") -> None:
-        """Raise ConfigError for settings this strategy cannot run (called before any worker starts)."""
+    def check_options(cls, options: Options | None) -> None:
+        """Raise ConfigError for options this strategy cannot run (called before any worker starts)."""
 
-    def __init__(self, env: ProcessEnv, precision: str = "32-true", config: "TrainConfig | None" = None,
+    def __init__(self, env: ProcessEnv, precision: str = "32-true", options: Options | None = None,
                  timeout_s: float = 300.0):
-        from rankwise.config import TrainConfig
-
         self.env = env
-        self.config = config or TrainConfig(strategy=self.name, precision=precision)
-        """The run's configuration: each strategy reads its own section (``ddp``, ``deepspeed``, ...)."""
+        if options is None and self.options_cls is not None:
+            options = self.options_cls()
+        self.options = options
+        """This strategy's own options section (``None`` when it has none)."""
         self.timeout_s = timeout_s
         self.device = process.device_for(env.local_rank)
-        self.precision = Precision(precision, self.device)
+        self.precision = self.make_precision(precision)
+        self.facts = LoopFacts()
+
+    def make_precision(self, name: str) -> Precision:
+        """The precision object this strategy really uses (its scaler is what checkpoints save)."""
+        return Precision(name, self.device)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -76,18 +100,15 @@ class Strategy:
         process.destroy_process_group(clean)
 
     # -- wrapping ----------------------------------------------------------------------------
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
         """Wrap model and optimizer together (strategies such as FSDP and DeepSpeed need both at once)."""
-        model = self.setup_module(model)
-        return model, (self.setup_optimizer(optimizer) if optimizer is not None else None)
+        self.facts = facts
+        return self.setup_module(model), optimizer
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         if len({p.device for p in model.parameters()}) > 1:
             return model  # already placed across devices by its builder (model.split_devices)
         return model.to(self.device)
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -101,8 +122,9 @@ class Strategy:
         self.precision.backward(loss)
 
     def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip the global gradient norm (all ranks' gradients together); return it as it was before clipping."""
         self.precision.unscale(optimizer)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
         self.precision.step(optimizer)
@@ -111,17 +133,16 @@ class Strategy:
         optimizer.zero_grad(set_to_none=True)
 
     # -- evaluation --------------------------------------------------------------------------
-    gathers_for_metrics: ClassVar[bool] = False
-    """Whether the library shards evaluation batches and gathers each one itself (Accelerate's
-    ``gather_for_metrics``); otherwise rankwise shards with a sampler and gathers once at the end."""
+    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None) -> DataLoader:
+        """This rank's shard of an evaluation set: every sample once, the last shard padded by repeats."""
+        sampler = DistributedSampler(dataset, num_replicas=self.env.world_size, rank=self.env.rank, shuffle=False,
+                                     drop_last=False)
+        return DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, collate_fn=collate_fn,
+                          pin_memory=self.device.type == "cuda")
 
-    def evaluation_loader(self, dataset, per_rank_batch: int, collate_fn=None):
-        """The library's sharded evaluation loader (only when ``gathers_for_metrics``)."""
-        raise NotImplementedError(f"strategy {self.name} evaluates with rankwise's sampler")
-
-    def gather_for_metrics(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One evaluation batch's per-sample tensors from every rank, padding dropped (only when ``gathers_for_metrics``)."""
-        raise NotImplementedError(f"strategy {self.name} evaluates with rankwise's sampler")
+    def eval_gatherer(self, total: int) -> dist.ExactGather:
+        """Collects per-sample outputs of :meth:`eval_loader`'s batches; its ``result()`` has each sample once."""
+        return dist.ExactGather(total)
 
     # -- state -------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -131,16 +152,27 @@ class Strategy:
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         self.unwrap(model).load_state_dict(state)
 
-    def save_sharded_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Write this rank's share of model and optimizer state into ``directory`` (every rank calls it)."""
-        raise NotImplementedError(f"strategy {self.name} keeps full state on rank 0")
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        """Write what this strategy needs beyond the full weights into ``directory`` (every rank calls it).
 
-    def load_sharded_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        raise NotImplementedError(f"strategy {self.name} keeps full state on rank 0")
+        Here: optimizer state is whole on every rank, so rank 0 writes it alone.  Sharded
+        strategies write each rank's share instead.
+        """
+        if optimizer is not None and self.env.is_main:
+            torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
+
+    def load_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        """Restore model and optimizer from a checkpoint directory (every rank calls it)."""
+        self.load_model_state_dict(model, read_weights(directory / WEIGHTS))
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False))
 
     @property
     def library_world_size(self) -> int:
         """World size as the strategy's own library sees it (guards against ranks training alone)."""
-        from rankwise import dist
-
         return dist.world_size()
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a possibly sharded one (FSDP2's DTensor gradient norm)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -1,10 +1,13 @@
 """``deepspeed``: ``deepspeed.initialize`` with a generated config; rankwise keeps the loop.
 
-ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``), optional CPU offload, optional user
-JSON merged on top.  Gradient accumulation and clipping are DeepSpeed's own
-(``gradient_accumulation_steps``, ``gradient_clipping``); precision maps onto its
-``bf16`` / ``fp16`` sections instead of autocast.  Runs under the torchrun-style
-launcher: no ``deepspeed`` launcher needed.
+ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-zero0`` ..
+``deepspeed-zero3``), optional CPU offload, optional user JSON merged on top.  Gradient
+accumulation is DeepSpeed's own (``gradient_accumulation_steps``, boundaries set by
+``no_sync``); precision maps onto its ``bf16`` / ``fp16`` sections instead of autocast.
+Clipping happens only when the loop asks (``rt.clip_grad_norm``): under ZeRO, DeepSpeed
+clips inside its optimizer step, so that call takes the step and returns the norm
+DeepSpeed computed, and the loop's following ``rt.step`` has nothing left to do.  Runs
+under the torchrun-style launcher: no ``deepspeed`` launcher needed.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import torch
 from torch import nn
 
 from rankwise import env as process
-from rankwise.config import ConfigError, TrainConfig
 from rankwise.env import backend_for
+from rankwise.errors import ConfigError
 from rankwise.precision import Precision
-from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies import register, register_variant
+from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.options import DeepSpeedOptions
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
 
@@ -109,9 +113,9 @@ OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "
               "gradient_clipping", "bf16", "fp16"}
 
 
-def read_user_config(cfg: TrainConfig) -> dict:
+def read_user_config(options: DeepSpeedOptions) -> dict:
     """The JSON of ``deepspeed.config_file``; a ConfigError names the file for bad JSON or keys rankwise owns."""
-    path = cfg.deepspeed.config_file
+    path = options.config_file
     try:
         user = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
@@ -121,38 +125,53 @@ def read_user_config(cfg: TrainConfig) -> dict:
     clashes = sorted(OWNED_KEYS & user.keys())
     if clashes:
         raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
-                          "--grad-accum, optim.max_grad_norm and --precision; remove them from the JSON")
+                          "--grad-accum, clipping (rt.clip_grad_norm) and --precision; remove them from the JSON")
     return user
+
+
+class EnginePrecision(Precision):
+    """DeepSpeed's precision: the engine casts the model (its ``bf16`` / ``fp16`` sections) and keeps
+    its loss scaler in its own checkpoint, so there is no autocast and no scaler of rankwise's."""
+
+    def __init__(self, name: str, device: torch.device):
+        super().__init__(name, device)
+        self.scaler = None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # autocast would be a second, conflicting cast
 
 
 @register
 class DeepSpeed(Strategy):
     name = "deepspeed"
-    sharded_state = True
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
     requires = ("deepspeed",)
     install = INSTALL
+    options_section = "deepspeed"
+    options_cls = DeepSpeedOptions
+    options: DeepSpeedOptions
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = None
-        # DeepSpeed casts parameters itself (bf16/fp16 sections): autocast would be a second,
-        # conflicting cast, so the loop runs with plain fp32 precision handling.
-        self.ds_dtype = self.precision.dtype
-        self.precision = Precision("32-true", self.device)
+        self._stepped = False
+
+    def make_precision(self, name: str) -> Precision:
+        return EnginePrecision(name, self.device)
 
     @classmethod
-    def check_config(cls, cfg: TrainConfig) -> None:
-        if cfg.deepspeed.offload_param and cfg.deepspeed.zero_stage != 3:
+    def check_options(cls, options: DeepSpeedOptions) -> None:
+        if options.offload_param and options.zero_stage != 3:
             raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
-        if cfg.deepspeed.config_file:
-            read_user_config(cfg)
+        if options.config_file:
+            read_user_config(options)
 
-    def ds_config(self) -> dict:
-        cfg = self.config
-        self.check_config(cfg)
-        ds = cfg.deepspeed
-        micro = cfg.micro_batch_size(self.env.world_size)
+    def ds_config(self, facts: LoopFacts) -> dict:
+        ds = self.options
+        self.check_options(ds)
+        # DeepSpeed checks train_batch_size = micro x accumulation x world size; the loop's own
+        # loader decides the real batch, so an unknown micro-batch is counted as 1.
+        micro = facts.micro_batch_size or 1
         zero: dict = {"stage": ds.zero_stage, "reduce_bucket_size": ds.bucket_size}
         if ds.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu"}
@@ -167,21 +186,21 @@ class DeepSpeed(Strategy):
                         sub_group_size=ds.bucket_size)
         config = {
             "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": cfg.grad_accum,
-            "train_batch_size": micro * cfg.grad_accum * self.env.world_size,
-            "gradient_clipping": cfg.optim.max_grad_norm or 0.0,
+            "gradient_accumulation_steps": facts.grad_accum,
+            "train_batch_size": micro * facts.grad_accum * self.env.world_size,
+            "gradient_clipping": 0.0,  # only when the loop calls clip_grad_norm, for that step
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
             # The loop's own AdamW steps the offloaded partitions on the CPU (DeepSpeed otherwise
             # insists on its JIT-compiled CPU Adam).
             "zero_force_ds_cpu_optimizer": False,
-            "bf16": {"enabled": self.ds_dtype == torch.bfloat16},
-            "fp16": {"enabled": self.ds_dtype == torch.float16},
+            "bf16": {"enabled": self.precision.dtype == torch.bfloat16},
+            "fp16": {"enabled": self.precision.dtype == torch.float16},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
         if ds.config_file:
-            user = read_user_config(cfg)
+            user = read_user_config(ds)
             config = {**config, **user, "zero_optimization": {**zero, **user.get("zero_optimization", {})}}
         return config
 
@@ -202,17 +221,19 @@ class DeepSpeed(Strategy):
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
         deepspeed = import_deepspeed()
         if optimizer is None:
             raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
+        self.facts = facts
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
-                                                    config=self.ds_config(), dist_init_required=False)
+                                                    config=self.ds_config(facts), dist_init_required=False)
         share_fp32_master_partitions(self.engine.optimizer)
-        if self.ds_dtype != torch.float32:
+        if self.precision.dtype != torch.float32:
             # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
             # meet half-precision layers.  (Token ids and masks are integers and pass unchanged.)
-            self.engine.module.register_forward_pre_hook(cast_floating_inputs(self.ds_dtype), with_kwargs=True)
+            self.engine.module.register_forward_pre_hook(cast_floating_inputs(self.precision.dtype),
+                                                        with_kwargs=True)
         # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
         # learning-rate schedulers and zero_grad on it work as in any other strategy.
         return self.engine, optimizer
@@ -236,10 +257,29 @@ class DeepSpeed(Strategy):
         if not model.is_gradient_accumulation_boundary():
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
-    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
-        return None  # DeepSpeed clips inside step() (gradient_clipping)
+    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float) -> torch.Tensor:
+        zero_optimizer = model.optimizer
+        if not hasattr(zero_optimizer, "clip_grad"):
+            # ZeRO stage 0 in fp32 steps the client optimizer directly: the averaged gradients sit
+            # on the parameters, and torch clips them as in any other strategy.
+            return torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm)
+        # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them
+        # inside its step: take the step here with this step's limit and return the norm it computed
+        # (before clipping); the loop's rt.step then has nothing left to do.
+        zero_optimizer.clip_grad = max_norm
+        model._config.gradient_clipping = max_norm
+        try:
+            model.step()
+        finally:
+            zero_optimizer.clip_grad = 0.0
+            model._config.gradient_clipping = 0.0
+        self._stepped = True
+        return torch.tensor(float(model.get_global_grad_norm()))
 
     def optimizer_step(self, optimizer, model: nn.Module) -> None:
+        if self._stepped:  # clip_grad_norm took this step
+            self._stepped = False
+            return
         model.step()
 
     def zero_grad(self, optimizer) -> None:
@@ -251,7 +291,7 @@ class DeepSpeed(Strategy):
         """Full fp32 weights on the CPU; under ZeRO-3 gathered from every rank (a collective) and
         complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
         module = self.unwrap(model)
-        if self.config.deepspeed.zero_stage != 3:
+        if self.options.zero_stage != 3:
             return {k: fp32_cpu_copy(v) for k, v in module.state_dict().items()}
         if hasattr(model, "empty_partition_cache"):
             # Parameters prefetched for the next forward may still be in flight; the gathers below
@@ -259,7 +299,7 @@ class DeepSpeed(Strategy):
             model.empty_partition_cache()
         state = module.state_dict(keep_vars=True)  # partitioned parameters are empty placeholders here
         full: dict[int, torch.Tensor] = {}
-        for chunk in gathered_buckets(state, self.config.deepspeed.bucket_size, modifier_rank=None):
+        for chunk in gathered_buckets(state, self.options.bucket_size, modifier_rank=None):
             if self.env.is_main:  # only rank 0 keeps the copies
                 full.update((id(p), fp32_cpu_copy(p)) for p in chunk)
         if not self.env.is_main:
@@ -269,7 +309,7 @@ class DeepSpeed(Strategy):
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every rank)."""
         module = self.unwrap(model)
-        if self.config.deepspeed.zero_stage != 3:
+        if self.options.zero_stage != 3:
             module.load_state_dict(state)
             return
         current = module.state_dict(keep_vars=True)
@@ -283,17 +323,17 @@ class DeepSpeed(Strategy):
             else:
                 value.copy_(state[key])  # buffers are not partitioned
         # Rank 0 writes each gathered bucket; DeepSpeed re-partitions it to every rank on exit.
-        for chunk in gathered_buckets(current, self.config.deepspeed.bucket_size, modifier_rank=0):
+        for chunk in gathered_buckets(current, self.options.bucket_size, modifier_rank=0):
             if self.env.is_main:
                 with torch.no_grad():
                     for param in chunk:
                         param.copy_(state[names[id(param)]])
 
-    def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+    def save_state(self, directory, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.
         model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
 
-    def load_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+    def load_state(self, directory, model: nn.Module, optimizer) -> None:
         path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True,
                                         load_lr_scheduler_states=False)
         if path is None:
@@ -317,3 +357,8 @@ class DeepSpeed(Strategy):
         # process would otherwise broadcast over the destroyed ones.
         process.destroy_process_group(clean, deepspeed.comm.destroy_process_group
                                       if deepspeed.comm.is_initialized() else None)
+
+
+for _stage in range(4):
+    register_variant(f"deepspeed-zero{_stage}", "deepspeed", {"deepspeed.zero_stage": _stage},
+                     f"DeepSpeed at ZeRO stage {_stage}")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import LoopFacts, Strategy
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -35,13 +35,13 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_
 @register
 class FSDP(Strategy):
     name = "fsdp"
-    sharded_state = True
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        self.facts = facts
         model = model.to(self.device)
         names_by_id = {id(p): name for name, p in model.named_parameters()}
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))
@@ -76,19 +76,29 @@ class FSDP(Strategy):
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
-    def save_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+    @staticmethod
+    def _sharded_state(model: nn.Module, optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if optimizer is None:
+            return {"model": get_model_state_dict(model)}
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def save_state(self, directory, model: nn.Module, optimizer) -> None:
         """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "sharded"))
+        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / "sharded"))
 
-    def load_sharded_state(self, directory, model: nn.Module, optimizer) -> None:
+    def load_state(self, directory, model: nn.Module, optimizer) -> None:
+        """Each rank reads its own shards back (the world size must be the one that wrote them)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state = self._sharded_state(model, optimizer)
         dcp.load(state, checkpoint_id=str(directory / "sharded"))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.options import HorovodOptions
 
 INSTALL = "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: scripts/build_horovod.sh)"
 
@@ -35,6 +36,9 @@ class Horovod(Strategy):
     requires = ("horovod.torch",)
     install = INSTALL
     launcher = "horovodrun"
+    options_section = "horovod"
+    options_cls = HorovodOptions
+    options: HorovodOptions
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -46,7 +50,8 @@ class Horovod(Strategy):
         self.hvd.init()
         super().setup_environment()
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+        self.facts = facts
         hvd = self.hvd
         model = model.to(self.device)
         # Why: every rank must start from rank 0's weights and optimizer state.
@@ -58,14 +63,19 @@ class Horovod(Strategy):
             # optimizer is skipped: Horovod would first fill its state with a real step on zero
             # gradients, and AdamW's decoupled weight decay would shrink every weight once.
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        compression = hvd.Compression.fp16 if self.config.horovod.fp16_compression else hvd.Compression.none
+        compression = hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
+        # Horovod counts backward passes itself and reduces on the last of each step's grad_accum.
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression, op=hvd.Average,
-                                             backward_passes_per_step=self.config.grad_accum)
+                                             backward_passes_per_step=facts.grad_accum)
         return model, optimizer
 
     def no_sync(self, model: nn.Module):
-        # Horovod counts backward passes itself (backward_passes_per_step) and reduces on the last.
+        # Horovod counts backward passes itself (backward_passes_per_step) and reduces on the last;
+        # it can only do so when prepare() was told how many micro-batches a step has.
+        if self.facts.grad_accum == 1:
+            raise RuntimeError("strategy horovod: accumulating gradients needs the number of micro-batches per "
+                               "step up front: rt.prepare(model, optimizer, grad_accum=N)")
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
