@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rankwise train --data sentiment --strategy ddp --nproc-per-node 2
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)

@@ -13,9 +13,10 @@ A single-device script becomes distributed by changing a few lines::
             rt.set_epoch(loader, epoch)
             for micro, last, batch in rankwise.iterate_steps(loader, grad_accum=2):
                 batch = rt.to_device(batch)
-                with rt.no_sync(model, enabled=not last), rt.autocast():
-                    loss = loss_fn(model(batch["x"]), batch["y"])
-                rt.backward(loss / 2, model)
+                with rt.no_sync(model, enabled=not last):    # forward and backward inside
+                    with rt.autocast():
+                        loss = loss_fn(model(batch["x"]), batch["y"])
+                    rt.backward(loss / 2, model)
                 if last:
                     norm = rt.clip_grad_norm(model, optimizer, 1.0)    # the global norm, before clipping
                     rt.step(optimizer, model)
