@@ -3,11 +3,12 @@
 Public API for your own loop (see :mod:`rankwise.runtime` for a full example)::
 
     rt = rankwise.setup(strategy="ddp")          # joins the process group when launched
-    model, optimizer = rt.prepare(model, optimizer)
+    model, optimizer = rt.prepare(model, optimizer, grad_accum=1)
     loader = rt.loader(dataset, batch_size=64)   # global batch, DistributedSampler inside
-    rt.backward(loss, model); rt.step(optimizer, model)
-    rt.all_reduce(t, "mean"); rt.gather_exact(index, preds, total=len(dataset))
-    rt.save_weights(model, "model.safetensors"); rt.teardown()
+    rt.backward(loss, model); rt.clip_grad_norm(model, optimizer, 1.0); rt.step(optimizer, model)
+    rt.save_state("ckpt", model, optimizer, scheduler); rt.load_state("ckpt", model, optimizer, scheduler)
+    gather = rt.eval_gatherer(len(eval_set)); ...; index, preds = gather.result()
+    rt.all_reduce(t, "mean"); rt.save_weights(model, "model.safetensors"); rt.teardown()
 
 Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 """
@@ -15,8 +16,8 @@ Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 from rankwise.env import ProcessEnv
 from rankwise.launch.spawn import spawn
 from rankwise.runtime import Runtime, iterate_steps, seed_everything, setup
-from rankwise.strategies import Strategy, register, strategy_names
+from rankwise.strategies import Strategy, register, register_variant, strategy_names
 
-__all__ = ["ProcessEnv", "Runtime", "Strategy", "iterate_steps", "register", "seed_everything", "setup", "spawn",
-           "strategy_names"]
+__all__ = ["ProcessEnv", "Runtime", "Strategy", "iterate_steps", "register", "register_variant", "seed_everything",
+           "setup", "spawn", "strategy_names"]
 __version__ = "0.1.0"

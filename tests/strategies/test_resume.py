@@ -38,13 +38,12 @@ def toy(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), ("deepspeed", ("deepspeed.zero_stage=3",)),
-                                             ("accelerate", ())])
-def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, extra, toy, tmp_path):
-    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, *extra)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3", "accelerate"])
+def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path):
+    run_ranks(_train, 2, str(tmp_path), str(toy), strategy)
     checkpoints = tmp_path / "checkpoints"
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
-    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, "resume=latest", *extra)
+    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, "resume=latest")
     resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
     assert resumed.keys() == uninterrupted.keys()
     assert _max_difference(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8

@@ -31,8 +31,8 @@ from rankwise.bench.strategies import run
 GOAL = 0.6
 """Peak per-rank memory of ZeRO-3 and FSDP, as a fraction of DDP's."""
 
-CASES = {"ddp": "ddp", "fsdp": "fsdp", "deepspeed ZeRO-3": "deepspeed-zero3"}
-"""Row label -> variant of ``rankwise.bench.strategies``."""
+CASES = ["ddp", "fsdp", "deepspeed-zero3"]
+"""Registered strategy names, DDP first: the others are compared with it."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> None:
           "checkpoint included (MB) | samples/s |")
     print("|---|---:|---|---:|---|---:|")
     rows, peaks = {}, {}
-    for label, variant in CASES.items():  # ddp first: the others are compared with it as they finish
-        row = rows[label] = run(variant, args.nproc, job)
+    for label in CASES:  # ddp first: the others are compared with it as they finish
+        row = rows[label] = run(label, args.nproc, job)
         if "error" in row:
             print(f"| {label} | | failed: {row['error']} | | | |", flush=True)
             continue

@@ -1,7 +1,8 @@
 """Every strategy on the same job: throughput, peak memory per rank, accuracy.
 
-Each strategy (DeepSpeed at ZeRO stages 1-3, DDP by torchrun and by spawn) runs
-``rankwise train ... --json`` end to end on 2 processes (``single`` and ``dp`` on one),
+Each registered strategy or variant (DeepSpeed at ZeRO stages 1-3, DDP by torchrun and
+by spawn) runs ``rankwise train --strategy NAME ... --json`` end to end on 2 processes
+(one-process strategies such as ``single`` and ``dp`` on one),
 one after another; the table lists samples/s, the peak resident memory of each rank and
 the test accuracy.  Flags it does not know go to ``rankwise train``::
 
@@ -21,39 +22,28 @@ import sys
 import tempfile
 
 from rankwise.bench.common import machine
+from rankwise.strategies import get_strategy, strategy_names
 
-# Row name -> (strategy, its extra flags): every strategy, DeepSpeed at each ZeRO stage, DDP by both launchers.
-VARIANTS = {
-    "single": ("single", []),
-    "dp": ("dp", []),
-    "ddp": ("ddp", []),
-    "ddp-spawn": ("ddp", ["--launcher", "spawn"]),
-    "fsdp": ("fsdp", []),
-    "deepspeed-zero1": ("deepspeed", ["--set", "deepspeed.zero_stage=1"]),
-    "deepspeed-zero2": ("deepspeed", ["--set", "deepspeed.zero_stage=2"]),
-    "deepspeed-zero3": ("deepspeed", ["--set", "deepspeed.zero_stage=3"]),
-    "accelerate": ("accelerate", []),
-    "horovod": ("horovod", []),
-}
-ALL = list(VARIANTS)
+DEFAULT = ["single", "dp", "ddp", "ddp-spawn", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",
+           "accelerate", "horovod"]
+"""Every strategy once, DeepSpeed at each sharding ZeRO stage, DDP by both launchers (registered variants)."""
 
 
-def run(variant: str, nproc: int, extra: list[str]) -> dict:
-    strategy, flags = VARIANTS[variant]
-    extra = [*flags, *extra]
-    with tempfile.TemporaryDirectory(prefix=f"rankwise-{variant}-") as out:
-        procs = [] if strategy in ("single", "dp") else ["--nproc-per-node", str(nproc)]
+def run(strategy: str, nproc: int, extra: list[str]) -> dict:
+    """``rankwise train --strategy STRATEGY ... --json`` in a fresh process; its summary, or ``{"error"}``."""
+    with tempfile.TemporaryDirectory(prefix=f"rankwise-{strategy}-") as out:
+        procs = ["--nproc-per-node", str(nproc)] if get_strategy(strategy).multiprocess else []
         command = [sys.executable, "-m", "rankwise.cli", "train", "--strategy", strategy, *procs, "--out", out,
                    "--json", "--no-progress", *extra]
         proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode:
-            return {"strategy": variant, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+            return {"strategy": strategy, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=ALL, choices=ALL)
+    parser.add_argument("--strategies", nargs="+", default=DEFAULT, choices=strategy_names())
     parser.add_argument("--nproc", type=int, default=2)
     args, extra = parser.parse_known_args(argv)
     if not any(a == "--data" for a in extra):
@@ -62,13 +52,13 @@ def main(argv: list[str] | None = None) -> None:
     print("| run | ranks | parameters | samples/s | peak RSS per rank in training (MB) | overall peak (MB) | "
           "accuracy | wall s |")
     print("|---|---:|---:|---:|---|---|---:|---:|")
-    for variant in args.strategies:
-        row = run(variant, args.nproc, extra) | {"run": variant}
+    for name in args.strategies:
+        row = run(name, args.nproc, extra) | {"run": name}
         rows.append(row)
         if "error" in row:
-            print(f"| {variant} | | | | | | | failed: {row['error']} |", flush=True)
+            print(f"| {name} | | | | | | | failed: {row['error']} |", flush=True)
             continue
-        print(f"| {variant} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
+        print(f"| {name} | {row['world_size']} | {row['parameters']:,} | {row['samples_per_s']} | "
               f"{', '.join(str(t) for t, _ in row['peak_rss_mb'])} | "
               f"{', '.join(str(o) for _, o in row['peak_rss_mb'])} "
               f"| {row['accuracy']:.4f} | {row['wall_s']} |",
