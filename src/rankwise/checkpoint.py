@@ -151,10 +151,11 @@ def begin_checkpoint(root: str | os.PathLike, step: int) -> Path:
 
 def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor],
                       training_state: dict, files: Mapping[str, str | os.PathLike | bytes] | None = None,
-                      keep: int = 2) -> Path:
+                      keep: int = 2, meta: dict | None = None) -> Path:
     """Add weights, training state and ``files`` (name -> text, or a path to copy) to the staging
     directory, checksum everything, rename it into place as ``root/step-NNNNNNNN``, point
-    ``root/latest`` at it and keep the newest ``keep`` (rank 0 only)."""
+    ``root/latest`` at it and keep the newest ``keep`` (rank 0 only).  ``meta`` (small facts such as
+    the world size) goes into the manifest, readable without loading anything else."""
     root = Path(root)
     tmp = staging_dir(root, step)
     if not tmp.is_dir():
@@ -171,7 +172,8 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
             shutil.copyfile(content, tmp / name)
     # Strategy files (FSDP shards, DeepSpeed state) live in subdirectories: checksum them all.
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
+    manifest = {"step": step, "meta": meta or {},
+                "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}}
     for p in files:
         _fsync_file(p)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -212,14 +214,58 @@ def resolve(path: str | os.PathLike) -> Path:
 
 
 def verify(path: Path) -> dict:
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    """The manifest, after checking every file it lists against its size and SHA-256."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
     for name, expected in manifest["files"].items():
         file = path / name
+        if isinstance(expected, str):  # written before sizes were recorded
+            expected = {"sha256": expected}
         if not file.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}")
-        if _sha256(file) != expected:
+        if "size" in expected and file.stat().st_size != expected["size"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, "
+                                  f"the manifest says {expected['size']} (truncated?)")
+        if _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its checksum")
     return manifest
+
+
+def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, list[str]]:
+    """The newest verified checkpoint under ``path`` and a warning for each newer one that failed.
+
+    ``path`` naming one step directory means exactly that one.  A run directory, its
+    ``checkpoints`` folder or ``latest`` means the newest that verifies: when ``latest`` is
+    truncated or corrupt, the previous checkpoints are tried in turn (unless ``strict``).
+    """
+    given = Path(path)
+    if (given / MANIFEST).is_file() and given.name != "latest":
+        verify(given.resolve())
+        return given.resolve(), []
+    newest = resolve(given)
+    candidates = [newest] + sorted((p for p in newest.parent.glob("step-*") if p.is_dir() and p != newest),
+                                   reverse=True)
+    warnings = []
+    for candidate in candidates:
+        try:
+            verify(candidate)
+        except CheckpointError as e:
+            if strict:
+                raise
+            warnings.append(f"{e}; trying an earlier checkpoint")
+            continue
+        if warnings:
+            warnings.append(f"resuming from {candidate} instead")
+        return candidate, warnings
+    raise CheckpointError(f"no loadable checkpoint under {newest.parent}: " + "; ".join(warnings))
+
+
+def manifest_meta(path: str | os.PathLike) -> dict:
+    """The facts a checkpoint's manifest records (world size, strategy), without verifying or loading it."""
+    manifest = json.loads((resolve(path) / MANIFEST).read_text(encoding="utf-8"))
+    return manifest.get("meta", {})
 
 
 @dataclass

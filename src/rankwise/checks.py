@@ -116,6 +116,22 @@ def check_master_port(cfg: TrainConfig) -> None:
                           "node; choose another --master-port (or leave it unset on a single node)")
 
 
+def resumable(cfg: TrainConfig) -> None:
+    """``--resume``: a checkpoint exists and was written by this strategy at this world size."""
+    from rankwise.checkpoint import CheckpointError, manifest_meta
+    from rankwise.rundir import RunDir
+
+    if cfg.resume is None:
+        return
+    path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume
+    try:
+        meta = manifest_meta(path)
+    except (CheckpointError, OSError) as e:
+        raise ConfigError(f"--resume {cfg.resume}: {e}") from None
+    if meta:  # checkpoints written before the manifest recorded these facts are checked by the workers
+        check_resumable(path, meta, cfg.strategy, cfg.world_size)
+
+
 def prepared_data(cfg: TrainConfig, train_samples: int) -> None:
     """Checks that need the data's size (read in the launching process, before workers start)."""
     check_enough_samples(train_samples, cfg.batch_size, "the training split")

@@ -80,6 +80,8 @@ def _add_train_parser(commands) -> None:
     flag("--out", key="out", help="run directory (default runs/<name>)")
     flag("--name", key="name", help="run name")
     flag("--resume", key="resume", help="checkpoint directory, or 'latest' for <out>/checkpoints/latest")
+    flag("--strict", key="strict", action="store_const", const=True,
+         help="on resume, refuse a corrupt latest checkpoint instead of falling back to the previous one")
     flag("--nproc-per-node", "--nproc_per_node", key="launch.nproc_per_node", type=int)
     flag("--nnodes", key="launch.nnodes", type=int)
     flag("--node-rank", "--node_rank", key="launch.node_rank", type=int)
@@ -143,7 +145,7 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """check -> prepare -> launch -> report."""
-    from rankwise.launch import LaunchError
+    from rankwise.launch import LaunchError, Stopped
 
     started = time.perf_counter()
     cfg = check_train(args)
@@ -153,6 +155,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     except LaunchError as e:
         print(f"rankwise train: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        latest = run_dir.latest.resolve() if run_dir.latest.exists() else None
+        where = f"the last checkpoint is {latest}" if latest else "no checkpoint was written"
+        print(f"rankwise train: {e}; {where}; continue with the same command and --resume latest", file=sys.stderr)
+        return e.exit_code
     return report_run(cfg, run_dir, time.perf_counter() - started, as_json=args.json)
 
 
@@ -164,6 +171,7 @@ def check_train(args: argparse.Namespace) -> TrainConfig:
     cfg = build_config(args.config, args.set, flags)
     checks.before_launch(cfg)
     cfg.out = str(default_run_dir(cfg))
+    checks.resumable(cfg)
     return cfg
 
 
@@ -177,8 +185,15 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     data = prepare_data(cfg.data)
     checks.prepared_data(cfg, data.size("train"))
     run_dir.root.mkdir(parents=True, exist_ok=True)
+    if cfg.resume is None and run_dir.checkpoints.exists():
+        # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
+        aside = run_dir.root / f"checkpoints-replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir.checkpoints.rename(aside)
+        print(f"note: the earlier run's checkpoints were moved to {aside}", file=sys.stderr)
     data.save(run_dir.data)
     write_text_atomic(run_dir.config, cfg.to_json())
+    for warning in data.stats.get("warnings", []):
+        print(f"warning: {cfg.data.source}: {warning}", file=sys.stderr)
     if not quiet:
         counts = ", ".join(f"{s} {data.size(s)}" for s in ("train", "dev", "test"))
         print(f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} duplicates and "
@@ -210,9 +225,12 @@ def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
 
     strategy = get_strategy(cfg.strategy)
     if not strategy.multiprocess:
+        from rankwise.launch import Stopped
         from rankwise.launch.worker import train_from_run_dir
 
-        train_from_run_dir(run_dir)
+        summary = train_from_run_dir(run_dir)
+        if summary.get("preempted"):
+            raise Stopped(summary["preempted"])
         return
     lc = cfg.launch
     launcher = strategy.launcher or lc.launcher
@@ -257,7 +275,7 @@ torchrun's flags:
 
 
 def cmd_launch(argv: list[str]) -> int:
-    from rankwise.launch import LaunchError
+    from rankwise.launch import LaunchError, Stopped
     from rankwise.launch.torchrun import get_args_parser, launch
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -268,6 +286,9 @@ def cmd_launch(argv: list[str]) -> int:
     except LaunchError as e:
         print(f"rankwise launch: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        print(f"rankwise launch: {e}", file=sys.stderr)
+        return e.exit_code
     return 0
 
 

@@ -43,6 +43,8 @@ class DataConfig(_Section):
     """Column holding the label; any strings, e.g. 其他/喜好/悲伤."""
     split_column: str | None = None
     """Optional column with train/dev/test per row; without it rows are split by a hash of the text."""
+    drop_duplicates: bool | None = None
+    """Drop exact duplicate rows and texts seen with two labels before splitting. Default: yes when rankwise splits by text hash, no when `split_column` gives the split (kept as given; duplicates and train/test leakage are reported as warnings)."""
     dev_percent: int = Field(5, ge=0, le=50)
     """Share of rows (by text hash) that go to the dev split."""
     test_percent: int = Field(10, ge=1, le=50)
@@ -153,6 +155,10 @@ class TrainConfig(_Section):
     """Also checkpoint every N optimizer steps (a checkpoint is always written at each epoch end)."""
     resume: str | None = None
     """Checkpoint directory to resume from (`latest` means <out>/checkpoints/latest)."""
+    strict: bool = False
+    """On resume, refuse a corrupt or truncated latest checkpoint instead of falling back to the previous one (with a warning)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the newest checkpoints to keep under <out>/checkpoints."""
     eval_split: Literal["dev", "test"] = "test"
     """Split evaluated at the end of training and reported."""
     progress: bool = True

@@ -37,6 +37,26 @@ def world_size() -> int:
     return 1
 
 
+_cpu_group = None
+
+
+def cpu_group():
+    """A gloo group for small CPU-side control messages: the default group when it is gloo, otherwise
+    (NCCL) a gloo group beside it, created on first use (a collective: every rank calls it together)."""
+    global _cpu_group
+    if torch_dist.get_backend() == "gloo":
+        return None  # the default group
+    if _cpu_group is None:
+        _cpu_group = torch_dist.new_group(backend="gloo")
+    return _cpu_group
+
+
+def forget_groups() -> None:
+    """Drop groups created here (the process group they belong to is being destroyed)."""
+    global _cpu_group
+    _cpu_group = None
+
+
 def barrier() -> None:
     if world_size() > 1:
         torch_dist.barrier()

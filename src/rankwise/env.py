@@ -181,7 +181,10 @@ def destroy_process_group(clean: bool = True, destroy: Callable[[], None] | None
     while another still communicates.  After a failure we skip the barrier: the peers
     may never reach it, and the launcher stops them.
     """
+    from rankwise import dist
+
     gc.collect()
+    dist.forget_groups()
     if not torch_dist.is_initialized():
         return
     try:

@@ -20,10 +20,12 @@ from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 from rankwise import checkpoint as ckpt
+from rankwise import faults
 from rankwise.config import ConfigError, TrainConfig
 from rankwise.data.prepare import PreparedData
 from rankwise.evaluate import evaluate, forward_logits, write_report
 from rankwise.models import build_model, reads_ngrams
+from rankwise.preemption import StopRequest
 from rankwise.rundir import RunDir
 from rankwise.runtime import Runtime, iterate_steps, setup
 from rankwise.strategies import get_strategy
@@ -176,13 +178,14 @@ class Trainer:
         if self.run_dir.tokenizer.is_file():
             files[ckpt.TOKENIZER] = self.run_dir.tokenizer
         self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
-                                                  self.scheduler, extra={"epoch": epoch}, step=self.step, files=files)
+                                                  self.scheduler, extra={"epoch": epoch}, step=self.step, files=files,
+                                                  keep=self.cfg.keep_checkpoints)
 
     def resume(self, path: str) -> None:
         if path == "latest":
             path = str(self.run_dir.latest)
-        self.step = self.rt.load_state(path, self.model, self.optimizer, self.scheduler)["step"]
-        self.rt.print(f"resumed from {ckpt.resolve(path)} at step {self.step}")
+        self.step = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)["step"]
+        self.rt.print(f"resumed at step {self.step}")
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
@@ -207,10 +210,38 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         if cfg.resume:
             self.resume(cfg.resume)
+        self.check_ranks_agree()
         start_step = self.step
         self.metrics = MetricsLog(self.run_dir, rt.is_main, resumed_step=start_step)
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
                    unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
+        stop = StopRequest()
+        try:
+            train_time, stopped_by = self.train(bar, stop)
+        finally:
+            stop.close()
+            bar.close()
+        if stopped_by:
+            self.metrics.close()
+            rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
+            return {"preempted": stopped_by, "steps": self.step, "checkpoint": str(self.checkpoint_path)}
+        return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
+
+    def check_ranks_agree(self) -> None:
+        """Ranks that would take different numbers of steps hang in a collective one of them never
+        reaches: compare what each rank is about to do once, before training, and say what differs."""
+        mine = {"steps per epoch": self.steps_per_epoch, "total steps": self.total_steps, "first step": self.step,
+                "parameters": self.num_parameters, "training samples": len(self.train_set)}
+        everyone = self.rt.all_gather_object(mine)
+        for key in mine:
+            values = [theirs[key] for theirs in everyone]
+            if len(set(values)) > 1:
+                raise RuntimeError(f"ranks disagree on {key}: " +
+                                   ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+
+    def train(self, bar, stop: StopRequest) -> tuple[float, int]:
+        """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped for or 0)."""
+        cfg, rt = self.cfg, self.rt
         loss_sum = torch.zeros((), device=rt.device)
         loss_steps = 0
         train_time = 0.0
@@ -238,6 +269,13 @@ class Trainer:
                     loss_steps = 0
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save(epoch)
+                faults.at_step_end(rt.rank, self.step)
+                signum = stop.agreed()
+                if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
+                    train_time += time.perf_counter() - started
+                    if self.checkpoint_path is None or not self.checkpoint_path.name.endswith(f"{self.step:08d}"):
+                        self.save(epoch)
+                    return train_time, signum
                 if self.step >= self.total_steps:
                     break
             train_time += time.perf_counter() - started
@@ -251,8 +289,7 @@ class Trainer:
                         bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
                 self.save(epoch)
             epoch += 1
-        bar.close()
-        return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
+        return train_time, 0
 
     def evaluate(self, split: str):
         dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split

@@ -40,6 +40,8 @@ import contextlib
 import gc
 import os
 import random
+import shutil
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -286,33 +288,70 @@ class Runtime:
         step = self.steps if step is None else step
         weights = self.state_dict(model)  # a collective for sharded strategies
         rng = self.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
-        if self.is_main:
-            ckpt.begin_checkpoint(root, step)
+        staging = ckpt.staging_dir(root, step)
+        began = self._checked_write(staging, ckpt.begin_checkpoint, root, step) if self.is_main else None
         # Why: the staging directory must exist before any rank writes its share into it.
         self.barrier()
-        self.strategy.save_state(ckpt.staging_dir(root, step), model, optimizer)
-        # Why: rank 0 checksums and renames the directory only once every rank's share is written.
-        self.barrier()
+        # Every rank calls the strategy's save even after a failure: sharded saves are collectives.
+        error = self._checked_write(staging, self.strategy.save_state, staging, model, optimizer)
+        error = began if isinstance(began, str) else error
+        # Why: rank 0 checksums and renames the directory only once every rank's share is written;
+        # a rank that could not write (disk full) makes every rank give up the checkpoint together.
+        errors = [e for e in self.all_gather_object(error) if e]
         final = None
-        if self.is_main:
+        if self.is_main and not errors:
             state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
                      "precision": self.strategy.precision.state_dict(), "rng": rng, "world_size": self.world_size,
                      "strategy": self.strategy_name}
-            final = str(ckpt.commit_checkpoint(root, step, weights=weights, training_state=state, files=files,
-                                               keep=keep))
-        # Why: every rank returns only once the checkpoint is complete (and learns its path).
-        return Path(self.broadcast_object(final))
+            meta = {"world_size": self.world_size, "strategy": self.strategy_name}
+            written = self._checked_write(staging, ckpt.commit_checkpoint, root, step, weights=weights,
+                                          training_state=state, files=files, keep=keep, meta=meta)
+            final = str(written) if isinstance(written, Path) else None
+            errors = [written] if final is None else []
+        # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
+        final, errors = self.broadcast_object((final, errors))
+        if errors:
+            raise ckpt.CheckpointError(f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
+                                       f"checkpoint under {root} is intact")
+        return Path(final)
+
+    def _checked_write(self, staging: Path, write, *args, **kwargs):
+        """``write(...)``'s result, or the message of the OSError it raised (disk full, permissions)
+        naming this rank and the path; the partial staging directory is removed by rank 0."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            return write(*args, **kwargs)
+        except (OSError, CheckpointException) as e:  # DCP reports every rank's write errors in one exception
+            if self.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            where = getattr(e, "filename", None) or staging
+            return f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   scheduler=None) -> dict:
+                   scheduler=None, *, strict: bool = False) -> dict:
         """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
-        ``extra`` with ``step`` added.  ``path``: a checkpoint, its folder (``latest`` is used) or a run.
+        ``extra`` with ``step`` added.  ``path``: a checkpoint, its folder or a run directory: the newest
+        checkpoint whose files match their checksums is used, with a warning for each newer one that
+        does not (``strict``: an error instead).
 
         The checkpoint must come from the same strategy and world size: sharded state is split
         per rank.  To continue elsewhere, start from its weights (``rankwise export``).
         """
-        directory = ckpt.resolve(path)
-        ckpt.verify(directory)
+        # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
+        found = error = None
+        if self.is_main:
+            try:
+                chosen, warnings_ = ckpt.find_loadable(path, strict=strict)
+                found = str(chosen)
+                for warning in warnings_:
+                    print(f"warning: {warning}", file=sys.stderr, flush=True)
+            except ckpt.CheckpointError as e:
+                error = str(e)
+        found, error = self.broadcast_object((found, error))
+        if error:
+            raise ckpt.CheckpointError(error)
+        directory = Path(found)
         state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
         checks.check_resumable(directory, state, self.strategy_name, self.world_size)
         self.strategy.load_state(directory, model, optimizer)

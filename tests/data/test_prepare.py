@@ -55,3 +55,34 @@ def test_toy_data_is_deterministic():
     b = prepare_data(DataConfig(source="toy", toy_samples=500))
     assert sum(a.size(s) for s in ("train", "dev", "test")) == 500
     assert (a.splits["train"]["features"] == b.splits["train"]["features"]).all()
+
+
+def _given_split_file(tmp_path):
+    rows = ["text,label,split"]
+    rows += [f"训练句子{i},{'好' if i % 2 else '差'},train" for i in range(40)]
+    rows += ["训练句子1,好,train"]                      # a repeated training row
+    rows += [f"测试句子{i},{'好' if i % 2 else '差'},test" for i in range(10)]
+    rows += ["测试句子3,好,test", "训练句子2,差,test", "测试句子4,好,test"]  # repeat, leak, contradiction
+    path = tmp_path / "given.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_given_split_is_kept_as_given_and_its_problems_reported(tmp_path):
+    data = prepare_data(DataConfig(source=str(_given_split_file(tmp_path)), split_column="split", tokenizer="char"))
+    assert (data.size("train"), data.size("test")) == (41, 13)  # nothing dropped
+    warnings = "\n".join(data.stats["warnings"])
+    assert "1 rows of the train split repeat an earlier row of it, e.g. '训练句子1' (" in warnings
+    assert "1 rows of the test split repeat" in warnings
+    assert "1 texts occur with more than one label, e.g. '测试句子4': 好/差" in warnings
+    assert "1 texts of the test split also occur in the training split (train/test leakage), e.g. '训练句子2'" \
+        in warnings
+
+
+def test_dropping_duplicates_of_a_given_split_is_opt_in(tmp_path):
+    data = prepare_data(DataConfig(source=str(_given_split_file(tmp_path)), split_column="split", tokenizer="char",
+                                   drop_duplicates=True))
+    # Both repeats go, the leaked row too (it repeats a training row exactly), and both rows of the
+    # contradictory text 测试句子4: 41 -> 40 training rows, 13 -> 9 test rows.
+    assert (data.size("train"), data.size("test")) == (40, 9)
+    assert data.stats["warnings"] == []

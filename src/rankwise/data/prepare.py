@@ -21,7 +21,7 @@ from rankwise.data.files import read_file
 from rankwise.data.ngrams import CharNgrams
 from rankwise.data.records import DataError, Record
 from rankwise.data.sentiment import load_sentiment
-from rankwise.data.split import SPLITS, assign_splits, clean, hash_bucket, hash_split
+from rankwise.data.split import SPLITS, assign_splits, audit, clean, hash_bucket, hash_split
 from rankwise.data.tokenizer import TextEncoder
 from rankwise.data.toy import make_toy
 
@@ -89,8 +89,16 @@ def load_records(config: DataConfig) -> list[Record]:
 
 
 def prepare_text(config: DataConfig) -> PreparedData:
-    records, stats = clean(load_records(config))
+    records = load_records(config)
+    given_split = any(r.split for r in records)
+    drop = config.drop_duplicates if config.drop_duplicates is not None else not given_split
+    if drop:
+        records, stats = clean(records)
+    else:  # the user's split, exactly as given
+        stats = {"rows": len(records), "duplicates_removed": 0, "contradictory_texts_removed": 0,
+                 "kept": len(records)}
     splits = assign_splits(records, config.dev_percent, config.test_percent)
+    stats["warnings"] = [] if drop else audit(splits)
     if config.limit:
         # A hash order, not file order: a limited slice still mixes every label.
         splits = {name: sorted(part, key=lambda r: hash_bucket(r.text, 2**32))[: config.limit]

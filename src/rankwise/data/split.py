@@ -57,3 +57,41 @@ def assign_splits(records: list[Record], dev_percent: int, test_percent: int) ->
         name = record.split or hash_split(record.text, dev_percent, test_percent)
         splits[name].append(record)
     return splits
+
+
+def _example(text: str, width: int = 30) -> str:
+    return repr(text if len(text) <= width else text[:width] + "...")
+
+
+def audit(splits: dict[str, list[Record]], examples: int = 3) -> list[str]:
+    """Warnings about a split the user gave and rankwise keeps as given: rows repeated inside a
+    split, texts seen with several labels, and texts of dev/test that also occur in train (leakage);
+    each with its count and a few examples."""
+    warnings = []
+    labels_of: dict[str, set[str]] = defaultdict(set)
+    for part in splits.values():
+        for record in part:
+            labels_of[record.text].add(record.label)
+    for name, part in splits.items():
+        seen: set[tuple[str, str]] = set()
+        repeats = []
+        for record in part:
+            key = (record.text, record.label)
+            if key in seen:
+                repeats.append(record)
+            seen.add(key)
+        if repeats:
+            shown = ", ".join(f"{_example(r.text)} ({r.source})" for r in repeats[:examples])
+            warnings.append(f"{len(repeats)} rows of the {name} split repeat an earlier row of it, e.g. {shown}")
+    contradictory = sorted(text for text, labels in labels_of.items() if len(labels) > 1)
+    if contradictory:
+        shown = ", ".join(f"{_example(t)}: {'/'.join(sorted(labels_of[t]))}" for t in contradictory[:examples])
+        warnings.append(f"{len(contradictory)} texts occur with more than one label, e.g. {shown}")
+    train_texts = {r.text for r in splits.get("train", [])}
+    for name in ("dev", "test"):
+        leaked = sorted({r.text for r in splits.get(name, []) if r.text in train_texts})
+        if leaked:
+            shown = ", ".join(_example(t) for t in leaked[:examples])
+            warnings.append(f"{len(leaked)} texts of the {name} split also occur in the training split "
+                            f"(train/{name} leakage), e.g. {shown}")
+    return warnings

@@ -5,8 +5,8 @@
 * :mod:`rankwise.launch.worker` — what each rank of ``rankwise train`` runs.
 """
 
-from rankwise.launch.errors import LaunchError
+from rankwise.launch.errors import LaunchError, Stopped
 from rankwise.launch.ports import free_port
 from rankwise.launch.spawn import spawn
 
-__all__ = ["LaunchError", "free_port", "spawn"]
+__all__ = ["LaunchError", "Stopped", "free_port", "spawn"]

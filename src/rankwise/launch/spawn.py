@@ -7,12 +7,16 @@ the group exactly as under torchrun.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import time
 from collections.abc import Callable
 
 import torch.multiprocessing as mp
 
 from rankwise.env import ProcessEnv
-from rankwise.launch.errors import LaunchError
+from rankwise.launch.errors import LaunchError, RankFailure, Stopped
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -25,22 +29,44 @@ def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: i
 
 def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_rank: int = 0,
           master_addr: str = "127.0.0.1", master_port: int | None = None) -> None:
-    """Run ``fn(local_rank, *args)`` in ``nprocs`` processes on this node and wait for all of them."""
+    """Run ``fn(local_rank, *args)`` in ``nprocs`` processes on this node and wait for all of them.
+
+    SIGTERM / SIGINT to this process are forwarded to every worker (which may checkpoint and
+    exit, see ``rankwise.preemption``) and end in :class:`Stopped`; a failed worker ends in a
+    :class:`LaunchError` naming it, its host and its traceback.
+    """
     if master_port is None:
         if nnodes > 1:
             raise LaunchError([f"node {node_rank}: a multi-node spawn needs --master-port (all nodes must agree)"])
         master_port = free_port()
     set_worker_environment(nprocs)
+    context = mp.start_processes(_entry, args=(fn, nprocs, nnodes, node_rank, master_addr, master_port, args),
+                                 nprocs=nprocs, join=False, start_method="spawn")
+    received: list[int] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        mp.start_processes(_entry, args=(fn, nprocs, nnodes, node_rank, master_addr, master_port, args),
-                           nprocs=nprocs, join=True, start_method="spawn")
+        while not context.join():
+            pass
     except mp.ProcessRaisedException as e:
-        local = e.error_index
-        rank = node_rank * nprocs + local
-        last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
-        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.error_pid}): {last_line}\n{e}"]) from None
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        raise LaunchError.from_ranks([RankFailure(node_rank * nprocs + e.error_index, e.error_index, e.error_pid,
+                                                  "an exception", lines[-1], str(e), socket.gethostname(),
+                                                  time.time())]) from None
     except mp.ProcessExitedException as e:
-        local = e.error_index
-        rank = node_rank * nprocs + local
+        if received and e.exit_code == 128 + received[0]:
+            raise Stopped(received[0]) from None  # the workers checkpointed and exited as asked
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        raise LaunchError([f"rank {rank} (local rank {local}, pid {e.error_pid}) died with {how}"]) from None
+        raise LaunchError.from_ranks([RankFailure(node_rank * nprocs + e.error_index, e.error_index, e.error_pid,
+                                                  how, "", "", socket.gethostname(), time.time())]) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise Stopped(received[0])

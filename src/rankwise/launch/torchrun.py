@@ -3,17 +3,21 @@
 rankwise adds three things before delegating: a free master port on a single node when
 none is given, the workers' environment (OMP_NUM_THREADS = cores / local processes and a
 fixed glibc mmap threshold, unless the user set them; see ``set_worker_environment``),
-and a per-rank summary of failures instead of torchrun's long report.
+and a per-rank summary of failures, root cause first, instead of torchrun's long report.
+A SIGTERM / SIGINT to this process reaches the workers through torchrun, which waits for
+them to checkpoint (``rankwise.preemption``) and exit; it surfaces here as ``Stopped``.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from rankwise.launch.errors import LaunchError
+from rankwise.launch.errors import LaunchError, RankFailure, Stopped
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -58,11 +62,29 @@ def launch(argv: list[str]) -> None:
     try:
         run(args)
     except ChildFailedError as e:
-        failures = []
-        for global_rank, failure in sorted(e.failures.items()):
-            how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-            message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-            detail = message.strip() if message and message != "<N/A>" else "see the traceback above"
-            failures.append(f"rank {global_rank} (local rank {failure.local_rank}, host {socket.gethostname()}, "
-                            f"pid {failure.pid}) failed with {how}: {detail}")
-        raise LaunchError(failures) from None
+        note = ""
+        if args.max_restarts:
+            note = (f"the worker group was restarted {args.max_restarts} time(s) (--max-restarts "
+                    f"{args.max_restarts}) and failed again: restart budget exhausted")
+        raise LaunchError.from_ranks([_rank_failure(rank, failure) for rank, failure in e.failures.items()],
+                                     note) from None
+    except SignalException as e:
+        # torchrun sent the signal on to the workers and gave them time to checkpoint and exit.
+        raise Stopped(int(e.sigval)) from None
+
+
+def _rank_failure(rank: int, failure) -> RankFailure:
+    """torchrun's record of a failed worker (the error file ``@record`` wrote, if any) as a RankFailure."""
+    how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    message = failure.message
+    error, trace = "", ""
+    if isinstance(message, dict):
+        error = str(message.get("message", "")).strip().splitlines()[-1:] or [""]
+        error = error[0]
+        trace = message.get("extraInfo", {}).get("py_callstack", "")
+    elif message and message != "<N/A>" and not message.startswith("To enable traceback"):
+        error = message.strip()
+    if failure.exitcode == -signal.SIGTERM and not error:
+        error = "terminated by the launcher after another rank failed"
+    return RankFailure(rank, failure.local_rank, failure.pid, how, error, trace, socket.gethostname(),
+                       failure.timestamp)

@@ -1,11 +1,14 @@
 """What each rank of ``rankwise train`` runs: load the prepared run directory, train, evaluate.
 
 Started as ``python -m rankwise.launch.worker RUN_DIR`` by torchrun, or called as
-:func:`spawn_worker` by the spawn launcher.
+:func:`spawn_worker` by the spawn launcher.  When torchrun restarts the worker group
+after a failure (``--max-restarts``), the new workers continue from the run's latest
+checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with 128 + signal.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,13 +20,26 @@ from rankwise.loop import run_training
 from rankwise.rundir import RunDir
 
 
+def restart_count() -> int:
+    """How often torchrun has restarted this worker group (0 in the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def train_from_run_dir(run_dir: str | Path) -> dict:
     layout = RunDir(run_dir)
-    return run_training(load_config_json(layout.config), PreparedData.load(layout.data), layout.root)
+    cfg = load_config_json(layout.config)
+    if restart_count() and layout.latest.exists():
+        cfg.resume = "latest"  # a restarted group continues where the last checkpoint left off
+    return run_training(cfg, PreparedData.load(layout.data), layout.root)
+
+
+def _exit_if_preempted(summary: dict) -> None:
+    if summary.get("preempted"):
+        sys.exit(128 + summary["preempted"])  # after a clean teardown; the checkpoint is written
 
 
 def spawn_worker(local_rank: int, run_dir: str) -> None:
-    train_from_run_dir(run_dir)
+    _exit_if_preempted(train_from_run_dir(run_dir))
 
 
 @record  # writes this rank's traceback where torchrun's failure summary finds it
@@ -31,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m rankwise.launch.worker RUN_DIR")
-    train_from_run_dir(argv[0])
+    _exit_if_preempted(train_from_run_dir(argv[0]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""Test-only fault injection: make one rank fail on purpose, to test what rankwise does about it.
+
+Switched on only by the environment variable ``RANKWISE_TEST_FAULT``, which nothing in
+rankwise sets and no user setting maps to::
+
+    RANKWISE_TEST_FAULT="raise:rank=1:step=3"     rank 1 raises at the end of optimizer step 3
+    RANKWISE_TEST_FAULT="kill:rank=1:step=5"      rank 1 SIGKILLs itself after step 5
+    RANKWISE_TEST_FAULT="hang:rank=1:step=3"      rank 1 stops responding after step 3
+    RANKWISE_TEST_FAULT="term:rank=0:step=3"      rank 0 sends SIGTERM to its launcher after step 3
+
+A fault fires in the first attempt of a job only (``TORCHELASTIC_RESTART_COUNT`` 0), so a
+restarted worker group runs clean; add ``:always`` to fire in every attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+VARIABLE = "RANKWISE_TEST_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+    always: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        kind, *fields = text.split(":")
+        values = dict(field.split("=", 1) for field in fields if "=" in field)
+        if kind not in ("raise", "kill", "hang", "term") or not {"rank", "step"} <= values.keys():
+            raise ValueError(f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang or term")
+        return cls(kind, int(values["rank"]), int(values["step"]), "always" in fields)
+
+
+def configured() -> Fault | None:
+    text = os.environ.get(VARIABLE)
+    return Fault.parse(text) if text else None
+
+
+def at_step_end(rank: int, step: int) -> None:
+    """Called by the loop after each optimizer step; does nothing unless a test asked for a fault here."""
+    fault = configured()
+    if fault is None or fault.rank != rank or fault.step != step:
+        return
+    if not fault.always and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    if fault.kind == "raise":
+        raise RuntimeError(f"injected fault: rank {rank} fails at step {step}")
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "term":
+        os.kill(os.getppid(), signal.SIGTERM)  # the launcher, as a scheduler preempting the job would
+        return
+    while True:  # hang: alive, but never reaches the next collective
+        time.sleep(3600)
