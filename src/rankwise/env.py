@@ -163,13 +163,19 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     env.export()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch_dist.init_process_group(
-        backend=backend_for(device),
-        init_method="env://",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's static rendezvous keeps one store across restarts of the worker group, so a
+        # restarted rank could read the address a dead peer published (gloo: "Connection refused").
+        # Each attempt gets its own key space on the agent's store.
+        store = torch_dist.PrefixStore(f"rankwise/attempt-{attempt}/", torch_dist.TCPStore(
+            env.master_addr, env.master_port, world_size=env.world_size, is_master=False, timeout=timeout))
+        torch_dist.init_process_group(backend=backend_for(device), store=store, rank=env.rank,
+                                      world_size=env.world_size, timeout=timeout)
+        return
+    torch_dist.init_process_group(backend=backend_for(device), init_method="env://", rank=env.rank,
+                                  world_size=env.world_size, timeout=timeout)
 
 
 def destroy_process_group(clean: bool = True, destroy: Callable[[], None] | None = None) -> None:

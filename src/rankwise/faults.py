@@ -57,5 +57,9 @@ def at_step_end(rank: int, step: int) -> None:
     if fault.kind == "term":
         os.kill(os.getppid(), signal.SIGTERM)  # the launcher, as a scheduler preempting the job would
         return
-    while True:  # hang: alive, but never reaches the next collective
+    # hang: alive, but never reaches the next collective.  SIGTERM's default action is restored so that
+    # torchrun's SIGTERM ends this process at once (a rank stuck inside a C call waits for its SIGKILL,
+    # 30 s later): tests need not wait for that.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
         time.sleep(3600)

@@ -218,9 +218,12 @@ class Trainer:
         stop = StopRequest()
         try:
             train_time, stopped_by = self.train(bar, stop)
-        finally:
-            stop.close()
+        except BaseException:
+            stop.close(wait=False)  # a failed collective may have broken the group: wait for nothing
             bar.close()
+            raise
+        stop.close()
+        bar.close()
         if stopped_by:
             self.metrics.close()
             rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")

@@ -49,9 +49,9 @@ class StopRequest:
                                               async_op=True)
         return 0
 
-    def close(self) -> None:
-        if self._pending is not None:
+    def close(self, wait: bool = True) -> None:
+        if self._pending is not None and wait:
             self._pending.wait()  # no collective left in flight when the group is torn down
-            self._pending = None
+        self._pending = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

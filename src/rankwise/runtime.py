@@ -52,7 +52,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
-from rankwise import checks, dist
+from rankwise import checks, dist, hangs
 from rankwise.data.sampler import LengthGroupedSampler
 from rankwise.env import ProcessEnv
 from rankwise.strategies import LoopFacts, Strategy, lookup
@@ -376,7 +376,10 @@ class Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if exc is not None else None
         self.teardown(clean=exc_type is None)
+        if explained is not None:
+            raise explained from exc
 
 
 def setup(strategy: str = "single", precision: str = "32-true", **kwargs) -> Runtime:

@@ -56,7 +56,9 @@ def _fail_on_rank_one(local_rank: int) -> None:
 
 
 def test_spawn_failure_names_the_rank():
-    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1, pid \d+\): ValueError: bad shard on purpose"):
+    expected = (r"rank 1 \(host \S+, local rank 1, pid \d+\) failed first, with an exception: "
+                r"ValueError: bad shard on purpose\n    last traceback lines:")
+    with pytest.raises(LaunchError, match=expected):
         rankwise.spawn(_fail_on_rank_one, 2)
 
 
