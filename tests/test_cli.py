@@ -123,6 +123,12 @@ def test_bad_data_exit_code_from_the_command_line(tmp_path):
      "offload_param needs deepspeed.zero_stage=3"),
     (["--model", "tiny"], "model 'tiny' reads text: use --model linear or mlp"),
     (["--model", "tinyy", "--strategy", "ddp", "--nproc-per-node", "2"], "'tinyy': not a preset"),
+    (["--set", "optim.lr=fast"], "optim.lr: Input should be a valid number"),
+    (["--set", "precision=fp8"], "precision: Input should be '32-true', 'bf16-mixed' or '16-mixed'"),
+    (["--set", "data.toy_samples=8", "--strategy", "ddp", "--nproc-per-node", "8", "--batch-size", "16"],
+     "the training split has 8 samples, fewer than one global batch (16)"),
+    (["--set", "data.toy_samples=8", "--strategy", "ddp", "--nproc-per-node", "8", "--batch-size", "8"],
+     "eval_split='test': the test split of toy is empty"),
 ])
 def test_bad_config_is_a_clear_error(args, message, monkeypatch, capsys):
     monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
@@ -206,3 +212,44 @@ def test_predict_rejects_a_foreign_file(tmp_path, capsys):
     save_file({"w": torch.zeros(2)}, str(plain))
     assert cli.main(["predict", "--checkpoint", str(plain), "x"]) == 2
     assert "no rankwise metadata" in capsys.readouterr().err
+
+
+def test_a_master_port_in_use_is_named_before_launch(monkeypatch, capsys):
+    import socket
+
+    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli.main(["train", "--data", "toy", "--strategy", "ddp", "--nproc-per-node", "2",
+                         "--master-port", str(port)])
+    assert code == 2
+    assert f"launch.master_port: 127.0.0.1:{port} is already in use on this node" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "ddp", "--nproc-per-node", "4"], "was written at world size 2, this run has 4"),
+    (["--strategy", "fsdp", "--nproc-per-node", "2"], "was written by strategy 'ddp'"),
+])
+def test_resuming_differently_is_refused_before_launch(trained, args, message, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    checkpoint = str(trained[0] / "checkpoints" / "latest")
+    assert cli.main(["train", "--data", "sentiment", "--resume", checkpoint, "--batch-size", "16", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_same_command_same_weights_and_tokenizer(tmp_path):
+    """Data preparation included: two fresh runs of the same command end bitwise equal."""
+    from rankwise.checkpoint import read_weights
+
+    def run(out):
+        proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "8",
+                    "--batch-size", "16", "--seed", "7", "--out", str(out), "--json", "--set", "data.limit=600",
+                    "--set", "data.max_length=32", "--set", "data.vocab_size=1500", "--set", "eval_batch_size=64")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return read_weights(out / "checkpoints" / "latest"), (out / "data" / "tokenizer.json").read_bytes()
+
+    (first, first_tokenizer), (second, second_tokenizer) = run(tmp_path / "a"), run(tmp_path / "b")
+    assert first_tokenizer == second_tokenizer
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+import rankwise
 from rankwise import dist
-from tests.multiproc import run_ranks
+from tests.multiproc import RanksFailed, run_ranks
 
 
 def test_collectives_are_noops_in_one_process(monkeypatch):
@@ -72,3 +73,17 @@ def test_teardown_runs_when_the_loop_raises():
     for rank, (joined, still_joined, message) in enumerate(run_ranks(_fail_inside_setup, 2)):
         assert joined and not still_joined  # the group was left although the body raised
         assert message == f"rank {rank} fails mid-run"
+
+
+def _mismatched_shapes() -> None:
+    import os
+
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # what launch.check_collectives sets for the workers
+    with rankwise.setup("ddp") as rt:
+        rt.all_reduce(torch.ones(3 + rt.rank), "sum")
+
+
+def test_checked_collectives_name_a_shape_mismatch_instead_of_hanging():
+    with pytest.raises(RanksFailed, match=r"Detected mismatch between collectives on ranks.*TensorShape=\[3\].*"
+                                          r"but Rank 1 is running collective.*TensorShape=\[4\]"):
+        run_ranks(_mismatched_shapes, 2, timeout=60, fresh=True)

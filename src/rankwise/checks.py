@@ -132,6 +132,9 @@ def resumable(cfg: TrainConfig) -> None:
         check_resumable(path, meta, cfg.strategy, cfg.world_size)
 
 
-def prepared_data(cfg: TrainConfig, train_samples: int) -> None:
-    """Checks that need the data's size (read in the launching process, before workers start)."""
-    check_enough_samples(train_samples, cfg.batch_size, "the training split")
+def prepared_data(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """Checks that need the data's split sizes (read in the launching process, before workers start)."""
+    check_enough_samples(sizes["train"], cfg.batch_size, "the training split")
+    if not sizes[cfg.eval_split]:
+        raise ConfigError(f"eval_split={cfg.eval_split!r}: the {cfg.eval_split} split of {cfg.data.source} is empty; "
+                          "add rows, raise data.test_percent / data.dev_percent, or evaluate the other split")

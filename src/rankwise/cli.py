@@ -183,7 +183,7 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     if cfg.resume is None and run_dir.result.exists() and not quiet:
         print(f"note: {run_dir.root} already holds a finished run; it will be overwritten", file=sys.stderr)
     data = prepare_data(cfg.data)
-    checks.prepared_data(cfg, data.size("train"))
+    checks.prepared_data(cfg, {split: data.size(split) for split in ("train", "dev", "test")})
     run_dir.root.mkdir(parents=True, exist_ok=True)
     if cfg.resume is None and run_dir.checkpoints.exists():
         # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
@@ -233,6 +233,8 @@ def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
             raise Stopped(summary["preempted"])
         return
     lc = cfg.launch
+    if lc.check_collectives:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # the workers inherit it
     launcher = strategy.launcher or lc.launcher
     if launcher == "horovodrun":
         from rankwise.launch.horovodrun import launch as horovodrun

@@ -126,6 +126,8 @@ class LaunchConfig(_Section):
     """How often torchrun restarts the worker group after a failure."""
     timeout_s: float = Field(300.0, gt=0)
     """Timeout of collective operations and process-group set-up, in seconds."""
+    check_collectives: bool = False
+    """Check before every collective that all ranks call the same one with the same shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch is an error naming both sides instead of a hang; costs an extra exchange per collective, for debugging."""
 
 
 class TrainConfig(_Section):

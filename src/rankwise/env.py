@@ -164,6 +164,9 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
+        # Read once when torch.distributed is imported, often before the variable was set (launch.check_collectives).
+        torch_dist.set_debug_level_from_env()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's static rendezvous keeps one store across restarts of the worker group, so a

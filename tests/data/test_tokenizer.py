@@ -1,3 +1,8 @@
+import subprocess
+import sys
+
+import pytest
+
 from rankwise.data.tokenizer import TextEncoder
 
 TEXTS = ["质量很好，非常满意", "质量太差了", "物流很快，质量很好", "非常满意的一次购物"] * 5
@@ -25,3 +30,21 @@ def test_save_and_load_reproduce_ids(tmp_path):
     assert again.encode(TEXTS[:3]) == enc.encode(TEXTS[:3])
     # A local tokenizer path is accepted as data.tokenizer.
     assert TextEncoder.build(str(tmp_path / "tokenizer.json"), [], 0, 16).encode(TEXTS[:1]) == enc.encode(TEXTS[:1])
+
+
+_TRAIN_IN_A_FRESH_PROCESS = """
+import sys
+from rankwise.data.sentiment import load_sentiment
+from rankwise.data.tokenizer import TextEncoder
+texts = sorted({r.text for r in load_sentiment()})[:4000]
+print(TextEncoder.build(sys.argv[1], texts, 3000, 64).tokenizer.to_str())
+"""
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_learned_tokenizers_are_identical_run_after_run(kind):
+    """HF's trainers cut the alphabet and number WordPiece continuation pieces in hash-map order, which changes
+    from process to process; rankwise fixes both, so two fresh processes learn the same file."""
+    runs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS, kind], capture_output=True, text=True,
+                           check=True, timeout=120).stdout for _ in range(3)]
+    assert len(runs[0]) > 10_000 and runs[0] == runs[1] == runs[2]
