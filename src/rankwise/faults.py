@@ -7,6 +7,7 @@ rankwise sets and no user setting maps to::
     RANKWISE_TEST_FAULT="kill:rank=1:step=5"      rank 1 SIGKILLs itself after step 5
     RANKWISE_TEST_FAULT="hang:rank=1:step=3"      rank 1 stops responding after step 3
     RANKWISE_TEST_FAULT="term:rank=0:step=3"      rank 0 sends SIGTERM to its launcher after step 3
+    RANKWISE_TEST_FAULT="int:rank=0:step=3"       ... SIGINT (Ctrl-C)
 
 A fault fires in the first attempt of a job only (``TORCHELASTIC_RESTART_COUNT`` 0), so a
 restarted worker group runs clean; add ``:always`` to fire in every attempt.
@@ -33,8 +34,9 @@ class Fault:
     def parse(cls, text: str) -> Fault:
         kind, *fields = text.split(":")
         values = dict(field.split("=", 1) for field in fields if "=" in field)
-        if kind not in ("raise", "kill", "hang", "term") or not {"rank", "step"} <= values.keys():
-            raise ValueError(f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang or term")
+        if kind not in ("raise", "kill", "hang", "term", "int") or not {"rank", "step"} <= values.keys():
+            raise ValueError(f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang, term "
+                             "or int")
         return cls(kind, int(values["rank"]), int(values["step"]), "always" in fields)
 
 
@@ -54,8 +56,9 @@ def at_step_end(rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault: rank {rank} fails at step {step}")
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if fault.kind == "term":
-        os.kill(os.getppid(), signal.SIGTERM)  # the launcher, as a scheduler preempting the job would
+    if fault.kind in ("term", "int"):
+        # The launcher, as a scheduler preempting the job (SIGTERM) or a user's Ctrl-C (SIGINT) would.
+        os.kill(os.getppid(), signal.SIGTERM if fault.kind == "term" else signal.SIGINT)
         return
     # hang: alive, but never reaches the next collective.  SIGTERM's default action is restored so that
     # torchrun's SIGTERM ends this process at once (a rank stuck inside a C call waits for its SIGKILL,

@@ -105,6 +105,14 @@ def test_sigterm_checkpoints_at_a_step_boundary_exits_143_and_resumes_exactly(la
     assert_bitwise_equal(final_weights(tmp_path), uninterrupted)
 
 
+def test_sigint_checkpoints_and_exits_130(tmp_path):
+    proc = train(tmp_path, fault="int:rank=0:step=3")
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "stopped by SIGINT" in proc.stderr
+    assert json.loads((tmp_path / "checkpoints" / "latest" / "manifest.json").read_text())["step"] >= 3
+    assert no_process_mentions(str(tmp_path))
+
+
 def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     proc = train(tmp_path, "--set", "launch.timeout_s=8", fault="hang:rank=1:step=2")
     assert proc.returncode == 1

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
     proc = subprocess.run([*RANKWISE, "launch", "--nproc-per-node", "2", str(script)], env=_env_without_dist(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
-    assert "rank 1 (local rank 1" in proc.stderr and "exit code 1" in proc.stderr
+    assert re.search(r"rank 1 \(host \S+, local rank 1, pid \d+\) failed first, with exit code 1", proc.stderr)
     assert "RuntimeError: rank one broke" in proc.stderr
 
 

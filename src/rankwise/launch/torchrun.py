@@ -84,7 +84,7 @@ def _rank_failure(rank: int, failure) -> RankFailure:
         trace = message.get("extraInfo", {}).get("py_callstack", "")
     elif message and message != "<N/A>" and not message.startswith("To enable traceback"):
         error = message.strip()
-    if failure.exitcode == -signal.SIGTERM and not error:
+    if failure.exitcode == -signal.SIGTERM:  # torchrun's own SIGTERM to the rest of a failed group
         error = "terminated by the launcher after another rank failed"
     return RankFailure(rank, failure.local_rank, failure.pid, how, error, trace, socket.gethostname(),
                        failure.timestamp)
