@@ -5,6 +5,7 @@ Commands
   rankwise launch   start any script on N processes / nodes, like torchrun
   rankwise predict  classify texts with a trained checkpoint
   rankwise export   write a checkpoint's weights as one plain .safetensors file
+  rankwise doctor   check this machine, or every node of a multi-node job, before a run
 
 Concepts
   world_size   number of processes in the job (nnodes x nproc_per_node)
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch_parser(commands)
     _add_predict_parser(commands)
     _add_export_parser(commands)
+    from rankwise import doctor
+
+    doctor.add_parser(commands)
     return parser
 
 
@@ -331,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "doctor":
+            from rankwise import doctor
+
+            return doctor.run(args)
         return cmd_predict(args)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"rankwise {args.command}: error: {e}", file=sys.stderr)

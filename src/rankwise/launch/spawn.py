@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp
 
 from rankwise.env import ProcessEnv
 from rankwise.launch.errors import LaunchError, RankFailure, Stopped
+from rankwise.launch.network import choose_interface
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -39,6 +41,10 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         if nnodes > 1:
             raise LaunchError([f"node {node_rank}: a multi-node spawn needs --master-port (all nodes must agree)"])
         master_port = free_port()
+    if nnodes > 1:
+        note = choose_interface(master_addr, node_rank)
+        if note:
+            print(f"rankwise: {note}", file=sys.stderr, flush=True)
     set_worker_environment(nprocs)
     context = mp.start_processes(_entry, args=(fn, nprocs, nnodes, node_rank, master_addr, master_port, args),
                                  nprocs=nprocs, join=False, start_method="spawn")

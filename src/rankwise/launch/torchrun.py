@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from rankwise.launch.errors import LaunchError, RankFailure, Stopped
+from rankwise.launch.network import choose_interface
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -57,6 +59,11 @@ def launch(argv: list[str]) -> None:
     single_node = str(args.nnodes) in ("1", "1:1")
     if single_node and args.rdzv_endpoint == "" and _flag(argv, "--master-port", "--master_port") is None:
         args.master_port = free_port()
+    if not single_node:
+        endpoint = args.rdzv_endpoint.rsplit(":", 1)[0] if args.rdzv_endpoint else args.master_addr
+        note = choose_interface(endpoint, args.node_rank)
+        if note:
+            print(f"rankwise: {note}", file=sys.stderr, flush=True)
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     try:
