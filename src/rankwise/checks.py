@@ -84,7 +84,7 @@ def before_launch(cfg: TrainConfig) -> None:
     from rankwise.precision import Precision
     from rankwise.strategies import lookup
 
-    if ProcessEnv.detect().distributed:
+    if ProcessEnv.detect().distributed and "PET_NNODES" not in os.environ:  # a PyTorchJob pod is a node, not a rank
         raise ConfigError("`rankwise train` starts its own workers (--nproc-per-node, --nnodes); run it directly, "
                           "not under torchrun / rankwise launch / srun")
     variant = lookup(cfg.strategy)

@@ -92,6 +92,8 @@ def _add_train_parser(commands) -> None:
     flag("--rdzv-endpoint", key="launch.rdzv_endpoint")
     flag("--rdzv-id", key="launch.rdzv_id")
     flag("--max-restarts", key="launch.max_restarts", type=int)
+    p.add_argument("--hostfile", metavar="FILE", help="'host slots=N' per line: nnodes, this node's rank and "
+                   "processes and the master (the first host) from the file; the same command on every node")
     flag("--launcher", key="launch.launcher", choices=[name for name in LAUNCHERS if name != "horovodrun"])
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with any of the keys below")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
@@ -172,11 +174,25 @@ def check_train(args: argparse.Namespace) -> TrainConfig:
     flags = {k: v for k, v in vars(args).items() if "." in k or k in TrainConfig.model_fields}
     if args.no_progress:
         flags["progress"] = False
+    for key, value in node_layout(args.hostfile).items():  # a hostfile or a Kubernetes pod's layout
+        if flags.get(f"launch.{key}") is None:
+            flags[f"launch.{key}"] = value
     cfg = build_config(args.config, args.set, flags)
     checks.before_launch(cfg)
     cfg.out = str(default_run_dir(cfg))
     checks.resumable(cfg)
     return cfg
+
+
+def node_layout(hostfile: str | None) -> dict:
+    """Launch settings this node takes from a hostfile, else from a Kubeflow PyTorchJob pod's variables."""
+    from dataclasses import asdict
+
+    from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow
+
+    if hostfile:
+        return asdict(layout_from_hostfile(hostfile))
+    return layout_from_kubeflow(os.environ) or {}
 
 
 def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
@@ -274,7 +290,9 @@ when none is given, and OMP_NUM_THREADS defaults to usable cores / processes.
 
 Multi-node: run the same command on every node with --nnodes N --node-rank i
 --master-addr <node 0 address> --master-port <port>, or with --rdzv-backend c10d
---rdzv-endpoint host:port --rdzv-id JOB.
+--rdzv-endpoint host:port --rdzv-id JOB, or with --hostfile hosts.txt ('host slots=N'
+per line; the first host is the master).  The network interface that routes to the
+master is chosen for gloo / NCCL unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set.
 
 torchrun's flags:
 """
@@ -287,6 +305,10 @@ def cmd_launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(LAUNCH_HELP + get_args_parser().format_help())
         return 0
+    if "--hostfile" in argv:  # rankwise's own flag: the node layout as torchrun flags
+        at = argv.index("--hostfile")
+        layout = node_layout(argv[at + 1] if at + 1 < len(argv) else "")
+        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + 2:]
     try:
         launch(argv)
     except LaunchError as e:

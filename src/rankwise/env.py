@@ -126,13 +126,24 @@ class ProcessEnv:
 
 def first_slurm_host(nodelist: str) -> str:
     """First host of a Slurm node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
-    head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if not head:
-        return nodelist
-    prefix, ranges = head.group(1), head.group(2)
-    if not ranges:
-        return prefix
-    return prefix + re.split(r"[-,]", ranges)[0]
+    return expand_nodelist(nodelist)[0]
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list: ``gpu[03-05,9],cpu1`` -> gpu03 gpu04 gpu05 gpu9 cpu1 (zero padding kept)."""
+    hosts = []
+    for prefix, ranges, _ in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?(,|$)", nodelist):
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            if not last:
+                hosts.append(prefix + first)
+                continue
+            width = len(first)
+            hosts.extend(f"{prefix}{n:0{width}d}" for n in range(int(first), int(last) + 1))
+    return hosts
 
 
 def device_for(local_rank: int) -> torch.device:
