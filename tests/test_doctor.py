@@ -38,7 +38,7 @@ def _doctor(namespace: str, node_rank: int, port: int, *extra: str) -> subproces
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
     return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", "doctor",
                              "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER,
-                             "--master-port", str(port), "--timeout", "15", *extra],
+                             "--master-port", str(port), "--timeout", "8", *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -59,7 +59,7 @@ def test_doctor_names_the_node_that_cannot_reach_the_master(two_hosts):
     (code0, out0), (code1, out1) = _both(_doctor("rw-node0", 0, 29721), _doctor("rw-node1", 1, 29791))
     assert code0 == 1 and code1 == 1
     assert f"node 1 cannot reach {MASTER}:29791" in out1 and "fix: firewall, wrong --master-addr" in out1
-    assert "not every node reported within 15" in out0
+    assert "not every node reported within 8" in out0
 
 
 def test_doctor_fails_when_a_link_is_down(two_hosts):

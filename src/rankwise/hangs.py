@@ -15,13 +15,14 @@ import time
 
 from rankwise.env import ProcessEnv
 
-TIMEOUT_SIGNS = ("timed out", "timeout")
+TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
+                 "Watchdog caught collective operation timeout")
+"""How gloo and NCCL report a collective that did not complete in time (nothing else is diagnosed)."""
 KEY = "rankwise/timed-out/{rank}"
 
 
 def is_timeout(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(sign in text for sign in TIMEOUT_SIGNS)
+    return any(sign in str(exc) for sign in TIMEOUT_SIGNS)
 
 
 def missing_ranks(env: ProcessEnv, grace_s: float = 5.0) -> list[int]:

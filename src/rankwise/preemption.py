@@ -12,6 +12,7 @@ gives them 30 s before it kills them; the spawn launcher forwards it the same wa
 from __future__ import annotations
 
 import signal
+import threading
 
 import torch
 import torch.distributed as torch_dist
@@ -25,7 +26,9 @@ class StopRequest:
     def __init__(self):
         self.received = 0
         """The signal number seen by this process (0: none)."""
-        self._previous = {sig: signal.signal(sig, self._record) for sig in SIGNALS}
+        # Handlers can only be installed from the main thread; elsewhere signals keep their default action.
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        self._previous = {sig: signal.signal(sig, self._record) for sig in SIGNALS} if on_main_thread else {}
         self._distributed = dist.world_size() > 1
         self._group = dist.cpu_group() if self._distributed else None
         self._buffer = torch.zeros(1, dtype=torch.int64)
