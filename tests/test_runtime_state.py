@@ -128,3 +128,45 @@ def test_a_full_disk_names_rank_and_path_and_keeps_the_previous_checkpoint(tmp_p
     assert not list(tmp_path.glob(".tmp-*"))  # no partial files
     assert (tmp_path / "latest").resolve().name == "step-00000001"
     ckpt.verify((tmp_path / "latest").resolve())
+
+
+def test_a_dangling_latest_falls_back_to_the_step_directories(tmp_path, capsys):
+    first, second = _saved_twice(tmp_path)
+    import shutil
+
+    shutil.rmtree(tmp_path / "step-00000002")  # latest now points at nothing
+    extra, weights = _load(tmp_path)
+    assert extra["step"] == 1 and all(torch.equal(weights[k], first[k]) for k in first)
+    assert "trying the checkpoints in" in capsys.readouterr().err
+
+
+def test_resuming_from_an_earlier_checkpoint_never_prunes_what_it_writes(tmp_path):
+    """Steps 1 and 5 saved; a run resumed from step 1 saves step 3 with keep=1.  Pruning by name alone
+    deleted steps 1 and 3 (the one just written, leaving `latest` dangling); now the older step 1 goes,
+    step 3 stays, and step 5 (another timeline) is left for the user."""
+    with rankwise.setup("single") as rt:
+        model, optimizer = _model_and_optimizer(rt)
+        _step(rt, model, optimizer)
+        rt.save_state(tmp_path, model, optimizer, step=1)
+        rt.save_state(tmp_path, model, optimizer, step=5)
+        rt.load_state(tmp_path / "step-00000001", model, optimizer)
+        written = rt.save_state(tmp_path, model, optimizer, step=3, keep=1)
+    assert written.is_dir() and (tmp_path / "latest").resolve() == written.resolve()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000005"]
+
+
+def _unpicklable_extra(root: str) -> str:
+    with rankwise.setup("ddp") as rt:
+        model, optimizer = _model_and_optimizer(rt)
+        _step(rt, model, optimizer)
+        try:
+            rt.save_state(root, model, optimizer, extra={"callback": lambda: None})
+        except ckpt.CheckpointError as e:
+            return str(e)
+        return "saved"
+
+
+def test_an_error_on_rank_0_while_saving_reaches_every_rank_instead_of_a_hang(tmp_path):
+    messages = run_ranks(_unpicklable_extra, 2, str(tmp_path), timeout=60)
+    assert all("checkpoint of step 1 not written: rank 0: cannot write" in m for m in messages), messages
+    assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob("step-*"))

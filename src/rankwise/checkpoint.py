@@ -49,6 +49,10 @@ class CheckpointError(RuntimeError):
     pass
 
 
+class CollectiveSaveError(CheckpointError):
+    """A library's own collective save (DeepSpeed's) failed on this rank half-way; the job cannot continue."""
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
@@ -185,7 +189,10 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
     os.replace(tmp, final)
     _point_latest(root, final.name)
     _fsync_dir(root)
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+    # Only checkpoints older than this one are pruned: newer ones (from before a resume at an earlier
+    # step) are another timeline the user may still want, and the one just written always stays.
+    older = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name < final.name)
+    for old in older[:max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -244,10 +251,19 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
     if (given / MANIFEST).is_file() and given.name != "latest":
         verify(given.resolve())
         return given.resolve(), []
-    newest = resolve(given)
-    candidates = [newest] + sorted((p for p in newest.parent.glob("step-*") if p.is_dir() and p != newest),
-                                   reverse=True)
     warnings = []
+    try:
+        newest = resolve(given)
+        folder = newest.parent
+    except CheckpointError as e:  # e.g. `latest` dangling: fall back on the step directories themselves
+        folder = given.parent if given.name == "latest" else given / "checkpoints" if (given / "checkpoints").is_dir() \
+            else given
+        steps = sorted((p for p in folder.glob("step-*") if p.is_dir()), reverse=True)
+        if not steps or strict:
+            raise
+        warnings.append(f"{e}; trying the checkpoints in {folder}")
+        newest = steps[0]
+    candidates = [newest] + sorted((p for p in folder.glob("step-*") if p.is_dir() and p != newest), reverse=True)
     for candidate in candidates:
         try:
             verify(candidate)

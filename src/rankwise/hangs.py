@@ -11,6 +11,7 @@ that did not arrive.
 from __future__ import annotations
 
 import datetime
+import os
 import time
 
 from rankwise.env import ProcessEnv
@@ -18,7 +19,8 @@ from rankwise.env import ProcessEnv
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
                  "Watchdog caught collective operation timeout")
 """How gloo and NCCL report a collective that did not complete in time (nothing else is diagnosed)."""
-KEY = "rankwise/timed-out/{rank}"
+KEY = "rankwise/timed-out/attempt-{attempt}/{rank}"
+"""Per attempt: a restarted worker group must not see the records of the one before."""
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -31,10 +33,11 @@ def missing_ranks(env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
 
     store = TCPStore(env.master_addr, env.master_port, is_master=False,
                      timeout=datetime.timedelta(seconds=max(grace_s, 1.0)))
-    store.set(KEY.format(rank=env.rank), "1")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store.set(KEY.format(attempt=attempt, rank=env.rank), "1")
     deadline = time.monotonic() + grace_s
     while True:
-        missing = [r for r in range(env.world_size) if not store.check([KEY.format(rank=r)])]
+        missing = [r for r in range(env.world_size) if not store.check([KEY.format(attempt=attempt, rank=r)])]
         if not missing or time.monotonic() > deadline:
             return missing
         time.sleep(0.2)

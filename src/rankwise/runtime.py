@@ -311,20 +311,22 @@ class Runtime:
         # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
         final, errors = self.broadcast_object((final, errors))
         if errors:
+            if self.is_main:  # every rank is done with the staging directory now
+                shutil.rmtree(staging, ignore_errors=True)
             raise ckpt.CheckpointError(f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
                                        f"checkpoint under {root} is intact")
         return Path(final)
 
     def _checked_write(self, staging: Path, write, *args, **kwargs):
-        """``write(...)``'s result, or the message of the OSError it raised (disk full, permissions)
-        naming this rank and the path; the partial staging directory is removed by rank 0."""
-        from torch.distributed.checkpoint.api import CheckpointException
-
+        """``write(...)``'s result, or a message naming this rank and the path of whatever it raised (disk
+        full, permissions, an unpicklable ``extra``), so that no rank leaves the others waiting."""
         try:
             return write(*args, **kwargs)
-        except (OSError, CheckpointException) as e:  # DCP reports every rank's write errors in one exception
-            if self.is_main:
-                shutil.rmtree(staging, ignore_errors=True)
+        except ckpt.CollectiveSaveError:
+            raise  # a library's own collective save broke half-way: the ranks cannot agree any more
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             where = getattr(e, "filename", None) or staging
             return f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
 
@@ -346,8 +348,8 @@ class Runtime:
                 found = str(chosen)
                 for warning in warnings_:
                     print(f"warning: {warning}", file=sys.stderr, flush=True)
-            except ckpt.CheckpointError as e:
-                error = str(e)
+            except Exception as e:  # noqa: BLE001 - any failure here must reach every rank, not leave them waiting
+                error = str(e) if isinstance(e, ckpt.CheckpointError) else f"cannot read checkpoint {path}: {e}"
         found, error = self.broadcast_object((found, error))
         if error:
             raise ckpt.CheckpointError(error)

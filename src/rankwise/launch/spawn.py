@@ -54,7 +54,10 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         received.append(signum)
         for process in context.processes:
             if process.is_alive():
-                os.kill(process.pid, signum)
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass  # it exited in between
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -28,7 +28,7 @@ def restart_count() -> int:
 def train_from_run_dir(run_dir: str | Path) -> dict:
     layout = RunDir(run_dir)
     cfg = load_config_json(layout.config)
-    if restart_count() and layout.latest.exists():
+    if restart_count() and (layout.latest.is_symlink() or any(layout.checkpoints.glob("step-*"))):
         cfg.resume = "latest"  # a restarted group continues where the last checkpoint left off
     return run_training(cfg, PreparedData.load(layout.data), layout.root)
 

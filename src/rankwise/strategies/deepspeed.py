@@ -122,6 +122,9 @@ def read_user_config(options: DeepSpeedOptions) -> dict:
         raise ConfigError(f"deepspeed.config_file={path!r}: {e}") from None
     if not isinstance(user, dict):
         raise ConfigError(f"deepspeed.config_file={path!r}: expected a JSON object, got {type(user).__name__}")
+    if user.get("zero_optimization", {}).get("compute_grad_norm") is False:
+        raise ConfigError(f"{path}: zero_optimization.compute_grad_norm=false leaves rt.clip_grad_norm no norm to "
+                          "return; remove it")
     clashes = sorted(OWNED_KEYS & user.keys())
     if clashes:
         raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
@@ -330,8 +333,16 @@ class DeepSpeed(Strategy):
                         param.copy_(state[names[id(param)]])
 
     def save_state(self, directory, model: nn.Module, optimizer) -> None:
-        # Every rank must call save_checkpoint: each writes its ZeRO partition.
-        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+        # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
+        # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
+        from rankwise.checkpoint import CollectiveSaveError
+
+        try:
+            model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+        except OSError as e:
+            raise CollectiveSaveError(f"rank {self.env.rank}: cannot write {e.filename or directory}: "
+                                      f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
+                                      "(the previous checkpoint is intact)") from e
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
         path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True,
