@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rankwise import cli
 from rankwise.launch.ports import free_port
-from tests.conftest import HOSTS, MASTER
+from tests.conftest import MASTER
 
 ROOT = Path(__file__).parents[1]
 
@@ -71,4 +71,4 @@ def test_doctor_fails_when_a_link_is_down(two_hosts):
     assert code0 == 1 and code1 == 1
     assert re.search(rf"\[FAIL\] node 1  interface +node 1 has no route to {MASTER}", out1), out1
     assert f"node 1 cannot reach {MASTER}:29731" in out1
-    assert "not every node reported" in out0 and list(HOSTS) == ["rw-node0", "rw-node1"]
+    assert "not every node reported" in out0

@@ -131,7 +131,7 @@ def test_a_full_disk_names_rank_and_path_and_keeps_the_previous_checkpoint(tmp_p
 
 
 def test_a_dangling_latest_falls_back_to_the_step_directories(tmp_path, capsys):
-    first, second = _saved_twice(tmp_path)
+    first, _ = _saved_twice(tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "step-00000002")  # latest now points at nothing

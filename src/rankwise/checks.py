@@ -61,8 +61,9 @@ def strategy_options(variant: Variant, options: Options | Mapping[str, Any] | No
         key, value = next(iter(clashes.items()))
         raise ConfigError(f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; "
                           f"it was also given {value!r}")
-    base = options.model_dump() if isinstance(options, cls.options_cls) else {}
-    merged = cls.options_cls.model_validate({**base, **given, **fixed})
+    # An options object keeps its defaults too; a mapping holds only what was given.
+    base = options.model_dump() if isinstance(options, cls.options_cls) else given
+    merged = cls.options_cls.model_validate({**base, **fixed})
     cls.check_options(merged)
     return merged
 
@@ -92,8 +93,7 @@ def before_launch(cfg: TrainConfig) -> None:
         variant.cls.check_available()
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    section = variant.cls.options_section
-    strategy_options(variant, getattr(cfg, section) if section else None)
+    strategy_options(variant, cfg.strategy_options())
     check_world_size(cfg.strategy, variant.cls, cfg.world_size)
     micro_batch_size(cfg.batch_size, cfg.world_size, cfg.grad_accum)
     try:

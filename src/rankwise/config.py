@@ -204,6 +204,11 @@ class TrainConfig(_Section):
             raise ValueError("data.dev_percent + data.test_percent must leave at least 10% for training")
         return self
 
+    def strategy_options(self) -> BaseModel | None:
+        """The strategy's own options section (``ddp``, ``deepspeed``, ...), or None for one without options."""
+        section = lookup(self.strategy).cls.options_section
+        return getattr(self, section) if section else None
+
     @property
     def world_size(self) -> int:
         return self.launch.nproc_per_node * self.launch.nnodes

@@ -124,6 +124,11 @@ class ProcessEnv:
             os.environ["MASTER_PORT"] = str(self.master_port)
 
 
+def restart_count() -> int:
+    """How often torchrun has restarted this worker group (0 in the first attempt, and outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def first_slurm_host(nodelist: str) -> str:
     """First host of a Slurm node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
     return expand_nodelist(nodelist)[0]
@@ -178,7 +183,7 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
         # Read once when torch.distributed is imported, often before the variable was set (launch.check_collectives).
         torch_dist.set_debug_level_from_env()
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = restart_count()
     if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's static rendezvous keeps one store across restarts of the worker group, so a
         # restarted rank could read the address a dead peer published (gloo: "Connection refused").

@@ -20,6 +20,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from rankwise.env import restart_count
+
 VARIABLE = "RANKWISE_TEST_FAULT"
 
 
@@ -45,12 +47,12 @@ def configured() -> Fault | None:
     return Fault.parse(text) if text else None
 
 
-def at_step_end(rank: int, step: int) -> None:
-    """Called by the loop after each optimizer step; does nothing unless a test asked for a fault here."""
-    fault = configured()
+def at_step_end(fault: Fault | None, rank: int, step: int) -> None:
+    """Called by the loop after each optimizer step with :func:`configured`'s fault (read once per run);
+    does nothing unless a test asked for a fault here."""
     if fault is None or fault.rank != rank or fault.step != step:
         return
-    if not fault.always and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if not fault.always and restart_count() > 0:
         return
     if fault.kind == "raise":
         raise RuntimeError(f"injected fault: rank {rank} fails at step {step}")

@@ -11,10 +11,9 @@ that did not arrive.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 
-from rankwise.env import ProcessEnv
+from rankwise.env import ProcessEnv, restart_count
 
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
                  "Watchdog caught collective operation timeout")
@@ -33,7 +32,7 @@ def missing_ranks(env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
 
     store = TCPStore(env.master_addr, env.master_port, is_master=False,
                      timeout=datetime.timedelta(seconds=max(grace_s, 1.0)))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_count()
     store.set(KEY.format(attempt=attempt, rank=env.rank), "1")
     deadline = time.monotonic() + grace_s
     while True:

@@ -28,7 +28,6 @@ from rankwise.models import build_model, reads_ngrams
 from rankwise.preemption import StopRequest
 from rankwise.rundir import RunDir
 from rankwise.runtime import Runtime, iterate_steps, setup
-from rankwise.strategies import get_strategy
 
 
 def peak_rss_megabytes() -> float:
@@ -168,6 +167,7 @@ class Trainer:
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
         self.step = 0
         self.checkpoint_path: Path | None = None
+        self.saved_step: int | None = None
         self.train_peak_rss_mb = 0.0
 
     # -- state -------------------------------------------------------------------------------
@@ -180,6 +180,7 @@ class Trainer:
         self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
                                                   self.scheduler, extra={"epoch": epoch}, step=self.step, files=files,
                                                   keep=self.cfg.keep_checkpoints)
+        self.saved_step = self.step
 
     def resume(self, path: str) -> None:
         if path == "latest":
@@ -216,14 +217,13 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
                    unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
         stop = StopRequest()
+        finished = False
         try:
             train_time, stopped_by = self.train(bar, stop)
-        except BaseException:
-            stop.close(wait=False)  # a failed collective may have broken the group: wait for nothing
+            finished = True
+        finally:
+            stop.close(wait=finished)  # after a failed collective the group may be broken: wait for nothing
             bar.close()
-            raise
-        stop.close()
-        bar.close()
         if stopped_by:
             self.metrics.close()
             rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
@@ -245,6 +245,7 @@ class Trainer:
     def train(self, bar, stop: StopRequest) -> tuple[float, int]:
         """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped for or 0)."""
         cfg, rt = self.cfg, self.rt
+        fault = faults.configured()  # test-only fault injection, read once
         loss_sum = torch.zeros((), device=rt.device)
         loss_steps = 0
         train_time = 0.0
@@ -272,11 +273,11 @@ class Trainer:
                     loss_steps = 0
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save(epoch)
-                faults.at_step_end(rt.rank, self.step)
+                faults.at_step_end(fault, rt.rank, self.step)
                 signum = stop.agreed()
                 if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
                     train_time += time.perf_counter() - started
-                    if self.checkpoint_path is None or not self.checkpoint_path.name.endswith(f"{self.step:08d}"):
+                    if self.saved_step != self.step:
                         self.save(epoch)
                     return train_time, signum
                 if self.step >= self.total_steps:
@@ -343,7 +344,7 @@ class Trainer:
 
 def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path) -> dict:
     """Train and evaluate in this process (one rank of the job); always tears the process group down."""
-    section = get_strategy(cfg.strategy).options_section
-    options = getattr(cfg, section) if section else None  # the strategy's own section, nothing else
-    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=options, timeout_s=cfg.launch.timeout_s) as rt:
+    # The strategy gets its own options section, nothing else of the configuration.
+    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=cfg.strategy_options(),
+               timeout_s=cfg.launch.timeout_s) as rt:
         return Trainer(cfg, data, Path(run_dir), rt).fit()

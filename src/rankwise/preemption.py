@@ -43,8 +43,9 @@ class StopRequest:
             return self.received
         if self._pending is not None:
             self._pending.wait()  # started a whole step ago: long done
-            if int(self._buffer.item()):
-                return int(self._buffer.item())
+            agreed = int(self._buffer.item())  # a CPU tensor of the gloo group: no device sync
+            if agreed:
+                return agreed
         self._buffer = torch.tensor([self.received], dtype=torch.int64)
         # Why: every rank must stop at the same step (a checkpoint is collective); started now and read
         # at the next boundary, so it never holds a step up.

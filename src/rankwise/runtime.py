@@ -320,13 +320,13 @@ class Runtime:
     def _checked_write(self, staging: Path, write, *args, **kwargs):
         """``write(...)``'s result, or a message naming this rank and the path of whatever it raised (disk
         full, permissions, an unpicklable ``extra``), so that no rank leaves the others waiting."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
         try:
             return write(*args, **kwargs)
         except ckpt.CollectiveSaveError:
             raise  # a library's own collective save broke half-way: the ranks cannot agree any more
-        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
+        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             where = getattr(e, "filename", None) or staging
             return f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
 

@@ -8,7 +8,6 @@ checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with 128
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,13 +15,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankwise.config import load_config_json
 from rankwise.data.prepare import PreparedData
+from rankwise.env import restart_count
 from rankwise.loop import run_training
 from rankwise.rundir import RunDir
-
-
-def restart_count() -> int:
-    """How often torchrun has restarted this worker group (0 in the first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def train_from_run_dir(run_dir: str | Path) -> dict:
