@@ -46,6 +46,24 @@ def test_unknown_strategy_and_cross_field_checks():
     assert build_config(overrides=["model.name=mlp", "model.split_devices=true", "strategy=ddp"]).model.split_devices
 
 
+def test_an_elastic_node_range_needs_a_rendezvous_and_fits_every_world_size():
+    from rankwise.checks import before_launch
+
+    rdzv = ["launch.rdzv_backend=c10d", "launch.rdzv_endpoint=h:29400"]
+    cfg = build_config(overrides=['launch.nnodes="1:3"', "launch.nproc_per_node=2", *rdzv])
+    assert (cfg.launch.node_range, cfg.world_sizes, cfg.world_size) == ((1, 3), [2, 4, 6], 6)
+    assert build_config(overrides=['launch.nnodes="2:2"']).launch.nnodes == 2
+    with pytest.raises(ConfigError, match="needs torchrun's rendezvous: --rdzv-backend c10d"):
+        build_config(overrides=['launch.nnodes="1:2"'])
+    with pytest.raises(ConfigError, match="MIN:MAX with 1 <= MIN <= MAX, got '3:1'"):
+        build_config(overrides=['launch.nnodes="3:1"', *rdzv])
+    with pytest.raises(ConfigError, match=r"batch_size=8 is not divisible by world_size \(6\)"):  # fits 2 and 4 ranks, not 6
+        before_launch(build_config(overrides=['launch.nnodes="1:3"', "launch.nproc_per_node=2", "batch_size=8",
+                                              "strategy=ddp", *rdzv]))
+    with pytest.raises(ConfigError, match="elastic node range needs the torchrun launcher .* spawn"):
+        before_launch(build_config(overrides=['launch.nnodes="1:2"', "launch.launcher=spawn", "strategy=ddp", *rdzv]))
+
+
 def test_batch_must_divide_world_and_accumulation():
     cfg = build_config(overrides=["batch_size=30", "grad_accum=2"])
     assert cfg.micro_batch_size(3) == 5

@@ -94,8 +94,13 @@ def before_launch(cfg: TrainConfig) -> None:
     except ImportError as e:
         raise ConfigError(str(e)) from None
     strategy_options(variant, cfg.strategy_options())
-    check_world_size(cfg.strategy, variant.cls, cfg.world_size)
-    micro_batch_size(cfg.batch_size, cfg.world_size, cfg.grad_accum)
+    launcher = variant.cls.launcher or cfg.launch.launcher
+    if len(cfg.world_sizes) > 1 and launcher != "torchrun":
+        raise ConfigError(f"launch.nnodes={cfg.launch.nnodes}: an elastic node range needs the torchrun launcher "
+                          f"({cfg.strategy} starts its workers with {launcher})")
+    for world_size in cfg.world_sizes:  # an elastic job must work at whichever size the rendezvous settles on
+        check_world_size(cfg.strategy, variant.cls, world_size)
+        micro_batch_size(cfg.batch_size, world_size, cfg.grad_accum)
     try:
         Precision(cfg.precision, device_for(0))
         check_model(cfg.model.name, reads_text=cfg.data.source != "toy", max_length=cfg.data.max_length)

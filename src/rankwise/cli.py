@@ -84,7 +84,7 @@ def _add_train_parser(commands) -> None:
     flag("--strict", key="strict", action="store_const", const=True,
          help="on resume, refuse a corrupt latest checkpoint instead of falling back to the previous one")
     flag("--nproc-per-node", "--nproc_per_node", key="launch.nproc_per_node", type=int)
-    flag("--nnodes", key="launch.nnodes", type=int)
+    flag("--nnodes", key="launch.nnodes", metavar="N|MIN:MAX", help="nodes; MIN:MAX for an elastic c10d job")
     flag("--node-rank", "--node_rank", key="launch.node_rank", type=int)
     flag("--master-addr", "--master_addr", key="launch.master_addr")
     flag("--master-port", "--master_port", key="launch.master_port", type=int)
@@ -223,7 +223,8 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
 
 def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) -> int:
     if not run_dir.result.exists():  # a node other than the one holding rank 0
-        print(f"node {cfg.launch.node_rank}: workers finished; rank 0's report is on node 0")
+        node = "this node" if cfg.launch.rdzv_backend else f"node {cfg.launch.node_rank}"
+        print(f"{node}: workers finished; rank 0's report is on the node that holds rank 0")
         return 0
     summary = json.loads(run_dir.result.read_text(encoding="utf-8"))
     summary["wall_s"] = round(wall_s, 2)
@@ -267,14 +268,15 @@ def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
         from rankwise.launch.worker import spawn_worker
 
         spawn(spawn_worker, lc.nproc_per_node, (str(run_dir),), nnodes=lc.nnodes, node_rank=lc.node_rank,
-              master_addr=lc.master_addr, master_port=lc.master_port)
+              master_addr=lc.master_addr, master_port=lc.master_port, rdzv_timeout_s=lc.timeout_s)
         return
     from rankwise.launch.torchrun import launch, torchrun_argv
 
     launch(torchrun_argv(lc.nproc_per_node, ["-m", "rankwise.launch.worker", str(run_dir)], nnodes=lc.nnodes,
                          node_rank=lc.node_rank, master_addr=lc.master_addr, master_port=lc.master_port,
                          max_restarts=lc.max_restarts, rdzv_backend=lc.rdzv_backend,
-                         rdzv_endpoint=lc.rdzv_endpoint, rdzv_id=lc.rdzv_id))
+                         rdzv_endpoint=lc.rdzv_endpoint, rdzv_id=lc.rdzv_id,
+                         rdzv_timeout_s=lc.timeout_s if cfg.world_size > lc.nproc_per_node else None))
 
 
 # -- launch --------------------------------------------------------------------------------------

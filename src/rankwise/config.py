@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rankwise.checks import micro_batch_size
 from rankwise.errors import ConfigError
@@ -108,8 +108,8 @@ class LaunchConfig(_Section):
     """How worker processes start: torchrun's elastic agent in-process, torch.multiprocessing spawn, or horovodrun (chosen for the horovod strategy)."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes on this node (usually one per GPU)."""
-    nnodes: int = Field(1, ge=1)
-    """Number of nodes (machines)."""
+    nnodes: int | str = 1
+    """Number of nodes (machines), or MIN:MAX for an elastic job (needs rdzv_backend, e.g. c10d): training starts once MIN nodes joined, the world size is settled at the rendezvous."""
     node_rank: int = Field(0, ge=0)
     """Rank of this node, 0 .. nnodes-1."""
     master_addr: str = "127.0.0.1"
@@ -125,9 +125,31 @@ class LaunchConfig(_Section):
     max_restarts: int = Field(0, ge=0)
     """How often torchrun restarts the worker group after a failure."""
     timeout_s: float = Field(300.0, gt=0)
-    """Timeout of collective operations and process-group set-up, in seconds."""
+    """Timeout of collective operations and process-group set-up, and how long the nodes of a multi-node job wait for each other at the rendezvous, in seconds."""
     check_collectives: bool = False
     """Check before every collective that all ranks call the same one with the same shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch is an error naming both sides instead of a hang; costs an extra exchange per collective, for debugging."""
+
+
+    @field_validator("nnodes", mode="before")
+    @classmethod
+    def _node_count_or_range(cls, value: Any) -> int | str:
+        low, _, high = str(value).partition(":")
+        if not (low.isdigit() and (high or low).isdigit()) or not 1 <= int(low) <= int(high or low):
+            raise ValueError(f"nnodes must be a number >= 1 or a range MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+        return int(low) if not high or high == low else f"{int(low)}:{int(high)}"
+
+    @model_validator(mode="after")
+    def _elastic_needs_rendezvous(self) -> LaunchConfig:
+        if isinstance(self.nnodes, str) and not self.rdzv_backend:
+            raise ValueError(f"launch.nnodes={self.nnodes} (a range) needs torchrun's rendezvous: "
+                             "--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB")
+        return self
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """Fewest and most nodes of the job (equal unless ``nnodes`` is a range)."""
+        low, _, high = str(self.nnodes).partition(":")
+        return int(low), int(high or low)
 
 
 class TrainConfig(_Section):
@@ -194,7 +216,7 @@ class TrainConfig(_Section):
     def _cross_checks(self) -> TrainConfig:
         if self.strategy not in strategy_names():
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(strategy_names())}")
-        if self.launch.node_rank >= self.launch.nnodes:
+        if self.launch.node_rank >= self.launch.node_range[1]:
             raise ValueError(f"launch.node_rank={self.launch.node_rank} must be < launch.nnodes={self.launch.nnodes}")
         if self.model.split_devices and (self.model.name != "mlp" or self.strategy not in ("single", "ddp")):
             raise ValueError(f"model.split_devices splits the toy MLP inside one process: it needs model.name=mlp "
@@ -211,7 +233,14 @@ class TrainConfig(_Section):
 
     @property
     def world_size(self) -> int:
-        return self.launch.nproc_per_node * self.launch.nnodes
+        """The job's world size (the largest, for an elastic node range)."""
+        return self.world_sizes[-1]
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """Every world size the job can have: one, or one per node count of an elastic range."""
+        low, high = self.launch.node_range
+        return [self.launch.nproc_per_node * nodes for nodes in range(low, high + 1)]
 
     def micro_batch_size(self, world_size: int) -> int:
         """Per-rank micro-batch; raises ConfigError when the global batch does not divide evenly."""

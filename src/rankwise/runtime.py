@@ -89,6 +89,7 @@ class Runtime:
                 f"rank {self.rank}: the {strategy} library sees world size {seen}, "
                 f"the launcher started {self.env.world_size} processes: each process would train alone"
             )
+        hangs.announce(self.env)  # which node and address each rank runs on, should it later go silent
         self.seed = seed
         if seed is not None:
             seed_everything(seed)

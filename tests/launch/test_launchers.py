@@ -80,6 +80,20 @@ def test_torchrun_arguments():
                     "--master-addr=10.0.0.2", "--master-port=29400", "train.py", "--x", "1"]
     rdzv = torchrun_argv(4, ["-m", "pkg"], nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:1", rdzv_id="job")
     assert "--rdzv-backend=c10d" in rdzv and "--rdzv-endpoint=h:1" in rdzv and not any("master" in a for a in rdzv)
+    elastic = torchrun_argv(1, ["x.py"], nnodes="1:2", rdzv_backend="c10d", rdzv_endpoint="h:1", rdzv_timeout_s=30)
+    assert "--nnodes=1:2" in elastic and "--rdzv-conf=timeout=30,join_timeout=30" in elastic
+
+
+def test_rendezvous_endpoint_and_timeout_from_torchrun_flags():
+    from rankwise.launch.torchrun import _rendezvous_endpoint, _rendezvous_timeout, get_args_parser
+
+    def parse(*flags):
+        return get_args_parser().parse_args([*flags, "x.py"])
+
+    static = parse("--nnodes=2", "--master-addr=10.0.0.1", "--master-port=1234", "--rdzv-conf=timeout=42")
+    assert (_rendezvous_endpoint(static), _rendezvous_timeout(static)) == (("10.0.0.1", 1234), 42.0)
+    c10d = parse("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0")
+    assert (_rendezvous_endpoint(c10d), _rendezvous_timeout(c10d)) == (("node0", 29400), 600.0)
 
 
 def test_free_port_is_free():

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,20 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def _node(namespace: str, node_rank: int, out: Path, nproc: int, port: int) -> subprocess.Popen:
-    command = ["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", "train", *JOB,
-               "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port),
-               "--nproc-per-node", str(nproc), "--out", str(out)]
-    return subprocess.Popen(command, env=_clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _in(namespace: str, *args: str) -> subprocess.Popen:
+    """``rankwise ARGS`` on the host ``namespace``."""
+    return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", *args],
+                            env=_clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _node(namespace: str, node_rank: int, out: Path, nproc: int, port: int, *extra: str) -> subprocess.Popen:
+    return _in(namespace, "train", *JOB, "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER,
+               "--master-port", str(port), "--nproc-per-node", str(nproc), "--out", str(out), *extra)
+
+
+def _link(namespace: str, state: str) -> None:
+    device = f"rw-veth{list(HOSTS).index(namespace)}"
+    subprocess.run(["ip", "-n", namespace, "link", "set", device, state], check=True, timeout=30)
 
 
 def _one_host(out: Path, nproc: int) -> dict:
@@ -63,3 +73,84 @@ def test_two_hosts_train_like_one_host_with_the_same_world_size(nproc, two_hosts
     difference = max((two[k] - one[k]).abs().max().item() for k in one)
     print(f"2 hosts x {nproc}: max |two hosts - one host| = {difference:.2e}")
     assert difference < 1e-6
+
+
+def _max_difference(a: Path, b: Path) -> float:
+    one, two = read_weights(a / "checkpoints"), read_weights(b / "checkpoints")
+    return max((one[k] - two[k]).abs().max().item() for k in one)
+
+
+def test_c10d_rendezvous_with_an_elastic_node_range_trains_like_one_host(two_hosts, tmp_path):
+    """torch names the c10d store's host by hostname, which resolves to loopback here: rankwise tells
+    node 0 it hosts the store and gives the workers its address instead of 'localhost'."""
+    rdzv = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{MASTER}:29631", "--rdzv-id", "job-1")
+    nodes = [_in(namespace, "train", *JOB, *rdzv, "--nproc-per-node", "1", "--out", str(tmp_path / f"node{i}"))
+             for i, namespace in enumerate(HOSTS)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stderr[-3000:]
+    last_lines = [out.strip().splitlines()[-1] for out, _ in outputs]
+    head = json.loads(next(line for line in last_lines if line.startswith("{")))  # whichever node holds rank 0
+    assert (head["world_size"], head["eval_samples"]) == (2, 300)
+    _one_host(tmp_path / "one-host", 2)
+    trained = next(tmp_path / f"node{i}" for i in range(2) if (tmp_path / f"node{i}" / "checkpoints").exists())
+    assert _max_difference(trained, tmp_path / "one-host") < 1e-6
+
+
+def test_launch_with_c10d_rendezvous_across_two_hosts(two_hosts, tmp_path):
+    rdzv = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{MASTER}:29632", "--rdzv-id", "job-2",
+            "--rdzv-conf", "join_timeout=60")
+    nodes = [_in(namespace, "launch", *rdzv, "--nproc-per-node", "1", str(ROOT / "tests/launch/rank_probe.py"),
+                 str(tmp_path)) for namespace in HOSTS]
+    for node in nodes:
+        _, stderr = node.communicate(timeout=180)
+        assert node.returncode == 0, stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    assert [s["runtime"] for s in seen] == [[0, 0, 2], [1, 0, 2]]
+    assert {s["MASTER_ADDR"] for s in seen} == {MASTER}  # node 0's address, not its hostname
+
+
+@pytest.mark.parametrize("link", ["up", "down"])
+def test_a_node_that_cannot_reach_the_master_fails_naming_itself_and_the_address(link, two_hosts, tmp_path):
+    _link("rw-node1", link)
+    try:
+        started = time.monotonic()
+        node = _node("rw-node1", 1, tmp_path / "node1", 1, 29641, "--set", "launch.timeout_s=4")
+        _, stderr = node.communicate(timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        _link("rw-node1", "up")
+    assert node.returncode == 1, stderr[-3000:]
+    host = socket.gethostname()
+    where = f"node 1 ({host}, {HOSTS['rw-node1']})" if link == "up" else f"node 1 ({host})"
+    cause = "connection refused" if link == "up" else "no route"
+    assert f"{where} cannot reach the master {MASTER}:29641 within 4 s: {cause}" in stderr, stderr[-3000:]
+    assert elapsed < 60  # start-up + the 4 s rendezvous timeout, not torchrun's 600 s
+    assert not (tmp_path / "node1" / "checkpoints").exists()
+
+
+def test_a_link_going_down_mid_training_ends_the_job_naming_the_unreachable_node(two_hosts, tmp_path):
+    long_job = ("--max-steps", "100000", "--set", "data.limit=2000", "--set", "log_every=1",
+                "--set", "launch.timeout_s=8")
+    nodes = [_node(namespace, rank, tmp_path / f"node{rank}", 1, 29651, *long_job)
+             for rank, namespace in enumerate(HOSTS)]
+    metrics = tmp_path / "node0" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), "training never started"
+            time.sleep(0.5)
+        _link("rw-node1", "down")
+        cut = time.monotonic()
+        outputs = [node.communicate(timeout=120) for node in nodes]
+        ended = time.monotonic() - cut
+    finally:
+        _link("rw-node1", "up")
+        for node in nodes:
+            node.kill()
+    print(f"both nodes ended {ended:.1f} s after the link went down (launch.timeout_s=8)")
+    assert [node.returncode for node in nodes] == [1, 1]
+    head, cut_off = (stderr for _, stderr in outputs)
+    assert f"rank 1 on node 1 (host {socket.gethostname()}, {HOSTS['rw-node1']}) never arrived" in head, head[-3000:]
+    assert "lost its connection to the master node" in cut_off, cut_off[-3000:]
+    assert ended < 8 * 4  # the timeout, the diagnosis's few seconds and shutdown; never a hang

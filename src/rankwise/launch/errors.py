@@ -60,6 +60,14 @@ class LaunchError(RuntimeError):
         return error
 
 
+class MasterUnreachable(LaunchError):
+    """This node could not reach the master's rendezvous port within the rendezvous timeout."""
+
+    def __init__(self, message: str):
+        self.failures = []
+        RuntimeError.__init__(self, message)
+
+
 class Stopped(RuntimeError):
     """The launcher was asked to stop (SIGTERM, SIGINT): the workers checkpointed and exited."""
 

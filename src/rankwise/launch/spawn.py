@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from rankwise.env import ProcessEnv
 from rankwise.launch.errors import LaunchError, RankFailure, Stopped
-from rankwise.launch.network import choose_interface
+from rankwise.launch.network import choose_interface, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -30,8 +30,10 @@ def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: i
 
 
 def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_rank: int = 0,
-          master_addr: str = "127.0.0.1", master_port: int | None = None) -> None:
+          master_addr: str = "127.0.0.1", master_port: int | None = None, rdzv_timeout_s: float = 600.0) -> None:
     """Run ``fn(local_rank, *args)`` in ``nprocs`` processes on this node and wait for all of them.
+
+    On a node other than the master's, first wait up to ``rdzv_timeout_s`` for the master's port.
 
     SIGTERM / SIGINT to this process are forwarded to every worker (which may checkpoint and
     exit, see ``rankwise.preemption``) and end in :class:`Stopped`; a failed worker ends in a
@@ -42,9 +44,11 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
             raise LaunchError([f"node {node_rank}: a multi-node spawn needs --master-port (all nodes must agree)"])
         master_port = free_port()
     if nnodes > 1:
-        note = choose_interface(master_addr, node_rank)
+        note = choose_interface(master_addr, f"node {node_rank}")
         if note:
             print(f"rankwise: {note}", file=sys.stderr, flush=True)
+        if node_rank != 0:
+            wait_for_master(master_addr, master_port, rdzv_timeout_s, f"node {node_rank}")
     set_worker_environment(nprocs)
     context = mp.start_processes(_entry, args=(fn, nprocs, nnodes, node_rank, master_addr, master_port, args),
                                  nprocs=nprocs, join=False, start_method="spawn")

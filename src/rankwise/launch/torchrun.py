@@ -19,8 +19,12 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from rankwise.launch.errors import LaunchError, RankFailure, Stopped
-from rankwise.launch.network import choose_interface
+from rankwise.launch.network import choose_interface, is_this_machine, route_to, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
+
+DEFAULT_C10D_PORT = 29400
+DEFAULT_RDZV_TIMEOUT_S = 600.0
+"""torch's defaults: the c10d endpoint's port, and the rendezvous timeouts (static `timeout`, c10d `join_timeout`)."""
 
 
 def _flag(argv: list[str], *names: str) -> str | None:
@@ -36,12 +40,16 @@ def _flag(argv: list[str], *names: str) -> str | None:
 def torchrun_argv(nproc_per_node: int, entry: list[str], *, nnodes: int = 1, node_rank: int = 0,
                   master_addr: str = "127.0.0.1", master_port: int | None = None, max_restarts: int = 0,
                   rdzv_backend: str | None = None, rdzv_endpoint: str | None = None,
-                  rdzv_id: str | None = None) -> list[str]:
+                  rdzv_id: str | None = None, rdzv_timeout_s: float | None = None) -> list[str]:
     """torchrun's argument list for the given settings.
 
-    ``entry`` is ``[script, args...]`` or ``["-m", module, ...]``.
+    ``entry`` is ``[script, args...]`` or ``["-m", module, ...]``; ``nnodes`` may be ``"MIN:MAX"``
+    with a rendezvous backend; ``rdzv_timeout_s`` bounds how long the nodes wait for each other.
     """
     argv = [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--max-restarts={max_restarts}"]
+    if rdzv_timeout_s is not None:
+        seconds = max(1, round(rdzv_timeout_s))  # static rendezvous reads `timeout`, c10d `join_timeout`
+        argv.append(f"--rdzv-conf=timeout={seconds},join_timeout={seconds}")
     if rdzv_backend:
         argv += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint or ''}",
                  f"--rdzv-id={rdzv_id or 'rankwise'}"]
@@ -60,10 +68,21 @@ def launch(argv: list[str]) -> None:
     if single_node and args.rdzv_endpoint == "" and _flag(argv, "--master-port", "--master_port") is None:
         args.master_port = free_port()
     if not single_node:
-        endpoint = args.rdzv_endpoint.rsplit(":", 1)[0] if args.rdzv_endpoint else args.master_addr
-        note = choose_interface(endpoint, args.node_rank)
+        host, port = _rendezvous_endpoint(args)
+        node = f"node {args.node_rank}" if not args.rdzv_endpoint else "this node"
+        note = choose_interface(host, node)
         if note:
             print(f"rankwise: {note}", file=sys.stderr, flush=True)
+        if not is_this_machine(host):  # fail naming this node and the address, not after torchrun's long wait
+            wait_for_master(host, port, _rendezvous_timeout(args), node)
+        elif args.rdzv_endpoint and "is_host" not in (args.rdzv_conf or ""):
+            # torch decides who hosts the c10d store by the machine's hostname; when that resolves to
+            # loopback no node recognises the endpoint as its own and every node waits as a client.
+            args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, "is_host=true"]))
+        interface = route_to(host)
+        if args.rdzv_endpoint and not args.local_addr and interface and not interface.address.startswith("127."):
+            # c10d hands the workers node 0's name (often 'localhost') as MASTER_ADDR unless told its address.
+            args.local_addr = interface.address
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     try:
@@ -78,6 +97,21 @@ def launch(argv: list[str]) -> None:
     except SignalException as e:
         # torchrun sent the signal on to the workers and gave them time to checkpoint and exit.
         raise Stopped(int(e.sigval)) from None
+
+
+def _rendezvous_endpoint(args) -> tuple[str, int]:
+    """The host and port every node connects to: the c10d endpoint, else the master."""
+    if args.rdzv_endpoint:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        return (host, int(port)) if host else (args.rdzv_endpoint, DEFAULT_C10D_PORT)
+    return args.master_addr, int(args.master_port)
+
+
+def _rendezvous_timeout(args) -> float:
+    """How long torchrun's rendezvous waits for the other nodes (its `--rdzv-conf`, else torch's default)."""
+    key = "join_timeout" if args.rdzv_endpoint else "timeout"
+    conf = dict(item.split("=", 1) for item in (args.rdzv_conf or "").split(",") if "=" in item)
+    return float(conf.get(key, DEFAULT_RDZV_TIMEOUT_S))
 
 
 def _rank_failure(rank: int, failure) -> RankFailure:
