@@ -57,7 +57,8 @@ def test_an_elastic_node_range_needs_a_rendezvous_and_fits_every_world_size():
         build_config(overrides=['launch.nnodes="1:2"'])
     with pytest.raises(ConfigError, match="MIN:MAX with 1 <= MIN <= MAX, got '3:1'"):
         build_config(overrides=['launch.nnodes="3:1"', *rdzv])
-    with pytest.raises(ConfigError, match=r"batch_size=8 is not divisible by world_size \(6\)"):  # fits 2 and 4 ranks, not 6
+    # batch 8 fits 2 and 4 ranks, not 6
+    with pytest.raises(ConfigError, match=r"batch_size=8 is not divisible by world_size \(6\)"):
         before_launch(build_config(overrides=['launch.nnodes="1:3"', "launch.nproc_per_node=2", "batch_size=8",
                                               "strategy=ddp", *rdzv]))
     with pytest.raises(ConfigError, match="elastic node range needs the torchrun launcher .* spawn"):

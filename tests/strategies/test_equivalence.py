@@ -10,6 +10,7 @@ import pytest
 from rankwise.checkpoint import read_weights
 from rankwise.config import DataConfig, build_config
 from rankwise.data.prepare import PreparedData, prepare_data
+from rankwise.tolerance import COMM_HOOK
 from tests.multiproc import run_ranks
 
 TOLERANCE = 1e-5
@@ -85,6 +86,18 @@ def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tm
     # The runs really trained: weights moved well beyond the tolerance from their initial values.
     initial = _initial_weights(data, model, datasets)
     assert _max_difference(single, initial) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("hook", list(COMM_HOOK))
+def test_ddp_comm_hooks_train_within_their_stated_tolerance(hook, datasets, single_run, tmp_path):
+    data, model = CASES["tiny-bert"]
+    options = [f"ddp.comm_hook={hook}", "ddp.powersgd_start_step=2"]  # PowerSGD compresses from step 2 of 6
+    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
+                     [*model, "batch_size=16", "strategy=ddp", *options]) == [(6, 2), (6, 2)]
+    difference = _max_difference(single_run("tiny-bert", 16), _weights(tmp_path))
+    print(f"ddp.comm_hook={hook}: max |single - ddp| = {difference:.2e} (stated {COMM_HOOK[hook]:g})")
+    assert difference < COMM_HOOK[hook]
+    assert difference > TOLERANCE  # the hook really changed what was sent: not the exact fp32 average
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -6,6 +6,8 @@ variant under ``torch.multiprocessing`` spawn (the source documents' ``mp.spawn`
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,7 +29,7 @@ class DDP(Strategy):
         # device_ids only for a module on one CUDA device; CPU modules and modules split
         # across devices (ToyMpModel) must leave it unset.
         on_one_cuda_device = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
-        return DistributedDataParallel(
+        wrapped = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if on_one_cuda_device else None,
             bucket_cap_mb=self.options.bucket_cap_mb,
@@ -35,6 +37,38 @@ class DDP(Strategy):
             static_graph=self.options.static_graph,
             gradient_as_bucket_view=self.options.gradient_as_bucket_view,
         )
+        register_comm_hook(wrapped, self.options)
+        return wrapped
+
+
+def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, and they are strings here
+    """Average a gradient bucket in bfloat16 (gloo reduces bf16; torch's hook allows NCCL only)."""
+    group = group or torch_dist.group.WORLD
+    gradients = bucket.buffer()
+    compressed = gradients.to(torch.bfloat16).div_(group.size())
+    # Why: the bucket's all-reduce is the gradient synchronisation; DDP waits on the returned future.
+    future = torch_dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(done: torch.futures.Future) -> torch.Tensor:
+        gradients.copy_(done.value()[0])
+        return gradients
+
+    return future.then(decompress)
+
+
+def register_comm_hook(model: DistributedDataParallel, options: DDPOptions) -> None:
+    """Install the gradient communication hook ``options.comm_hook`` names (nothing for ``none``)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if options.comm_hook == "fp16_compress":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif options.comm_hook == "bf16_compress":
+        nccl = torch_dist.get_backend() == "nccl"  # torch's own hook refuses every other backend
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook if nccl else bfloat16_average_hook)
+    elif options.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=options.powersgd_rank,
+                                            start_powerSGD_iter=options.powersgd_start_step, random_seed=0)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -8,6 +8,8 @@ takes in a user's own loop.  Nothing here knows the training loop: the loop's ow
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,6 +28,12 @@ class DDPOptions(Options):
     """Tell DDP the graph never changes between steps (enables some optimisations)."""
     gradient_as_bucket_view: bool = True
     """Gradients alias DDP's communication buckets: saves one copy and memory."""
+    comm_hook: Literal["none", "fp16_compress", "bf16_compress", "powersgd"] = "none"
+    """How DDP's gradient all-reduce sends: `none` exact fp32; `fp16_compress` / `bf16_compress` round gradients to 16 bits before averaging (half the bytes; weights then differ from one process by the rounding, about 1e-3 of a step); `powersgd` sends a low-rank approximation with error feedback (far fewer bytes, approximate gradients; its error state is not checkpointed)."""
+    powersgd_rank: int = Field(1, ge=1)
+    """PowerSGD's matrix approximation rank: higher is closer to the exact gradient and sends more."""
+    powersgd_start_step: int = Field(10, ge=1)
+    """Optimizer steps with exact all-reduce before PowerSGD starts compressing (its warm-up)."""
 
 
 class DeepSpeedOptions(Options):
