@@ -165,6 +165,8 @@ class TrainConfig(_Section):
     """Global batch per optimizer step, the same whatever the world size: per-rank micro-batch = batch_size / (world_size * grad_accum)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches accumulated per optimizer step (gradient sync only on the last)."""
+    throughput_warmup_steps: int = Field(5, ge=0)
+    """Optimizer steps left out of the summary's `steady_samples_per_s` and `tokens_per_s` (the first steps pay for allocation and caches; checkpoints and evaluations are always left out)."""
     eval_batch_size: int = Field(256, ge=1)
     """Global batch for evaluation."""
     seed: int = 0

@@ -28,6 +28,7 @@ from rankwise.models import build_model, reads_ngrams
 from rankwise.preemption import StopRequest
 from rankwise.rundir import RunDir
 from rankwise.runtime import Runtime, iterate_steps, setup
+from rankwise.throughput import SteadyThroughput, count_tokens
 
 
 def peak_rss_megabytes() -> float:
@@ -217,6 +218,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
                    unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
         stop = StopRequest()
+        self.throughput = SteadyThroughput(cfg.throughput_warmup_steps)
         finished = False
         try:
             train_time, stopped_by = self.train(bar, stop)
@@ -247,20 +249,24 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         fault = faults.configured()  # test-only fault injection, read once
         loss_sum = torch.zeros((), device=rt.device)
-        loss_steps = 0
+        loss_steps = step_tokens = 0
         train_time = 0.0
         epoch = self.step // self.steps_per_epoch
         while self.step < self.total_steps:
             rt.set_epoch(self.loader, epoch)
             skip = self.step - epoch * self.steps_per_epoch  # steps of this epoch done before a resume
             started = time.perf_counter()
+            self.throughput.restart()
             for micro, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
                 if micro < skip * cfg.grad_accum:
                     continue
+                step_tokens += count_tokens(batch)
                 loss_sum += self.train_step(batch, sync) / cfg.grad_accum
                 if not sync:
                     continue
                 self.optimizer_step()
+                self.throughput.step(cfg.batch_size, step_tokens)
+                step_tokens = 0
                 loss_steps += 1
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -273,6 +279,7 @@ class Trainer:
                     loss_steps = 0
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save(epoch)
+                    self.throughput.restart()
                 faults.at_step_end(fault, rt.rank, self.step)
                 signum = stop.agreed()
                 if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
@@ -307,6 +314,8 @@ class Trainer:
         result = self.evaluate(cfg.eval_split)
         # (training peak, overall peak) per rank; the overall one includes checkpoint gathers.
         peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
+        # Why: each rank counted only its own shard's tokens.
+        tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
         summary = {
             "strategy": cfg.strategy,
             "world_size": rt.world_size,
@@ -324,6 +333,7 @@ class Trainer:
             "train_s": round(train_time, 3),
             "peak_rss_mb": peak_rss_mb,
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
+            **self.throughput.rates(tokens),
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "run_dir": str(self.run_dir.root),
         }

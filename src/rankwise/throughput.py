@@ -1,0 +1,52 @@
+"""Training throughput without the warm-up and the pauses: what a benchmark compares.
+
+The first steps of a run pay for memory allocation, caches and lazy initialisation; a
+checkpoint or an evaluation between steps is not training.  ``SteadyThroughput`` counts
+samples and tokens only over the steps after ``warmup_steps``, and only the time from the
+end of one step (or of a pause) to the end of the next.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def count_tokens(batch: dict) -> int:
+    """Real (unpadded) tokens in a text batch; 0 for inputs without an attention mask."""
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    return int(mask.sum()) if mask is not None else 0
+
+
+class SteadyThroughput:
+    def __init__(self, warmup_steps: int):
+        self.warmup_steps = warmup_steps
+        self.steps_seen = 0
+        self.steps = 0
+        self.seconds = 0.0
+        self.samples = 0
+        self.tokens = 0
+        self._since = time.perf_counter()
+
+    def restart(self) -> None:
+        """Time from now: call after anything that is not a training step (evaluation, checkpoint)."""
+        self._since = time.perf_counter()
+
+    def step(self, samples: int, tokens: int) -> None:
+        """One optimizer step ended, over ``samples`` samples and ``tokens`` tokens (this process's count)."""
+        now = time.perf_counter()
+        self.steps_seen += 1
+        if self.steps_seen > self.warmup_steps:
+            self.steps += 1
+            self.seconds += now - self._since
+            self.samples += samples
+            self.tokens += tokens
+        self._since = now
+
+    def rates(self, all_tokens: int | None = None) -> dict:
+        """``steady_samples_per_s`` and ``tokens_per_s`` (``all_tokens``: every rank's count summed),
+        None when no step came after the warm-up."""
+        tokens = self.tokens if all_tokens is None else all_tokens
+        if not self.steps or self.seconds <= 0:
+            return {"steady_steps": 0, "steady_samples_per_s": None, "tokens_per_s": None}
+        return {"steady_steps": self.steps, "steady_samples_per_s": round(self.samples / self.seconds, 2),
+                "tokens_per_s": round(tokens / self.seconds, 1) if tokens else None}
