@@ -69,6 +69,8 @@ class DataConfig(_Section):
     """Input features of the `toy` dataset."""
     toy_classes: int = Field(5, ge=2)
     """Classes of the `toy` dataset."""
+    cache_dir: str | None = None
+    """Keep the prepared data (splits, tokenizer, token ids) here, keyed by these data settings and the source file's size and modification time, and reuse it when they match: repeated runs skip reading and tokenizer training."""
 
 
 class ModelConfig(_Section):
@@ -179,6 +181,8 @@ class TrainConfig(_Section):
     """Log (and all-reduce) the loss every N optimizer steps."""
     save_every: int | None = Field(None, ge=1)
     """Also checkpoint every N optimizer steps (a checkpoint is always written at each epoch end)."""
+    save_at_steps: list[int] = []
+    """Also checkpoint right after these optimizer steps (e.g. to compare runs at the same step)."""
     resume: str | None = None
     """Checkpoint directory to resume from (`latest` means <out>/checkpoints/latest)."""
     strict: bool = False

@@ -277,7 +277,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
                     loss_sum.zero_()
                     loss_steps = 0
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                if cfg.save_every and self.step % cfg.save_every == 0 or self.step in cfg.save_at_steps:
                     self.save(epoch)
                     self.throughput.restart()
                 faults.at_step_end(fault, rt.rank, self.step)

@@ -86,3 +86,27 @@ def test_dropping_duplicates_of_a_given_split_is_opt_in(tmp_path):
     # contradictory text 测试句子4: 41 -> 40 training rows, 13 -> 9 test rows.
     assert (data.size("train"), data.size("test")) == (40, 9)
     assert data.stats["warnings"] == []
+
+
+def test_the_cache_reuses_prepared_data_until_the_settings_or_the_file_change(tmp_path, monkeypatch):
+    import os
+
+    import rankwise.data.prepare as prepare
+
+    source = tmp_path / "reviews.csv"
+    source.write_text("text,label\n" + "".join(f"text number {i},{'ab'[i % 2]}\n" for i in range(60)), "utf-8")
+    config = DataConfig(source=str(source), tokenizer="char", cache_dir=str(tmp_path / "cache"))
+    first = prepare_data(config)
+    calls = []
+    real = prepare._prepare
+    monkeypatch.setattr(prepare, "_prepare", lambda *a: calls.append(a) or real(*a))
+    again = prepare_data(config)
+    assert calls == [] and again.splits["train"]["ids"] == first.splits["train"]["ids"]
+    prepare_data(config.model_copy(update={"max_length": 16}))  # other settings: prepared anew
+    assert len(calls) == 1
+    source.write_text(source.read_text("utf-8") + "one more text,a\n", "utf-8")
+    os.utime(source, ns=(1, 1))  # the file changed (size and modification time)
+    assert prepare_data(config).size("train") + prepare_data(config).size("dev") + prepare_data(config).size(
+        "test") == 61
+    assert len(calls) == 2
+    assert sorted(p.name.startswith(".") for p in (tmp_path / "cache").iterdir()) == [False, False, False]

@@ -8,8 +8,10 @@ trains on exactly the same token ids.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,6 +147,35 @@ def prepare_toy(config: DataConfig, seed: int) -> PreparedData:
 
 
 def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
+    """The prepared splits; from ``config.cache_dir`` when an earlier run prepared the same data."""
+    if not config.cache_dir:
+        return _prepare(config, seed)
+    entry = Path(config.cache_dir) / _cache_key(config, seed)
+    if (entry / PREPARED_FILE).is_file():
+        try:
+            return PreparedData.load(entry)
+        except Exception:  # noqa: BLE001 - an unreadable entry is prepared again, never trusted
+            pass
+    data = _prepare(config, seed)
+    staging = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+    data.save(staging)
+    shutil.rmtree(entry, ignore_errors=True)
+    os.replace(staging, entry)  # whole entries only: a concurrent reader never sees half of one
+    return data
+
+
+def _cache_key(config: DataConfig, seed: int) -> str:
+    """Hash of the data settings and of the source file's identity (size, modification time)."""
+    settings = config.model_dump(exclude={"cache_dir"})
+    source = Path(config.source)
+    if source.is_file():
+        stat = source.stat()
+        settings["source_file"] = [str(source.resolve()), stat.st_size, stat.st_mtime_ns]
+    blob = json.dumps({"settings": settings, "seed": seed, "format": 1}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _prepare(config: DataConfig, seed: int) -> PreparedData:
     if config.source == "toy":
         return prepare_toy(config, seed)
     return prepare_text(config)
