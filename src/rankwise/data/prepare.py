@@ -148,9 +148,9 @@ def prepare_toy(config: DataConfig, seed: int) -> PreparedData:
 
 def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
     """The prepared splits; from ``config.cache_dir`` when an earlier run prepared the same data."""
-    if not config.cache_dir:
+    entry = cache_entry(config, seed)
+    if entry is None:
         return _prepare(config, seed)
-    entry = Path(config.cache_dir) / _cache_key(config, seed)
     if (entry / PREPARED_FILE).is_file():
         try:
             return PreparedData.load(entry)
@@ -162,6 +162,11 @@ def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
     shutil.rmtree(entry, ignore_errors=True)
     os.replace(staging, entry)  # whole entries only: a concurrent reader never sees half of one
     return data
+
+
+def cache_entry(config: DataConfig, seed: int = 1234) -> Path | None:
+    """Where ``prepare_data`` keeps (or finds) this data in ``config.cache_dir``; None without a cache."""
+    return Path(config.cache_dir) / _cache_key(config, seed) if config.cache_dir else None
 
 
 def _cache_key(config: DataConfig, seed: int) -> str:
