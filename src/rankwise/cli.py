@@ -6,6 +6,7 @@ Commands
   rankwise predict  classify texts with a trained checkpoint
   rankwise export   write a checkpoint's weights as one plain .safetensors file
   rankwise doctor   check this machine, or every node of a multi-node job, before a run
+  rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
 
 Concepts
   world_size   number of processes in the job (nnodes x nproc_per_node)
@@ -134,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_predict_parser(commands)
     _add_export_parser(commands)
     from rankwise import doctor
+    from rankwise.bench import command as bench
 
     doctor.add_parser(commands)
+    bench.add_parser(commands)
     return parser
 
 
@@ -363,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             from rankwise import doctor
 
             return doctor.run(args)
+        if args.command == "bench":
+            from rankwise.bench import command as bench
+
+            return bench.run(args)
         return cmd_predict(args)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"rankwise {args.command}: error: {e}", file=sys.stderr)

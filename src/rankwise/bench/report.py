@@ -1,0 +1,184 @@
+"""``rankwise bench``'s outputs: the table, ``report.md``, ``report.json`` (every number) and ``report.png``."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from rankwise.checkpoint import write_text_atomic
+
+ACCURACY_POINTS = 0.01
+"""A row's test accuracy may differ from ``single``'s by this much (one point)."""
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    values = [run[key] for run in runs if run.get(key) is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def summarize(records: list[dict], meta: dict) -> dict:
+    """One line per row (medians over repeats), the reading, and everything measured."""
+    ok = {r["row"]: [run for run in r["runs"] if "error" not in run] for r in records}
+    reference = _median(ok.get("single", []), "steady_samples_per_s")
+    single_accuracy = ok["single"][0]["accuracy"] if ok.get("single") else None
+    lines = []
+    for record in records:
+        runs = ok[record["row"]]
+        line = {"row": record["row"], "about": record["about"], "processes": record["processes"],
+                "tolerance": record["tolerance"]}
+        if record["missing"]:
+            line["status"] = f"not installed: {record['missing']}"
+        elif not runs:
+            line["status"] = f"failed: {record['runs'][0]['error']}" if record["runs"] else "not run"
+        else:
+            first = runs[0]
+            speed = _median(runs, "steady_samples_per_s")
+            line |= {
+                "status": "ok",
+                "wall_s": _median(runs, "wall_s"),
+                "samples_per_s": speed,
+                "tokens_per_s": _median(runs, "tokens_per_s"),
+                "speedup": round(speed / reference, 3) if speed and reference else None,
+                "peak_rss_mb": [peak for peak, _ in first["peak_rss_mb"]],
+                "accuracy": first["accuracy"],
+                "macro_f1": first["macro_f1"],
+                "eval_samples": first["eval_samples"],
+                "eval_expected": record["eval_expected"],
+                "eval_count_ok": record["eval_count_ok"],
+                "max_param_diff": record.get("max_param_diff"),
+                "equivalent": record.get("equivalent"),
+                "accuracy_ok": (single_accuracy is not None
+                                and abs(first["accuracy"] - single_accuracy) <= ACCURACY_POINTS),
+            }
+            if record.get("equivalence_error"):
+                line["equivalence_error"] = record["equivalence_error"]
+        lines.append(line)
+    return {"rows": lines, "reading": reading(lines, ok), "meta": meta, "runs": records}
+
+
+def _paired_ratio(ok: dict, a: str, b: str) -> dict | None:
+    """Median over repeats of a's throughput / b's (runs of one repeat are neighbours: a pair)."""
+    pairs = [(x["steady_samples_per_s"], y["steady_samples_per_s"]) for x, y in zip(ok.get(a, []), ok.get(b, []))
+             if x.get("steady_samples_per_s") and y.get("steady_samples_per_s")]
+    if not pairs:
+        return None
+    return {"median": round(statistics.median(x / y for x, y in pairs), 3),
+            "pairs": [round(x / y, 3) for x, y in pairs]}
+
+
+def reading(lines: list[dict], ok: dict) -> dict:
+    measured = [line for line in lines if line["status"] == "ok"]
+    passing = [line for line in measured if line["equivalent"] and line["eval_count_ok"] and line["accuracy_ok"]]
+    fastest = max(passing, key=lambda line: line["samples_per_s"] or 0, default=None)
+    return {
+        "fastest_passing": fastest["row"] if fastest else None,
+        "fastest_passing_speedup": fastest["speedup"] if fastest else None,
+        "ddp_vs_plain_ddp": _paired_ratio(ok, "ddp", "plain-ddp"),
+        "ddp_vs_plain_accelerate": _paired_ratio(ok, "ddp", "plain-accelerate"),
+        "plain_ddp_vs_per_step_sync": _paired_ratio(ok, "plain-ddp", "per-step-sync"),
+        "failing": [line["row"] for line in measured if line not in passing],
+        "not_run": [line["row"] for line in lines if line["status"] != "ok"],
+    }
+
+
+def _check(value: bool | None) -> str:
+    return "—" if value is None else ("pass" if value else "FAIL")
+
+
+def table(summary: dict) -> str:
+    """The Markdown table (also what the terminal shows)."""
+    head = ("| row | procs | wall s | samples/s | tokens/s | speedup | peak RSS MB/rank | accuracy | macro-F1 "
+            "| eval count | max Δparam (tol) | equivalent |")
+    out = [head, "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
+    for line in summary["rows"]:
+        if line["status"] != "ok":
+            out.append(f"| {line['row']} | {line['processes']} | | | | | | | | | | {line['status']} |")
+            continue
+        diff = line["max_param_diff"]
+        diff_text = f"{diff:.1e} ({line['tolerance']:.0e})" if diff is not None else "—"
+        count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
+        speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
+        tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
+        out.append(f"| {line['row']} | {line['processes']} | {line['wall_s']:.1f} | {line['samples_per_s']:,.0f} | "
+                   f"{tokens} | {speedup} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+                   f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
+                   f"{_check(line['equivalent'])} |")
+    return "\n".join(out)
+
+
+def reading_text(summary: dict) -> str:
+    r, meta = summary["reading"], summary["meta"]
+    said = []
+    if r["fastest_passing"]:
+        said.append(f"Fastest row that passes every check: **{r['fastest_passing']}** "
+                    f"({r['fastest_passing_speedup']:.2f}× `single` at {meta['cores']} cores).")
+    for key, text in (("ddp_vs_plain_ddp", "rankwise `ddp` / hand-written DDP loop"),
+                      ("ddp_vs_plain_accelerate", "rankwise `ddp` / plain Accelerate"),
+                      ("plain_ddp_vs_per_step_sync", "hand-written DDP / per-step-sync loop")):
+        if r[key]:
+            said.append(f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
+                        f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])}).")
+    said.append(f"Failing a check: {', '.join(r['failing'])}." if r["failing"] else "Every measured row passes "
+                "its equivalence tolerance, the evaluation count and accuracy within 1 point of `single`.")
+    if r["not_run"]:
+        said.append(f"Not measured: {', '.join(r['not_run'])} (see the table).")
+    return "\n".join(f"- {line}" for line in said)
+
+
+def markdown(summary: dict) -> str:
+    meta = summary["meta"]
+    return "\n".join([
+        f"# rankwise bench — {meta['preset']} preset", "",
+        f"{meta['data']} · model {meta['model']} · {meta['steps']} steps × batch {meta['batch_size']} · "
+        f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · dropout 0 · equivalence after "
+        f"{meta['equivalence_step']} steps against `single`", "",
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, GPU {meta['cuda'] or 'none'}; torch {meta['torch']}, "
+        f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()), "",
+        table(summary), "",
+        "samples/s and tokens/s: training only, after the warm-up steps (checkpoints and evaluation left out); "
+        "speedup: against `single` at the same total cores; peak RSS: each rank's resident memory during "
+        "training; eval count: predictions gathered against the split size; Δparam: largest parameter "
+        "difference from `single` after the same first steps, judged against the row's stated tolerance.", "",
+        "## Reading", "", reading_text(summary), ""])
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [line for line in summary["rows"] if line["status"] == "ok"]
+    names = [line["row"] for line in lines]
+    colour = ["#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines]
+    figure, axes = plt.subplots(1, 3, figsize=(15, 0.45 * len(lines) + 2), sharey=True)
+    panels = (("samples_per_s", "training samples/s"), ("speedup", "speedup vs single (equal cores)"),
+              ("accuracy", "test accuracy"))
+    for axis, (key, title) in zip(axes, panels):
+        values = [line[key] or 0 for line in lines]
+        axis.barh(names, values, color=colour)
+        axis.set_title(title)
+        for y, value in enumerate(values):
+            axis.text(value, y, f" {value:.2f}" if key != "samples_per_s" else f" {value:.0f}", va="center",
+                      fontsize=8)
+        axis.margins(x=0.2)
+    axes[0].invert_yaxis()  # the table's order, top to bottom (the axes share it)
+    axes[1].axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    if lines and lines[0]["row"] == "single":
+        axes[2].axvline(lines[0]["accuracy"], color="grey", linestyle="--", linewidth=1)
+    meta = summary["meta"]
+    figure.suptitle(f"rankwise bench ({meta['preset']}): {meta['data']}, {meta['nproc']} processes, "
+                    f"{meta['cores']} cores — green: passes equivalence and count checks, red: fails")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write(summary: dict, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "report.md", "json": out / "report.json", "png": out / "report.png"}
+    write_text_atomic(paths["json"], json.dumps(summary, indent=2, default=str))
+    write_text_atomic(paths["md"], markdown(summary))
+    plot(summary, paths["png"])
+    return paths
