@@ -1,4 +1,4 @@
-# make demo   - create .venv if missing, install, run the main job
+# make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
 # make test   - same set-up, then the whole test suite
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/rankwise train --data sentiment --strategy ddp --nproc-per-node 2
+	$(VENV)/bin/rankwise bench --preset quick --data sentiment --out runs/bench-demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples

@@ -191,6 +191,8 @@ class TrainConfig(_Section):
     """How many of the newest checkpoints to keep under <out>/checkpoints."""
     eval_split: Literal["dev", "test"] = "test"
     """Split evaluated at the end of training and reported."""
+    dev_each_epoch: bool = True
+    """Evaluate the dev split at each epoch end (logged as dev_accuracy / dev_macro_f1)."""
     progress: bool = True
     """Show a tqdm progress bar on rank 0."""
     data: DataConfig = Field(default_factory=DataConfig)

@@ -293,7 +293,7 @@ class Trainer:
             self.train_peak_rss_mb = peak_rss_megabytes()  # before this epoch's evaluation and checkpoint
             epoch_done = self.step % self.steps_per_epoch == 0 or self.step >= self.total_steps
             if epoch_done:
-                if "dev" in self.eval_sets:
+                if "dev" in self.eval_sets and cfg.dev_each_epoch:
                     dev = self.evaluate("dev")
                     self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
                     if rt.is_main and cfg.progress:

@@ -60,7 +60,8 @@ def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | Non
     equivalence_step = 5
     settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "model.dropout=0.0", "eval_split=test",
                 f"throughput_warmup_steps={equivalence_step}", f"save_at_steps=[{equivalence_step}]",
-                "keep_checkpoints=100", "log_every=10", f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
+                "keep_checkpoints=100", "log_every=10", "dev_each_epoch=false",
+                f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
     if data:
         settings.append(f"data.source={json.dumps(data)}")
     if model:
