@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
-	$(PY) -m rankwise.bench.overhead
+	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

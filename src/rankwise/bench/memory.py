@@ -24,15 +24,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import tempfile
 
 from rankwise.bench.common import machine
-from rankwise.bench.strategies import run
+from rankwise.strategies import get_strategy
 
 GOAL = 0.6
 """Peak per-rank memory of ZeRO-3 and FSDP, as a fraction of DDP's."""
 
 CASES = ["ddp", "fsdp", "deepspeed-zero3"]
 """Registered strategy names, DDP first: the others are compared with it."""
+
+
+def run(strategy: str, nproc: int, extra: list[str]) -> dict:
+    """``rankwise train --strategy STRATEGY ... --json`` in a fresh process; its summary, or ``{"error"}``."""
+    with tempfile.TemporaryDirectory(prefix=f"rankwise-{strategy}-") as out:
+        procs = ["--nproc-per-node", str(nproc)] if get_strategy(strategy).multiprocess else []
+        command = [sys.executable, "-m", "rankwise.cli", "train", "--strategy", strategy, *procs, "--out", out,
+                   "--json", "--no-progress", *extra]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode:
+            return {"strategy": strategy, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
