@@ -45,7 +45,11 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
     assert [line["row"] for line in saved["rows"]] == ["single", "plain-ddp", "wrong"]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 10_000
     markdown = paths["md"].read_text()
-    assert "| plain-ddp | 2 |" in markdown and "## Reading" in markdown
+    assert f"| plain-ddp | 2 × {max(1, meta_cores(result) // 2)} |" in markdown and "## Reading" in markdown
+
+
+def meta_cores(result: dict) -> int:
+    return result["meta"]["cores"]
 
 
 def test_a_wrong_run_fails_the_equivalence_and_count_checks(summary):
@@ -66,6 +70,16 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
     with pytest.raises(ValueError, match="unknown bench row"):
         select(["fsdb"])
     assert Row("x", "ddp", ("ddp.comm_hook=powersgd",)).tolerance == 1e-2
+
+
+def test_a_row_whose_library_is_missing_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    assert "pip install 'rankwise[accelerate]'" in select(["plain-accelerate"])[1].missing()
+    assert "accelerate" in select(["accelerate"])[1].missing() and "pip install" in select(["accelerate"])[1].missing()
+    assert select(["ddp"])[1].missing() is None
 
 
 def test_bad_flags_fail_before_anything_runs(tmp_path):

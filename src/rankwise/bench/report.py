@@ -26,7 +26,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
     for record in records:
         runs = ok[record["row"]]
         line = {"row": record["row"], "about": record["about"], "processes": record["processes"],
-                "tolerance": record["tolerance"]}
+                "threads": record["threads"], "tolerance": record["tolerance"]}
         if record["missing"]:
             line["status"] = f"not installed: {record['missing']}"
         elif not runs:
@@ -88,19 +88,21 @@ def _check(value: bool | None) -> str:
 
 def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
-    head = ("| row | procs | wall s | samples/s | tokens/s | speedup | peak RSS MB/rank | accuracy | macro-F1 "
-            "| eval count | max Δparam (tol) | equivalent |")
+    head = ("| row | procs × threads | wall s | samples/s | tokens/s | speedup | peak RSS MB/rank | accuracy "
+            "| macro-F1 | eval count | max Δparam (tol) | equivalent |")
     out = [head, "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} | | | | | | | | | | {line['status']} |")
+            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | "
+                       f"{line['status']} |")
             continue
         diff = line["max_param_diff"]
         diff_text = f"{diff:.1e} ({line['tolerance']:.0e})" if diff is not None else "—"
         count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
-        out.append(f"| {line['row']} | {line['processes']} | {line['wall_s']:.1f} | {line['samples_per_s']:,.0f} | "
+        out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
+                   f"{line['samples_per_s']:,.0f} | "
                    f"{tokens} | {speedup} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
                    f"{_check(line['equivalent'])} |")

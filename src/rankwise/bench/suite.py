@@ -52,6 +52,10 @@ class BenchPlan:
     def config(self) -> TrainConfig:
         return build_config(overrides=self.settings)
 
+    def threads(self, row: Row) -> int:
+        """Fair cores: every row uses all of them, as threads of one process or split among its ranks."""
+        return max(1, self.cores // row.processes(self.nproc))
+
 
 def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | None = None, model: str | None = None,
          extra: list[str] = (), repeats: int | None = None) -> BenchPlan:
@@ -78,7 +82,8 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
     data_dir = cache_entry(cfg.data)
     split_size = prepared.size(cfg.eval_split)
     records = {row.name: {"row": row.name, "about": row.about, "processes": row.processes(plan.nproc),
-                           "tolerance": row.tolerance, "runs": [], "missing": row.missing()} for row in plan.rows}
+                           "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [],
+                           "missing": row.missing()} for row in plan.rows}
     runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
     bar = tqdm(total=len(runnable) * plan.repeats, unit="run", disable=not progress, dynamic_ncols=True,
                desc="bench")
@@ -101,7 +106,7 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> d
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     processes = row.processes(plan.nproc)
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, plan.cores // processes)), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(plan.threads(row)), "TOKENIZERS_PARALLELISM": "false"}
     if row.baseline:
         command = [sys.executable, "-m", "rankwise.bench.baselines", row.baseline, str(data_dir), str(run_dir),
                    str(processes), plan.config.model_copy(update={"strategy": "ddp"}).model_dump_json()]
