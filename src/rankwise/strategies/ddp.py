@@ -40,6 +40,14 @@ class DDP(Strategy):
         register_comm_hook(wrapped, self.options)
         return wrapped
 
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def no_sync(self, model: nn.Module):
+        # Why: skipping the all-reduce on all but the last micro-batch is what makes
+        # accumulation cost one synchronisation per optimizer step.
+        return model.no_sync()
+
 
 def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, and they are strings here
     """Average a gradient bucket in bfloat16 (gloo reduces bf16; torch's hook allows NCCL only)."""
@@ -69,14 +77,6 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions) -> N
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=options.powersgd_rank,
                                             start_powerSGD_iter=options.powersgd_start_step, random_seed=0)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
-    def no_sync(self, model: nn.Module):
-        # Why: skipping the all-reduce on all but the last micro-batch is what makes
-        # accumulation cost one synchronisation per optimizer step.
-        return model.no_sync()
 
 
 register_variant("ddp-spawn", "ddp", {"launch.launcher": "spawn"},
