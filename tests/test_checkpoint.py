@@ -61,3 +61,16 @@ def test_incomplete_directory_is_not_a_checkpoint(tmp_path):
     (tmp_path / "step-00000001").mkdir()
     with pytest.raises(ckpt.CheckpointError, match="not a complete rankwise checkpoint"):
         ckpt.load_checkpoint(tmp_path / "step-00000001")
+
+
+def test_a_corrupt_latest_falls_back_to_an_older_checkpoint_never_a_newer_timeline(tmp_path):
+    model = ToyMLP(4, 3)
+    save(tmp_path, 1, model)
+    save(tmp_path, 5, model)  # another timeline's newer step (e.g. a run resumed from step 1 and then stopped)
+    latest = save(tmp_path, 3, model)
+    assert (tmp_path / "latest").resolve() == latest.resolve() and (tmp_path / "step-00000005").is_dir()
+    (latest / ckpt.MANIFEST).write_text("{truncated", encoding="utf-8")
+    found, warnings = ckpt.find_loadable(tmp_path / "latest")
+    assert found.name == "step-00000001" and "unreadable manifest.json" in warnings[0]
+    with pytest.raises(ckpt.CheckpointError, match="unreadable manifest.json"):
+        ckpt.manifest_meta(tmp_path / "latest")

@@ -253,3 +253,19 @@ def test_same_command_same_weights_and_tokenizer(tmp_path):
     (first, first_tokenizer), (second, second_tokenizer) = run(tmp_path / "a"), run(tmp_path / "b")
     assert first_tokenizer == second_tokenizer
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("argv", [["--hostfile"], ["--hostfile", "--nproc-per-node=2", "x.py"],
+                                  ["--hostfile=", "x.py"]])
+def test_launch_hostfile_without_a_file_is_an_error(argv, capsys):
+    assert cli.main(["launch", *argv]) == 2
+    assert "--hostfile needs a file" in capsys.readouterr().err
+
+
+def test_launch_reads_the_hostfile_in_the_equals_form(tmp_path, monkeypatch):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("127.0.0.1 slots=2\n", encoding="utf-8")
+    seen = []
+    monkeypatch.setattr("rankwise.launch.torchrun.launch", seen.append)
+    assert cli.main(["launch", f"--hostfile={hosts}", "x.py"]) == 0
+    assert "--nproc-per-node=2" in seen[0] and seen[0][-1] == "x.py" and not any("hostfile" in a for a in seen[0])

@@ -103,3 +103,16 @@ def test_defaults_that_follow_other_settings(tmp_path):
     from rankwise.config import validate
 
     assert validate(json.loads(cfg.to_json())).data.tokenizer == str(tmp_path / "bert")
+
+
+def test_a_damaged_latest_is_left_to_the_workers_fallback_unless_strict(tmp_path):
+    from rankwise.checks import resumable
+
+    (tmp_path / "step-00000002").mkdir()
+    (tmp_path / "step-00000002" / "manifest.json").write_text("{truncated", encoding="utf-8")
+    (tmp_path / "latest").symlink_to("step-00000002")
+    resumable(build_config(overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp"]))  # no error
+    with pytest.raises(ConfigError, match="unreadable manifest.json"):
+        resumable(build_config(overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp", "strict=true"]))
+    with pytest.raises(ConfigError, match="--resume"):
+        resumable(build_config(overrides=[f"resume={str(tmp_path / 'nothing')!r}"]))

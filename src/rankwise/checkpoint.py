@@ -220,12 +220,16 @@ def resolve(path: str | os.PathLike) -> Path:
     return path
 
 
-def verify(path: Path) -> dict:
-    """The manifest, after checking every file it lists against its size and SHA-256."""
+def _read_manifest(path: Path) -> dict:
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
+
+
+def verify(path: Path) -> dict:
+    """The manifest, after checking every file it lists against its size and SHA-256."""
+    manifest = _read_manifest(path)
     for name, expected in manifest["files"].items():
         file = path / name
         if isinstance(expected, str):  # written before sizes were recorded
@@ -263,7 +267,9 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
             raise
         warnings.append(f"{e}; trying the checkpoints in {folder}")
         newest = steps[0]
-    candidates = [newest] + sorted((p for p in folder.glob("step-*") if p.is_dir() and p != newest), reverse=True)
+    # Only older ones: a newer step directory belongs to another timeline (see commit_checkpoint).
+    candidates = [newest] + sorted((p for p in folder.glob("step-*") if p.is_dir() and p.name < newest.name),
+                                   reverse=True)
     for candidate in candidates:
         try:
             verify(candidate)
@@ -280,8 +286,7 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
 
 def manifest_meta(path: str | os.PathLike) -> dict:
     """The facts a checkpoint's manifest records (world size, strategy), without verifying or loading it."""
-    manifest = json.loads((resolve(path) / MANIFEST).read_text(encoding="utf-8"))
-    return manifest.get("meta", {})
+    return _read_manifest(resolve(path)).get("meta", {})
 
 
 @dataclass

@@ -132,7 +132,9 @@ def resumable(cfg: TrainConfig) -> None:
     try:
         meta = manifest_meta(path)
     except (CheckpointError, OSError) as e:
-        raise ConfigError(f"--resume {cfg.resume}: {e}") from None
+        if cfg.strict or not os.path.lexists(path):
+            raise ConfigError(f"--resume {cfg.resume}: {e}") from None
+        return  # a damaged latest: the workers fall back to an earlier checkpoint and check that one
     if meta:  # checkpoints written before the manifest recorded these facts are checked by the workers
         check_resumable(path, meta, cfg.strategy, cfg.world_size)
 

@@ -310,10 +310,17 @@ def cmd_launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(LAUNCH_HELP + get_args_parser().format_help())
         return 0
-    if "--hostfile" in argv:  # rankwise's own flag: the node layout as torchrun flags
-        at = argv.index("--hostfile")
-        layout = node_layout(argv[at + 1] if at + 1 < len(argv) else "")
-        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + 2:]
+    at = next((i for i, arg in enumerate(argv) if arg.split("=", 1)[0] == "--hostfile"), None)
+    if at is not None:  # rankwise's own flag: the node layout as torchrun flags
+        if "=" in argv[at]:
+            given, width = argv[at].split("=", 1)[1], 1
+        else:
+            given, width = (argv[at + 1] if at + 1 < len(argv) else ""), 2
+        if not given or given.startswith("-"):
+            print("rankwise launch: error: --hostfile needs a file", file=sys.stderr)
+            return 2
+        layout = node_layout(given)
+        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
     try:
         launch(argv)
     except LaunchError as e:

@@ -60,9 +60,8 @@ def is_timeout(exc: BaseException) -> bool:
     return any(sign in str(exc) for sign in TIMEOUT_SIGNS)
 
 
-def missing_ranks(env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
+def missing_ranks(store, env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
     """The ranks that did not also time out within ``grace_s`` (a store round trip per rank)."""
-    store = _store(env, grace_s)
     attempt = restart_count()
     store.set(KEY.format(attempt=attempt, rank=env.rank), "1")
     deadline = time.monotonic() + grace_s
@@ -81,7 +80,7 @@ def explain(exc: BaseException, env: ProcessEnv, timeout_s: float) -> RuntimeErr
     what = f"a collective did not complete within launch.timeout_s={timeout_s:g} s"
     try:
         store = _store(env, 5.0)
-        missing = missing_ranks(env)
+        missing = missing_ranks(store, env)
     except Exception:  # noqa: BLE001 - the store does not answer either
         if env.local_world_size == env.world_size:
             return None  # one node: the master process is gone, its own error is the cause

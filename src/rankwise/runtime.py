@@ -290,12 +290,12 @@ class Runtime:
         weights = self.state_dict(model)  # a collective for sharded strategies
         rng = self.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
         staging = ckpt.staging_dir(root, step)
-        began = self._checked_write(staging, ckpt.begin_checkpoint, root, step) if self.is_main else None
+        _, began = self._checked_write(staging, ckpt.begin_checkpoint, root, step) if self.is_main else (None, None)
         # Why: the staging directory must exist before any rank writes its share into it.
         self.barrier()
         # Every rank calls the strategy's save even after a failure: sharded saves are collectives.
-        error = self._checked_write(staging, self.strategy.save_state, staging, model, optimizer)
-        error = began if isinstance(began, str) else error
+        _, error = self._checked_write(staging, self.strategy.save_state, staging, model, optimizer)
+        error = began or error
         # Why: rank 0 checksums and renames the directory only once every rank's share is written;
         # a rank that could not write (disk full) makes every rank give up the checkpoint together.
         errors = [e for e in self.all_gather_object(error) if e]
@@ -305,10 +305,9 @@ class Runtime:
                      "precision": self.strategy.precision.state_dict(), "rng": rng, "world_size": self.world_size,
                      "strategy": self.strategy_name}
             meta = {"world_size": self.world_size, "strategy": self.strategy_name}
-            written = self._checked_write(staging, ckpt.commit_checkpoint, root, step, weights=weights,
-                                          training_state=state, files=files, keep=keep, meta=meta)
-            final = str(written) if isinstance(written, Path) else None
-            errors = [written] if final is None else []
+            written, error = self._checked_write(staging, ckpt.commit_checkpoint, root, step, weights=weights,
+                                                 training_state=state, files=files, keep=keep, meta=meta)
+            final, errors = (None, [error]) if error else (str(written), [])
         # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
         final, errors = self.broadcast_object((final, errors))
         if errors:
@@ -318,18 +317,19 @@ class Runtime:
                                        f"checkpoint under {root} is intact")
         return Path(final)
 
-    def _checked_write(self, staging: Path, write, *args, **kwargs):
-        """``write(...)``'s result, or a message naming this rank and the path of whatever it raised (disk
-        full, permissions, an unpicklable ``extra``), so that no rank leaves the others waiting."""
+    def _checked_write(self, staging: Path, write, *args, **kwargs) -> tuple[Any, str | None]:
+        """``(write(...)'s result, None)``, or ``(None, a message naming this rank and the path)`` for
+        whatever it raised (disk full, permissions, an unpicklable ``extra``), so that no rank leaves the
+        others waiting."""
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
-            return write(*args, **kwargs)
+            return write(*args, **kwargs), None
         except ckpt.CollectiveSaveError:
             raise  # a library's own collective save broke half-way: the ranks cannot agree any more
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             where = getattr(e, "filename", None) or staging
-            return f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
+            return None, f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, *, strict: bool = False) -> dict:

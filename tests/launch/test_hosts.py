@@ -1,4 +1,4 @@
-"""Node layout from a hostfile, Slurm's node list and a Kubeflow PyTorchJob pod."""
+"""Node layout from a hostfile, Slurm's node list (rankwise.env) and a Kubeflow PyTorchJob pod."""
 
 from __future__ import annotations
 

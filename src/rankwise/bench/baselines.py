@@ -133,10 +133,12 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
                   "samples_per_s": round(done * cfg.batch_size / train_s, 2), **timer.rates(int(all_tokens)),
                   "peak_rss_mb": peaks, **evaluation}
         Path(out_dir, "result.json").write_text(json.dumps(result), encoding="utf-8")
-    del model
+    del model, optimizer
     dist.barrier()  # Why: rank 0 evaluates alone; the others must not tear the group down under it.
     if accelerator is None:
         dist.destroy_process_group()
+    else:
+        accelerator.end_training()  # Accelerate's own teardown of the group it joined
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

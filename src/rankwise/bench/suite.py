@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from tqdm import tqdm
@@ -48,8 +50,9 @@ class BenchPlan:
     cores: int = field(default_factory=usable_cores)
     timeout_s: float = 900.0
 
-    @property
+    @cached_property
     def config(self) -> TrainConfig:
+        """The configuration every row shares (validated once)."""
         return build_config(overrides=self.settings)
 
     def threads(self, row: Row) -> int:
@@ -116,18 +119,21 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> d
         command = [sys.executable, "-m", "rankwise.cli", "train", "--strategy", row.strategy, *procs,
                    "--out", str(run_dir), "--json", "--no-progress", *sets]
     started = time.perf_counter()
-    log = open(run_dir / "bench.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    metrics = run_dir / "metrics.jsonl"
-    total = plan.config.max_steps
-    while proc.poll() is None:
-        step = _last_step(metrics)
-        bar.set_postfix_str(f"step {step}/{total}" if step else "starting", refresh=True)
-        if time.perf_counter() - started > plan.timeout_s:
-            proc.kill()
-        time.sleep(0.5)
-    stdout = proc.stdout.read()
-    log.close()
+    metrics, total = run_dir / "metrics.jsonl", plan.config.max_steps
+    # Output to files, not pipes: a pipe nobody reads while we poll could fill and stall the run.
+    with open(run_dir / "bench.out", "w", encoding="utf-8") as out, \
+            open(run_dir / "bench.log", "w", encoding="utf-8") as log:
+        # Its own process group: a run that overstays is killed with every worker it started.
+        proc = subprocess.Popen(command, stdout=out, stderr=log, text=True, env=env, start_new_session=True)
+        while proc.poll() is None:
+            step = _last_step(metrics)
+            bar.set_postfix_str(f"step {step}/{total}" if step else "starting", refresh=True)
+            if time.perf_counter() - started > plan.timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return {"error": f"killed after {plan.timeout_s:g} s (a hang?); see {run_dir / 'bench.log'}",
+                        "wall_s": round(time.perf_counter() - started, 2), "run_dir": str(run_dir)}
+            time.sleep(0.5)
     wall = round(time.perf_counter() - started, 2)
     if proc.returncode:
         tail = [line for line in (run_dir / "bench.log").read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -137,7 +143,7 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> d
     if row.baseline:
         summary = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     else:
-        summary = json.loads(stdout.strip().splitlines()[-1])
+        summary = json.loads((run_dir / "bench.out").read_text(encoding="utf-8").strip().splitlines()[-1])
     return {**summary, "wall_s": wall, "run_dir": str(run_dir)}
 
 

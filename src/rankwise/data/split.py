@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Iterable
 
 from rankwise.data.records import Record
 
@@ -28,20 +29,29 @@ def hash_split(text: str, dev_percent: int, test_percent: int) -> str:
     return "train"
 
 
-def clean(records: list[Record]) -> tuple[list[Record], dict[str, int]]:
-    """Drop exact duplicate (text, label) pairs and every text seen with more than one label."""
-    labels_of: dict[str, set[str]] = defaultdict(set)
+def _labels_by_text(records: Iterable[Record]) -> dict[str, set[str]]:
+    labels: dict[str, set[str]] = defaultdict(set)
     for record in records:
-        labels_of[record.text].add(record.label)
-    contradictory = {text for text, labels in labels_of.items() if len(labels) > 1}
+        labels[record.text].add(record.label)
+    return labels
+
+
+def _first_and_repeated(records: list[Record]) -> tuple[list[Record], list[Record]]:
+    """The first row of each (text, label) pair, and the rows that repeat an earlier one."""
     seen: set[tuple[str, str]] = set()
-    kept = []
+    first, repeated = [], []
     for record in records:
         key = (record.text, record.label)
-        if record.text in contradictory or key in seen:
-            continue
+        (repeated if key in seen else first).append(record)
         seen.add(key)
-        kept.append(record)
+    return first, repeated
+
+
+def clean(records: list[Record]) -> tuple[list[Record], dict[str, int]]:
+    """Drop exact duplicate (text, label) pairs and every text seen with more than one label."""
+    contradictory = {text for text, labels in _labels_by_text(records).items() if len(labels) > 1}
+    first, _ = _first_and_repeated(records)
+    kept = [record for record in first if record.text not in contradictory]
     stats = {
         "rows": len(records),
         "duplicates_removed": len(records) - len(kept) - sum(1 for r in records if r.text in contradictory),
@@ -68,18 +78,9 @@ def audit(splits: dict[str, list[Record]], examples: int = 3) -> list[str]:
     split, texts seen with several labels, and texts of dev/test that also occur in train (leakage);
     each with its count and a few examples."""
     warnings = []
-    labels_of: dict[str, set[str]] = defaultdict(set)
-    for part in splits.values():
-        for record in part:
-            labels_of[record.text].add(record.label)
+    labels_of = _labels_by_text(record for part in splits.values() for record in part)
     for name, part in splits.items():
-        seen: set[tuple[str, str]] = set()
-        repeats = []
-        for record in part:
-            key = (record.text, record.label)
-            if key in seen:
-                repeats.append(record)
-            seen.add(key)
+        _, repeats = _first_and_repeated(part)
         if repeats:
             shown = ", ".join(f"{_example(r.text)} ({r.source})" for r in repeats[:examples])
             warnings.append(f"{len(repeats)} rows of the {name} split repeat an earlier row of it, e.g. {shown}")

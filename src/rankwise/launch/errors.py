@@ -55,9 +55,7 @@ class LaunchError(RuntimeError):
     @classmethod
     def from_ranks(cls, failures: list[RankFailure], note: str = "") -> LaunchError:
         ordered = sorted(failures, key=lambda f: (f.victim, f.timestamp, f.rank))
-        error = cls([f.describe(first=i == 0) for i, f in enumerate(ordered)], note)
-        error.root_cause = ordered[0] if ordered else None
-        return error
+        return cls([f.describe(first=i == 0) for i, f in enumerate(ordered)], note)
 
 
 class MasterUnreachable(LaunchError):

@@ -3,7 +3,6 @@
 * a hostfile (``--hostfile hosts.txt``): one ``host slots=N`` line per node, ``#``
   comments; the first host is the master; this node is the line whose host is this
   machine (its hostname or one of its addresses), so the same command runs on every node;
-* Slurm (under ``srun``): the job's compressed node list (``gpu[03-05,9],cpu1``) expanded;
 * Kubernetes (Kubeflow's PyTorchJob with ``nprocPerNode``): the operator's ``PET_*``
   variables, which are torchrun's own flags as environment variables.
 """
@@ -14,10 +13,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankwise.env import expand_nodelist
 from rankwise.errors import ConfigError
-
-__all__ = ["Host", "Layout", "expand_nodelist", "layout_from_hostfile", "layout_from_kubeflow", "parse_hostfile"]
 
 
 @dataclass(frozen=True)
