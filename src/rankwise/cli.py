@@ -7,6 +7,7 @@ Commands
   rankwise export   write a checkpoint's weights as one plain .safetensors file
   rankwise doctor   check this machine, or every node of a multi-node job, before a run
   rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
+  rankwise comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
 
 Concepts
   world_size   number of processes in the job (nnodes x nproc_per_node)
@@ -22,6 +23,8 @@ Examples
   rankwise train --data my.csv --strategy single --epochs 3 --json
   rankwise train --config run.toml --set optim.lr=1e-3 --set data.max_length=128
   rankwise launch --nproc-per-node 2 my_script.py --my-arg 1
+  rankwise comm demo --nproc-per-node 3
+  rankwise comm bench --ops all_reduce --max-bytes 64M
   rankwise predict --checkpoint runs/<name>/checkpoints/latest "这本书很好看" "质量太差了"
 """
 
@@ -136,9 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_parser(commands)
     from rankwise import doctor
     from rankwise.bench import command as bench
+    from rankwise.comm import command as comm
 
     doctor.add_parser(commands)
     bench.add_parser(commands)
+    comm.add_parser(commands)
     return parser
 
 
@@ -377,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
             from rankwise.bench import command as bench
 
             return bench.run(args)
+        if args.command == "comm":
+            from rankwise.comm import command as comm
+
+            return comm.run(args)
         return cmd_predict(args)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"rankwise {args.command}: error: {e}", file=sys.stderr)

@@ -1,0 +1,5 @@
+"""placeholder replaced below"""
+
+
+def add_arguments(p) -> None:
+    pass
