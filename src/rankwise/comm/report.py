@@ -1,0 +1,181 @@
+"""``rankwise comm bench``'s outputs: the nccl-tests-style table, comm.json, comm.md and comm.png, and the reading."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from rankwise.checkpoint import write_text_atomic
+
+LARGE = 16 * 2**20
+"""From this size a collective is bandwidth-bound; the goal compares its busbw with the ceilings."""
+KNEE = 0.9
+"""A bucket is "big enough" once all_reduce reaches this fraction of its peak busbw."""
+DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB = 25, 1
+"""DDP's defaults: ``bucket_cap_mb`` and the smaller first bucket it starts with."""
+
+HEADER = (f"{'size(B)':>12} {'count':>11} {'type':>9} {'time(us)':>10} {'p90(us)':>10} {'algbw(GB/s)':>12} "
+          f"{'busbw(GB/s)':>12} {'#wrong':>7}")
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:g} KiB" if nbytes >= 1024 else \
+        f"{nbytes:g} B"
+
+
+def analyse(result: dict) -> dict:
+    """Peak and large-message busbw per operation, the ratio to the ceilings, the DDP bucket advice, the harness."""
+    rows = result["results"]
+    limits = result.get("ceilings") or {}
+    ops = list(dict.fromkeys(row["op"] for row in rows))
+    reading: dict = {"ops": {}}
+    for op in ops:
+        mine = [row for row in rows if row["op"] == op]
+        large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE]
+        entry = {"peak_busbw_GBps": max(row["busbw_GBps"] for row in mine),
+                 "large_busbw_GBps": statistics.median(large) if large else None}
+        for name, ceiling in limits.items():
+            if large and ceiling:
+                entry[f"large_vs_{name.removesuffix('_GBps')}"] = entry["large_busbw_GBps"] / ceiling
+        reading["ops"][op] = entry
+    if "all_reduce" in ops:
+        reading["bucket"] = bucket_advice([row for row in rows if row["op"] == "all_reduce"])
+    if result.get("harness"):
+        reading["harness_overhead"] = result["harness"]["overhead"]
+    return reading
+
+
+def bucket_advice(rows: list[dict]) -> dict:
+    """Which DDP ``bucket_cap_mb`` the all_reduce curve suggests: the smallest size near peak bandwidth.
+
+    Smaller buckets start communicating earlier in backward (more overlap) but each pays the
+    per-call latency; past the knee a bigger bucket buys no bandwidth and only delays the start.
+    """
+    peak = max(row["busbw_GBps"] for row in rows)
+    knee = next((row for row in sorted(rows, key=lambda r: r["bytes"]) if row["busbw_GBps"] >= KNEE * peak), None)
+
+    def at(mb: float) -> float | None:
+        if max(row["bytes"] for row in rows) < mb * 2**20:
+            return None  # not measured that far
+        below = [row for row in rows if row["bytes"] <= mb * 2**20]
+        return max(below, key=lambda r: r["bytes"])["busbw_GBps"] / peak if below and peak else None
+
+    advice = {"peak_busbw_GBps": peak, "knee_bytes": knee["bytes"] if knee else None,
+              "default_fraction_of_peak": at(DDP_BUCKET_MB), "first_bucket_fraction_of_peak": at(DDP_FIRST_BUCKET_MB)}
+    if knee is None or peak <= 0:
+        advice["text"] = "no all_reduce measurement to judge DDP's bucket size by"
+        return advice
+    suggested = max(1, -(-knee["bytes"] // 2**20))  # MiB, rounded up
+    advice["suggested_bucket_cap_mb"] = suggested
+    measured_up_to = max(row["bytes"] for row in rows)
+    if measured_up_to < DDP_BUCKET_MB * 2**20:
+        verdict = (f"sizes up to {_mib(measured_up_to)} were measured, too few to judge DDP's default of "
+                   f"{DDP_BUCKET_MB} MB (run up to at least 32M)")
+    elif suggested <= DDP_BUCKET_MB:
+        verdict = (f"DDP's default bucket_cap_mb={DDP_BUCKET_MB} is past the knee "
+                   f"({advice['default_fraction_of_peak']:.0%} of peak): the default is fine; down to "
+                   f"bucket_cap_mb={suggested} would keep the bandwidth and start communicating sooner")
+    else:
+        verdict = (f"DDP's default bucket_cap_mb={DDP_BUCKET_MB} reaches only "
+                   f"{advice['default_fraction_of_peak']:.0%} of peak: try bucket_cap_mb={suggested}")
+    advice["text"] = f"all_reduce reaches {KNEE:.0%} of its peak busbw ({peak:.2f} GB/s) from {_mib(knee['bytes'])}; " \
+        f"{verdict}."
+    if advice["first_bucket_fraction_of_peak"] is not None:
+        advice["text"] += (f" DDP's first bucket ({DDP_FIRST_BUCKET_MB} MB) runs at "
+                           f"{advice['first_bucket_fraction_of_peak']:.0%} of peak.")
+    return advice
+
+
+def reading_lines(result: dict) -> list[str]:
+    reading, limits = result["analysis"], result.get("ceilings") or {}
+    lines = []
+    if limits:
+        lines.append("ceilings: loopback TCP {tcp_loopback_GBps:.2f} GB/s one way, "
+                     "{tcp_loopback_bidirectional_GBps:.2f} GB/s each way with both busy; "
+                     "one-thread memcpy {memcpy_1thread_GBps:.2f} GB/s".format(**limits))
+    for op, entry in reading["ops"].items():
+        text = f"{op}: peak busbw {entry['peak_busbw_GBps']:.2f} GB/s"
+        if entry["large_busbw_GBps"] is not None:
+            text += f", {entry['large_busbw_GBps']:.2f} GB/s at >= {_mib(LARGE)}"
+            if "large_vs_tcp_loopback" in entry:
+                text += (f" = {entry['large_vs_tcp_loopback']:.2f}x loopback TCP one way, "
+                         f"{entry['large_vs_tcp_loopback_bidirectional']:.2f}x each way with both busy")
+        lines.append(text)
+    if "bucket" in reading:
+        lines.append("DDP buckets: " + reading["bucket"]["text"])
+    if "harness" in result:
+        h = result["harness"]
+        lines.append(f"harness overhead on a 4-byte all_reduce: {h['harness_us']:.1f} us per call against "
+                     f"{h['bare_us']:.1f} us in a bare loop (median of {h['rounds']} paired rounds: "
+                     f"{h['overhead']:+.1%})")
+    return lines
+
+
+def table(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"# rankwise comm bench: {result['world_size']} ranks ({result['nnodes']} node(s)) on {result['backend']} "
+             f"({result['device']}), {s['dtype']}, {s['iters']} iterations after {s['warmup']} warm-up; "
+             f"time = slowest rank, median and p90"]
+    for op in dict.fromkeys(row["op"] for row in result["results"]):
+        lines += ["", f"# {op}", "#" + HEADER[1:]]
+        for row in (r for r in result["results"] if r["op"] == op):
+            lines.append(f"{row['bytes']:>12} {row['count']:>11} {row['dtype']:>9} {row['time_us']:>10.1f} "
+                         f"{row['p90_us']:>10.1f} {row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} "
+                         f"{row['wrong']:>7}")
+    return "\n".join(lines + [""] + [f"# {line}" for line in reading_lines(result)])
+
+
+def markdown(result: dict) -> str:
+    m, s = result["machine"], result["settings"]
+    lines = [f"# rankwise comm bench — {result['world_size']} ranks on {result['backend']}", "",
+             f"torch {m['torch']}, {m['cpu']}, {m['cores']} cores; {result['nnodes']} node(s); {s['dtype']}; "
+             f"{s['iters']} timed calls after {s['warmup']} warm-up per size; a call's time is the slowest rank's.",
+             "", "## Reading", ""] + [f"- {line}" for line in reading_lines(result)] + ["", "## Measurements"]
+    for op in dict.fromkeys(row["op"] for row in result["results"]):
+        lines += ["", f"### {op} (busbw = algbw x {_factor(result, op):.3g})",
+                  "", "| size | count | time (us) | p90 (us) | algbw (GB/s) | busbw (GB/s) | #wrong |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in (r for r in result["results"] if r["op"] == op):
+            lines.append(f"| {_mib(row['bytes'])} | {row['count']} | {row['time_us']:.1f} | {row['p90_us']:.1f} | "
+                         f"{row['algbw_GBps']:.3f} | {row['busbw_GBps']:.3f} | {row['wrong']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _factor(result: dict, op: str) -> float:
+    return next(row["factor"] for row in result["results"] if row["op"] == op)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(10, 6))
+    for op in dict.fromkeys(row["op"] for row in result["results"]):
+        rows = [r for r in result["results"] if r["op"] == op]
+        axis.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o", markersize=3, label=op)
+    names = {"tcp_loopback_GBps": "loopback TCP, one way", "tcp_loopback_bidirectional_GBps":
+             "loopback TCP, each way (both busy)", "memcpy_1thread_GBps": "memcpy, one thread"}
+    for (key, value), style in zip((result.get("ceilings") or {}).items(), ("--", "-.", ":")):
+        axis.axhline(value, color="grey", linestyle=style, linewidth=1.2, label=f"{names.get(key, key)} {value:.2f}")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("message size (bytes)")
+    axis.set_ylabel("busbw (GB/s)")
+    axis.set_title(f"rankwise comm bench: {result['world_size']} ranks, {result['backend']}, "
+                   f"{result['settings']['dtype']}")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "comm.json", out / "comm.md", out / "comm.png"]
+    write_text_atomic(paths[0], json.dumps(result, indent=2))
+    write_text_atomic(paths[1], markdown(result))
+    plot(result, paths[2])
+    return paths
