@@ -1,0 +1,104 @@
+"""`rankwise comm demo`: every operation on real gloo ranks (2 and 3), natively and composed, and checks that fail."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rankwise.comm import ops
+from tests.multiproc import run_ranks
+
+COMPOSABLE = {"broadcast", "scatter", "scatter uneven", "gather", "gather uneven", "all_gather", "all_gather tensor",
+              "reduce_scatter", "reduce_scatter tensor", "all_to_all", "all_to_all_single uneven", "barrier",
+              *(f"reduce {op}" for op in ops.REDUCTIONS), *(f"all_reduce {op}" for op in ops.REDUCTIONS)}
+
+
+def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = None, lacking: str | None = None):
+    """One rank: run the demo; ``corrupt`` breaks that torch function's result on rank 1,
+    ``lacking`` makes that torch function fail as a backend without it does."""
+    import torch.distributed as torch_dist
+
+    from rankwise.comm import demo
+    from rankwise.comm.launch import join
+    from rankwise.env import destroy_process_group
+
+    env, device = join(0, "gloo", 60)
+    try:
+        if corrupt:
+            original = getattr(torch_dist, corrupt)
+
+            def corrupted(tensor, *args, **kwargs):
+                done = original(tensor, *args, **kwargs)
+                if env.rank == 1 and tensor.is_floating_point():
+                    tensor[0] += 1
+                return done
+
+            setattr(torch_dist, corrupt, corrupted)
+        if lacking:
+            def missing(*args, **kwargs):
+                raise RuntimeError(f"ProcessGroupGloo does not support {lacking}")
+
+            setattr(torch_dist, lacking, missing)
+        printed: list[str] = []
+        ctx = ops.Ctx(env.rank, env.world_size, device, "gloo", composed=composed)
+        results = demo.run_all(ctx, ops.select(names), emit=printed.append)
+        return [(r.name, r.status, r.how) for r in results], printed
+    finally:
+        destroy_process_group()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("composed", [False, True], ids=["native", "composed"])
+def test_every_operation_passes(world_size, composed):
+    results = run_ranks(_demo, world_size, composed, timeout=90)
+    statuses, printed = results[0]
+    assert [name for name, _, _ in statuses] == [op.name for op in ops.OPS]
+    assert {status for _, status, _ in statuses} == {"PASS"}, statuses
+    ran_composed = {name for name, _, how in statuses if how != "native"}
+    assert ran_composed == (COMPOSABLE if composed else set())
+    assert results[1][1] == []  # only rank 0 prints
+    # Each block lists every rank once, in order, right under the operation's line.
+    for block in printed:
+        ranks = [int(line.split()[1]) for line in block.splitlines() if line.lstrip().startswith("rank ")]
+        assert ranks == list(range(world_size)), block
+
+
+def test_uneven_parts_arrive_with_their_own_lengths():
+    statuses, printed = run_ranks(_demo, 3, False, ["scatter", "gather", "all_to_all_single"], timeout=60)[0]
+    scatter = next(block for block in printed if block.startswith("PASS  scatter uneven"))
+    assert "rank 1   before (nothing)" in scatter and scatter.rstrip().endswith("after [21, 22, 23]")
+    gather = next(block for block in printed if block.startswith("PASS  gather uneven"))
+    assert "after [[1], [11, 12], [21, 22, 23]]" in gather
+
+
+def test_a_corrupted_result_fails_naming_the_rank():
+    statuses, printed = run_ranks(_demo, 2, False, ["all_reduce", "broadcast"], "all_reduce", timeout=60)[0]
+    status = {name: s for name, s, _ in statuses}
+    assert status["all_reduce SUM"] == "FAIL" and status["broadcast"] == "PASS"
+    block = next(b for b in printed if b.startswith("FAIL  all_reduce SUM"))
+    wrong = [line for line in block.splitlines() if "<- wrong" in line]
+    assert len(wrong) == 1 and wrong[0].lstrip().startswith("rank 1") and "expected [12, 14, 16, 18]" in wrong[0]
+
+
+def test_an_operation_the_backend_lacks_runs_composed_and_says_so():
+    statuses, printed = run_ranks(_demo, 2, False, ["reduce_scatter"], None, "reduce_scatter", timeout=60)[0]
+    (name, status, how), single = statuses
+    assert (name, status) == ("reduce_scatter", "PASS") and single[1] == "PASS"
+    assert how.startswith("gloo lacks it (ProcessGroupGloo does not support reduce_scatter)")
+    assert "[gloo lacks it" in printed[0] and "composed: all_reduce, then each rank keeps its chunk]" in printed[0]
+
+
+def test_the_command_runs_three_ranks_and_refuses_bad_input():
+    done = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--nproc-per-node", "3",
+                           "--op", "all_to_all", "--op", "barrier"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "3 ranks on gloo" in done.stdout and "2 of 2 operations passed" in done.stdout
+    assert "PASS  barrier" in done.stdout and "rank 2   before arrived" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--op", "allreduce"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown operation 'allreduce'" in bad.stderr
+    alone = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--nproc-per-node", "1"],
+                           capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 2 and "at least 2 ranks" in alone.stderr
