@@ -70,6 +70,8 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
     with pytest.raises(ValueError, match="unknown bench row"):
         select(["fsdb"])
     assert Row("x", "ddp", ("ddp.comm_hook=powersgd",)).tolerance == 1e-2
+    assert "single-1t" not in [row.name for row in select(None)]  # opt-in rows run only when named
+    assert [row.name for row in select(["single-1t", "ddp+bf16-hook"])] == ["single", "ddp+bf16-hook", "single-1t"]
 
 
 def test_a_row_whose_library_is_missing_says_how_to_install_it(monkeypatch):
@@ -87,3 +89,11 @@ def test_bad_flags_fail_before_anything_runs(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown bench row(s) fsdb" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_scaling_efficiency_is_against_one_thread_per_process():
+    lines = [{"row": "single", "processes": 1, "samples_per_s": 600.0},
+             {"row": "single-1t", "processes": 1, "samples_per_s": 400.0},
+             {"row": "ddp", "processes": 2, "samples_per_s": 500.0}]
+    assert report.scaling_efficiency(lines) == {"ddp": 0.625}
+    assert report.scaling_efficiency(lines[:1] + lines[2:]) == {}  # no one-thread run, no efficiency

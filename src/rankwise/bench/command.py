@@ -39,7 +39,8 @@ def add_parser(commands) -> None:
                    help="quick: " + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items()) +
                         "; full: " + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()))
     p.add_argument("--strategies", metavar="ROW,ROW", help="rows to run (single is always added as the "
-                   f"reference): {', '.join(row.name for row in ROWS)}")
+                   f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; only when named: "
+                   f"{', '.join(row.name for row in ROWS if row.opt_in)}")
     p.add_argument("--nproc", type=int, default=2, help="processes of each multi-process row (default 2)")
     p.add_argument("--data", help="sentiment (default) | PATH.csv/.tsv/.jsonl")
     p.add_argument("--model", help="tiny (default) | small | base | LOCAL_PATH")

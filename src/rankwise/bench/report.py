@@ -77,9 +77,19 @@ def reading(lines: list[dict], ok: dict) -> dict:
         "ddp_vs_plain_ddp": _paired_ratio(ok, "ddp", "plain-ddp"),
         "ddp_vs_plain_accelerate": _paired_ratio(ok, "ddp", "plain-accelerate"),
         "plain_ddp_vs_per_step_sync": _paired_ratio(ok, "plain-ddp", "per-step-sync"),
+        "scaling_efficiency": scaling_efficiency(measured),
         "failing": [line["row"] for line in measured if line not in passing],
         "not_run": [line["row"] for line in lines if line["status"] != "ok"],
     }
+
+
+def scaling_efficiency(measured: list[dict]) -> dict[str, float]:
+    """Each multi-process row's throughput / (processes x one process on one thread), when ``single-1t`` ran."""
+    base = next((line["samples_per_s"] for line in measured if line["row"] == "single-1t"), None)
+    if not base:
+        return {}
+    return {line["row"]: round(line["samples_per_s"] / (line["processes"] * base), 3) for line in measured
+            if line["processes"] > 1 and line["samples_per_s"]}
 
 
 def _check(value: bool | None) -> str:
@@ -121,6 +131,9 @@ def reading_text(summary: dict) -> str:
         if r[key]:
             said.append(f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
                         f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])}).")
+    if r.get("scaling_efficiency"):
+        said.append("Scaling efficiency (throughput / (processes × `single-1t`)): " + ", ".join(
+            f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items()) + ".")
     said.append(f"Failing a check: {', '.join(r['failing'])}." if r["failing"] else "Every measured row passes "
                 "its equivalence tolerance, the evaluation count and accuracy within 1 point of `single`.")
     if r["not_run"]:

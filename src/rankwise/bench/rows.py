@@ -23,6 +23,10 @@ class Row:
     baseline: str | None = None
     """A baseline loop style (``plain-ddp``, ...)."""
     about: str = ""
+    threads: int | None = None
+    """Threads per process when not the fair share of the cores (``single-1t``: one core's worth)."""
+    opt_in: bool = False
+    """Run only when named in ``--strategies`` (not part of the default set)."""
 
     @property
     def precision(self) -> str:
@@ -63,6 +67,12 @@ ROWS = [
     Row("ddp-spawn", "ddp-spawn", about="the same started by torch.multiprocessing spawn"),
     Row("ddp+bf16", "ddp", ("precision=bf16-mixed",), about="DDP with bf16 autocast"),
     Row("ddp+fp16-hook", "ddp", ("ddp.comm_hook=fp16_compress",), about="DDP averaging gradients in fp16"),
+    Row("ddp+bf16-hook", "ddp", ("ddp.comm_hook=bf16_compress",), about="DDP averaging gradients in bf16",
+        opt_in=True),
+    Row("ddp+powersgd", "ddp", ("ddp.comm_hook=powersgd", "ddp.powersgd_start_step=2"),
+        about="DDP sending a rank-1 PowerSGD approximation of the gradients", opt_in=True),
+    Row("single-1t", "single", threads=1, about="one process, one thread: the base of DDP's scaling efficiency",
+        opt_in=True),
     Row("fsdp", "fsdp", about="FullyShardedDataParallel"),
     Row("deepspeed-zero1", "deepspeed-zero1", about="DeepSpeed ZeRO-1: optimizer state sharded"),
     Row("deepspeed-zero2", "deepspeed-zero2", about="ZeRO-2: also gradients"),
@@ -78,7 +88,7 @@ ROWS = [
 def select(names: list[str] | None) -> list[Row]:
     """The rows named (in the table's order), or all; an unknown name is an error listing the known ones."""
     if not names:
-        return list(ROWS)
+        return [row for row in ROWS if not row.opt_in]
     known = {row.name: row for row in ROWS}
     unknown = [n for n in names if n not in known]
     if unknown:

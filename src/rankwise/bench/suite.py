@@ -57,7 +57,7 @@ class BenchPlan:
 
     def threads(self, row: Row) -> int:
         """Fair cores: every row uses all of them, as threads of one process or split among its ranks."""
-        return max(1, self.cores // row.processes(self.nproc))
+        return row.threads or max(1, self.cores // row.processes(self.nproc))
 
 
 def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | None = None, model: str | None = None,
