@@ -78,7 +78,9 @@ def bucket_advice(rows: list[dict]) -> dict:
                    f"bucket_cap_mb={suggested} would keep the bandwidth and start communicating sooner")
     else:
         verdict = (f"DDP's default bucket_cap_mb={DDP_BUCKET_MB} reaches only "
-                   f"{advice['default_fraction_of_peak']:.0%} of peak: try bucket_cap_mb={suggested}")
+                   f"{advice['default_fraction_of_peak']:.0%} of peak: bucket_cap_mb={suggested} would help a model "
+                   f"with more than {DDP_BUCKET_MB} MB of gradients (a smaller one fits in one bucket whatever the "
+                   f"cap), at the price of starting each step's first all-reduce later in backward")
     advice["text"] = f"all_reduce reaches {KNEE:.0%} of its peak busbw ({peak:.2f} GB/s) from {_mib(knee['bytes'])}; " \
         f"{verdict}."
     if advice["first_bucket_fraction_of_peak"] is not None:
