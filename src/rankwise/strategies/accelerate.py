@@ -108,7 +108,11 @@ class Accelerate(Strategy):
                                        kwargs_handlers=[ddp_kwargs])
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+        from rankwise.strategies.ddp import broadcast_buffers
+
         self.facts = facts
+        # Accelerate wraps the model in DDP inside prepare(), with these keyword arguments.
+        self.accelerator.ddp_handler.broadcast_buffers = broadcast_buffers(model, self.options)
         if optimizer is None:
             return self.accelerator.prepare(model), None
         return self.accelerator.prepare(model, optimizer)

@@ -36,6 +36,7 @@ class DDP(Strategy):
             find_unused_parameters=self.options.find_unused_parameters,
             static_graph=self.options.static_graph,
             gradient_as_bucket_view=self.options.gradient_as_bucket_view,
+            broadcast_buffers=broadcast_buffers(model, self.options),
         )
         register_comm_hook(wrapped, self.options)
         return wrapped
@@ -47,6 +48,22 @@ class DDP(Strategy):
         # Why: skipping the all-reduce on all but the last micro-batch is what makes
         # accumulation cost one synchronisation per optimizer step.
         return model.no_sync()
+
+
+def changing_buffers(model: nn.Module) -> list[str]:
+    """Buffers training may change: the persistent ones (BatchNorm's running statistics, counters).
+    Non-persistent buffers are constants a module derives from its configuration (position ids, masks)."""
+    persistent = set(model.state_dict())
+    return [name for name, _ in model.named_buffers() if name in persistent]
+
+
+def broadcast_buffers(model: nn.Module, options: DDPOptions) -> bool:
+    """Whether DDP should broadcast rank 0's buffers at every forward (``ddp.broadcast_buffers``)."""
+    if options.broadcast_buffers == "auto":
+        # Why: the broadcast is a blocking collective at the start of every forward; it only matters
+        # for buffers that change (each rank's BatchNorm statistics would drift apart without it).
+        return bool(changing_buffers(model))
+    return options.broadcast_buffers == "always"
 
 
 def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, and they are strings here

@@ -28,6 +28,8 @@ class DDPOptions(Options):
     """Tell DDP the graph never changes between steps (enables some optimisations)."""
     gradient_as_bucket_view: bool = True
     """Gradients alias DDP's communication buckets: saves one copy and memory."""
+    broadcast_buffers: Literal["auto", "always", "never"] = "auto"
+    """Rank 0's module buffers broadcast at every forward (a blocking collective per step): `auto` only when the model has persistent buffers training can change (BatchNorm running statistics); constant ones (BERT's position ids) need no per-step copy."""
     comm_hook: Literal["none", "fp16_compress", "bf16_compress", "powersgd"] = "none"
     """How DDP's gradient all-reduce sends: `none` exact fp32; `fp16_compress` / `bf16_compress` round gradients to 16 bits before averaging (half the bytes; weights then differ from one process by the rounding, about 1e-3 of a step); `powersgd` sends a low-rank approximation with error feedback (far fewer bytes, approximate gradients; its error state is not checkpointed)."""
     powersgd_rank: int = Field(1, ge=1)
