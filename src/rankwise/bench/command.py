@@ -7,7 +7,9 @@
 Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
 deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
 not use rankwise: plain-ddp (hand-written), plain-accelerate, per-step-sync (barrier and
-loss .item() every step).  A row whose library is missing says so, with the install command.
+loss .item() every step).  Only when named: ddp+bf16-hook, ddp+powersgd and single-1t (one
+thread; adds DDP's scaling efficiency).  A row whose library is missing says so, with the
+install command.
 
 Method: data prepared once; dropout 0 and one seed everywhere, so every row should compute
 what `single` computes; `single`/`dp` get all C cores as threads, N ranks C/N each;
