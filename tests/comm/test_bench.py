@@ -22,6 +22,7 @@ def _sweep(ops: list[str], corrupt: str | None = None) -> dict:
     from rankwise.env import destroy_process_group
 
     env, device = join(0, "gloo", 60)
+    saved = {corrupt: getattr(torch_dist, corrupt)} if corrupt else {}
     try:
         if corrupt:
             original = getattr(torch_dist, corrupt)
@@ -38,6 +39,8 @@ def _sweep(ops: list[str], corrupt: str | None = None) -> dict:
         measured = bench.sweep(settings, device)
         return {**measured, "nnodes": 1, "settings": settings.__dict__}
     finally:
+        for name, function in saved.items():  # pooled ranks serve later tests: leave torch as it was
+            setattr(torch_dist, name, function)
         destroy_process_group()
 
 

@@ -25,6 +25,7 @@ def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = 
     from rankwise.env import destroy_process_group
 
     env, device = join(0, "gloo", 60)
+    saved = {name: getattr(torch_dist, name) for name in (corrupt, lacking) if name}
     try:
         if corrupt:
             original = getattr(torch_dist, corrupt)
@@ -46,6 +47,8 @@ def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = 
         results = demo.run_all(ctx, ops.select(names), emit=printed.append)
         return [(r.name, r.status, r.how) for r in results], printed
     finally:
+        for name, function in saved.items():  # pooled ranks serve later tests: leave torch as it was
+            setattr(torch_dist, name, function)
         destroy_process_group()
 
 
