@@ -105,3 +105,14 @@ def test_the_command_runs_three_ranks_and_refuses_bad_input():
     alone = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--nproc-per-node", "1"],
                            capture_output=True, text=True, timeout=60)
     assert alone.returncode == 2 and "at least 2 ranks" in alone.stderr
+
+
+def test_a_rank_that_fails_is_named_without_a_traceback_of_ours():
+    import os
+
+    env = {**os.environ, "GLOO_DEVICE_TRANSPORT": "UV"}  # a transport this torch build lacks: every rank fails
+    done = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--op", "barrier"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1
+    assert "rankwise comm demo: worker(s) failed" in done.stderr and "unsupported gloo device" in done.stderr
+    assert "rankwise/comm/command.py" not in done.stderr

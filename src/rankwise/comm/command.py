@@ -46,13 +46,19 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rankwise.launch import LaunchError
+
     check_layout(args)
     backend = resolve_backend(args.backend)
-    if args.comm_command == "demo":
-        return run_demo(args, backend)
-    from rankwise.comm import bench
+    try:
+        if args.comm_command == "demo":
+            return run_demo(args, backend)
+        from rankwise.comm import bench
 
-    return bench.run(args, backend)
+        return bench.run(args, backend)
+    except LaunchError as e:  # a rank failed: name it, its host and its error, without our traceback
+        print(f"rankwise comm {args.comm_command}: {e}", file=sys.stderr)
+        return 1
 
 
 def run_demo(args: argparse.Namespace, backend: str) -> int:
