@@ -116,3 +116,19 @@ def test_a_rank_that_fails_is_named_without_a_traceback_of_ours():
     assert done.returncode == 1
     assert "rankwise comm demo: worker(s) failed" in done.stderr and "unsupported gloo device" in done.stderr
     assert "rankwise/comm/command.py" not in done.stderr
+
+
+def test_the_backend_is_nccl_only_where_cuda_and_nccl_are(monkeypatch):
+    import torch
+    import torch.distributed as torch_dist
+
+    from rankwise.comm.launch import resolve_backend
+    from rankwise.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend("auto") == "gloo"
+    with pytest.raises(ConfigError, match="--backend nccl needs CUDA GPUs .* no CUDA device"):
+        resolve_backend("nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # wiring only: a GPU machine's answer
+    monkeypatch.setattr(torch_dist, "is_nccl_available", lambda: True)
+    assert resolve_backend("auto") == "nccl" and resolve_backend("gloo") == "gloo"
