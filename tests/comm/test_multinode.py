@@ -35,10 +35,15 @@ def test_demo_and_bench_across_two_hosts(two_hosts, tmp_path):
 
     out = tmp_path / "comm"
     bench = ["bench", "--nproc-per-node", "1", "--ops", "all_reduce,broadcast", "--max-bytes", "64K", "--iters", "3",
-             "--no-ceilings", "--no-progress", "--out", str(out)]
+             "--no-progress", "--out", str(out)]
     (code0, out0, err0), (code1, out1, err1) = _both(_node("rw-node0", 0, 29761, *bench),
                                                      _node("rw-node1", 1, 29761, *bench))
     assert (code0, code1) == (0, 0), err0 + err1
     result = json.loads((out / "comm.json").read_text())
     assert result["nnodes"] == 2 and result["world_size"] == 2
     assert all(row["wrong"] == 0 for row in result["results"]) and len(result["results"]) == 2 * 15
+    limits = result["ceilings"]  # node 0's own, and the link between the nodes
+    assert {"tcp_loopback_GBps", "memcpy_1thread_GBps", "tcp_between_nodes_GBps",
+            "tcp_between_nodes_bidirectional_GBps"} <= set(limits) and min(limits.values()) > 0
+    assert "TCP node 0 <- node 1" in out0 and "measuring TCP between node 0 and node 1" in err1
+    print(limits)

@@ -9,8 +9,9 @@ data.  "size" is the larger buffer, as in nccl-tests: all_gather's output, reduc
 input, all_to_all's per-rank buffer.
 
 Measured in the same run: loopback TCP between two processes (one direction alone and
-each direction while both are busy), one thread copying memory, and the harness's own
-overhead on a 4-byte all_reduce against a bare loop of dist.all_reduce.
+each direction while both are busy), one thread copying memory, across nodes TCP between
+node 0 and node 1 (on --master-port + 1), and the harness's own overhead on a 4-byte
+all_reduce against a bare loop of dist.all_reduce.
 
 Writes comm.json (every number), comm.md and comm.png (busbw against size, ceilings as
 lines) to --out, and prints the table.
@@ -342,9 +343,13 @@ def run(args: argparse.Namespace, backend: str) -> int:
     settings = settings_from(args, backend)
     out = Path(args.out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}")
     limits = {}
-    if args.node_rank == 0 and not args.no_ceilings:
-        print("measuring this machine's ceilings (loopback TCP, memcpy) ...", file=sys.stderr, flush=True)
-        limits = ceilings.measure()  # before the ranks start, so nothing competes with it
+    if not args.no_ceilings:  # before the ranks start, so nothing competes with the measurements
+        if args.node_rank == 0:
+            print("measuring this machine's ceilings (loopback TCP, memcpy) ...", file=sys.stderr, flush=True)
+            limits = ceilings.measure()
+        if args.nnodes > 1 and args.node_rank <= 1:
+            print("measuring TCP between node 0 and node 1 ...", file=sys.stderr, flush=True)
+            limits |= ceilings.between_nodes(args.node_rank, args.master_addr, args.master_port + 1, args.timeout)
     with tempfile.TemporaryDirectory(prefix="rankwise-comm-") as tmp:
         out_file = os.path.join(tmp, "bench.json")
         from rankwise.comm.launch import start

@@ -4,6 +4,8 @@
   alone, and each direction while both are busy — a 2-rank ring all_reduce sends and
   receives at once, so the second is its fair ceiling.
 - One thread copying memory: a CPU collective copies (and adds) every byte at least once.
+- Across nodes, TCP between node 0 and node 1 (one way, and each way with both busy): the
+  link every inter-node collective crosses.
 
 This module imports no torch at the top: the sender process it starts stays light.
 """
@@ -23,16 +25,10 @@ REPEATS = 3
 
 
 def _send(port: int, total: int, receive_too: bool) -> None:
-    """The peer process: connect, send ``total`` bytes (and, if asked, receive as many at the same time)."""
+    """The loopback peer process: connect, then one round of ``_peer_round``."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        receiver = threading.Thread(target=_receive, args=(sock, total)) if receive_too else None
-        if receiver:
-            receiver.start()
-        _transmit(sock, total)
-        if receiver:
-            receiver.join()
-        sock.recv(1)  # wait until the other side has everything before closing
+        _peer_round(sock, total, receive_too)
 
 
 def _transmit(sock: socket.socket, total: int) -> None:
@@ -67,20 +63,74 @@ def tcp_loopback_GBps(both_directions: bool, total: int = TCP_BYTES) -> float:
             conn, _ = server.accept()
             with conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                started = time.perf_counter()
-                sender = threading.Thread(target=_transmit, args=(conn, total)) if both_directions else None
-                if sender:
-                    sender.start()
-                _receive(conn, total)
-                if sender:
-                    sender.join()
-                seconds = time.perf_counter() - started
-                conn.sendall(b"x")
+                speed = _measure_on(conn, total, both_directions)
         finally:
             peer.join(timeout=30)
             if peer.is_alive():
                 peer.kill()
+    return speed
+
+
+def _measure_on(conn: socket.socket, total: int, both_directions: bool) -> float:
+    """The receiving side of one measurement on an open connection (the peer runs ``_peer_round``)."""
+    started = time.perf_counter()
+    sender = threading.Thread(target=_transmit, args=(conn, total)) if both_directions else None
+    if sender:
+        sender.start()
+    _receive(conn, total)
+    if sender:
+        sender.join()
+    seconds = time.perf_counter() - started
+    conn.sendall(b"x")  # done: the peer may start the next round
     return total / seconds / 1e9
+
+
+def _peer_round(conn: socket.socket, total: int, both_directions: bool) -> None:
+    receiver = threading.Thread(target=_receive, args=(conn, total)) if both_directions else None
+    if receiver:
+        receiver.start()
+    _transmit(conn, total)
+    if receiver:
+        receiver.join()
+    conn.recv(1)
+
+
+def between_nodes(node_rank: int, master_addr: str, port: int, timeout_s: float,
+                  total: int = TCP_BYTES) -> dict[str, float]:
+    """TCP between node 0 (which listens on ``port`` and returns the numbers) and node 1 (which connects).
+
+    Both nodes call it with the same arguments before their ranks start; other nodes return at once.
+    """
+    if node_rank > 1:
+        return {}
+    rounds = [both for both in (False, True) for _ in range(REPEATS)]
+    if node_rank == 1:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                conn = socket.create_connection((master_addr, port), timeout=timeout_s)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # node 0 is not listening yet
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for both in rounds:
+                _peer_round(conn, total, both)
+        return {}
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("", port))
+        server.listen(1)
+        server.settimeout(timeout_s)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(timeout_s)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            speeds = [(both, _measure_on(conn, total, both)) for both in rounds]
+    return {"tcp_between_nodes_GBps": statistics.median(v for both, v in speeds if not both),
+            "tcp_between_nodes_bidirectional_GBps": statistics.median(v for both, v in speeds if both)}
 
 
 def memcpy_GBps(nbytes: int = 64 * 2**20) -> float:

@@ -15,6 +15,12 @@ KNEE = 0.9
 DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB = 25, 1
 """DDP's defaults: ``bucket_cap_mb`` and the smaller first bucket it starts with."""
 
+CEILINGS = {"tcp_loopback_GBps": "loopback TCP one way", "tcp_loopback_bidirectional_GBps":
+            "loopback TCP each way with both busy", "memcpy_1thread_GBps": "one-thread memcpy",
+            "tcp_between_nodes_GBps": "TCP node 0 <- node 1", "tcp_between_nodes_bidirectional_GBps":
+            "TCP between nodes each way with both busy"}
+"""What each measured ceiling is, in the report's words."""
+
 HEADER = (f"{'size(B)':>12} {'count':>11} {'type':>9} {'time(us)':>10} {'p90(us)':>10} {'algbw(GB/s)':>12} "
           f"{'busbw(GB/s)':>12} {'#wrong':>7}")
 
@@ -35,9 +41,8 @@ def analyse(result: dict) -> dict:
         large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE]
         entry = {"peak_busbw_GBps": max(row["busbw_GBps"] for row in mine),
                  "large_busbw_GBps": statistics.median(large) if large else None}
-        for name, ceiling in limits.items():
-            if large and ceiling:
-                entry[f"large_vs_{name.removesuffix('_GBps')}"] = entry["large_busbw_GBps"] / ceiling
+        entry["large_vs_ceilings"] = {name: entry["large_busbw_GBps"] / ceiling for name, ceiling in limits.items()
+                                      if large and ceiling}
         reading["ops"][op] = entry
     if "all_reduce" in ops:
         reading["bucket"] = bucket_advice([row for row in rows if row["op"] == "all_reduce"])
@@ -93,16 +98,16 @@ def reading_lines(result: dict) -> list[str]:
     reading, limits = result["analysis"], result.get("ceilings") or {}
     lines = []
     if limits:
-        lines.append("ceilings: loopback TCP {tcp_loopback_GBps:.2f} GB/s one way, "
-                     "{tcp_loopback_bidirectional_GBps:.2f} GB/s each way with both busy; "
-                     "one-thread memcpy {memcpy_1thread_GBps:.2f} GB/s".format(**limits))
+        lines.append("ceilings: " + "; ".join(f"{CEILINGS.get(key, key)} {value:.2f} GB/s"
+                                              for key, value in limits.items()))
     for op, entry in reading["ops"].items():
         text = f"{op}: peak busbw {entry['peak_busbw_GBps']:.2f} GB/s"
         if entry["large_busbw_GBps"] is not None:
             text += f", {entry['large_busbw_GBps']:.2f} GB/s at >= {_mib(LARGE)}"
-            if "large_vs_tcp_loopback" in entry:
-                text += (f" = {entry['large_vs_tcp_loopback']:.2f}x loopback TCP one way, "
-                         f"{entry['large_vs_tcp_loopback_bidirectional']:.2f}x each way with both busy")
+            ratios = [f"{ratio:.2f}x {CEILINGS.get(key, key)}" for key, ratio in entry["large_vs_ceilings"].items()
+                      if key != "memcpy_1thread_GBps"]
+            if ratios:
+                text += " = " + ", ".join(ratios)
         lines.append(text)
     if "bucket" in reading:
         lines.append("DDP buckets: " + reading["bucket"]["text"])
@@ -158,10 +163,9 @@ def plot(result: dict, path: Path) -> None:
     for op in dict.fromkeys(row["op"] for row in result["results"]):
         rows = [r for r in result["results"] if r["op"] == op]
         axis.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o", markersize=3, label=op)
-    names = {"tcp_loopback_GBps": "loopback TCP, one way", "tcp_loopback_bidirectional_GBps":
-             "loopback TCP, each way (both busy)", "memcpy_1thread_GBps": "memcpy, one thread"}
-    for (key, value), style in zip((result.get("ceilings") or {}).items(), ("--", "-.", ":")):
-        axis.axhline(value, color="grey", linestyle=style, linewidth=1.2, label=f"{names.get(key, key)} {value:.2f}")
+    for (key, value), style in zip((result.get("ceilings") or {}).items(), ("--", "-.", ":", (0, (5, 1)),
+                                                                           (0, (3, 1, 1, 1, 1, 1)))):
+        axis.axhline(value, color="grey", linestyle=style, linewidth=1.2, label=f"{CEILINGS.get(key, key)} {value:.2f}")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("message size (bytes)")
     axis.set_ylabel("busbw (GB/s)")
