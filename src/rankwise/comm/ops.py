@@ -163,8 +163,8 @@ def _parts(c: Ctx, uneven: bool) -> list[torch.Tensor]:
 
 
 def _scatter(c: Ctx, uneven: bool = False) -> Outcome:
-    parts = _parts(c, uneven)
-    longest = max(len(p) for p in parts)
+    parts = _parts(c, uneven)  # every rank builds them: the root sends them, the others check against them
+    longest = max(len(p) for p in parts)  # the receive buffer's size, agreed in advance (the padding)
     received = torch.zeros(longest, device=c.device)
     padded = [c.on_device(torch.nn.functional.pad(p, (0, longest - len(p)))) for p in parts]
     length = torch.zeros(1, dtype=torch.int64, device=c.device)
