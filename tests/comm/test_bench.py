@@ -11,7 +11,7 @@ import pytest
 from rankwise.comm import bench, ceilings, report
 from tests.multiproc import run_ranks
 
-SIZES = [4, 64, 4096]
+SIZES = [4, 8, 64, 4096]
 
 
 def _sweep(ops: list[str], corrupt: str | None = None) -> dict:
@@ -54,9 +54,12 @@ def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path
     paths = report.write(result, tmp_path)
     written = json.loads(paths[0].read_text())
     rows = written["results"]
-    assert [(r["op"], r["bytes"]) for r in rows][:len(SIZES)] == [("all_reduce", size) for size in SIZES]
-    assert list(dict.fromkeys(r["op"] for r in rows)) == list(bench.OPS) and len(rows) == len(bench.OPS) * len(SIZES)
     n = world_size
+    assert [(r["op"], r["bytes"]) for r in rows][:len(SIZES)] == [("all_reduce", size) for size in SIZES]
+    assert list(dict.fromkeys(r["op"] for r in rows)) == list(bench.OPS)
+    # Sizes that round to the same element count are measured once (on 3 ranks all_gather's 4 and 8 B are 12 B).
+    assert len(rows) == sum(len({bench.elements(op, size, n, 4) for size in SIZES}) for op in bench.OPS)
+    assert len({(r["op"], r["bytes"]) for r in rows}) == len(rows)
     factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
                "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}
     for row in rows:

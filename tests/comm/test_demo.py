@@ -15,7 +15,8 @@ COMPOSABLE = {"broadcast", "scatter", "scatter uneven", "gather", "gather uneven
               *(f"reduce {op}" for op in ops.REDUCTIONS), *(f"all_reduce {op}" for op in ops.REDUCTIONS)}
 
 
-def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = None, lacking: str | None = None):
+def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = None, lacking: str | None = None,
+          lacking_error: type = RuntimeError):
     """One rank: run the demo; ``corrupt`` breaks that torch function's result on rank 1,
     ``lacking`` makes that torch function fail as a backend without it does."""
     import torch.distributed as torch_dist
@@ -39,7 +40,7 @@ def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = 
             setattr(torch_dist, corrupt, corrupted)
         if lacking:
             def missing(*args, **kwargs):
-                raise RuntimeError(f"ProcessGroupGloo does not support {lacking}")
+                raise lacking_error(f"ProcessGroupGloo does not support {lacking}")
 
             setattr(torch_dist, lacking, missing)
         printed: list[str] = []
@@ -85,8 +86,9 @@ def test_a_corrupted_result_fails_naming_the_rank():
     assert len(wrong) == 1 and wrong[0].lstrip().startswith("rank 1") and "expected [12, 14, 16, 18]" in wrong[0]
 
 
-def test_an_operation_the_backend_lacks_runs_composed_and_says_so():
-    statuses, printed = run_ranks(_demo, 2, False, ["reduce_scatter"], None, "reduce_scatter", timeout=60)[0]
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])  # NCCL raises ValueError for a ReduceOp it lacks
+def test_an_operation_the_backend_lacks_runs_composed_and_says_so(error):
+    statuses, printed = run_ranks(_demo, 2, False, ["reduce_scatter"], None, "reduce_scatter", error, timeout=60)[0]
     (name, status, how), single = statuses
     assert (name, status) == ("reduce_scatter", "PASS") and single[1] == "PASS"
     assert how.startswith("gloo lacks it (ProcessGroupGloo does not support reduce_scatter)")
@@ -129,6 +131,10 @@ def test_the_backend_is_nccl_only_where_cuda_and_nccl_are(monkeypatch):
     assert resolve_backend("auto") == "gloo"
     with pytest.raises(ConfigError, match="--backend nccl needs CUDA GPUs .* no CUDA device"):
         resolve_backend("nccl")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # wiring only: a GPU machine's answer
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # wiring only: a 1-GPU machine's answers
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch_dist, "is_nccl_available", lambda: True)
-    assert resolve_backend("auto") == "nccl" and resolve_backend("gloo") == "gloo"
+    assert resolve_backend("auto", 1) == "nccl" and resolve_backend("gloo", 1) == "gloo"
+    assert resolve_backend("auto", 2) == "gloo"  # two ranks cannot share the one GPU under NCCL
+    with pytest.raises(ConfigError, match="one GPU per rank: --nproc-per-node 2 on 1 GPU"):
+        resolve_backend("nccl", 2)

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from rankwise.launch import LaunchError
 
     check_layout(args)
-    backend = resolve_backend(args.backend)
+    backend = resolve_backend(args.backend, args.nproc_per_node)
     try:
         if args.comm_command == "demo":
             return run_demo(args, backend)

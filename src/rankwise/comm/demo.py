@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rankwise.comm.ops import UNSUPPORTED, Ctx, Op
+from rankwise.comm.ops import LACKING, UNSUPPORTED, Ctx, Op
 
 PASS, FAIL, UNAVAILABLE = "PASS", "FAIL", "n/a"
 
@@ -27,6 +27,7 @@ class RankView:
     expected: str | None
     ok: bool
     how: str
+    composed: bool
 
 
 @dataclass
@@ -34,6 +35,7 @@ class OpResult:
     name: str
     status: str
     how: str
+    composed: bool
     views: list[RankView]
 
 
@@ -66,16 +68,17 @@ def show(value: Any) -> str:
 
 def run_op(ctx: Ctx, op: Op) -> RankView:
     """Run one operation on this rank; an operation the backend lacks, with no composition, reads n/a."""
-    ctx.how = "native"
+    ctx.how, ctx.composed_run = "native", False
     try:
         outcome = op.run(ctx)
-    except RuntimeError as e:
+    except LACKING as e:
         if not UNSUPPORTED.search(str(e)):
             raise
-        return RankView(ctx.rank, "", "", None, True, f"not available on {ctx.backend}: {str(e).splitlines()[0]}")
+        return RankView(ctx.rank, "", "", None, True, f"not available on {ctx.backend}: {str(e).splitlines()[0]}",
+                        False)
     expected = None if outcome.expected is None else show(outcome.expected)
     return RankView(ctx.rank, show(outcome.before), show(outcome.after), expected,
-                    matches(outcome.after, outcome.expected), ctx.how)
+                    matches(outcome.after, outcome.expected), ctx.how, ctx.composed_run)
 
 
 def status_of(views: list[RankView]) -> str:
@@ -108,7 +111,7 @@ def run_all(ctx: Ctx, ops: list[Op], emit: Callable[[str], None] = print) -> lis
         view = run_op(ctx, op)
         # Why: rank 0 prints every rank's view in order, so it needs them all (a small object gather).
         views = [RankView(**v) for v in dist.all_gather_object(asdict(view))] if ctx.world_size > 1 else [view]
-        result = OpResult(op.name, status_of(views), views[0].how, views)
+        result = OpResult(op.name, status_of(views), views[0].how, views[0].composed, views)
         results.append(result)
         if ctx.rank == 0:
             emit(render(op, result))
@@ -118,7 +121,7 @@ def run_all(ctx: Ctx, ops: list[Op], emit: Callable[[str], None] = print) -> lis
 def summary(results: list[OpResult]) -> str:
     failed = [r.name for r in results if r.status == FAIL]
     unavailable = [r.name for r in results if r.status == UNAVAILABLE]
-    composed = [r.name for r in results if r.how.startswith(("composed", "gloo lacks", "nccl lacks"))]
+    composed = [r.name for r in results if r.composed]
     text = f"{len(results) - len(failed) - len(unavailable)} of {len(results)} operations passed"
     if composed:
         text += f"; {len(composed)} ran composed from simpler operations"
@@ -134,6 +137,7 @@ def worker(local_rank: int, names: list[str] | None, composed: bool, backend: st
     """One rank of ``rankwise comm demo`` (started by the spawn launcher); rank 0 writes the results to ``out_file``."""
     from rankwise.comm import ops as comm_ops
     from rankwise.comm.launch import join
+    from rankwise.env import destroy_process_group
 
     env, device = join(local_rank, backend, timeout_s)
     try:
@@ -146,7 +150,7 @@ def worker(local_rank: int, names: list[str] | None, composed: bool, backend: st
             print("\n" + summary(results), flush=True)
             with open(out_file, "w", encoding="utf-8") as handle:
                 json.dump([asdict(r) for r in results], handle)
-    finally:
-        from rankwise.env import destroy_process_group
-
-        destroy_process_group()
+    except BaseException:
+        destroy_process_group(clean=False)  # no barrier: the peers may be inside another collective
+        raise
+    destroy_process_group()

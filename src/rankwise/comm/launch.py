@@ -21,16 +21,22 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for the others (rendezvous and each operation)")
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, nproc_per_node: int = 1) -> str:
+    """The backend to use: NCCL needs CUDA, a torch built with it and one GPU per local rank."""
     import torch.distributed as torch_dist
 
     from rankwise.errors import ConfigError
 
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = gpus > 0 and torch_dist.is_nccl_available()
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and torch_dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and not (torch.cuda.is_available() and torch_dist.is_nccl_available()):
+        return "nccl" if nccl and gpus >= nproc_per_node else "gloo"
+    if backend == "nccl" and not nccl:
         raise ConfigError("--backend nccl needs CUDA GPUs and a torch built with NCCL; this machine has "
-                          + ("no CUDA device" if not torch.cuda.is_available() else "no NCCL") + " (use gloo)")
+                          + ("no CUDA device" if not gpus else "no NCCL") + " (use gloo)")
+    if backend == "nccl" and gpus < nproc_per_node:
+        raise ConfigError(f"--backend nccl needs one GPU per rank: --nproc-per-node {nproc_per_node} on "
+                          f"{gpus} GPU(s) (NCCL refuses two ranks on one GPU); use fewer ranks or gloo")
     return backend
 
 

@@ -28,8 +28,11 @@ ROOT = 0
 """The source / destination rank of the rooted operations (broadcast, scatter, gather, reduce)."""
 VALUES = 4
 """Elements in each rank's demo tensor: small enough to read, enough to see the pattern."""
-UNSUPPORTED = re.compile(r"not support|unsupported|does not support|Cannot use ReduceOp", re.IGNORECASE)
+UNSUPPORTED = re.compile(r"does not support|not supported|unsupported (op|operation|reduce)|Cannot use ReduceOp|"
+                         r"requires NCCL", re.IGNORECASE)
 """What torch's backends say when they lack an operation (the call fails on every rank alike)."""
+LACKING = (RuntimeError, ValueError)
+"""What they raise then (ValueError for NCCL's "Cannot use ReduceOp.BAND with NCCL")."""
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Ctx:
     """Run each operation's composed equivalent instead of the native call."""
     how: str = field(default="native", init=False)
     """How the current operation ran: ``native`` or a description of its composition."""
+    composed_run: bool = field(default=False, init=False)
+    """Whether the current operation ran composed."""
 
     def value(self, rank: int, length: int = VALUES, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rank ``rank``'s demo input (on the CPU): ``10·rank + 1 … 10·rank + length``, distinct on every rank."""
@@ -62,14 +67,16 @@ class Ctx:
         """Run ``native``; where the backend lacks it (or ``composed`` mode is on) run ``composed`` and record how."""
         if self.composed and composed is not None:
             self.how = f"composed: {recipe}"
+            self.composed_run = True
             composed()
             return
         try:
             native()
-        except RuntimeError as e:
+        except LACKING as e:
             if composed is None or not UNSUPPORTED.search(str(e)):
                 raise
             self.how = f"{self.backend} lacks it ({str(e).splitlines()[0][:80]}); composed: {recipe}"
+            self.composed_run = True
             composed()
 
 
@@ -132,9 +139,10 @@ def _send_recv(c: Ctx) -> Outcome:
 def _isend_irecv(c: Ctx) -> Outcome:
     mine, got = c.on_device(c.value(c.rank)), torch.zeros(VALUES, device=c.device)
     to, source = (c.rank - 1) % c.world_size, (c.rank + 1) % c.world_size
-    # Non-blocking: every rank posts its send and its receive at once, then waits for both.
-    requests = [torch_dist.isend(mine, to), torch_dist.irecv(got, source)]
-    for request in requests:
+    # Non-blocking: every rank posts its send and its receive together, then waits for both. Batched,
+    # so NCCL sets up both peer connections at once instead of each rank blocking on its first pair.
+    for request in torch_dist.batch_isend_irecv([torch_dist.P2POp(torch_dist.isend, mine, to),
+                                                 torch_dist.P2POp(torch_dist.irecv, got, source)]):
         request.wait()
     return Outcome(mine, got, c.value(source))
 
@@ -323,13 +331,12 @@ def _reduce_scatter(c: Ctx, single: bool = False) -> Outcome:
 
 def _exchange(c: Ctx, outgoing: list[torch.Tensor], incoming: list[torch.Tensor]) -> None:
     """all_to_all from point-to-point: part j of ``outgoing`` to rank j, part j of ``incoming`` from rank j."""
-    requests = []
-    for peer in range(c.world_size):
-        if peer == c.rank:
-            incoming[peer].copy_(outgoing[peer])
-        else:
-            requests += [torch_dist.isend(outgoing[peer], peer), torch_dist.irecv(incoming[peer], peer)]
-    for request in requests:
+    incoming[c.rank].copy_(outgoing[c.rank])
+    peers = [peer for peer in range(c.world_size) if peer != c.rank]
+    pairs = [torch_dist.P2POp(torch_dist.isend, outgoing[peer], peer) for peer in peers] + \
+        [torch_dist.P2POp(torch_dist.irecv, incoming[peer], peer) for peer in peers]
+    # One batch: every send and receive posted together, so no rank waits on a peer that is itself waiting.
+    for request in torch_dist.batch_isend_irecv(pairs):
         request.wait()
 
 
