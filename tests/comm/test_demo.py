@@ -138,3 +138,15 @@ def test_the_backend_is_nccl_only_where_cuda_and_nccl_are(monkeypatch):
     assert resolve_backend("auto", 2) == "gloo"  # two ranks cannot share the one GPU under NCCL
     with pytest.raises(ConfigError, match="one GPU per rank: --nproc-per-node 2 on 1 GPU"):
         resolve_backend("nccl", 2)
+
+
+def test_one_failing_rank_ends_the_demo_promptly_naming_it():
+    import os
+
+    # Rank 1 fails after the first operation, before sending rank 0 its view of it: the failed
+    # rank must not wait at a teardown barrier (that would hold both until --timeout).
+    env = {**os.environ, "RANKWISE_TEST_FAULT": "raise:rank=1:step=1"}
+    done = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--op", "broadcast", "--op",
+                           "barrier", "--timeout", "300"], capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 1
+    assert "rank 1" in done.stderr and "injected fault: rank 1 fails at step 1" in done.stderr

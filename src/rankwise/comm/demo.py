@@ -104,11 +104,13 @@ def render(op: Op, result: OpResult) -> str:
 
 def run_all(ctx: Ctx, ops: list[Op], emit: Callable[[str], None] = print) -> list[OpResult]:
     """Every operation in turn; rank 0 prints each block as soon as every rank has reported (returns the results)."""
-    from rankwise import dist
+    from rankwise import dist, faults
 
+    fault = faults.configured()  # test-only: a rank failing after operation N (RANKWISE_TEST_FAULT, step=N)
     results = []
-    for op in ops:
+    for number, op in enumerate(ops, start=1):
         view = run_op(ctx, op)
+        faults.at_step_end(fault, ctx.rank, number)
         # Why: rank 0 prints every rank's view in order, so it needs them all (a small object gather).
         views = [RankView(**v) for v in dist.all_gather_object(asdict(view))] if ctx.world_size > 1 else [view]
         result = OpResult(op.name, status_of(views), views[0].how, views[0].composed, views)
