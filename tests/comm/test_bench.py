@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rankwise.comm import bench, ceilings, report
+from tests.comm.patching import corrupting, replaced
 from tests.multiproc import run_ranks
 
 SIZES = [4, 8, 64, 4096]
@@ -16,33 +17,18 @@ SIZES = [4, 8, 64, 4096]
 
 def _sweep(ops: list[str], corrupt: str | None = None) -> dict:
     """One rank: the bench's sweep; ``corrupt`` breaks that torch function's float results on rank 1."""
-    import torch.distributed as torch_dist
-
     from rankwise.comm.launch import join
     from rankwise.env import destroy_process_group
 
     env, device = join(0, "gloo", 60)
-    saved = {corrupt: getattr(torch_dist, corrupt)} if corrupt else {}
     try:
-        if corrupt:
-            original = getattr(torch_dist, corrupt)
-
-            def corrupted(tensor, *args, **kwargs):
-                done = original(tensor, *args, **kwargs)
-                if env.rank == 1 and tensor.is_floating_point():
-                    tensor[-1] += 1
-                return done
-
-            setattr(torch_dist, corrupt, corrupted)
-        settings = bench.Settings(ops, SIZES, "float32", iters=3, warmup=1, backend="gloo", timeout_s=60,
-                                  progress=False)
-        measured = bench.sweep(settings, device)
+        with replaced(corrupt, corrupting(rank=1, index=-1)):
+            settings = bench.Settings(ops, SIZES, "float32", iters=3, warmup=1, backend="gloo", timeout_s=60,
+                                      progress=False)
+            measured = bench.sweep(settings, device)
         return {**measured, "nnodes": 1, "settings": settings.__dict__}
     finally:
-        for name, function in saved.items():  # pooled ranks serve later tests: leave torch as it was
-            setattr(torch_dist, name, function)
         destroy_process_group()
-
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path):

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rankwise.comm import ops
+from tests.comm.patching import corrupting, replaced
 from tests.multiproc import run_ranks
 
 COMPOSABLE = {"broadcast", "scatter", "scatter uneven", "gather", "gather uneven", "all_gather", "all_gather tensor",
@@ -19,39 +20,25 @@ def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = 
           lacking_error: type = RuntimeError):
     """One rank: run the demo; ``corrupt`` breaks that torch function's result on rank 1,
     ``lacking`` makes that torch function fail as a backend without it does."""
-    import torch.distributed as torch_dist
-
     from rankwise.comm import demo
     from rankwise.comm.launch import join
     from rankwise.env import destroy_process_group
 
+    def missing(original):
+        def lacks(*args, **kwargs):
+            raise lacking_error(f"ProcessGroupGloo does not support {lacking}")
+
+        return lacks
+
     env, device = join(0, "gloo", 60)
-    saved = {name: getattr(torch_dist, name) for name in (corrupt, lacking) if name}
     try:
-        if corrupt:
-            original = getattr(torch_dist, corrupt)
-
-            def corrupted(tensor, *args, **kwargs):
-                done = original(tensor, *args, **kwargs)
-                if env.rank == 1 and tensor.is_floating_point():
-                    tensor[0] += 1
-                return done
-
-            setattr(torch_dist, corrupt, corrupted)
-        if lacking:
-            def missing(*args, **kwargs):
-                raise lacking_error(f"ProcessGroupGloo does not support {lacking}")
-
-            setattr(torch_dist, lacking, missing)
-        printed: list[str] = []
-        ctx = ops.Ctx(env.rank, env.world_size, device, "gloo", composed=composed)
-        results = demo.run_all(ctx, ops.select(names), emit=printed.append)
+        with replaced(corrupt, corrupting(rank=1, index=0)), replaced(lacking, missing):
+            printed: list[str] = []
+            ctx = ops.Ctx(env.rank, env.world_size, device, "gloo", composed=composed)
+            results = demo.run_all(ctx, ops.select(names), emit=printed.append)
         return [(r.name, r.status, r.how) for r in results], printed
     finally:
-        for name, function in saved.items():  # pooled ranks serve later tests: leave torch as it was
-            setattr(torch_dist, name, function)
         destroy_process_group()
-
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("composed", [False, True], ids=["native", "composed"])

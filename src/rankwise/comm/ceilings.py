@@ -71,27 +71,27 @@ def tcp_loopback_GBps(both_directions: bool, total: int = TCP_BYTES) -> float:
     return speed
 
 
+def _at_once(conn: socket.socket, total: int, both_directions: bool, mine, theirs) -> None:
+    """``mine(conn, total)``; with ``both_directions``, ``theirs`` in a thread at the same time."""
+    other = threading.Thread(target=theirs, args=(conn, total)) if both_directions else None
+    if other:
+        other.start()
+    mine(conn, total)
+    if other:
+        other.join()
+
+
 def _measure_on(conn: socket.socket, total: int, both_directions: bool) -> float:
     """The receiving side of one measurement on an open connection (the peer runs ``_peer_round``)."""
     started = time.perf_counter()
-    sender = threading.Thread(target=_transmit, args=(conn, total)) if both_directions else None
-    if sender:
-        sender.start()
-    _receive(conn, total)
-    if sender:
-        sender.join()
+    _at_once(conn, total, both_directions, _receive, _transmit)
     seconds = time.perf_counter() - started
     conn.sendall(b"x")  # done: the peer may start the next round
     return total / seconds / 1e9
 
 
 def _peer_round(conn: socket.socket, total: int, both_directions: bool) -> None:
-    receiver = threading.Thread(target=_receive, args=(conn, total)) if both_directions else None
-    if receiver:
-        receiver.start()
-    _transmit(conn, total)
-    if receiver:
-        receiver.join()
+    _at_once(conn, total, both_directions, _transmit, _receive)
     conn.recv(1)
 
 
