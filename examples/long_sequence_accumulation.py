@@ -26,7 +26,7 @@ from rankwise.data.datasets import TokenizedTextDataset
 from rankwise.data.sentiment import load_sentiment
 from rankwise.data.split import clean, hash_split
 from rankwise.data.tokenizer import TextEncoder
-from rankwise.evaluate import evaluate
+from rankwise.train.evaluate import evaluate
 
 
 @dataclass

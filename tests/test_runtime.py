@@ -97,7 +97,7 @@ def test_horovod_public_loop(single, tmp_path):
 
 
 def test_horovod_accumulation_without_grad_accum_is_refused_with_what_to_do():
-    from rankwise.env import ProcessEnv
+    from rankwise.process import ProcessEnv
     from rankwise.strategies.horovod import Horovod
 
     strategy = Horovod(ProcessEnv.detect())  # not set up: no_sync reads only the loop facts

@@ -5,7 +5,7 @@ Public API for your own loop (see :mod:`rankwise.runtime` for a full example)::
     rt = rankwise.setup(strategy="ddp")          # joins the process group when launched
     model, optimizer = rt.prepare(model, optimizer, grad_accum=1)
     loader = rt.loader(dataset, batch_size=64)   # global batch, DistributedSampler inside
-    rt.backward(loss, model); rt.clip_grad_norm(model, optimizer, 1.0); rt.step(optimizer, model)
+    rt.backward(loss, model); norm = rt.step(optimizer, model, max_norm=1.0)   # clip + step
     rt.save_state("ckpt", model, optimizer, scheduler); rt.load_state("ckpt", model, optimizer, scheduler)
     gather = rt.eval_gatherer(len(eval_set)); ...; index, preds = gather.result()
     rt.all_reduce(t, "mean"); rt.save_weights(model, "model.safetensors"); rt.teardown()
@@ -13,8 +13,8 @@ Public API for your own loop (see :mod:`rankwise.runtime` for a full example)::
 Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 """
 
-from rankwise.env import ProcessEnv
 from rankwise.launch.spawn import spawn
+from rankwise.process import ProcessEnv
 from rankwise.runtime import Runtime, iterate_steps, seed_everything, setup
 from rankwise.strategies import Strategy, register, register_variant, strategy_names
 

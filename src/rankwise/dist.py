@@ -14,11 +14,9 @@ from typing import Literal
 import torch
 import torch.distributed as torch_dist
 
+from rankwise.errors import MissingProcessGroupError
+
 ReduceOp = Literal["sum", "mean", "max", "min"]
-
-
-class MissingProcessGroupError(RuntimeError):
-    pass
 
 
 def _expected_world_size() -> int:

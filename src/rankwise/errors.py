@@ -1,5 +1,86 @@
-"""Errors phrased for the user: they name the key, file or rank, and the CLI prints them without a traceback."""
+"""Every error rankwise raises for the user to act on, and the one exit code each command returns for it.
+
+Each message names what to fix: the config key, the file and line, the checkpoint, the rank.
+The command line prints them without a traceback (:func:`exit_code` decides the code).
+"""
+
+from __future__ import annotations
+
+import signal
 
 
 class ConfigError(ValueError):
     """A configuration problem, phrased for the user (names the key or file)."""
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and, where there is one, the line."""
+
+    def __init__(self, path, message: str, line: int | None = None):
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, found, verified or loaded (names its path)."""
+
+
+class CollectiveSaveError(CheckpointError):
+    """A library's own collective save (DeepSpeed's) failed on this rank half-way; the job cannot continue."""
+
+
+class MissingProcessGroupError(RuntimeError):
+    """A process launched as one of several (``WORLD_SIZE`` > 1) used a collective before joining the group."""
+
+
+class LaunchError(RuntimeError):
+    """One or more ranks failed; the message names each failed rank and its error, root cause first."""
+
+    def __init__(self, failures: list[str], note: str = ""):
+        self.failures = failures
+        message = "worker(s) failed:\n" + "\n".join(f"  {line}" for line in failures)
+        super().__init__(message + (f"\n  {note}" if note else ""))
+
+    @classmethod
+    def from_ranks(cls, failures: list, note: str = "") -> LaunchError:
+        """From :class:`~rankwise.launch.failures.RankFailure` records: causes before victims, earliest first."""
+        ordered = sorted(failures, key=lambda f: (f.victim, f.timestamp, f.rank))
+        return cls([f.describe(first=i == 0) for i, f in enumerate(ordered)], note)
+
+
+class MasterUnreachable(LaunchError):
+    """This node could not reach the master's rendezvous port within the rendezvous timeout."""
+
+    def __init__(self, message: str):
+        self.failures = []
+        RuntimeError.__init__(self, message)
+
+
+class Stopped(RuntimeError):
+    """The launcher was asked to stop (SIGTERM, SIGINT): the workers checkpointed and exited."""
+
+    def __init__(self, signum: int, note: str = ""):
+        """``note``: what the user can do next (e.g. resume from the checkpoint the workers wrote)."""
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}" + (f"; {note}" if note else ""))
+
+
+USAGE = 2
+"""Bad input: configuration, data, checkpoint (nothing was started, or nothing was lost)."""
+FAILED = 1
+"""A run that started and failed (a rank raised, was killed or timed out)."""
+
+USER_ERRORS = (ConfigError, DataError, CheckpointError, LaunchError, Stopped)
+"""What a command reports as one message instead of a traceback."""
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code of a command that ended with ``error``: 128 + signal when stopped by one."""
+    if isinstance(error, Stopped):
+        return error.exit_code
+    if isinstance(error, LaunchError):
+        return FAILED
+    return USAGE

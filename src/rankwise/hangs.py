@@ -17,7 +17,7 @@ import json
 import socket
 import time
 
-from rankwise.env import ProcessEnv, restart_count
+from rankwise.process import ProcessEnv, restart_count
 
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
                  "Watchdog caught collective operation timeout")

@@ -18,15 +18,14 @@ A single-device script becomes distributed by changing a few lines::
                         loss = loss_fn(model(batch["x"]), batch["y"])
                     rt.backward(loss / 2, model)
                 if last:
-                    norm = rt.clip_grad_norm(model, optimizer, 1.0)    # the global norm, before clipping
-                    rt.step(optimizer, model)
+                    norm = rt.step(optimizer, model, max_norm=1.0)   # clip + step; the global norm before clipping
                     rt.zero_grad(optimizer)
             rt.save_state("ckpt", model, optimizer, scheduler, extra={"epoch": epoch})
         rt.print("mean loss", rt.all_reduce(loss.detach(), "mean").item())
         rt.save_weights(model, "model.safetensors")
 
 and is started with ``rankwise launch --nproc-per-node 2 script.py``.  The built-in
-``rankwise train`` command is written on this same API (``rankwise.loop``).
+``rankwise train`` command is written on this same API (``rankwise.train.loop``).
 
 Every call behaves the same under every strategy: ``save_state`` / ``load_state``
 decide themselves whether state is whole on rank 0 or sharded (FSDP, DeepSpeed);
@@ -52,10 +51,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
-from rankwise import checks, dist, hangs
-from rankwise.data.sampler import LengthGroupedSampler
-from rankwise.env import ProcessEnv
-from rankwise.strategies import LoopFacts, Strategy, lookup
+from rankwise import dist, hangs
+from rankwise.batching import LengthGroupedSampler, check_enough_samples, micro_batch_size
+from rankwise.process import ProcessEnv
+from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
 
 
@@ -77,9 +76,8 @@ class Runtime:
         variant = lookup(strategy)
         strategy_cls = variant.cls
         strategy_cls.check_available()
-        checks.check_world_size(strategy, strategy_cls, self.env.world_size)
-        self.strategy: Strategy = strategy_cls(self.env, precision, checks.strategy_options(variant, options),
-                                               timeout_s)
+        check_world_size(variant, self.env.world_size)
+        self.strategy: Strategy = strategy_cls(self.env, precision, resolve_options(variant, options), timeout_s)
         self.strategy_name = strategy
         self.strategy.setup_environment()
         seen = self.strategy.library_world_size if self.strategy.multiprocess and self.env.distributed else None
@@ -96,6 +94,7 @@ class Runtime:
         self.steps = 0
         """Optimizer steps taken through :meth:`step` (restored by :meth:`load_state`)."""
         self._prepared: list[nn.Module] = []
+        self._stepped_by_clip: torch.optim.Optimizer | None = None
         self._closed = False
 
     # -- identity ----------------------------------------------------------------------------
@@ -156,7 +155,7 @@ class Runtime:
         Under gradient accumulation pass the optimizer step's global batch as
         ``group_size`` so each step, not each micro-batch, is one length group.
         """
-        checks.micro_batch_size(batch_size, self.world_size)
+        micro_batch_size(batch_size, self.world_size)
         drop_last = shuffle if drop_last is None else drop_last
         if seed is None:
             seed = self.seed or 0
@@ -173,7 +172,7 @@ class Runtime:
                                          seed=seed, drop_last=drop_last)
         per_rank = batch_size // self.world_size
         if drop_last:
-            checks.check_enough_samples(len(dataset), batch_size)
+            check_enough_samples(len(dataset), batch_size)
         # A private generator: iterating the loader must not consume the global RNG (dropout's),
         # or a resumed run would draw different dropout masks than an uninterrupted one.
         return DataLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
@@ -217,15 +216,30 @@ class Runtime:
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         self.strategy.backward(loss, model)
 
-    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-        """Clip the gradient norm of all ranks' gradients together to ``max_norm``; returns that norm
-        before clipping, the same value on every rank and under every strategy.  Call it once per
-        optimizer step, just before :meth:`step` (under DeepSpeed ZeRO it takes the step itself)."""
-        return self.strategy.clip_grad_norm(model, optimizer, max_norm)
-
-    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
-        self.strategy.optimizer_step(optimizer, model)
+    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
+             max_norm: float | None = None) -> torch.Tensor | None:
+        """Take one optimizer step on the gradients of every rank, first clipping their global norm to
+        ``max_norm`` when given; returns that norm before clipping (the same on every rank and under
+        every strategy), or ``None`` without clipping.  Clip and step are one call because some
+        strategies (DeepSpeed ZeRO) can only clip inside their step."""
+        if self._stepped_by_clip is optimizer:  # clip_grad_norm already took this step
+            self._stepped_by_clip = None
+            if max_norm is not None:
+                raise RuntimeError("rt.clip_grad_norm already clipped and took this step; call rt.step without "
+                                   "max_norm after it, or only rt.step(optimizer, model, max_norm=...)")
+            norm = None
+        else:
+            norm = self.strategy.step(optimizer, model, max_norm)
         self.steps += 1
+        return norm
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """The older spelling of ``rt.step(optimizer, model, max_norm)``: clips to ``max_norm`` and takes the
+        optimizer step right away, returning the global norm before clipping; the :meth:`step` that
+        follows in the loop then only counts the step."""
+        norm = self.strategy.step(optimizer, model, max_norm)
+        self._stepped_by_clip = optimizer
+        return norm
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop gradients (set to None) after a step."""
@@ -356,7 +370,7 @@ class Runtime:
             raise ckpt.CheckpointError(error)
         directory = Path(found)
         state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
-        checks.check_resumable(directory, state, self.strategy_name, self.world_size)
+        ckpt.check_compatible(directory, state, self.strategy_name, self.world_size)
         self.strategy.load_state(directory, model, optimizer)
         if scheduler is not None and state["scheduler"] is not None:
             scheduler.load_state_dict(state["scheduler"])

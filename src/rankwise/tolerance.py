@@ -8,6 +8,10 @@ rounding, step after step.  Tests and ``rankwise bench`` judge runs by these num
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import torch
+
 EXACT = 1e-5
 """fp32 with exact gradient averaging (every strategy's default)."""
 
@@ -22,3 +26,14 @@ PRECISION = {"bf16-mixed": 2e-2, "16-mixed": 2e-2}
 def tolerance(precision: str = "32-true", comm_hook: str = "none") -> float:
     """The stated tolerance for a run at ``precision`` with ``comm_hook``: the loosest that applies."""
     return max(EXACT, COMM_HOOK.get(comm_hook, EXACT), PRECISION.get(precision, EXACT))
+
+
+def max_param_diff(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two sets of weights, compared in fp32, key by key.
+
+    Both must hold the same keys: a missing or extra tensor is an error naming it, not a pass.
+    """
+    if weights.keys() != reference.keys():
+        missing, extra = sorted(reference.keys() - weights.keys()), sorted(weights.keys() - reference.keys())
+        raise KeyError(f"the weights hold different tensors: missing {missing[:5]}, extra {extra[:5]}")
+    return max(((weights[k].float() - reference[k].float()).abs().max().item() for k in reference), default=0.0)

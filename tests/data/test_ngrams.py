@@ -3,9 +3,9 @@ import zlib
 import pytest
 import torch
 
-from rankwise.config import DataConfig
 from rankwise.data.ngrams import PAD, CharNgrams
 from rankwise.data.prepare import prepare_data
+from rankwise.train.config import DataConfig
 
 
 def test_every_substring_up_to_n_characters_hashes_stably():

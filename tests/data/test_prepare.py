@@ -1,8 +1,8 @@
 import pytest
 
-from rankwise.config import DataConfig
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.data.records import DataError
+from rankwise.train.config import DataConfig
 
 
 def test_sentiment_is_cleaned_and_split_without_overlap():

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from rankwise.data.sampler import LengthGroupedSampler
+from rankwise.batching import LengthGroupedSampler
 
 
 def lengths_of(n: int, seed: int = 0) -> list[int]:

@@ -1,4 +1,4 @@
-"""Faults injected into real 2-rank `rankwise train` runs (``rankwise.faults``, test-only), and what the user sees.
+"""Faults injected into real 2-rank `rankwise train` runs (``rankwise.testing.faults``), and what the user sees.
 
 A toy MLP with dropout (so every rank's RNG matters), 8 optimizer steps of a 42-step
 epoch: every fault strikes mid-epoch.
@@ -131,10 +131,10 @@ def test_ranks_that_disagree_on_the_number_of_steps_are_told_what_differs():
 def _disagreeing_trainer() -> None:
     import torch.distributed as torch_dist
 
-    from rankwise.config import DataConfig, build_config
     from rankwise.data.prepare import prepare_data
-    from rankwise.loop import Trainer
     from rankwise.runtime import setup
+    from rankwise.train.config import DataConfig, build_config
+    from rankwise.train.loop import Trainer
 
     data = prepare_data(DataConfig(source="toy", toy_samples=400))
     with setup("ddp") as rt:
@@ -147,7 +147,7 @@ def _disagreeing_trainer() -> None:
 
 def test_no_signal_handler_outlives_training():
     """The loop's SIGTERM / SIGINT handlers are restored when it ends (a notebook keeps its Ctrl-C)."""
-    from rankwise.preemption import StopRequest
+    from rankwise.train.preemption import StopRequest
 
     before = signal.getsignal(signal.SIGINT)
     stop = StopRequest()

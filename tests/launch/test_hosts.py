@@ -1,14 +1,14 @@
-"""Node layout from a hostfile, Slurm's node list (rankwise.env) and a Kubeflow PyTorchJob pod."""
+"""Node layout from a hostfile, Slurm's node list (rankwise.process) and a Kubeflow PyTorchJob pod."""
 
 from __future__ import annotations
 
 import pytest
 
 from rankwise import cli
-from rankwise.env import ProcessEnv, expand_nodelist
 from rankwise.errors import ConfigError
 from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow, parse_hostfile
-from rankwise.rundir import RunDir
+from rankwise.process import ProcessEnv, expand_nodelist
+from rankwise.train.rundir import RunDir
 
 HOSTFILE = """# the training cluster
 10.0.0.1 slots=4   # master

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import rankwise
-from rankwise.launch import LaunchError
+from rankwise.errors import LaunchError
+from rankwise.launch import Entry, LaunchConfig
 from rankwise.launch.ports import free_port, port_in_use
-from rankwise.launch.torchrun import torchrun_argv
+from rankwise.launch.torchrun import torchrun_args
 from tests.launch.rank_probe import main as probe
 
 RANKWISE = [sys.executable, "-m", "rankwise.cli"]
@@ -73,15 +74,28 @@ def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
     assert "RuntimeError: rank one broke" in proc.stderr
 
 
-def test_torchrun_arguments():
-    argv = torchrun_argv(2, ["train.py", "--x", "1"], nnodes=2, node_rank=1, master_addr="10.0.0.2",
-                         master_port=29400, max_restarts=3)
-    assert argv == ["--nproc-per-node=2", "--nnodes=2", "--max-restarts=3", "--node-rank=1",
-                    "--master-addr=10.0.0.2", "--master-port=29400", "train.py", "--x", "1"]
-    rdzv = torchrun_argv(4, ["-m", "pkg"], nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:1", rdzv_id="job")
-    assert "--rdzv-backend=c10d" in rdzv and "--rdzv-endpoint=h:1" in rdzv and not any("master" in a for a in rdzv)
-    elastic = torchrun_argv(1, ["x.py"], nnodes="1:2", rdzv_backend="c10d", rdzv_endpoint="h:1", rdzv_timeout_s=30)
-    assert "--nnodes=1:2" in elastic and "--rdzv-conf=timeout=30,join_timeout=30" in elastic
+def test_a_launch_config_becomes_torchruns_own_settings():
+    static = torchrun_args(LaunchConfig(nproc_per_node=2, nnodes=2, node_rank=1, master_addr="10.0.0.2",
+                                        master_port=29400, max_restarts=3), Entry("pkg.worker", ("--x", "1")))
+    assert (static.nproc_per_node, static.nnodes, static.node_rank, static.master_addr, static.master_port,
+            static.max_restarts) == ("2", "2", 1, "10.0.0.2", 29400, 3)
+    assert static.module and static.training_script == "pkg.worker" and static.training_script_args == ["--x", "1"]
+    assert "timeout=300" in static.rdzv_conf  # two nodes wait for each other launch.timeout_s
+    rdzv = torchrun_args(LaunchConfig(nproc_per_node=4, nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:1",
+                                      rdzv_id="job"), Entry("pkg"))
+    assert (rdzv.rdzv_backend, rdzv.rdzv_endpoint, rdzv.rdzv_id) == ("c10d", "h:1", "job")
+    elastic = torchrun_args(LaunchConfig(nnodes="1:2", rdzv_backend="c10d", rdzv_endpoint="h:1", timeout_s=30),
+                            Entry("pkg"))
+    assert elastic.nnodes == "1:2" and elastic.rdzv_conf == "timeout=30,join_timeout=30"
+    one_node = torchrun_args(LaunchConfig(nproc_per_node=2), Entry("pkg"))
+    assert one_node.rdzv_conf == "" and one_node.nnodes == "1"
+
+
+def test_every_launcher_is_in_the_table():
+    from rankwise.launch import LAUNCHERS
+    from rankwise.launch.config import LAUNCHERS as NAMES
+
+    assert set(LAUNCHERS) == set(NAMES)
 
 
 def test_rendezvous_endpoint_and_timeout_from_torchrun_flags():

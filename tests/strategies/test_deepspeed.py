@@ -44,10 +44,10 @@ def test_zero3_processes_exit_cleanly(attempt):
 
 
 def _deepspeed_config(tmp_path, user_json: str | None, *overrides: str) -> dict:
-    from rankwise.config import build_config
-    from rankwise.env import ProcessEnv
+    from rankwise.process import ProcessEnv
     from rankwise.strategies.base import LoopFacts
     from rankwise.strategies.deepspeed import DeepSpeed
+    from rankwise.train.config import build_config
 
     extra = []
     if user_json is not None:
@@ -72,14 +72,14 @@ def test_user_json_is_merged_over_the_generated_config(tmp_path):
     ("[1, 2]", "expected a JSON object"),
 ])
 def test_bad_user_json_is_refused_naming_the_file(tmp_path, user_json, message):
-    from rankwise.config import ConfigError
+    from rankwise.train.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         _deepspeed_config(tmp_path, user_json)
 
 
 def test_parameter_offload_needs_stage_3(tmp_path):
-    from rankwise.config import ConfigError
+    from rankwise.train.config import ConfigError
 
     with pytest.raises(ConfigError, match="offload_param needs deepspeed.zero_stage=3"):
         _deepspeed_config(tmp_path, None, "deepspeed.offload_param=true")

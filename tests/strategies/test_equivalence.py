@@ -8,9 +8,9 @@ and dropout off, parameters must agree to 1e-5 after several optimizer steps.
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.config import DataConfig, build_config
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.tolerance import COMM_HOOK
+from rankwise.train.config import DataConfig, build_config
 from tests.multiproc import run_ranks
 
 TOLERANCE = 1e-5
@@ -18,7 +18,7 @@ TOLERANCE = 1e-5
 
 def _train(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int]:
     """Train on this rank; returns (optimizer steps, world size as the strategy's own library sees it)."""
-    from rankwise.loop import run_training
+    from rankwise.train.loop import run_training
 
     cfg = build_config(overrides=["seed=7", "max_steps=6", "log_every=2", "eval_batch_size=64", "progress=false",
                                   "model.dropout=0.0", *overrides])

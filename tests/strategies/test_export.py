@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from rankwise.checkpoint import export, load_checkpoint
-from rankwise.config import DataConfig, build_config
 from rankwise.data.prepare import PreparedData, prepare_data
-from rankwise.evaluate import gather_predictions
 from rankwise.models import model_from_spec, reads_ngrams
+from rankwise.train.artifacts import export, load_checkpoint
+from rankwise.train.config import DataConfig, build_config
+from rankwise.train.evaluate import gather_predictions
 from tests.multiproc import run_ranks
 
 
 def _train(run_dir: str, data_dir: str, overrides: list[str]) -> None:
-    from rankwise.loop import run_training
+    from rankwise.train.loop import run_training
 
     cfg = build_config(overrides=["max_steps=4", "batch_size=16", "progress=false", "data.max_length=32", "seed=1",
                                   # ZeRO-3 releases and prefetches layers (as with a large model), so

@@ -19,17 +19,17 @@ def test_every_strategy_is_found_after_one_module_was_imported_directly():
 
 
 def test_a_variant_fixes_its_settings_in_the_config_and_the_runtime_options():
-    from rankwise.checks import strategy_options
-    from rankwise.config import build_config
+    from rankwise.strategies import resolve_options
+    from rankwise.train.config import build_config
 
     cfg = build_config(overrides=["strategy=deepspeed-zero3", "deepspeed.bucket_size=1000"])
     assert (cfg.deepspeed.zero_stage, cfg.deepspeed.bucket_size) == (3, 1000)
     assert build_config(overrides=["strategy=ddp-spawn"]).launch.launcher == "spawn"
-    options = strategy_options(lookup("deepspeed-zero1"), {"bucket_size": 7})
+    options = resolve_options(lookup("deepspeed-zero1"), {"bucket_size": 7})
     assert (options.zero_stage, options.bucket_size) == (1, 7)
     with pytest.raises(ConfigError, match="'deepspeed-zero3' sets deepspeed.zero_stage=3; it was also given 2"):
         build_config(overrides=["strategy=deepspeed-zero3", "deepspeed.zero_stage=2"])
     with pytest.raises(ConfigError, match="sets deepspeed.zero_stage=1; it was also given 2"):
-        strategy_options(lookup("deepspeed-zero1"), {"zero_stage": 2})
+        resolve_options(lookup("deepspeed-zero1"), {"zero_stage": 2})
     with pytest.raises(ConfigError, match="strategy 'single' takes no options"):
-        strategy_options(lookup("single"), {"zero_stage": 2})
+        resolve_options(lookup("single"), {"zero_stage": 2})

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.config import DataConfig, build_config
 from rankwise.data.prepare import PreparedData, prepare_data
+from rankwise.train.config import DataConfig, build_config
 from tests.multiproc import run_ranks
 
 
 def _train(run_dir: str, data_dir: str, strategy: str, *extra: str) -> None:
-    from rankwise.loop import run_training
+    from rankwise.train.loop import run_training
 
     cfg = build_config(overrides=[f"strategy={strategy}", "model.name=mlp", "data.source=toy", "batch_size=16",
                                   "max_steps=8", "save_every=4", "progress=false", "seed=5", *extra])

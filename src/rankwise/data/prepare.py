@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from rankwise.config import DataConfig
 from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
 from rankwise.data.files import read_file
 from rankwise.data.ngrams import CharNgrams
@@ -26,6 +25,7 @@ from rankwise.data.sentiment import load_sentiment
 from rankwise.data.split import SPLITS, assign_splits, audit, clean, hash_bucket, hash_split
 from rankwise.data.tokenizer import TextEncoder
 from rankwise.data.toy import make_toy
+from rankwise.train.config import DataConfig
 
 PREPARED_FILE = "prepared.pt"
 

@@ -1,18 +1,12 @@
-"""Labelled text records and the errors raised while reading them."""
+"""Labelled text records (reading them raises :class:`~rankwise.errors.DataError`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankwise.errors import DataError
 
-class DataError(ValueError):
-    """Bad input data; the message names the file and, where there is one, the line."""
-
-    def __init__(self, path, message: str, line: int | None = None):
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {message}")
-        self.path = str(path)
-        self.line = line
+__all__ = ["DataError", "Record"]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rankwise.launch.errors import LaunchError
+from rankwise.errors import LaunchError
+from rankwise.launch.config import LaunchConfig
+from rankwise.launch.entry import Entry
 from rankwise.launch.ports import free_port, set_worker_environment
 
 
@@ -24,14 +26,15 @@ def horovodrun_command(nproc: int, entry: list[str]) -> list[str]:
     return [binary, "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo", sys.executable, *entry]
 
 
-def launch(nproc: int, entry: list[str], *, nnodes: int = 1, master_addr: str = "127.0.0.1",
-           master_port: int | None = None) -> None:
-    if nnodes != 1:
+def launch(config: LaunchConfig, entry: Entry) -> None:
+    """Run ``entry`` on ``config.nproc_per_node`` local workers under ``horovodrun --gloo`` (one node)."""
+    if config.multi_node:
         raise LaunchError(["the horovodrun launcher starts one node; for several run "
-                           "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.launch.worker RUN_DIR`"])
+                           "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.train.worker RUN_DIR`"])
+    nproc = config.nproc_per_node
     set_worker_environment(nproc)
-    env = dict(os.environ, MASTER_ADDR=master_addr, MASTER_PORT=str(master_port or free_port()))
-    proc = subprocess.run(horovodrun_command(nproc, entry), env=env)
+    env = dict(os.environ, MASTER_ADDR=config.master_addr, MASTER_PORT=str(config.master_port or free_port()))
+    proc = subprocess.run(horovodrun_command(nproc, entry.argv()), env=env)
     if proc.returncode:
         raise LaunchError([f"horovodrun exited with code {proc.returncode}; each rank's output above is "
                            "prefixed with [rank]"])

@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rankwise.errors import ConfigError
@@ -94,3 +95,10 @@ def layout_from_kubeflow(env) -> dict | None:
             value = env[variable]
             settings[key] = value if key == "master_addr" else int(value.split(":")[-1])
     return settings
+
+
+def node_layout(hostfile: str | None, env=os.environ) -> dict:
+    """Launch settings this node takes from a hostfile, else from a Kubeflow PyTorchJob pod's variables."""
+    if hostfile:
+        return asdict(layout_from_hostfile(hostfile))
+    return layout_from_kubeflow(env) or {}

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from rankwise.launch.errors import MasterUnreachable
+from rankwise.errors import MasterUnreachable
 
 VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 

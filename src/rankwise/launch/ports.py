@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from rankwise.env import threads_per_process
+from rankwise.process import threads_per_process
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -16,10 +16,13 @@ from collections.abc import Callable
 
 import torch.multiprocessing as mp
 
-from rankwise.env import ProcessEnv
-from rankwise.launch.errors import LaunchError, RankFailure, Stopped
+from rankwise.errors import LaunchError, Stopped
+from rankwise.launch.config import LaunchConfig
+from rankwise.launch.entry import Entry
+from rankwise.launch.failures import RankFailure
 from rankwise.launch.network import choose_interface, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
+from rankwise.process import ProcessEnv
 
 
 def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: int, master_addr: str,
@@ -29,6 +32,16 @@ def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: i
     fn(local_rank, *args)
 
 
+def _run_entry(local_rank: int, entry: Entry) -> None:
+    entry.run()
+
+
+def launch(config: LaunchConfig, entry: Entry) -> None:
+    """Run ``entry``'s ``main`` in ``config.nproc_per_node`` spawned processes (the launcher table's entry)."""
+    spawn(_run_entry, config.nproc_per_node, (entry,), nnodes=config.node_range[1], node_rank=config.node_rank,
+          master_addr=config.master_addr, master_port=config.master_port, rdzv_timeout_s=config.timeout_s)
+
+
 def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_rank: int = 0,
           master_addr: str = "127.0.0.1", master_port: int | None = None, rdzv_timeout_s: float = 600.0) -> None:
     """Run ``fn(local_rank, *args)`` in ``nprocs`` processes on this node and wait for all of them.
@@ -36,7 +49,7 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
     On a node other than the master's, first wait up to ``rdzv_timeout_s`` for the master's port.
 
     SIGTERM / SIGINT to this process are forwarded to every worker (which may checkpoint and
-    exit, see ``rankwise.preemption``) and end in :class:`Stopped`; a failed worker ends in a
+    exit, see ``rankwise.train.preemption``) and end in :class:`Stopped`; a failed worker ends in a
     :class:`LaunchError` naming it, its host and its traceback.
     """
     if master_port is None:

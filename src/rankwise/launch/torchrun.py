@@ -5,11 +5,12 @@ none is given, the workers' environment (OMP_NUM_THREADS = cores / local process
 fixed glibc mmap threshold, unless the user set them; see ``set_worker_environment``),
 and a per-rank summary of failures, root cause first, instead of torchrun's long report.
 A SIGTERM / SIGINT to this process reaches the workers through torchrun, which waits for
-them to checkpoint (``rankwise.preemption``) and exit; it surfaces here as ``Stopped``.
+them to checkpoint (``rankwise.train.preemption``) and exit; it surfaces here as ``Stopped``.
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
 import socket
 import sys
@@ -18,7 +19,10 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from rankwise.launch.errors import LaunchError, RankFailure, Stopped
+from rankwise.errors import LaunchError, Stopped
+from rankwise.launch.config import LaunchConfig
+from rankwise.launch.entry import Entry
+from rankwise.launch.failures import RankFailure
 from rankwise.launch.network import choose_interface, is_this_machine, route_to, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
 
@@ -37,35 +41,41 @@ def _flag(argv: list[str], *names: str) -> str | None:
     return None
 
 
-def torchrun_argv(nproc_per_node: int, entry: list[str], *, nnodes: int = 1, node_rank: int = 0,
-                  master_addr: str = "127.0.0.1", master_port: int | None = None, max_restarts: int = 0,
-                  rdzv_backend: str | None = None, rdzv_endpoint: str | None = None,
-                  rdzv_id: str | None = None, rdzv_timeout_s: float | None = None) -> list[str]:
-    """torchrun's argument list for the given settings.
-
-    ``entry`` is ``[script, args...]`` or ``["-m", module, ...]``; ``nnodes`` may be ``"MIN:MAX"``
-    with a rendezvous backend; ``rdzv_timeout_s`` bounds how long the nodes wait for each other.
-    """
-    argv = [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--max-restarts={max_restarts}"]
-    if rdzv_timeout_s is not None:
-        seconds = max(1, round(rdzv_timeout_s))  # static rendezvous reads `timeout`, c10d `join_timeout`
-        argv.append(f"--rdzv-conf=timeout={seconds},join_timeout={seconds}")
-    if rdzv_backend:
-        argv += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint or ''}",
-                 f"--rdzv-id={rdzv_id or 'rankwise'}"]
+def torchrun_args(config: LaunchConfig, entry: Entry) -> argparse.Namespace:
+    """torchrun's own settings (its parser's defaults) with ``config``'s launch settings and ``entry``."""
+    args = get_args_parser().parse_args(entry.argv())
+    args.nproc_per_node = str(config.nproc_per_node)
+    args.nnodes = str(config.nnodes)
+    args.max_restarts = config.max_restarts
+    if config.multi_node:  # how long the nodes wait for each other: static reads `timeout`, c10d `join_timeout`
+        seconds = max(1, round(config.timeout_s))
+        args.rdzv_conf = f"timeout={seconds},join_timeout={seconds}"
+    if config.rdzv_backend:
+        args.rdzv_backend, args.rdzv_endpoint = config.rdzv_backend, config.rdzv_endpoint or ""
+        args.rdzv_id = config.rdzv_id or "rankwise"
     else:
-        argv += [f"--node-rank={node_rank}", f"--master-addr={master_addr}"]
-        if master_port is not None:
-            argv.append(f"--master-port={master_port}")
-    return argv + entry
+        args.node_rank, args.master_addr = config.node_rank, config.master_addr
+        if config.master_port is not None:
+            args.master_port = config.master_port
+    return args
 
 
-def launch(argv: list[str]) -> None:
-    """Run torchrun with ``argv`` (torchrun's own flags, then the script and its arguments)."""
-    parser = get_args_parser()
-    args = parser.parse_args(argv)
+def launch(config: LaunchConfig, entry: Entry) -> None:
+    """Run ``entry`` on ``config.nproc_per_node`` workers under torchrun's agent (the launcher table's entry)."""
+    run_torchrun(torchrun_args(config, entry), port_given=config.master_port is not None)
+
+
+def launch_command_line(argv: list[str]) -> None:
+    """Run torchrun with ``argv`` as typed after ``rankwise launch`` (its own flags, then the script and its
+    arguments)."""
+    port_given = _flag(argv, "--master-port", "--master_port") is not None
+    run_torchrun(get_args_parser().parse_args(argv), port_given=port_given)
+
+
+def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
+    """torch.distributed.run with rankwise's additions: free port, interface, worker environment, failure summary."""
     single_node = str(args.nnodes) in ("1", "1:1")
-    if single_node and args.rdzv_endpoint == "" and _flag(argv, "--master-port", "--master_port") is None:
+    if single_node and args.rdzv_endpoint == "" and not port_given:
         args.master_port = free_port()
     if not single_node:
         host, port = _rendezvous_endpoint(args)

@@ -8,17 +8,21 @@ A *variant* is a registered name for a strategy with some settings fixed, e.g.
 ``deepspeed-zero3`` (``deepspeed.zero_stage=3``) or ``ddp-spawn``
 (``launch.launcher=spawn``): ``--strategy deepspeed-zero3`` and
 ``rankwise.setup("deepspeed-zero3")`` work like any other name, and benchmarks and
-tests list variants instead of keeping alias tables of their own.
+tests list variants instead of keeping alias tables of their own.  :func:`resolve_options`
+merges a variant's fixed settings into the options a run gives, refusing a contradiction.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankwise.errors import ConfigError
 from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.options import Options
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,44 @@ def lookup(name: str) -> Variant:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}") from None
 
 
+def check_world_size(variant: Variant, world_size: int) -> None:
+    """Refuse a one-process strategy in a job of several processes."""
+    if not variant.cls.multiprocess and world_size > 1:
+        raise ConfigError(f"strategy {variant.name!r} runs in one process, but the job has {world_size} processes; "
+                          "drop --nproc-per-node / --nnodes (or the launcher), or use a multi-process strategy "
+                          "such as ddp")
+
+
+def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | None) -> Options | None:
+    """The strategy's options: the given ones with the variant's fixed settings applied, validated."""
+    cls = variant.cls
+    fixed = variant.options_for(cls.options_section)
+    if cls.options_cls is None:
+        if options:
+            raise ConfigError(f"strategy {variant.name!r} takes no options (got {dict(options)})")
+        return None
+    if options is None:
+        given: dict[str, Any] = {}
+    elif isinstance(options, cls.options_cls):
+        given = {key: getattr(options, key) for key in options.model_fields_set}
+    else:
+        given = dict(options)
+    clashes = {key: given[key] for key in fixed if key in given and given[key] != fixed[key]}
+    if clashes:
+        key, value = next(iter(clashes.items()))
+        raise ConfigError(f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; "
+                          f"it was also given {value!r}")
+    # An options object keeps its defaults too; a mapping holds only what was given.
+    base = options.model_dump() if isinstance(options, cls.options_cls) else given
+    merged = cls.options_cls.model_validate({**base, **fixed})
+    cls.check_options(merged)
+    return merged
+
+
 def get_strategy(name: str) -> type[Strategy]:
     """The strategy class a name (or variant name) runs."""
     return lookup(name).cls
 
 
-__all__ = ["LoopFacts", "Strategy", "Variant", "get_strategy", "lookup", "register", "register_variant",
-           "strategy_names"]
+__all__ = ["LoopFacts", "Strategy", "Variant", "check_world_size", "get_strategy", "lookup", "register",
+           "register_variant", "resolve_options", "strategy_names"]

@@ -20,7 +20,7 @@ from torch import nn
 from rankwise import dist
 from rankwise.precision import Precision
 from rankwise.strategies import register
-from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.base import Strategy
 from rankwise.strategies.options import DDPOptions
 
 INSTALL = "pip install 'rankwise[accelerate]'"
@@ -107,10 +107,9 @@ class Accelerate(Strategy):
         self.accelerator = Accelerator(cpu=self.device.type == "cpu", mixed_precision=MIXED[self.precision.name],
                                        kwargs_handlers=[ddp_kwargs])
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from rankwise.strategies.ddp import broadcast_buffers
 
-        self.facts = facts
         # Accelerate wraps the model in DDP inside prepare(), with these keyword arguments.
         self.accelerator.ddp_handler.broadcast_buffers = broadcast_buffers(model, self.options)
         if optimizer is None:
@@ -124,8 +123,12 @@ class Accelerate(Strategy):
         # Why: skip DDP's all-reduce on all but the last micro-batch of an accumulation window.
         return self.accelerator.no_sync(model)
 
-    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
-        return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)  # unscales first (fp16)
+    def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
+        norm = None
+        if max_norm is not None:
+            norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)  # unscales first (fp16)
+        self.precision.step(optimizer)
+        return norm
 
     def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None):
         from torch.utils.data import DataLoader

@@ -4,8 +4,8 @@ A strategy decides how a model and optimizer are wrapped, how the backward pass 
 the optimizer step run, how gradient synchronisation is skipped during accumulation,
 how evaluation is sharded and gathered, and how training state is saved and loaded.
 It gets its own options section and the loop facts it needs (``LoopFacts``), never the
-run configuration.  It never starts processes (that is ``rankwise.launch``) and never
-contains the training loop (that is ``rankwise.loop``).
+run configuration.  It never starts processes (that is :mod:`rankwise.launch`) and never
+contains a training loop (a user's, or the built-in task's :mod:`rankwise.train.loop`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from rankwise import dist
-from rankwise import env as process
+from rankwise import dist, process
 from rankwise.checkpoint import WEIGHTS, read_weights
-from rankwise.env import ProcessEnv
 from rankwise.precision import Precision
+from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -101,11 +100,15 @@ class Strategy:
 
     # -- wrapping ----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
-        """Wrap model and optimizer together (strategies such as FSDP and DeepSpeed need both at once)."""
+        """Keep the loop's facts, then wrap model and optimizer together (``wrap``)."""
         self.facts = facts
-        return self.setup_module(model), optimizer
+        return self.wrap(model, optimizer)
 
-    def setup_module(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        """Move and wrap model and optimizer together (FSDP and DeepSpeed need both at once)."""
+        return self.wrap_module(model), optimizer
+
+    def wrap_module(self, model: nn.Module) -> nn.Module:
         if len({p.device for p in model.parameters()}) > 1:
             return model  # already placed across devices by its builder (model.split_devices)
         return model.to(self.device)
@@ -121,13 +124,19 @@ class Strategy:
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         self.precision.backward(loss)
 
-    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-        """Clip the global gradient norm (all ranks' gradients together); return it as it was before clipping."""
-        self.precision.unscale(optimizer)
-        return full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
+             max_norm: float | None = None) -> torch.Tensor | None:
+        """One optimizer step on the gradients of every rank, clipped first to ``max_norm`` when given.
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        Returns the global gradient norm before clipping (all ranks' gradients together, the
+        same on every rank), or ``None`` without clipping.
+        """
+        norm = None
+        if max_norm is not None:
+            self.precision.unscale(optimizer)
+            norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
         self.precision.step(optimizer)
+        return norm
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)

@@ -24,8 +24,8 @@ class DDP(Strategy):
     options_cls = DDPOptions
     options: DDPOptions
 
-    def setup_module(self, model: nn.Module) -> nn.Module:
-        model = super().setup_module(model)
+    def wrap_module(self, model: nn.Module) -> nn.Module:
+        model = super().wrap_module(model)
         # device_ids only for a module on one CUDA device; CPU modules and modules split
         # across devices (ToyMpModel) must leave it unset.
         on_one_cuda_device = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1

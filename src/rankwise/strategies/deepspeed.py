@@ -4,9 +4,8 @@ ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-ze
 ``deepspeed-zero3``), optional CPU offload, optional user JSON merged on top.  Gradient
 accumulation is DeepSpeed's own (``gradient_accumulation_steps``, boundaries set by
 ``no_sync``); precision maps onto its ``bf16`` / ``fp16`` sections instead of autocast.
-Clipping happens only when the loop asks (``rt.clip_grad_norm``): under ZeRO, DeepSpeed
-clips inside its optimizer step, so that call takes the step and returns the norm
-DeepSpeed computed, and the loop's following ``rt.step`` has nothing left to do.  Runs
+Clipping happens only when the loop asks (``rt.step(..., max_norm=...)``): under ZeRO, DeepSpeed
+clips inside its optimizer step, which then returns the norm DeepSpeed computed.  Runs
 under the torchrun-style launcher: no ``deepspeed`` launcher needed.
 """
 
@@ -22,10 +21,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rankwise import env as process
-from rankwise.env import backend_for
+from rankwise import process
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
+from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
 from rankwise.strategies.base import LoopFacts, Strategy
 from rankwise.strategies.options import DeepSpeedOptions
@@ -123,12 +122,12 @@ def read_user_config(options: DeepSpeedOptions) -> dict:
     if not isinstance(user, dict):
         raise ConfigError(f"deepspeed.config_file={path!r}: expected a JSON object, got {type(user).__name__}")
     if user.get("zero_optimization", {}).get("compute_grad_norm") is False:
-        raise ConfigError(f"{path}: zero_optimization.compute_grad_norm=false leaves rt.clip_grad_norm no norm to "
+        raise ConfigError(f"{path}: zero_optimization.compute_grad_norm=false leaves rt.step(max_norm=...) no norm to "
                           "return; remove it")
     clashes = sorted(OWNED_KEYS & user.keys())
     if clashes:
         raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
-                          "--grad-accum, clipping (rt.clip_grad_norm) and --precision; remove them from the JSON")
+                          "--grad-accum, clipping (rt.step's max_norm) and --precision; remove them from the JSON")
     return user
 
 
@@ -157,7 +156,6 @@ class DeepSpeed(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = None
-        self._stepped = False
 
     def make_precision(self, name: str) -> Precision:
         return EnginePrecision(name, self.device)
@@ -191,7 +189,7 @@ class DeepSpeed(Strategy):
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": facts.grad_accum,
             "train_batch_size": micro * facts.grad_accum * self.env.world_size,
-            "gradient_clipping": 0.0,  # only when the loop calls clip_grad_norm, for that step
+            "gradient_clipping": 0.0,  # only when the loop steps with max_norm, for that step
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
             # The loop's own AdamW steps the offloaded partitions on the CPU (DeepSpeed otherwise
@@ -224,13 +222,12 @@ class DeepSpeed(Strategy):
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         deepspeed = import_deepspeed()
         if optimizer is None:
             raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
-        self.facts = facts
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
-                                                    config=self.ds_config(facts), dist_init_required=False)
+                                                    config=self.ds_config(self.facts), dist_init_required=False)
         share_fp32_master_partitions(self.engine.optimizer)
         if self.precision.dtype != torch.float32:
             # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
@@ -260,15 +257,21 @@ class DeepSpeed(Strategy):
         if not model.is_gradient_accumulation_boundary():
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
-    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float) -> torch.Tensor:
+    def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         zero_optimizer = model.optimizer
         if not hasattr(zero_optimizer, "clip_grad"):
             # ZeRO stage 0 in fp32 steps the client optimizer directly: the averaged gradients sit
             # on the parameters, and torch clips them as in any other strategy.
-            return torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm)
-        # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them
-        # inside its step: take the step here with this step's limit and return the norm it computed
-        # (before clipping); the loop's rt.step then has nothing left to do.
+            norm = None
+            if max_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm)
+            model.step()
+            return norm
+        if max_norm is None:
+            model.step()
+            return None
+        # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them inside
+        # its step: take the step with this step's limit and return the norm it computed (before clipping).
         zero_optimizer.clip_grad = max_norm
         model._config.gradient_clipping = max_norm
         try:
@@ -276,14 +279,7 @@ class DeepSpeed(Strategy):
         finally:
             zero_optimizer.clip_grad = 0.0
             model._config.gradient_clipping = 0.0
-        self._stepped = True
         return torch.tensor(float(model.get_global_grad_norm()))
-
-    def optimizer_step(self, optimizer, model: nn.Module) -> None:
-        if self._stepped:  # clip_grad_norm took this step
-            self._stepped = False
-            return
-        model.step()
 
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the

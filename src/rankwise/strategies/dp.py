@@ -24,8 +24,8 @@ class DataParallel(SingleDevice):
     name = "dp"
     description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
 
-    def setup_module(self, model: nn.Module) -> nn.Module:
-        model = super().setup_module(model)
+    def wrap_module(self, model: nn.Module) -> nn.Module:
+        model = super().wrap_module(model)
         if self.device.type != "cuda":
             warnings.warn("strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one process "
                           "(no parallelism); use ddp for multi-process CPU training", stacklevel=2)

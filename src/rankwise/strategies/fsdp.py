@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.base import Strategy
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -37,11 +37,10 @@ class FSDP(Strategy):
     name = "fsdp"
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        self.facts = facts
         model = model.to(self.device)
         names_by_id = {id(p): name for name, p in model.named_parameters()}
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.base import Strategy
 from rankwise.strategies.options import HorovodOptions
 
 INSTALL = "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: scripts/build_horovod.sh)"
@@ -43,15 +43,13 @@ class Horovod(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.hvd = None
-        self._synchronized = False
 
     def setup_environment(self) -> None:
         self.hvd = import_horovod()
         self.hvd.init()
         super().setup_environment()
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
-        self.facts = facts
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         hvd = self.hvd
         model = model.to(self.device)
         # Why: every rank must start from rank 0's weights and optimizer state.
@@ -67,7 +65,7 @@ class Horovod(Strategy):
         # Horovod counts backward passes itself and reduces on the last of each step's grad_accum.
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression, op=hvd.Average,
-                                             backward_passes_per_step=facts.grad_accum)
+                                             backward_passes_per_step=self.facts.grad_accum)
         return model, optimizer
 
     def no_sync(self, model: nn.Module):
@@ -78,21 +76,17 @@ class Horovod(Strategy):
                                "step up front: rt.prepare(model, optimizer, grad_accum=N)")
         return contextlib.nullcontext()
 
-    def clip_grad_norm(self, model: nn.Module, optimizer, max_norm: float):
-        # Why: gradients must be averaged across ranks before their norm means anything.
+    def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
+        # Why: wait for the averaged gradients here, not inside step(): clipping needs every rank's
+        # gradients, and a GradScaler (fp16) reads them to unscale and check for overflow before stepping.
         optimizer.synchronize()
-        self._synchronized = True
-        self.precision.unscale(optimizer)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-
-    def optimizer_step(self, optimizer, model: nn.Module) -> None:
-        if not self._synchronized:
-            # Why: wait for the averaged gradients here, not inside step(): a GradScaler (fp16)
-            # reads them to unscale and check for overflow before it calls step().
-            optimizer.synchronize()
-        self._synchronized = False
+        norm = None
+        if max_norm is not None:
+            self.precision.unscale(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         with optimizer.skip_synchronize():
             self.precision.step(optimizer)
+        return norm
 
     def zero_grad(self, optimizer) -> None:
         optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch's default is already True)

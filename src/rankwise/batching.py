@@ -1,0 +1,90 @@
+"""How a global batch splits across ranks and micro-batches, and a sampler that groups texts by length.
+
+The global batch is the same at every world size: each rank takes
+``batch_size / (world_size x grad_accum)`` samples per micro-batch (:func:`micro_batch_size`).
+
+:class:`LengthGroupedSampler` is a DistributedSampler whose global batches hold texts of similar length.
+
+Batches are padded to their longest text, so a batch of 32 random reviews (mean 42
+BPE tokens, one in six cut at 96) costs as much as 32 texts of the longest one's length.
+Grouping texts of similar length into the same batch (as Hugging Face's
+``group_by_length`` does) roughly halves the work per epoch on the ``sentiment`` task.
+
+The grouping never breaks the equivalence contract: the epoch's order is built on the
+*global* sequence of samples, identically on every rank, and each rank then takes every
+``num_replicas``-th index exactly like :class:`DistributedSampler`.  So the ranks'
+batches of one optimizer step are together exactly one batch of a single-process run
+with the same seed and global batch, whatever the world size or accumulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from rankwise.errors import ConfigError
+
+
+def micro_batch_size(batch_size: int, world_size: int, grad_accum: int = 1) -> int:
+    """Per-rank micro-batch of a global batch; refuses a batch that does not split evenly."""
+    per_step = world_size * grad_accum
+    if batch_size % per_step:
+        raise ConfigError(
+            f"batch_size={batch_size} is not divisible by world_size ({world_size}) x grad_accum ({grad_accum}) "
+            f"= {per_step}; the global batch must split evenly across ranks and micro-batches")
+    return batch_size // per_step
+
+
+def check_enough_samples(samples: int, batch_size: int, what: str = "the training data") -> None:
+    """Refuse data that does not fill one global batch (a training loader drops incomplete ones)."""
+    if samples < batch_size:
+        raise ConfigError(f"{what} has {samples} samples, fewer than one global batch ({batch_size}); "
+                          "lower --batch-size")
+
+
+GROUP_BATCHES = 32
+"""Global batches per sorting window: large enough for homogeneous lengths, small enough to stay random."""
+
+
+class LengthGroupedSampler(DistributedSampler):
+    """Shuffled, length-grouped, rank-strided indices; drops the last incomplete global batch.
+
+    Each epoch: a seeded permutation of all samples is cut into windows of
+    ``GROUP_BATCHES`` global batches; each window is sorted by length (longest first) and
+    cut into global batches of ``group_size``; the order of those batches is shuffled.
+    """
+
+    def __init__(self, dataset: Dataset, lengths: Sequence[int], group_size: int, *, num_replicas: int, rank: int,
+                 seed: int = 0):
+        if len(lengths) != len(dataset):
+            raise ValueError(f"{len(lengths)} lengths for a dataset of {len(dataset)} samples")
+        if group_size % num_replicas:
+            raise ValueError(f"global batch {group_size} is not divisible by {num_replicas} ranks")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
+        self.group_size = group_size
+        # Whole global batches only, so every step of every rank has a full share.
+        self.total_size = len(dataset) // group_size * group_size
+        self.num_samples = self.total_size // num_replicas
+
+    def global_order(self) -> list[int]:
+        """The epoch's sample order as a single process would see it (identical on every rank)."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator)[: self.total_size]
+        window = self.group_size * GROUP_BATCHES
+        batches = []
+        for start in range(0, self.total_size, window):
+            chunk = order[start:start + window]
+            # Stable sort: equal lengths keep their random order.
+            chunk = chunk[torch.sort(self.lengths[chunk], descending=True, stable=True).indices]
+            batches.extend(chunk.split(self.group_size))
+        shuffled = torch.randperm(len(batches), generator=generator).tolist()
+        return torch.cat([batches[i] for i in shuffled]).tolist() if batches else []
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.global_order()[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples

@@ -1,1 +1,0 @@
-"""Benchmarks: they print numbers; nothing here is a test."""

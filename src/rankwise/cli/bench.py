@@ -1,0 +1,64 @@
+"""rankwise bench: every strategy on the same job, timed fairly, with correctness in the same report.
+
+  rankwise bench                                   quick preset, every available row, 2 processes
+  rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate
+  rankwise bench --data my.csv --model small --out runs/bench-mine
+
+Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
+deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
+not use rankwise: plain-ddp (hand-written), plain-accelerate, per-step-sync (barrier and
+loss .item() every step).  Only when named: ddp+bf16-hook, ddp+powersgd and single-1t (one
+thread; adds DDP's scaling efficiency).  A row whose library is missing says so, with the
+install command.
+
+Method: data prepared once; dropout 0 and one seed everywhere, so every row should compute
+what `single` computes; `single`/`dp` get all C cores as threads, N ranks C/N each;
+throughput after the warm-up steps, checkpoints and evaluations left out; the weights
+after the first K steps are compared with `single`'s against the row's stated tolerance;
+repeats alternate the order and the report takes medians.
+
+Writes report.md, report.json (every number) and report.png to --out, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rankwise.errors import ConfigError
+from rankwise.tools.bench import suite
+from rankwise.tools.bench.rows import ROWS, select
+from rankwise.tools.bench.suite import PRESETS
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("bench", help="benchmark every strategy on one job, with correctness checks",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=list(PRESETS), default="quick",
+                   help="quick: " + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items()) +
+                        "; full: " + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()))
+    p.add_argument("--strategies", metavar="ROW,ROW", help="rows to run (single is always added as the "
+                   f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; only when named: "
+                   f"{', '.join(row.name for row in ROWS if row.opt_in)}")
+    p.add_argument("--nproc", "--nproc-per-node", type=int, default=2,
+                   help="processes of each multi-process row (default 2)")
+    p.add_argument("--data", help="sentiment (default) | PATH.csv/.tsv/.jsonl")
+    p.add_argument("--model", help="tiny (default) | small | base | LOCAL_PATH")
+    p.add_argument("--repeats", type=int, help="runs of every row (default: the preset's)")
+    p.add_argument("--out", help="report directory (default runs/bench-<preset>-<time>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a `rankwise train` config override for every row (e.g. max_steps=100)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print report.json's summary as the last stdout line")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 2:
+        raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
+    if args.repeats is not None and args.repeats < 1:
+        raise ConfigError("--repeats must be at least 1")
+    try:
+        rows = select([n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return suite.bench(rows, args)

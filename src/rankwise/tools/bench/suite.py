@@ -1,0 +1,202 @@
+"""``rankwise bench``: every strategy on the same job, timed fairly, checked for correctness.
+
+Method:
+* The data is prepared once (``data.cache_dir``); every row trains the same model on the
+  same seeded batches with dropout off, so every row should compute what ``single`` does.
+* Fair cores: ``single`` and ``dp`` get C threads, N ranks C/N each (``OMP_NUM_THREADS``).
+* Throughput is the summary's steady rate: the first ``throughput_warmup_steps`` steps,
+  checkpoints and evaluations are left out.
+* Equivalence: the weights after ``K`` steps (a checkpoint at exactly that step) against
+  ``single``'s, judged by the row's stated tolerance (:mod:`rankwise.tolerance`).
+* Repeats alternate the order (forward, then backward, ...) and the report takes medians.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from tqdm import tqdm
+
+from rankwise.checkpoint import read_weights
+from rankwise.process import usable_cores
+from rankwise.tolerance import max_param_diff
+from rankwise.tools.bench.rows import Row
+from rankwise.tools.harness import run_measured, run_train
+from rankwise.train.config import TrainConfig, build_config
+
+PRESETS = {
+    "quick": {"max_steps": 60, "repeats": 1},
+    "full": {"max_steps": 300, "repeats": 3},
+}
+"""Steps per run and repeats of every row.  The quick preset is `make demo`'s."""
+
+
+@dataclass
+class BenchPlan:
+    rows: list[Row]
+    nproc: int
+    repeats: int
+    settings: list[str]
+    """``--set`` overrides every row shares (data, model, steps, batch, seed, dropout 0, ...)."""
+    out: Path
+    equivalence_step: int
+    cores: int = field(default_factory=usable_cores)
+    timeout_s: float = 900.0
+
+    @cached_property
+    def config(self) -> TrainConfig:
+        """The configuration every row shares (validated once)."""
+        return build_config(overrides=self.settings)
+
+    def threads(self, row: Row) -> int:
+        """Fair cores: every row uses all of them, as threads of one process or split among its ranks."""
+        return row.threads or max(1, self.cores // row.processes(self.nproc))
+
+
+def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | None = None, model: str | None = None,
+         extra: list[str] = (), repeats: int | None = None) -> BenchPlan:
+    values = PRESETS[preset]
+    steps = values["max_steps"]
+    equivalence_step = 5
+    settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "model.dropout=0.0", "eval_split=test",
+                f"throughput_warmup_steps={equivalence_step}", f"save_at_steps=[{equivalence_step}]",
+                "keep_checkpoints=100", "log_every=10", "dev_each_epoch=false",
+                f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
+    if data:
+        settings.append(f"data.source={json.dumps(data)}")
+    if model:
+        settings.append(f"model.name={json.dumps(model)}")
+    return BenchPlan(rows, nproc, repeats or values["repeats"], [*settings, *extra], out, equivalence_step)
+
+
+def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
+    """Every row ``plan.repeats`` times, alternating the order; one record per row (repeats kept)."""
+    from rankwise.data.prepare import cache_entry, prepare_data
+
+    cfg = plan.config
+    prepared = prepare_data(cfg.data)  # once, into the cache every row reads
+    data_dir = cache_entry(cfg.data)
+    split_size = prepared.size(cfg.eval_split)
+    records = {row.name: {"row": row.name, "about": row.about, "processes": row.processes(plan.nproc),
+                           "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [],
+                           "missing": row.missing()} for row in plan.rows}
+    runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
+    bar = tqdm(total=len(runnable) * plan.repeats, unit="run", disable=not progress, dynamic_ncols=True,
+               desc="bench")
+    for repeat in range(plan.repeats):
+        order = runnable if repeat % 2 == 0 else runnable[::-1]
+        for row in order:
+            bar.set_description(f"bench {row.name} (repeat {repeat + 1}/{plan.repeats})")
+            run_dir = plan.out / "runs" / f"{row.name}-{repeat}"
+            records[row.name]["runs"].append(_run_row(row, plan, run_dir, data_dir, bar))
+            bar.update(1)
+    bar.close()
+    reference = _equivalence_weights(records.get("single"), plan)
+    for row in plan.rows:
+        _judge(records[row.name], reference, split_size, plan)
+    return [records[row.name] for row in plan.rows]
+
+
+def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> dict:
+    """One run of ``row`` in fresh processes; its summary (plus ``wall_s`` and ``run_dir``), or ``{"error"}``."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    processes = row.processes(plan.nproc)
+    env = {"OMP_NUM_THREADS": str(plan.threads(row))}
+    metrics, total = run_dir / "metrics.jsonl", plan.config.max_steps
+
+    def progress() -> None:
+        step = _last_step(metrics)
+        bar.set_postfix_str(f"step {step}/{total}" if step else "starting", refresh=True)
+
+    if row.baseline:
+        command = [sys.executable, "-m", "rankwise.tools.bench.baselines", row.baseline, str(data_dir), str(run_dir),
+                   str(processes), plan.config.model_copy(update={"strategy": "ddp"}).model_dump_json()]
+        result = run_measured(command, run_dir, env=env, timeout_s=plan.timeout_s, on_poll=progress,
+                              result_file=run_dir / "result.json")
+    else:
+        procs = ["--nproc-per-node", str(processes)] if processes > 1 else []
+        sets = [arg for s in [*plan.settings, *row.settings] for arg in ("--set", s)]
+        result = run_train(["--strategy", row.strategy, *procs, *sets], run_dir, env=env, timeout_s=plan.timeout_s,
+                           on_poll=progress)
+    return {**result, "run_dir": str(run_dir)}
+
+
+def _last_step(metrics: Path) -> int:
+    try:
+        lines = metrics.read_text(encoding="utf-8").strip().splitlines()
+        return int(json.loads(lines[-1]).get("step", 0)) if lines else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def _weights_at(run: dict, step: int):
+    from rankwise.tools.bench.baselines import weights_file
+
+    run_dir = Path(run["run_dir"])
+    baseline = weights_file(run_dir, step)
+    return read_weights(baseline if baseline.exists() else run_dir / "checkpoints" / f"step-{step:08d}")
+
+
+def _equivalence_weights(record: dict | None, plan: BenchPlan):
+    if not record or not record["runs"] or "error" in record["runs"][0]:
+        return None
+    return _weights_at(record["runs"][0], plan.equivalence_step)
+
+
+def _judge(record: dict, reference, split_size: int, plan: BenchPlan) -> None:
+    """Add the checks to ``record``: evaluation count, equivalence against ``single``."""
+    runs = [run for run in record["runs"] if "error" not in run]
+    record["eval_expected"] = split_size
+    if not runs:
+        return
+    first = runs[0]
+    record["eval_count_ok"] = all(run.get("eval_samples") == split_size for run in runs)
+    if reference is None:
+        record["max_param_diff"] = None
+        return
+    try:
+        weights = _weights_at(first, plan.equivalence_step)
+        record["max_param_diff"] = max_param_diff(weights, reference)
+    except Exception as e:  # noqa: BLE001 - a missing or different checkpoint is a failed check, said why
+        record["max_param_diff"] = None
+        record["equivalence_error"] = str(e)[:200]
+    record["equivalent"] = record["max_param_diff"] is not None and record["max_param_diff"] <= record["tolerance"]
+
+
+def bench(rows: list[Row], args) -> int:
+    """``rankwise bench``: run the plan, write report.md/json/png, print the table and the reading."""
+    from rankwise.tools.bench import report
+    from rankwise.tools.machine import machine, versions
+
+    out = Path(args.out or f"runs/bench-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    the_plan = plan(args.preset, rows, nproc=args.nproc, out=out, data=args.data, model=args.model,
+                    extra=args.set, repeats=args.repeats)
+    cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
+    print(f"rankwise bench ({args.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} steps "
+          f"each, {args.nproc} processes on {the_plan.cores} cores; writing to {out}", file=sys.stderr, flush=True)
+    records = run_all(the_plan, progress=not args.no_progress)
+    libraries = {k: v for k, v in versions().items() if k not in ("python", "torch")}
+    meta = {"preset": args.preset, "data": cfg.data.source, "model": cfg.model.name, "steps": cfg.max_steps,
+            "batch_size": cfg.batch_size, "nproc": args.nproc, "repeats": the_plan.repeats,
+            "equivalence_step": the_plan.equivalence_step, "settings": the_plan.settings, "libraries": libraries,
+            **machine()}
+    summary = report.summarize(records, meta)
+    paths = report.write(summary, out)
+    print(report.table(summary))
+    print()
+    print(report.reading_text(summary))
+    print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
+    if args.json:
+        print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
+    failed = summary["reading"]["failing"] + [line["row"] for line in summary["rows"]
+                                              if line["status"].startswith("failed")]
+    if failed:
+        print(f"rankwise bench: {', '.join(failed)} failed a run or a check (see the table)", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,173 @@
+"""What every tool shares: its node flags, one way to run a function on N ranks (and nodes), and one way
+to run ``rankwise train`` as a measured subprocess.
+
+* :func:`add_node_flags` — ``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--master-addr``,
+  ``--master-port``, ``--timeout`` with one set of defaults (``--backend`` where a tool picks one).
+* :func:`run_on_ranks` — ``fn(env, device, *args)`` on every rank through the spawn launcher; rank 0's
+  JSON-able result comes back to node 0 (other nodes get ``None``); every rank tears its group down.
+* :func:`run_train` / :func:`run_measured` — ``rankwise train ... --json`` (or a baseline loop) in fresh
+  processes: its summary, or why it failed; killed with its workers past a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rankwise.errors import ConfigError
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_NPROC = 2
+"""Ranks per node: a collective needs at least two."""
+
+
+def add_node_flags(p: argparse.ArgumentParser, *, backend: bool = False, timeout_s: float = 120.0) -> None:
+    """The multi-node flags of every tool (the same command runs on every node)."""
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=DEFAULT_NPROC,
+                   help=f"ranks on this node (default {DEFAULT_NPROC})")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job; start the same command on each")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index, 0 .. nnodes-1")
+    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", help="node 0's address")
+    p.add_argument("--master-port", "--master_port", type=int, default=None,
+                   help="node 0's port (chosen free on one node; required with --nnodes > 1)")
+    if backend:
+        p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with CUDA, else gloo")
+    p.add_argument("--timeout", type=float, default=timeout_s,
+                   help=f"seconds a rank waits for the others (rendezvous and each operation; default {timeout_s:g})")
+
+
+def check_layout(args: argparse.Namespace, min_ranks: int = 2) -> None:
+    """Refuse a node layout that cannot run: before any process starts."""
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise ConfigError("--nproc-per-node and --nnodes must be at least 1")
+    if args.nproc_per_node * args.nnodes < min_ranks:
+        raise ConfigError(f"this needs at least {min_ranks} ranks: use --nproc-per-node {min_ranks} (or more nodes)")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ConfigError(f"--node-rank {args.node_rank} is outside 0 .. {args.nnodes - 1}")
+    if args.nnodes > 1 and args.master_port is None:
+        raise ConfigError("--nnodes > 1 needs --master-port (the same on every node)")
+
+
+def resolve_backend(backend: str, nproc_per_node: int = 1) -> str:
+    """The backend to use: NCCL needs CUDA, a torch built with it and one GPU per local rank."""
+    import torch.distributed as torch_dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = gpus > 0 and torch_dist.is_nccl_available()
+    if backend == "auto":
+        return "nccl" if nccl and gpus >= nproc_per_node else "gloo"
+    if backend == "nccl" and not nccl:
+        raise ConfigError("--backend nccl needs CUDA GPUs and a torch built with NCCL; this machine has "
+                          + ("no CUDA device" if not gpus else "no NCCL") + " (use gloo)")
+    if backend == "nccl" and gpus < nproc_per_node:
+        raise ConfigError(f"--backend nccl needs one GPU per rank: --nproc-per-node {nproc_per_node} on "
+                          f"{gpus} GPU(s) (NCCL refuses two ranks on one GPU); use fewer ranks or gloo")
+    return backend
+
+
+def join(local_rank: int, backend: str, timeout_s: float):
+    """In a rank: join the job's process group on ``backend``; returns ``(ProcessEnv, device)``."""
+    from rankwise.process import ProcessEnv, device_for, init_process_group
+
+    env = ProcessEnv.detect()
+    device = device_for(local_rank) if backend == "nccl" else torch.device("cpu")
+    init_process_group(env, device, timeout_s)
+    return env, device
+
+
+def _rank_main(local_rank: int, fn: Callable, fn_args: tuple, backend: str, timeout_s: float, out_file: str) -> None:
+    from rankwise.process import destroy_process_group
+
+    env, device = join(local_rank, backend, timeout_s)
+    try:
+        result = fn(env, device, *fn_args)
+        if env.rank == 0:
+            with open(out_file, "w", encoding="utf-8") as handle:
+                json.dump(result, handle)
+    except BaseException:
+        destroy_process_group(clean=False)  # no barrier: the peers may be inside another collective
+        raise
+    destroy_process_group()
+
+
+def run_on_ranks(fn: Callable[..., Any], fn_args: tuple, args: argparse.Namespace, backend: str,
+                 master_port: int | None = None) -> Any | None:
+    """Run ``fn(env, device, *fn_args)`` on this node's ``--nproc-per-node`` ranks, joined over ``backend``
+    with every node of the job; returns rank 0's result (JSON-able) on node 0 and ``None`` elsewhere.
+
+    ``fn`` must be importable (a module-level function).  A failed rank raises
+    :class:`~rankwise.errors.LaunchError` naming it, its host and its error.
+    """
+    from rankwise.launch.spawn import spawn
+
+    with tempfile.TemporaryDirectory(prefix="rankwise-") as tmp:
+        out_file = os.path.join(tmp, "rank0.json")
+        spawn(_rank_main, args.nproc_per_node, (fn, fn_args, backend, args.timeout, out_file), nnodes=args.nnodes,
+              node_rank=args.node_rank, master_addr=args.master_addr, master_port=master_port or args.master_port,
+              rdzv_timeout_s=args.timeout)
+        if args.node_rank != 0:
+            return None
+        with open(out_file, encoding="utf-8") as handle:
+            return json.load(handle)
+
+
+def train_command(train_args: list[str], out: Path) -> list[str]:
+    """The command line of ``rankwise train TRAIN_ARGS`` writing to ``out`` and printing its summary as JSON."""
+    return [sys.executable, "-m", "rankwise.cli", "train", *train_args, "--out", str(out), "--json", "--no-progress"]
+
+
+def run_train(train_args: list[str], out: Path, **kwargs) -> dict:
+    """``rankwise train TRAIN_ARGS --out OUT --json`` in fresh processes (see :func:`run_measured`)."""
+    return run_measured(train_command(train_args, out), out, **kwargs)
+
+
+def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = None, timeout_s: float = 900.0,
+                 on_poll: Callable[[], None] | None = None, result_file: Path | None = None) -> dict:
+    """Run ``command`` (a ``rankwise train --json`` or a baseline loop) in fresh processes.
+
+    Returns its result with ``wall_s``: the JSON of ``result_file`` when given, else its last stdout
+    line; or ``{"error": why, "wall_s": ...}``.  Output goes to ``OUT/bench.out`` and ``OUT/bench.log``
+    (files, not pipes: a pipe nobody reads could stall the run); a run past ``timeout_s`` is killed
+    with every worker it started.  ``on_poll`` is called about twice a second while it runs.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    started = time.perf_counter()
+    with open(out / "bench.out", "w", encoding="utf-8") as stdout, \
+            open(out / "bench.log", "w", encoding="utf-8") as stderr:
+        # Its own process group: a run that overstays is killed with every worker it started.
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env, start_new_session=True)
+        while proc.poll() is None:
+            if on_poll:
+                on_poll()
+            if time.perf_counter() - started > timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return {"error": f"killed after {timeout_s:g} s (a hang?); see {out / 'bench.log'}",
+                        "wall_s": round(time.perf_counter() - started, 2)}
+            time.sleep(0.5)
+    wall = round(time.perf_counter() - started, 2)
+    if proc.returncode:
+        return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}
+    text = result_file.read_text(encoding="utf-8") if result_file else \
+        (out / "bench.out").read_text(encoding="utf-8").strip().splitlines()[-1]
+    return {**json.loads(text), "wall_s": wall}
+
+
+def failure_reason(log: Path, returncode: int) -> str:
+    """The line of a failed run's log that says why: the failing rank, an error, else the last line."""
+    tail = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    reason = next((line.strip() for line in reversed(tail) if "failed first" in line or "error" in line.lower()),
+                  tail[-1].strip() if tail else f"exit code {returncode}")
+    return reason[:300]

@@ -1,0 +1,262 @@
+"""The built-in task's training loop, written only against the public :class:`~rankwise.runtime.Runtime` API.
+
+The same code runs under every strategy.  Per optimizer step: ``grad_accum``
+micro-batches, gradient synchronisation only on the last (``no_sync`` before), clip,
+step (with clipping), schedule.  No barrier and no ``.item()`` per step: the loss is reduced across ranks
+only when it is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from tqdm import tqdm
+
+from rankwise.checkpoint import write_text_atomic
+from rankwise.data.prepare import PreparedData
+from rankwise.errors import ConfigError
+from rankwise.memory import peak_rss_megabytes
+from rankwise.models import build_model, reads_ngrams
+from rankwise.runtime import Runtime, iterate_steps, setup
+from rankwise.throughput import SteadyThroughput, count_tokens
+from rankwise.train import artifacts
+from rankwise.train.config import TrainConfig
+from rankwise.train.evaluate import evaluate, forward_logits, write_report
+from rankwise.train.metrics import MetricsLog
+from rankwise.train.optim import lr_lambda, make_optimizer
+from rankwise.train.preemption import StopRequest
+from rankwise.train.rundir import RunDir
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime,
+                 step_end_hooks: Sequence[Callable[[int, int], None]] = ()):
+        self.cfg, self.data, self.run_dir, self.rt = cfg, data, RunDir(run_dir), rt
+        self.step_end_hooks = list(step_end_hooks)
+        """Called as ``hook(rank, step)`` after every optimizer step (the tests' fault injection)."""
+        model, self.model_spec = build_model(
+            cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
+            vocab_size=data.encoder.vocab_size if data.encoder else None,
+            pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
+            features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank,
+            pooling=cfg.model.pooling, ngrams=data.ngrams.to_dict() if data.ngrams else None)
+        ngrams = reads_ngrams(self.model_spec)
+        self.train_set = data.dataset("train", ngrams)
+        self.eval_sets = {name: data.dataset(name, ngrams) for name in ("dev", "test") if data.size(name)}
+        if cfg.model.init_weights:
+            model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        optimizer = make_optimizer(model, cfg, rt.device)
+        self.micro_batch = cfg.micro_batch_size(rt.world_size)
+        self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
+                                                micro_batch_size=self.micro_batch)
+        # Weights are initialised identically on every rank (same seed); from here on each
+        # rank gets its own stream so dropout masks differ between ranks, as they should.
+        torch.manual_seed(cfg.seed + rt.rank)
+        collate = getattr(self.train_set, "collate", None)
+        lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
+        self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
+                                collate_fn=collate, lengths=lengths, group_size=cfg.batch_size)
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum  # >= 1: the loader refuses fewer samples
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        if cfg.max_steps:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        warmup = int(cfg.optim.warmup_ratio * self.total_steps)
+        self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
+        self.step = 0
+        self.checkpoint_path: Path | None = None
+        self.saved_step: int | None = None
+        self.train_peak_rss_mb = 0.0
+
+    # -- state -------------------------------------------------------------------------------
+    def save(self, epoch: int) -> None:
+        files = {artifacts.CONFIG: self.cfg.to_json(),
+                 artifacts.MODEL_SPEC: json.dumps(self.model_spec, indent=2, ensure_ascii=False),
+                 artifacts.LABELS: json.dumps(self.data.label_names, ensure_ascii=False)}
+        if self.run_dir.tokenizer.is_file():
+            files[artifacts.TOKENIZER] = self.run_dir.tokenizer
+        self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
+                                                  self.scheduler, extra={"epoch": epoch}, step=self.step, files=files,
+                                                  keep=self.cfg.keep_checkpoints)
+        self.saved_step = self.step
+
+    def resume(self, path: str) -> None:
+        if path == "latest":
+            path = str(self.run_dir.latest)
+        self.step = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)["step"]
+        self.rt.print(f"resumed at step {self.step}")
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
+        batch = self.rt.to_device(batch)
+        with self.rt.no_sync(self.model, enabled=not sync):
+            with self.rt.autocast():
+                logits = forward_logits(self.model, batch)
+                loss = nn.functional.cross_entropy(logits.float(), batch["labels"].to(logits.device),
+                                                   label_smoothing=self.cfg.optim.label_smoothing)
+            self.rt.backward(loss / self.cfg.grad_accum, self.model)
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.rt.step(self.optimizer, self.model, max_norm=self.cfg.optim.max_grad_norm)
+        self.rt.zero_grad(self.optimizer)
+        self.scheduler.step()
+        self.step += 1
+
+    def fit(self) -> dict:
+        cfg, rt = self.cfg, self.rt
+        if cfg.resume:
+            self.resume(cfg.resume)
+        self.check_ranks_agree()
+        start_step = self.step
+        self.metrics = MetricsLog(self.run_dir, rt.is_main, resumed_step=start_step)
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
+                   unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
+        stop = StopRequest()
+        self.throughput = SteadyThroughput(cfg.throughput_warmup_steps)
+        finished = False
+        try:
+            train_time, stopped_by = self.train(bar, stop)
+            finished = True
+        finally:
+            stop.close(wait=finished)  # after a failed collective the group may be broken: wait for nothing
+            bar.close()
+        if stopped_by:
+            self.metrics.close()
+            rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
+            return {"preempted": stopped_by, "steps": self.step, "checkpoint": str(self.checkpoint_path)}
+        return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
+
+    def check_ranks_agree(self) -> None:
+        """Ranks that would take different numbers of steps hang in a collective one of them never
+        reaches: compare what each rank is about to do once, before training, and say what differs."""
+        mine = {"steps per epoch": self.steps_per_epoch, "total steps": self.total_steps, "first step": self.step,
+                "parameters": self.num_parameters, "training samples": len(self.train_set)}
+        everyone = self.rt.all_gather_object(mine)
+        for key in mine:
+            values = [theirs[key] for theirs in everyone]
+            if len(set(values)) > 1:
+                raise RuntimeError(f"ranks disagree on {key}: " +
+                                   ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+
+    def train(self, bar, stop: StopRequest) -> tuple[float, int]:
+        """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped for or 0)."""
+        cfg, rt = self.cfg, self.rt
+        loss_sum = torch.zeros((), device=rt.device)
+        loss_steps = step_tokens = 0
+        train_time = 0.0
+        epoch = self.step // self.steps_per_epoch
+        while self.step < self.total_steps:
+            rt.set_epoch(self.loader, epoch)
+            skip = self.step - epoch * self.steps_per_epoch  # steps of this epoch done before a resume
+            started = time.perf_counter()
+            self.throughput.restart()
+            for micro, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
+                if micro < skip * cfg.grad_accum:
+                    continue
+                step_tokens += count_tokens(batch)
+                loss_sum += self.train_step(batch, sync) / cfg.grad_accum
+                if not sync:
+                    continue
+                self.optimizer_step()
+                self.throughput.step(cfg.batch_size, step_tokens)
+                step_tokens = 0
+                loss_steps += 1
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    # Why: the only per-interval sync of the loop; .item() waits for the device.
+                    mean_loss = rt.all_reduce(loss_sum / loss_steps, "mean").item()
+                    lr = self.scheduler.get_last_lr()[0]
+                    self.metrics.log(self.step, epoch=epoch, loss=mean_loss, lr=lr)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+                    loss_sum.zero_()
+                    loss_steps = 0
+                if cfg.save_every and self.step % cfg.save_every == 0 or self.step in cfg.save_at_steps:
+                    self.save(epoch)
+                    self.throughput.restart()
+                for hook in self.step_end_hooks:
+                    hook(rt.rank, self.step)
+                signum = stop.agreed()
+                if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
+                    train_time += time.perf_counter() - started
+                    if self.saved_step != self.step:
+                        self.save(epoch)
+                    return train_time, signum
+                if self.step >= self.total_steps:
+                    break
+            train_time += time.perf_counter() - started
+            self.train_peak_rss_mb = peak_rss_megabytes()  # before this epoch's evaluation and checkpoint
+            epoch_done = self.step % self.steps_per_epoch == 0 or self.step >= self.total_steps
+            if epoch_done:
+                if "dev" in self.eval_sets and cfg.dev_each_epoch:
+                    dev = self.evaluate("dev")
+                    self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
+                    if rt.is_main and cfg.progress:
+                        bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
+                self.save(epoch)
+            epoch += 1
+        return train_time, 0
+
+    def evaluate(self, split: str):
+        dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split
+        return evaluate(self.rt, self.model, dataset, self.data.label_names, self.cfg.eval_batch_size,
+                        getattr(dataset, "collate", None))
+
+    def finish(self, train_time: float, samples: int) -> dict:
+        cfg, rt = self.cfg, self.rt
+        if cfg.eval_split not in self.eval_sets:
+            raise ConfigError(f"eval_split={cfg.eval_split!r} is empty for this data")
+        result = self.evaluate(cfg.eval_split)
+        # (training peak, overall peak) per rank; the overall one includes checkpoint gathers.
+        peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
+        # Why: each rank counted only its own shard's tokens.
+        tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
+        summary = {
+            "strategy": cfg.strategy,
+            "world_size": rt.world_size,
+            "library_world_size": rt.strategy.library_world_size,
+            "precision": cfg.precision,
+            "model": cfg.model.name,
+            "parameters": self.num_parameters,
+            "train_samples": len(self.train_set),
+            "eval_split": cfg.eval_split,
+            "eval_samples": result.samples,
+            "accuracy": result.accuracy,
+            "macro_f1": result.macro_f1,
+            "weighted_f1": result.weighted_f1,
+            "steps": self.step,
+            "train_s": round(train_time, 3),
+            "peak_rss_mb": peak_rss_mb,
+            "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
+            **self.throughput.rates(tokens),
+            "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
+            "run_dir": str(self.run_dir.root),
+        }
+        if rt.is_main:
+            run_dir = self.run_dir
+            title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
+            write_report(run_dir.report_md, result, self.data.label_names, title)
+            self.metrics.log(self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")})
+            write_text_atomic(run_dir.report_txt, result.report_text)
+            names = self.data.label_names
+            write_text_atomic(run_dir.predictions, "".join(
+                json.dumps({"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False) + "\n"
+                for i, (p, t) in enumerate(zip(result.predictions.tolist(), result.targets.tolist()))))
+            write_text_atomic(run_dir.result, json.dumps(summary, indent=2))  # last: the run is complete
+        self.metrics.close()
+        return summary
+
+
+def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path,
+                 step_end_hooks: Sequence[Callable[[int, int], None]] = ()) -> dict:
+    """Train and evaluate in this process (one rank of the job); always tears the process group down."""
+    # The strategy gets its own options section, nothing else of the configuration.
+    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=cfg.strategy_options(),
+               timeout_s=cfg.launch.timeout_s) as rt:
+        return Trainer(cfg, data, Path(run_dir), rt, step_end_hooks).fit()

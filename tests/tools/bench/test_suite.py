@@ -1,0 +1,99 @@
+"""`rankwise bench` on a tiny slice: real runs, a report with every column, and checks that can fail."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rankwise.tools.bench import report
+from rankwise.tools.bench.rows import ROWS, Row, select
+from rankwise.tools.bench.suite import plan, run_all
+
+TINY = ["data.limit=1000", "data.tokenizer=char", "data.max_length=32", "max_steps=8", "eval_batch_size=64"]
+# Deliberately wrong: another learning rate (so not what `single` computes), and the dev split (886 texts)
+# evaluated where the bench expects the test split's 1000.
+WRONG = Row("wrong", "ddp", ("optim.lr=0.01", "eval_split=dev"), about="deliberately not equivalent")
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    the_plan = plan("quick", [*select(["single", "plain-ddp"]), WRONG], nproc=2, out=out, extra=TINY)
+    records = run_all(the_plan, progress=False)
+    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 8, "batch_size": 32, "nproc": 2,
+            "repeats": 1, "equivalence_step": the_plan.equivalence_step, "libraries": {}, "cpu": "test",
+            "cores": the_plan.cores, "cuda": None, "torch": "x", "python": "y"}
+    result = report.summarize(records, meta)
+    return result, report.write(result, out)
+
+
+def test_the_report_has_every_column_valid_json_and_a_png(summary):
+    result, paths = summary
+    rows = {line["row"]: line for line in result["rows"]}
+    for name in ("single", "plain-ddp"):
+        line = rows[name]
+        assert line["status"] == "ok"
+        for key in ("wall_s", "samples_per_s", "tokens_per_s", "speedup", "peak_rss_mb", "accuracy", "macro_f1",
+                    "eval_samples", "max_param_diff"):
+            assert line[key] is not None, (name, key)
+        assert line["eval_count_ok"] and line["equivalent"] and line["accuracy_ok"]
+        assert len(line["peak_rss_mb"]) == line["processes"]
+    assert rows["single"]["speedup"] == 1.0 and rows["single"]["max_param_diff"] == 0.0
+    assert rows["plain-ddp"]["max_param_diff"] < rows["plain-ddp"]["tolerance"]
+    saved = json.loads(paths["json"].read_text())
+    assert [line["row"] for line in saved["rows"]] == ["single", "plain-ddp", "wrong"]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 10_000
+    markdown = paths["md"].read_text()
+    assert f"| plain-ddp | 2 × {max(1, meta_cores(result) // 2)} |" in markdown and "## Reading" in markdown
+
+
+def meta_cores(result: dict) -> int:
+    return result["meta"]["cores"]
+
+
+def test_a_wrong_run_fails_the_equivalence_and_count_checks(summary):
+    result, paths = summary
+    wrong = next(line for line in result["rows"] if line["row"] == "wrong")
+    assert wrong["status"] == "ok"
+    assert wrong["equivalent"] is False and wrong["max_param_diff"] > wrong["tolerance"]
+    assert wrong["eval_count_ok"] is False and wrong["eval_samples"] != wrong["eval_expected"]
+    assert result["reading"]["failing"] == ["wrong"]
+    assert result["reading"]["fastest_passing"] in ("single", "plain-ddp")
+    assert "| wrong |" in report.table(result) and "FAIL" in report.table(result)
+
+
+def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries():
+    names = [row.name for row in ROWS]
+    assert names[0] == "single" and {"plain-ddp", "plain-accelerate", "per-step-sync", "horovod"} <= set(names)
+    assert select(["fsdp"])[0].name == "single"  # the reference is always run
+    with pytest.raises(ValueError, match="unknown bench row"):
+        select(["fsdb"])
+    assert Row("x", "ddp", ("ddp.comm_hook=powersgd",)).tolerance == 1e-2
+    assert "single-1t" not in [row.name for row in select(None)]  # opt-in rows run only when named
+    assert [row.name for row in select(["single-1t", "ddp+bf16-hook"])] == ["single", "ddp+bf16-hook", "single-1t"]
+
+
+def test_a_row_whose_library_is_missing_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    assert "pip install 'rankwise[accelerate]'" in select(["plain-accelerate"])[1].missing()
+    assert "accelerate" in select(["accelerate"])[1].missing() and "pip install" in select(["accelerate"])[1].missing()
+    assert select(["ddp"])[1].missing() is None
+
+
+def test_bad_flags_fail_before_anything_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--strategies", "ddp,fsdb", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown bench row(s) fsdb" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_scaling_efficiency_is_against_one_thread_per_process():
+    lines = [{"row": "single", "processes": 1, "samples_per_s": 600.0},
+             {"row": "single-1t", "processes": 1, "samples_per_s": 400.0},
+             {"row": "ddp", "processes": 2, "samples_per_s": 500.0}]
+    assert report.scaling_efficiency(lines) == {"ddp": 0.625}
+    assert report.scaling_efficiency(lines[:1] + lines[2:]) == {}  # no one-thread run, no efficiency
