@@ -102,8 +102,7 @@ def worker(gpu: int, cfg: Config) -> None:
                     rt.backward(loss / cfg.accumulate, model)
                 if not sync:
                     continue
-                rt.clip_grad_norm(model, optimizer, cfg.clip)
-                rt.step(optimizer, model)
+                rt.step(optimizer, model, max_norm=cfg.clip)  # clip the global norm, then step
                 rt.zero_grad(optimizer)
                 step += 1
                 bar.update(1)

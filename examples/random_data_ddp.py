@@ -1,4 +1,4 @@
-"""The source documents' random-data script (4,096 samples, one dense layer), on rankwise.
+"""The classic random-data DDP script (4,096 samples, one dense layer), on rankwise.
 
 A plain single-device loop; the lines marked `# rankwise` are all that changed to make
 it distributed.  Run it with any number of processes:

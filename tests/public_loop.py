@@ -8,8 +8,9 @@ checkpoint after step 3 written with ``rt.save_state``.  Three phases:
 * ``resume``: a fresh process group loads the step-3 checkpoint with ``rt.load_state``
   and takes steps 4-6.
 
-Each returns (on rank 0) the final full weights and the gradient norm
-``rt.clip_grad_norm`` reported at each step.  Runs in a test's rank pool, or as a script
+Each returns (on rank 0) the final full weights and the gradient norm ``rt.step(...,
+max_norm=...)`` reported at each step (``spelling="clip"``: the older ``rt.clip_grad_norm``
+followed by ``rt.step``).  Runs in a test's rank pool, or as a script
 under a launcher (horovodrun)::
 
     python -m tests.public_loop --strategy horovod --phase full --out DIR
@@ -41,7 +42,7 @@ def dataset() -> TensorDataset:
     return TensorDataset(features, labels)
 
 
-def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM) -> dict | None:
+def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spelling: str = "step") -> dict | None:
     """Run one phase; returns ``{"weights", "norms", "steps"}`` on rank 0, None elsewhere."""
     with rankwise.setup(strategy, seed=0) as rt:
         model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 5))
@@ -69,8 +70,11 @@ def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM) -> di
                 rt.backward(loss / GRAD_ACCUM, model)
             if not last:
                 continue
-            norms.append(float(rt.clip_grad_norm(model, optimizer, max_norm)))
-            rt.step(optimizer, model)
+            if spelling == "clip":
+                norms.append(float(rt.clip_grad_norm(model, optimizer, max_norm)))
+                rt.step(optimizer, model)
+            else:
+                norms.append(float(rt.step(optimizer, model, max_norm=max_norm)))
             rt.zero_grad(optimizer)
             scheduler.step()
             if rt.steps == SAVE_AT and phase != "resume":

@@ -4,7 +4,7 @@ For each strategy: accumulation 2, clipping that fires every step, a checkpoint 
 step 3 written with ``rt.save_state``; a fresh process group loads it with
 ``rt.load_state`` and finishes.  The resumed run must end with bitwise the weights of
 the uninterrupted one, both must match one process within tolerance, and
-``rt.clip_grad_norm`` must report the single process's global gradient norm.
+``rt.step(..., max_norm=...)`` must report the single process's global gradient norm.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rankwise
+from rankwise.tolerance import max_param_diff
 from tests import public_loop
 from tests.multiproc import run_ranks
 
@@ -42,11 +44,6 @@ def single(tmp_path_factory) -> dict:
     return run_ranks(public_loop.train, 1, "single", str(tmp_path_factory.mktemp("single")), "full")[0]
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 def assert_same_as_single_and_resumes_bitwise(phases: dict[str, dict], single: dict, name: str,
                                               tolerance: float = TOLERANCE) -> None:
     full, first, resumed = phases["full"], phases["first"], phases["resume"]
@@ -56,24 +53,50 @@ def assert_same_as_single_and_resumes_bitwise(phases: dict[str, dict], single: d
     torch.testing.assert_close(torch.tensor(full["norms"]), torch.tensor(single["norms"]), rtol=1e-5, atol=0)
     assert first["norms"] + resumed["norms"] == full["norms"], f"{name}: the resumed steps saw other gradients"
     # The resumed run really trained steps 4-6, and ended bitwise where the uninterrupted one did.
-    assert _max_difference(first["weights"], resumed["weights"]) > 100 * tolerance
+    assert max_param_diff(first["weights"], resumed["weights"]) > 100 * tolerance
     for key, value in full["weights"].items():
         assert torch.equal(value, resumed["weights"][key]), f"{name}: resumed {key} differs from the uninterrupted run"
-    difference = _max_difference(single["weights"], full["weights"])
+    difference = max_param_diff(single["weights"], full["weights"])
     print(f"{name}: max |single - {name}| = {difference:.2e}")
     assert difference < tolerance
 
 
 def test_single_process_resumes_bitwise(single, tmp_path):
     phases = _phases("single", 1, tmp_path)
-    assert _max_difference(phases["full"]["weights"], single["weights"]) == 0  # deterministic
+    assert max_param_diff(phases["full"]["weights"], single["weights"]) == 0  # deterministic
     assert_same_as_single_and_resumes_bitwise(phases, single, "single")
 
 
 def test_clipping_changes_the_single_process_run(single, tmp_path):
     """Guards the tests: the tight limit really changes the weights (clipping is not a no-op here)."""
     unclipped = run_ranks(public_loop.train, 1, "single", str(tmp_path), "full", 1e3)[0]
-    assert _max_difference(unclipped["weights"], single["weights"]) > 100 * TOLERANCE
+    assert max_param_diff(unclipped["weights"], single["weights"]) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("deepspeed-zero2", 2)])
+def test_the_older_clip_then_step_spelling_takes_the_same_steps(strategy, ranks, single, tmp_path):
+    """``rt.clip_grad_norm`` then ``rt.step`` is one clipped step, not two steps (ZeRO clips inside its step)."""
+    older = run_ranks(public_loop.train, ranks, strategy, str(tmp_path), "full", public_loop.MAX_NORM, "clip")[0]
+    assert older["steps"] == single["steps"] == public_loop.STEPS
+    torch.testing.assert_close(torch.tensor(older["norms"]), torch.tensor(single["norms"]), rtol=1e-5, atol=0)
+    assert max_param_diff(older["weights"], single["weights"]) < TOLERANCE
+
+
+def _step_twice(strategy: str) -> str:
+    with rankwise.setup(strategy, seed=0) as rt:
+        model = torch.nn.Linear(4, 2)
+        model, optimizer = rt.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        rt.backward(model(torch.randn(2, 4)).sum(), model)
+        rt.clip_grad_norm(model, optimizer, 1.0)
+        try:
+            rt.step(optimizer, model, max_norm=1.0)
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+
+
+def test_clipping_twice_in_one_step_is_refused():
+    assert "already clipped and took this step" in run_ranks(_step_twice, 1, "single")[0]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -86,12 +109,14 @@ def test_horovod_public_loop(single, tmp_path):
     """Horovod needs horovodrun's rendezvous: the same loop, started as a script."""
     import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fails here, never skips
 
+    from rankwise.launch import Entry, LaunchConfig
     from rankwise.launch.horovodrun import launch
 
     phases = {}
     for phase, out in (("full", tmp_path / "full"), ("first", tmp_path / "cut"), ("resume", tmp_path / "cut")):
         out.mkdir(exist_ok=True)
-        launch(2, ["-m", "tests.public_loop", "--strategy", "horovod", "--phase", phase, "--out", str(out)])
+        launch(LaunchConfig(nproc_per_node=2),
+               Entry("tests.public_loop", ("--strategy", "horovod", "--phase", phase, "--out", str(out))))
         phases[phase] = torch.load(out / f"result-{phase}.pt", weights_only=False)
     assert_same_as_single_and_resumes_bitwise(phases, single, "horovod")
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rankwise import cli
+from rankwise.train import run
 
 ROOT = Path(__file__).parents[2]
 
@@ -97,7 +98,7 @@ def test_predict_matches_the_model(trained, capsys):
 def test_bad_data_fails_before_any_worker_is_spawned(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("text,label\n很好,pos\n\"unterminated,neg\n", encoding="utf-8")
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     code = cli.main(["train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", "--out",
                      str(tmp_path / "run")])
     err = capsys.readouterr().err
@@ -131,14 +132,14 @@ def test_bad_data_exit_code_from_the_command_line(tmp_path):
      "eval_split='test': the test split of toy is empty"),
 ])
 def test_bad_config_is_a_clear_error(args, message, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     assert cli.main(["train", "--data", "toy", *args]) == 2
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast is allowed on CUDA")
 def test_fp16_without_cuda_is_refused_before_launch(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--nproc-per-node", "2",
                      "--precision", "16-mixed"]) == 2
     assert "precision 16-mixed needs a CUDA device" in capsys.readouterr().err
@@ -217,7 +218,7 @@ def test_predict_rejects_a_foreign_file(tmp_path, capsys):
 def test_a_master_port_in_use_is_named_before_launch(monkeypatch, capsys):
     import socket
 
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
@@ -233,7 +234,7 @@ def test_a_master_port_in_use_is_named_before_launch(monkeypatch, capsys):
     (["--strategy", "fsdp", "--nproc-per-node", "2"], "was written by strategy 'ddp'"),
 ])
 def test_resuming_differently_is_refused_before_launch(trained, args, message, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     checkpoint = str(trained[0] / "checkpoints" / "latest")
     assert cli.main(["train", "--data", "sentiment", "--resume", checkpoint, "--batch-size", "16", *args]) == 2
     assert message in capsys.readouterr().err
@@ -266,6 +267,6 @@ def test_launch_reads_the_hostfile_in_the_equals_form(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.1 slots=2\n", encoding="utf-8")
     seen = []
-    monkeypatch.setattr("rankwise.launch.torchrun.launch", seen.append)
+    monkeypatch.setattr("rankwise.cli.launch.launch_command_line", seen.append)
     assert cli.main(["launch", f"--hostfile={hosts}", "x.py"]) == 0
     assert "--nproc-per-node=2" in seen[0] and seen[0][-1] == "x.py" and not any("hostfile" in a for a in seen[0])

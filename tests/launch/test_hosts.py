@@ -8,6 +8,7 @@ from rankwise import cli
 from rankwise.errors import ConfigError
 from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow, parse_hostfile
 from rankwise.process import ProcessEnv, expand_nodelist
+from rankwise.train import run
 from rankwise.train.rundir import RunDir
 
 HOSTFILE = """# the training cluster
@@ -51,9 +52,9 @@ def test_train_takes_its_layout_from_the_hostfile(tmp_path, monkeypatch):
     path = tmp_path / "hosts.txt"
     path.write_text("127.0.0.1 slots=2\nother-node slots=2\n", encoding="utf-8")
     seen = {}
-    monkeypatch.setattr(cli, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: None)
-    monkeypatch.setattr(cli, "report_run", lambda *a, **k: 0)
+    monkeypatch.setattr(run, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: None)
+    monkeypatch.setattr(run, "report_run", lambda *a, **k: 0)
     assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--hostfile", str(path)]) == 0
     launch = seen["cfg"].launch
     assert (launch.nnodes, launch.node_rank, launch.nproc_per_node, launch.master_addr) == (2, 0, 2, "127.0.0.1")
@@ -87,9 +88,9 @@ def test_a_kubeflow_pod_maps_to_launch_settings_and_is_not_taken_for_a_worker(mo
     for key, value in pod.items():
         monkeypatch.setenv(key, value)
     seen = {}
-    monkeypatch.setattr(cli, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
-    monkeypatch.setattr(cli, "launch_workers", lambda *a: None)
-    monkeypatch.setattr(cli, "report_run", lambda *a, **k: 0)
+    monkeypatch.setattr(run, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
+    monkeypatch.setattr(run, "launch_workers", lambda *a: None)
+    monkeypatch.setattr(run, "report_run", lambda *a, **k: 0)
     assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--batch-size", "32"]) == 0
     launch = seen["cfg"].launch
     assert (launch.nnodes, launch.node_rank, launch.nproc_per_node, launch.master_port) == (2, 1, 4, 23456)

@@ -9,7 +9,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
-from rankwise.tolerance import COMM_HOOK
+from rankwise.tolerance import COMM_HOOK, max_param_diff
 from rankwise.train.config import DataConfig, build_config
 from tests.multiproc import run_ranks
 
@@ -57,11 +57,6 @@ def _weights(run_dir):
     return read_weights(run_dir / "checkpoints" / "latest")
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 CASES = {
     "toy-mlp": ("toy", ["model.name=mlp", "data.source=toy"]),
     "tiny-bert": ("text", ["model.name=tiny", "data.max_length=32"]),
@@ -81,11 +76,11 @@ def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tm
     # Accelerate's num_processes, DeepSpeed's world size, ...: no rank trained alone.
     assert results == [(6, 2), (6, 2)]
     single, distributed = single_run(case, 16), _weights(tmp_path / strategy)
-    print(f"{case}: max |single - {strategy}| = {_max_difference(single, distributed):.2e}")
-    assert _max_difference(single, distributed) < TOLERANCE
+    print(f"{case}: max |single - {strategy}| = {max_param_diff(single, distributed):.2e}")
+    assert max_param_diff(single, distributed) < TOLERANCE
     # The runs really trained: weights moved well beyond the tolerance from their initial values.
     initial = _initial_weights(data, model, datasets)
-    assert _max_difference(single, initial) > 100 * TOLERANCE
+    assert max_param_diff(single, initial) > 100 * TOLERANCE
 
 
 @pytest.mark.parametrize("hook", list(COMM_HOOK))
@@ -94,7 +89,7 @@ def test_ddp_comm_hooks_train_within_their_stated_tolerance(hook, datasets, sing
     options = [f"ddp.comm_hook={hook}", "ddp.powersgd_start_step=2"]  # PowerSGD compresses from step 2 of 6
     assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
                      [*model, "batch_size=16", "strategy=ddp", *options]) == [(6, 2), (6, 2)]
-    difference = _max_difference(single_run("tiny-bert", 16), _weights(tmp_path))
+    difference = max_param_diff(single_run("tiny-bert", 16), _weights(tmp_path))
     print(f"ddp.comm_hook={hook}: max |single - ddp| = {difference:.2e} (stated {COMM_HOOK[hook]:g})")
     assert difference < COMM_HOOK[hook]
     assert difference > TOLERANCE  # the hook really changed what was sent: not the exact fp32 average
@@ -105,7 +100,7 @@ def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single
     _, model = CASES["toy-mlp"]
     run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
               [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
-    assert _max_difference(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
 
 
 @pytest.mark.parametrize("stage", [0, 1])
@@ -115,7 +110,7 @@ def test_deepspeed_zero_stages_0_and_1_match_single_process(stage, datasets, sin
     results = run_ranks(_train, 2, str(tmp_path / "zero"), str(datasets / "toy"),
                         [*model, "batch_size=16", f"strategy=deepspeed-zero{stage}"])
     assert results == [(6, 2), (6, 2)]
-    assert _max_difference(single_run("toy-mlp", 16), _weights(tmp_path / "zero")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "zero")) < TOLERANCE
 
 
 # A norm limit far below the toy MLP's gradient norms, so every step is clipped.  AdamW divides
@@ -131,14 +126,14 @@ def test_gradient_clipping_matches_single_process(strategy, datasets, single_run
     overrides = [*model, "batch_size=16", *TIGHT_CLIPPING]
     single = single_run("toy-mlp", 16, extra=tuple(TIGHT_CLIPPING))
     run_ranks(_train, 2, str(tmp_path / "clip"), str(datasets / "toy"), [*overrides, f"strategy={strategy}"])
-    assert _max_difference(single, _weights(tmp_path / "clip")) < TOLERANCE
+    assert max_param_diff(single, _weights(tmp_path / "clip")) < TOLERANCE
     # Guards the test: the tight limit changed the single run (clipping fired).
-    assert _max_difference(single, single_run("toy-mlp", 16)) > 100 * TOLERANCE
+    assert max_param_diff(single, single_run("toy-mlp", 16)) > 100 * TOLERANCE
 
 
 def test_a_different_global_batch_does_not_match(single_run):
     """Guards the test itself: the comparison is sensitive enough to see a wrong batch."""
-    assert _max_difference(single_run("toy-mlp", 16), single_run("toy-mlp", 32)) > 100 * TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 16), single_run("toy-mlp", 32)) > 100 * TOLERANCE
 
 
 def _initial_weights(data: str, model_overrides: list[str], datasets) -> dict:
@@ -162,4 +157,4 @@ def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_pat
     _, model = CASES["toy-mlp"]
     run_ranks(_train, 2, str(tmp_path / "split"), str(datasets / "toy"),
               [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"])
-    assert _max_difference(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE

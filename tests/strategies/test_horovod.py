@@ -19,6 +19,7 @@ import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fa
 import pytest
 
 from rankwise.checkpoint import read_weights
+from rankwise.tolerance import max_param_diff
 from tests.strategies.test_export import assert_export_reproduces_the_runs_predictions
 
 TOLERANCE = 1e-6
@@ -43,7 +44,7 @@ def _train(out, strategy: str, *extra: str, task: tuple[str, ...] = TOY) -> dict
 
 def _difference(a, b) -> float:
     wa, wb = read_weights(a), read_weights(b)
-    return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    return max_param_diff(wa, wb)
 
 
 @pytest.fixture(scope="module")

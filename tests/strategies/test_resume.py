@@ -10,6 +10,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
+from rankwise.tolerance import max_param_diff
 from rankwise.train.config import DataConfig, build_config
 from tests.multiproc import run_ranks
 
@@ -46,10 +47,8 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
     run_ranks(_train, 2, str(tmp_path), str(toy), strategy, "resume=latest")
     resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
     assert resumed.keys() == uninterrupted.keys()
-    assert _max_difference(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
-    difference = _max_difference(uninterrupted, resumed)
+    assert max_param_diff(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
+    difference = max_param_diff(uninterrupted, resumed)
     assert difference == 0.0, f"{strategy}: resumed run differs by {difference:.2e}"
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    return max((a[k] - b[k]).abs().max().item() for k in a)

@@ -38,7 +38,7 @@ def _doctor(namespace: str, node_rank: int, port: int, *extra: str) -> subproces
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
     return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", "doctor",
                              "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER,
-                             "--master-port", str(port), "--timeout", "8", *extra],
+                             "--master-port", str(port), "--nproc-per-node", "1", "--timeout", "8", *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

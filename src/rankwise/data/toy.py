@@ -1,6 +1,6 @@
 """The ``toy`` task: random features with labels from a fixed random linear teacher.
 
-Like the source documents' random-data script (4,096 samples, one dense layer), but
+4,096 samples for one dense layer by default, like the classic random-data DDP example, but
 learnable, so accuracy means something.  Fully determined by the seed.
 """
 

@@ -1,7 +1,7 @@
-"""The source documents' toy models: one dense layer, and ToyModel (Linear-ReLU-Linear).
+"""Toy models for the ``toy`` task: one dense layer, and a Linear-ReLU-Linear MLP (PyTorch's DDP tutorial's ToyModel).
 
 ``split_devices`` puts the two halves of the MLP on two devices inside one process
-(the source's ToyMpModel), the pattern DDP supports without ``device_ids``.
+(the tutorial's ToyMpModel), the pattern DDP supports without ``device_ids``.
 """
 
 from __future__ import annotations

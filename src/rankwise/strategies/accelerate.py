@@ -108,13 +108,19 @@ class Accelerate(Strategy):
                                        kwargs_handlers=[ddp_kwargs])
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
-        from rankwise.strategies.ddp import broadcast_buffers
+        from torch.nn.parallel import DistributedDataParallel
 
-        # Accelerate wraps the model in DDP inside prepare(), with these keyword arguments.
-        self.accelerator.ddp_handler.broadcast_buffers = broadcast_buffers(model, self.options)
-        if optimizer is None:
-            return self.accelerator.prepare(model), None
-        return self.accelerator.prepare(model, optimizer)
+        from rankwise.strategies.ddp import FORWARD_SYNC_BUFFERS, broadcast_buffers
+
+        every_forward = broadcast_buffers(model, self.options)
+        if not FORWARD_SYNC_BUFFERS:  # Accelerate passes its handler's fields to DDP inside prepare()
+            self.accelerator.ddp_handler.broadcast_buffers = every_forward
+        prepared = self.accelerator.prepare(model, optimizer) if optimizer is not None else \
+            (self.accelerator.prepare(model), None)
+        if FORWARD_SYNC_BUFFERS and isinstance(prepared[0], DistributedDataParallel):
+            # Left at its default (no deprecated keyword, no warning), then set as DDP itself would.
+            prepared[0].forward_sync_buffers = every_forward
+        return prepared
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.accelerator.unwrap_model(model)

@@ -1,10 +1,12 @@
 """``ddp``: ``torch.nn.parallel.DistributedDataParallel``, one process per device.
 
 One strategy, two launchers: ``ddp`` starts under torchrun's agent, the ``ddp-spawn``
-variant under ``torch.multiprocessing`` spawn (the source documents' ``mp.spawn``).
+variant under ``torch.multiprocessing`` spawn (``mp.spawn``, a Python function per process).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.distributed as torch_dist
@@ -36,7 +38,7 @@ class DDP(Strategy):
             find_unused_parameters=self.options.find_unused_parameters,
             static_graph=self.options.static_graph,
             gradient_as_bucket_view=self.options.gradient_as_bucket_view,
-            broadcast_buffers=broadcast_buffers(model, self.options),
+            **buffer_sync(broadcast_buffers(model, self.options)),
         )
         register_comm_hook(wrapped, self.options)
         return wrapped
@@ -64,6 +66,18 @@ def broadcast_buffers(model: nn.Module, options: DDPOptions) -> bool:
         # for buffers that change (each rank's BatchNorm statistics would drift apart without it).
         return bool(changing_buffers(model))
     return options.broadcast_buffers == "always"
+
+
+def buffer_sync(every_forward: bool) -> dict[str, bool]:
+    """DDP's keyword for syncing rank 0's buffers at every forward: ``forward_sync_buffers`` where torch has
+    it (torch 2.13 deprecates ``broadcast_buffers`` with a warning per rank), ``broadcast_buffers`` before."""
+    if FORWARD_SYNC_BUFFERS:
+        return {"forward_sync_buffers": every_forward}
+    return {"broadcast_buffers": every_forward}
+
+
+FORWARD_SYNC_BUFFERS = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+"""Whether this torch's DDP takes ``forward_sync_buffers`` (the buffers are then still synced once at wrap time)."""
 
 
 def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, and they are strings here

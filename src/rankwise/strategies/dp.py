@@ -1,8 +1,8 @@
 """``dp``: ``torch.nn.DataParallel``: one process drives every visible GPU.
 
 Each step scatters the batch over the GPUs, replicates the module, and gathers outputs
-on GPU 0, which becomes the bottleneck; it cannot span machines.  Kept because the
-source documents compare it; prefer ``ddp``.  Without GPUs it runs the module on the
+on GPU 0, which becomes the bottleneck; it cannot span machines.  Kept so that
+``rankwise bench`` can measure it against DDP; prefer ``ddp``.  Without GPUs it runs the module on the
 CPU and says so once.
 """
 

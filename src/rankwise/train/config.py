@@ -81,7 +81,7 @@ class ModelConfig(_Section):
     pooling: Literal["cls", "mean"] = "cls"
     """How a BERT preset summarises a text for its classifier: the [CLS] state through BERT's pooler, or the mean of the non-padding token states."""
     split_devices: bool = False
-    """Split the toy MLP across two devices inside one rank (the source documents' ToyMpModel): rank r uses cuda:2r and cuda:2r+1 (the CPU twice without GPUs); model mlp with strategy single or ddp only."""
+    """Split the toy MLP across two devices inside one rank (a model-parallel MLP inside data parallelism, as in PyTorch's DDP tutorial's ToyMpModel): rank r uses cuda:2r and cuda:2r+1 (the CPU twice without GPUs); model mlp with strategy single or ddp only."""
 
 
 class OptimConfig(_Section):
@@ -163,7 +163,7 @@ class TrainConfig(_Section):
     def _defaults_from_other_sections(self) -> TrainConfig:
         """Defaults that depend on another section, applied only to keys the user left unset."""
         if "name" not in self.model.model_fields_set and self.data.source == "toy":
-            self.model.name = "linear"  # the source documents' one dense layer
+            self.model.name = "linear"  # one dense layer: the toy data comes from a linear teacher
         pretrained = self.model.name not in model_names() and Path(self.model.name).is_dir()
         if "tokenizer" not in self.data.model_fields_set and pretrained:
             self.data.tokenizer = self.model.name  # a pretrained model only understands its own token ids

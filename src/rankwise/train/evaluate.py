@@ -2,8 +2,8 @@
 
 Every rank evaluates a disjoint shard of the split; predictions, targets and sample
 indices are gathered and the sampler's padding duplicates dropped, so the report counts
-each sample exactly once whatever the world size.  (The source documents' evaluation
-ran the whole test set on every process: 800 samples reported as 1,600.)
+each sample exactly once whatever the world size.  (Evaluating the whole split on
+every process instead would report each sample world_size times.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ speed is the loop's and a difference in weights is a bug:
 * ``plain-ddp`` — the DDP loop a careful user writes by hand: nothing per step but the step.
 * ``plain-accelerate`` — Hugging Face Accelerate as its documentation shows it
   (``Accelerator(split_batches=True)``, ``prepare``, ``accelerator.backward``).
-* ``per-step-sync`` — the source documents' style: a barrier and an all-reduced loss read
+* ``per-step-sync`` — a common hand-written style: a barrier and an all-reduced loss read
   with ``.item()`` after every step.
 
 Each is a spawn worker: ``worker(local_rank, style, data_dir, out_dir, config_json)``.  Rank 0

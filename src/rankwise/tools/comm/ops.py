@@ -1,11 +1,8 @@
 """Every operation ``rankwise comm demo`` shows, with its expected result computed without communicating.
 
-Each rank's input is a known function of its rank (:meth:`Ctx.value`), so every rank can
-build every other rank's input locally and compute what the operation must return with
-plain tensor arithmetic — the check does not trust the library it checks.  An operation
-returns an :class:`Outcome`: this rank's tensor (or object) before and after, and the
-expected result (``None`` where the result is unspecified on this rank, e.g. ``reduce``
-on a rank other than the destination).
+An operation returns an :class:`~rankwise.tools.comm.context.Outcome`: this rank's tensor (or
+object) before and after, and the expected result (``None`` where the result is unspecified on
+this rank, e.g. ``reduce`` on a rank other than the destination).
 
 Where the backend lacks an operation (NCCL has no bitwise reductions, older gloo had no
 ``AVG``), :meth:`Ctx.call` runs its composition from simpler operations instead and says
@@ -15,109 +12,30 @@ so; ``composed=True`` runs every composition, to show them and to check them.
 from __future__ import annotations
 
 import functools
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
-ROOT = 0
-"""The source / destination rank of the rooted operations (broadcast, scatter, gather, reduce)."""
-VALUES = 4
-"""Elements in each rank's demo tensor: small enough to read, enough to see the pattern."""
-UNSUPPORTED = re.compile(r"does not support|not supported|unsupported (op|operation|reduce)|Cannot use ReduceOp|"
-                         r"requires NCCL", re.IGNORECASE)
-"""What torch's backends say when they lack an operation (the call fails on every rank alike)."""
-LACKING = (RuntimeError, ValueError)
-"""What they raise then (ValueError for NCCL's "Cannot use ReduceOp.BAND with NCCL")."""
+from rankwise.tools.comm.context import (
+    BITWISE,
+    LACKING,
+    REDUCTIONS,
+    ROOT,
+    UNSUPPORTED,
+    VALUES,
+    Ctx,
+    Op,
+    Outcome,
+    all_gather_list,
+    everyone,
+    reduce_dtype,
+    reference_reduce,
+)
 
-
-@dataclass
-class Outcome:
-    before: Any
-    after: Any
-    expected: Any
-    """What ``after`` must be; ``None``: unspecified on this rank (not checked)."""
-
-
-@dataclass
-class Ctx:
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: str
-    composed: bool = False
-    """Run each operation's composed equivalent instead of the native call."""
-    how: str = field(default="native", init=False)
-    """How the current operation ran: ``native`` or a description of its composition."""
-    composed_run: bool = field(default=False, init=False)
-    """Whether the current operation ran composed."""
-
-    def value(self, rank: int, length: int = VALUES, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rank ``rank``'s demo input (on the CPU): ``10·rank + 1 … 10·rank + length``, distinct on every rank."""
-        return torch.arange(1, length + 1, dtype=dtype) + 10 * rank
-
-    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.clone().to(self.device)
-
-    def call(self, native: Callable[[], Any], composed: Callable[[], Any] | None = None, recipe: str = "") -> None:
-        """Run ``native``; where the backend lacks it (or ``composed`` mode is on) run ``composed`` and record how."""
-        if self.composed and composed is not None:
-            self.how = f"composed: {recipe}"
-            self.composed_run = True
-            composed()
-            return
-        try:
-            native()
-        except LACKING as e:
-            if composed is None or not UNSUPPORTED.search(str(e)):
-                raise
-            self.how = f"{self.backend} lacks it ({str(e).splitlines()[0][:80]}); composed: {recipe}"
-            self.composed_run = True
-            composed()
-
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    what: str
-    run: Callable[[Ctx], Outcome]
-
-
-# -- reductions: the reference each ReduceOp must match -----------------------------------------
-
-REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "SUM": lambda stacked: stacked.sum(0),
-    "PRODUCT": lambda stacked: stacked.prod(0),
-    "MIN": lambda stacked: stacked.min(0).values,
-    "MAX": lambda stacked: stacked.max(0).values,
-    "AVG": lambda stacked: stacked.mean(0),
-    "BAND": lambda stacked: functools.reduce(torch.bitwise_and, stacked),
-    "BOR": lambda stacked: functools.reduce(torch.bitwise_or, stacked),
-    "BXOR": lambda stacked: functools.reduce(torch.bitwise_xor, stacked),
-}
-BITWISE = ("BAND", "BOR", "BXOR")
-
-
-def _reduce_dtype(op: str) -> torch.dtype:
-    return torch.int64 if op in BITWISE else torch.float32
-
-
-def reference_reduce(op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    return REDUCTIONS[op](torch.stack(tensors))
-
-
-def _everyone(c: Ctx, length: int = VALUES, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    return [c.value(r, length, dtype) for r in range(c.world_size)]
-
-
-def _all_gather_list(c: Ctx, tensor: torch.Tensor) -> list[torch.Tensor]:
-    parts = [torch.empty_like(tensor) for _ in range(c.world_size)]
-    torch_dist.all_gather(parts, tensor)
-    return parts
+__all__ = ["LACKING", "OPS", "UNSUPPORTED", "Ctx", "Op", "Outcome", "all_gather_tensor", "reduce_scatter_tensor",
+           "select"]
 
 
 # -- point to point --------------------------------------------------------------------------------
@@ -237,12 +155,12 @@ def _gather(c: Ctx, uneven: bool = False) -> Outcome:
 
 def _reduce(op: str) -> Callable[[Ctx], Outcome]:
     def run(c: Ctx) -> Outcome:
-        dtype = _reduce_dtype(op)
+        dtype = reduce_dtype(op)
         before = c.value(c.rank, dtype=dtype)
         tensor = c.on_device(before)
 
         def composed():
-            reduced = reference_reduce(op, _all_gather_list(c, tensor))
+            reduced = reference_reduce(op, all_gather_list(c, tensor))
             if c.rank == ROOT:
                 tensor.copy_(reduced)
 
@@ -250,7 +168,7 @@ def _reduce(op: str) -> Callable[[Ctx], Outcome]:
                f"all_gather, then rank {ROOT} reduces locally")
         if c.rank != ROOT:
             return Outcome(before, "(unspecified)", None)
-        return Outcome(before, tensor, reference_reduce(op, _everyone(c, dtype=dtype)))
+        return Outcome(before, tensor, reference_reduce(op, everyone(c, dtype=dtype)))
 
     return run
 
@@ -259,13 +177,13 @@ def _reduce(op: str) -> Callable[[Ctx], Outcome]:
 
 def _all_reduce(op: str) -> Callable[[Ctx], Outcome]:
     def run(c: Ctx) -> Outcome:
-        dtype = _reduce_dtype(op)
+        dtype = reduce_dtype(op)
         before = c.value(c.rank, dtype=dtype)
         tensor = c.on_device(before)
         c.call(lambda: torch_dist.all_reduce(tensor, op=getattr(torch_dist.ReduceOp, op)),
-               lambda: tensor.copy_(reference_reduce(op, _all_gather_list(c, tensor))),
+               lambda: tensor.copy_(reference_reduce(op, all_gather_list(c, tensor))),
                "all_gather, then every rank reduces locally")
-        return Outcome(before, tensor, reference_reduce(op, _everyone(c, dtype=dtype)))
+        return Outcome(before, tensor, reference_reduce(op, everyone(c, dtype=dtype)))
 
     return run
 
@@ -282,7 +200,7 @@ def _all_gather(c: Ctx) -> Outcome:
     slots = [torch.zeros(VALUES, device=c.device) for _ in range(c.world_size)]
     c.call(lambda: torch_dist.all_gather(slots, mine), lambda: _all_gather_each_broadcasts(c, mine, slots),
            "each rank broadcasts its tensor in turn")
-    return Outcome(mine, slots, _everyone(c))
+    return Outcome(mine, slots, everyone(c))
 
 
 def all_gather_tensor(output: torch.Tensor, tensor: torch.Tensor) -> None:
@@ -304,7 +222,7 @@ def _all_gather_into_tensor(c: Ctx) -> Outcome:
         _all_gather_each_broadcasts(c, mine, slots)
 
     c.call(lambda: all_gather_tensor(output, mine), composed, "each rank broadcasts its tensor into its slice")
-    return Outcome(mine, output, torch.cat(_everyone(c)))
+    return Outcome(mine, output, torch.cat(everyone(c)))
 
 
 def _chunks_in(c: Ctx, rank: int) -> list[torch.Tensor]:

@@ -1,0 +1,117 @@
+"""The layer rule, checked on the source: the library imports neither the training app nor the tools, the
+app never imports the tools, nothing but the entry point imports the command line, and no module
+imports another that (directly or not) imports it back.  Imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).parents[1] / "src"
+APP = ("rankwise.train", "rankwise.data", "rankwise.models")
+TOOLS = ("rankwise.tools",)
+CLI = ("rankwise.cli",)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted((SOURCE / "rankwise").rglob("*.py")):
+        parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The rankwise modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod`` when it is a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {module for module in found if module in MODULES and module != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def layer(module: str) -> str:
+    def within(prefixes):
+        return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+    return "cli" if within(CLI) else "tools" if within(TOOLS) else "app" if within(APP) else "library"
+
+
+ALLOWED = {"library": {"library"}, "app": {"library", "app"}, "tools": {"library", "app", "tools"},
+           "cli": {"library", "app", "tools", "cli"}}
+
+
+def test_the_layers_are_the_ones_the_design_names():
+    assert layer("rankwise.runtime") == layer("rankwise.strategies.ddp") == layer("rankwise.launch.torchrun") == \
+        layer("rankwise.checkpoint") == "library"
+    assert layer("rankwise.train.loop") == layer("rankwise.data.prepare") == "app"
+    assert layer("rankwise.tools.bench.suite") == "tools" and layer("rankwise.cli.train") == "cli"
+    assert "rankwise.train.loop" in GRAPH["rankwise.train.worker"]  # the graph sees imports at all
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_one_way(module):
+    wrong = sorted(imported for imported in GRAPH[module] if layer(imported) not in ALLOWED[layer(module)])
+    assert not wrong, f"{module} ({layer(module)}) imports {', '.join(wrong)}"
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle a depth-first walk of ``graph`` meets (module -> the modules it imports)."""
+    def parents(module: str) -> set[str]:  # importing a.b.c runs a/__init__ and a/b/__init__ first
+        parts = module.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))} & graph.keys()
+
+    edges = {m: {t for i in imports for t in {i} | parents(i) if t != m and not m.startswith(t + ".")}
+             for m, imports in graph.items()}
+    done, active, cycles = set(), [], []
+
+    def visit(module: str) -> None:
+        if module in active:
+            cycles.append(active[active.index(module):] + [module])
+            return
+        if module in done:
+            return
+        active.append(module)
+        for target in sorted(edges[module]):
+            visit(target)
+        active.pop()
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module)
+    return cycles
+
+
+def test_the_cycle_check_finds_cycles():
+    assert find_cycles({"p.a": {"p.b"}, "p.b": {"p.a"}}) == [["p.a", "p.b", "p.a"]]
+    assert find_cycles({"p": set(), "p.a": {"q"}, "q": {"p.b"}, "p.b": set()}) == []  # q -> p.b runs p, not p.a
+    assert find_cycles({"p": {"q"}, "p.a": set(), "q": {"p.a"}}) == [["p", "q", "p"]]  # importing p.a runs p
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(GRAPH)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+def test_no_source_module_is_long():
+    lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
+    long = {name: n for name, n in lines.items() if n > 420}
+    assert not long, f"modules over 420 lines (split them by job): {long}"
