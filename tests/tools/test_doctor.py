@@ -51,7 +51,7 @@ def test_doctor_passes_across_two_hosts_and_measures_all_reduce(two_hosts):
     assert (code0, code1) == (0, 0), out0 + out1
     assert "node 1 reaches the master over rw-veth1 (10.213.8.2)" in out1
     assert "node 1 reached 10.213.8.1:29711" in out1 and "versions agree" in out0
-    assert "2 ranks, 16 MiB fp32" in out0 and "busbw" in out0
+    assert "2 ranks on gloo, 16 MiB fp32" in out0 and "busbw" in out0
     print(next(line for line in out0.splitlines() if "all_reduce" in line))
 
 
