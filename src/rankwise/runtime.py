@@ -304,11 +304,13 @@ class Runtime:
         weights = self.state_dict(model)  # a collective for sharded strategies
         rng = self.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
         staging = ckpt.staging_dir(root, step)
-        _, began = self._checked_write(staging, ckpt.begin_checkpoint, root, step) if self.is_main else (None, None)
+        began = None
+        if self.is_main:
+            _, began = ckpt.checked_write(self.rank, staging, ckpt.begin_checkpoint, root, step)
         # Why: the staging directory must exist before any rank writes its share into it.
         self.barrier()
         # Every rank calls the strategy's save even after a failure: sharded saves are collectives.
-        _, error = self._checked_write(staging, self.strategy.save_state, staging, model, optimizer)
+        _, error = ckpt.checked_write(self.rank, staging, self.strategy.save_state, staging, model, optimizer)
         error = began or error
         # Why: rank 0 checksums and renames the directory only once every rank's share is written;
         # a rank that could not write (disk full) makes every rank give up the checkpoint together.
@@ -319,7 +321,7 @@ class Runtime:
                      "precision": self.strategy.precision.state_dict(), "rng": rng, "world_size": self.world_size,
                      "strategy": self.strategy_name}
             meta = {"world_size": self.world_size, "strategy": self.strategy_name}
-            written, error = self._checked_write(staging, ckpt.commit_checkpoint, root, step, weights=weights,
+            written, error = ckpt.checked_write(self.rank, staging, ckpt.commit_checkpoint, root, step, weights=weights,
                                                  training_state=state, files=files, keep=keep, meta=meta)
             final, errors = (None, [error]) if error else (str(written), [])
         # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
@@ -330,20 +332,6 @@ class Runtime:
             raise ckpt.CheckpointError(f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
                                        f"checkpoint under {root} is intact")
         return Path(final)
-
-    def _checked_write(self, staging: Path, write, *args, **kwargs) -> tuple[Any, str | None]:
-        """``(write(...)'s result, None)``, or ``(None, a message naming this rank and the path)`` for
-        whatever it raised (disk full, permissions, an unpicklable ``extra``), so that no rank leaves the
-        others waiting."""
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        try:
-            return write(*args, **kwargs), None
-        except ckpt.CollectiveSaveError:
-            raise  # a library's own collective save broke half-way: the ranks cannot agree any more
-        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-            where = getattr(e, "filename", None) or staging
-            return None, f"rank {self.rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, *, strict: bool = False) -> dict:

@@ -25,6 +25,6 @@ from rankwise.checkpoint.protocol import (
 from rankwise.errors import CheckpointError, CollectiveSaveError
 
 __all__ = ["MANIFEST", "STATE", "WEIGHTS", "CheckpointError", "CollectiveSaveError", "atomic_path",
-           "begin_checkpoint", "check_compatible", "commit_checkpoint", "find_loadable", "manifest_meta",
-           "read_weights", "resolve", "rng_state", "set_rng_state", "staging_dir", "strip_module_prefix", "verify",
-           "write_text_atomic", "write_weights"]
+           "begin_checkpoint", "check_compatible", "checked_write", "commit_checkpoint", "find_loadable",
+           "manifest_meta", "read_weights", "resolve", "rng_state", "set_rng_state", "staging_dir",
+           "strip_module_prefix", "verify", "write_text_atomic", "write_weights"]

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rankwise.checkpoint.files import fsync_dir, fsync_file, sha256_of, strip_module_prefix
-from rankwise.errors import CheckpointError, ConfigError
+from rankwise.errors import CheckpointError, CollectiveSaveError, ConfigError
 
 WEIGHTS = "model.safetensors"
 STATE = "training_state.pt"
@@ -229,3 +229,18 @@ def check_compatible(directory: str | os.PathLike, meta: dict, strategy: str, wo
     if meta.get("strategy", strategy) != strategy:
         raise ConfigError(f"checkpoint {directory} was written by strategy {meta['strategy']!r}; resume with it, "
                           "or start a new run from its weights (rankwise export, model.init_weights)")
+
+
+def checked_write(rank: int, staging: Path, write, *args, **kwargs) -> tuple[object, str | None]:
+    """``(write(...)'s result, None)``, or ``(None, a message naming the rank and the path)`` for whatever
+    it raised (disk full, permissions, an unpicklable ``extra``), so that no rank leaves the others
+    waiting in the next collective of the save."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return write(*args, **kwargs), None
+    except CollectiveSaveError:
+        raise  # a library's own collective save broke half-way: the ranks cannot agree any more
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        where = getattr(e, "filename", None) or staging
+        return None, f"rank {rank}: cannot write {where}: {getattr(e, 'strerror', None) or e}"
