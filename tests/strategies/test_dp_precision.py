@@ -5,8 +5,9 @@ import warnings
 import pytest
 import torch
 
+from rankwise.tolerance import max_param_diff
 from tests.multiproc import run_ranks
-from tests.strategies.test_equivalence import CASES, _max_difference, _train, _weights, datasets  # noqa: F401
+from tests.strategies.test_equivalence import CASES, _train, _weights, datasets  # noqa: F401
 
 
 def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
@@ -26,7 +27,7 @@ def test_dp_matches_single(datasets, tmp_path):  # noqa: F811
     for strategy in ("single", "dp"):
         run_ranks(_train, 1, str(tmp_path / strategy), str(datasets / "toy"),
                   [*model, "batch_size=16", f"strategy={strategy}"])
-    assert _max_difference(_weights(tmp_path / "single"), _weights(tmp_path / "dp")) == 0.0
+    assert max_param_diff(_weights(tmp_path / "single"), _weights(tmp_path / "dp")) == 0.0
 
 
 BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
@@ -63,7 +64,7 @@ def test_bf16_mixed_stays_close_to_single_bf16(run, datasets, single_bf16, tmp_p
     ranks, overrides, tolerance = BF16_RUNS[run]
     assert run_ranks(_train, ranks, str(tmp_path / run), str(datasets / "text"), [*BF16_COMMON, *overrides]) \
         == [(6, ranks)] * ranks
-    difference = _max_difference(single_bf16, _weights(tmp_path / run))
+    difference = max_param_diff(single_bf16, _weights(tmp_path / run))
     print(f"bf16 {run}: max |single - {run}| = {difference:.2e}")
     assert difference < tolerance
 
