@@ -6,9 +6,23 @@
 """
 
 from rankwise.checkpoint.files import atomic_path, strip_module_prefix, write_text_atomic, write_weights
-from rankwise.checkpoint.protocol import (MANIFEST, STATE, WEIGHTS, begin_checkpoint, check_compatible, checked_write,
-                                          commit_checkpoint, find_loadable, manifest_meta, read_weights, resolve,
-                                          rng_state, set_rng_state, staging_dir, verify)
+from rankwise.checkpoint.protocol import (
+                                          MANIFEST,
+                                          STATE,
+                                          WEIGHTS,
+                                          begin_checkpoint,
+                                          check_compatible,
+                                          checked_write,
+                                          commit_checkpoint,
+                                          find_loadable,
+                                          manifest_meta,
+                                          read_weights,
+                                          resolve,
+                                          rng_state,
+                                          set_rng_state,
+                                          staging_dir,
+                                          verify,
+)
 from rankwise.errors import CheckpointError, CollectiveSaveError
 
 __all__ = ["MANIFEST", "STATE", "WEIGHTS", "CheckpointError", "CollectiveSaveError", "atomic_path",
