@@ -321,6 +321,7 @@ class Trainer:
             "world_size": rt.world_size,
             "library_world_size": rt.strategy.library_world_size,
             "precision": cfg.precision,
+            "device": str(rt.device),  # what a run on a GPU machine really trained on
             "model": cfg.model.name,
             "parameters": self.num_parameters,
             "train_samples": len(self.train_set),
