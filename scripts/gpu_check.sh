@@ -6,8 +6,9 @@
 #   smoke    nvidia-smi, versions, imports, one tiny `rankwise train --strategy single` on the GPU
 #   tests    pytest tests/gpu (every strategy at world size 1 over NCCL, every precision, resume, tools)
 #   speed    scripts/gpu_speed.py: --model base, bf16, seq 128: samples/s, TFLOP/s, MFU, rankwise/plain pairs
-#   scaling  `rankwise bench --strategies single-1t,ddp,fsdp,deepspeed-zero2` on the CPU cores at
-#            SCALING_NPROCS processes (default "2 4 8"): scaling efficiency against single-1t
+#   scaling  `rankwise bench --strategies single-1t,ddp,fsdp,deepspeed-zero2` on N CPU cores with N
+#            processes, N in SCALING_NPROCS (default "2 4 8"): scaling efficiency against single-1t
+#   shapes   scripts/gpu_shapes.py: the cost of a new sequence length every step
 #
 # Logs and results go to $OUT (default runs/gpu-check).  On a machine without a package registry,
 # wheels carried in .whl/ (ignored by git: .git/info/exclude) are installed first into /tmp/site; a
@@ -77,11 +78,19 @@ step_speed() {
     "$PY" scripts/gpu_speed.py --cli --json-out "$OUT/speed.json"
 }
 
+step_shapes() {
+    "$PY" scripts/gpu_shapes.py
+}
+
 step_scaling() {
-    local n rc=0
+    local n rc=0 pin
     for n in ${SCALING_NPROCS:-2 4 8}; do
-        say "bench on the CPU cores: $n processes"
-        CUDA_VISIBLE_DEVICES="" rankwise bench --strategies single-1t,ddp,fsdp,deepspeed-zero2 --nproc "$n" \
+        # On n cores (taskset) the bench's fair split gives each of n ranks one thread, and single n threads:
+        # the efficiency against single-1t is then the processes' scaling alone.
+        pin=()
+        command -v taskset >/dev/null && pin=(taskset -c "0-$((n - 1))")
+        say "bench on $n CPU cores: $n processes (${pin[*]:-no taskset})"
+        CUDA_VISIBLE_DEVICES="" "${pin[@]}" rankwise bench --strategies single-1t,ddp,fsdp,deepspeed-zero2 --nproc "$n" \
             --no-progress --out "runs/gpu-scaling-$n" --set "data.cache_dir=\"/tmp/rankwise-scaling-cache\"" \
             ${SCALING_SET:-} || rc=1
         cp "runs/gpu-scaling-$n/report.json" "$OUT/scaling-$n.json" 2>/dev/null
