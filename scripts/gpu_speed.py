@@ -220,11 +220,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from rankwise.config import build_config
     from rankwise.data.prepare import prepare_data
+    from rankwise.loop import attention_for_varying_lengths
 
     cfg = build_config(overrides=[f"model.name={args.model}", "precision=bf16-mixed", f"batch_size={args.batch_size}",
                                   f"data.max_length={args.seq}", "progress=false", "seed=0", "log_every=1000000",
                                   "dev_each_epoch=false", f"data.cache_dir={json.dumps(args.cache)}"])
     data = prepare_data(cfg.data)
+    # The same attention backends for both loops: rankwise's Trainer turns cuDNN attention off process-wide.
+    attention_for_varying_lengths(torch.device("cuda"))
     # A BERT preset built with the data's n-gram settings also reads each text's n-grams.
     batches = fixed_batches(data, data.ngrams is not None, args.batch_size, args.seq, args.warmup + args.steps,
                             cfg.seed)

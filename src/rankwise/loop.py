@@ -50,6 +50,21 @@ def peak_rss_megabytes() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def attention_for_varying_lengths(device: torch.device) -> None:
+    """Turn off the cuDNN backend of ``scaled_dot_product_attention`` on CUDA.
+
+    Batches are padded to their own longest text, so nearly every step has a new sequence length,
+    and torch's cuDNN attention builds a new execution plan for each one.  Measured on an H100
+    (torch 2.11, CUDA 13, base BERT, bf16, batch 128): a step on a new length took 0.17-2.3 s, median
+    184 ms, against 39 ms with that backend off (43 ms with it on lengths already seen); `rankwise train`
+    ran at 555 samples/s where fixed-length batches of the same model ran at 2,800.  Flash and
+    memory-efficient attention take over, with no per-shape cost.  Process-wide, in the training
+    app only: the library (``rankwise.setup``) leaves the user's backends alone.
+    """
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only: never on biases, LayerNorm weights or other 1-D parameters."""
     decay, no_decay = [], []
@@ -137,6 +152,7 @@ def _records_up_to(path: Path, step: int) -> list[str]:
 class Trainer:
     def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime):
         self.cfg, self.data, self.run_dir, self.rt = cfg, data, RunDir(run_dir), rt
+        attention_for_varying_lengths(rt.device)
         model, self.model_spec = build_model(
             cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
