@@ -10,7 +10,7 @@ PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.rankwise-installed
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -25,11 +25,34 @@ demo: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset quick --data sentiment --out runs/bench-demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples scripts
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync
+
+# The GPU pass (shared/GPU.md).  On a machine with a CUDA GPU and rankwise's dependencies,
+# `make gpu-check` runs scripts/gpu_check.sh: tests/gpu, then the speed script (GPU_STEPS to choose:
+# smoke tests speed scaling).  For a lent device machine without a package registry, fetch the
+# wheels it lacks here first (`make gpu-wheels`, into the git-ignored .whl/), then call the device
+# tool from the repository root: run(command="bash scripts/gpu_check.sh smoke tests", carry=[".whl"]);
+# the script installs .whl/*.whl into /tmp/site and writes its logs to $$OUT.
+GPU_STEPS  ?= smoke tests speed
+GPU_WHEELS ?= pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+              typing-extensions==4.16.0 hjson==3.1.0 snownlp==0.12.3 deepspeed==0.19.8
+
+# sdist-only packages (snownlp, deepspeed) are built here as pure-Python wheels.
+gpu-wheels:
+	@mkdir -p .whl && (grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude)
+	for spec in $(GPU_WHEELS); do \
+	  $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    --platform any -d .whl $$spec 2>/dev/null || $(PYTHON) -m pip wheel -q --no-deps -w .whl $$spec || exit 1; \
+	done
+	@du -sh .whl
+
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_STEPS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -99,3 +99,31 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     del ballast
     assert peak_rss_megabytes() > 1024
     assert float(child.stdout.strip().splitlines()[-1]) < peak_rss_megabytes() - 600
+
+
+@pytest.fixture
+def cudnn_attention_restored():
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+
+
+def test_cudnn_attention_is_off_for_cuda_training_only(cudnn_attention_restored):
+    """On CUDA torch's cuDNN attention plans every new sequence length anew (0.17-2.3 s a step on an H100),
+    and `rankwise train` batches change length every step: the training app turns that backend off."""
+    from rankwise.train.loop import attention_for_varying_lengths
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    attention_for_varying_lengths(torch.device("cpu"))
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # a CPU run changes nothing
+    attention_for_varying_lengths(torch.device("cuda", 0))
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_the_trainer_sets_attention_up_for_its_device(toy, tmp_path, monkeypatch, cudnn_attention_restored):
+    import rankwise.train.loop as loop
+
+    seen = []
+    monkeypatch.setattr(loop, "attention_for_varying_lengths", seen.append)
+    run_training(_cfg("max_steps=1"), toy, tmp_path)
+    assert seen == [torch.device("cpu")]

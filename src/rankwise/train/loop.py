@@ -34,10 +34,26 @@ from rankwise.train.preemption import StopRequest
 from rankwise.train.rundir import RunDir
 
 
+def attention_for_varying_lengths(device: torch.device) -> None:
+    """Turn off the cuDNN backend of ``scaled_dot_product_attention`` on CUDA.
+
+    Batches are padded to their own longest text, so nearly every step has a new sequence length,
+    and torch's cuDNN attention builds a new execution plan for each one.  Measured on an H100
+    (torch 2.11, CUDA 13, base BERT, bf16, batch 128): a step on a new length took 0.17-2.3 s, median
+    184 ms, against 39 ms with that backend off (43 ms with it on lengths already seen); `rankwise train`
+    (60 steps) ran at 555 steady samples/s with it, 2,657 without.  Flash and
+    memory-efficient attention take over, with no per-shape cost.  Process-wide, in the training
+    app only: the library (``rankwise.setup``) leaves the user's backends alone.
+    """
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime,
                  step_end_hooks: Sequence[Callable[[int, int], None]] = ()):
         self.cfg, self.data, self.run_dir, self.rt = cfg, data, RunDir(run_dir), rt
+        attention_for_varying_lengths(rt.device)
         self.step_end_hooks = list(step_end_hooks)
         """Called as ``hook(rank, step)`` after every optimizer step (the tests' fault injection)."""
         model, self.model_spec = build_model(
@@ -222,6 +238,7 @@ class Trainer:
             "world_size": rt.world_size,
             "library_world_size": rt.strategy.library_world_size,
             "precision": cfg.precision,
+            "device": str(rt.device),  # what a run on a GPU machine really trained on
             "model": cfg.model.name,
             "parameters": self.num_parameters,
             "train_samples": len(self.train_set),

@@ -84,12 +84,14 @@ def reading(lines: list[dict], ok: dict) -> dict:
 
 
 def scaling_efficiency(measured: list[dict]) -> dict[str, float]:
-    """Each multi-process row's throughput / (processes x one process on one thread), when ``single-1t`` ran."""
+    """Each multi-process row's throughput / (the cores it used x one process on one thread), when ``single-1t``
+    ran.  Cores are processes x threads: on C cores a row of N ranks runs C/N threads each, so dividing by N
+    alone credited the ranks' threads to the scaling (on 16 cores, 2 ranks x 8 threads counted as 2 cores)."""
     base = next((line["samples_per_s"] for line in measured if line["row"] == "single-1t"), None)
     if not base:
         return {}
-    return {line["row"]: round(line["samples_per_s"] / (line["processes"] * base), 3) for line in measured
-            if line["processes"] > 1 and line["samples_per_s"]}
+    return {line["row"]: round(line["samples_per_s"] / (line["processes"] * line.get("threads", 1) * base), 3)
+            for line in measured if line["processes"] > 1 and line["samples_per_s"]}
 
 
 def _check(value: bool | None) -> str:
@@ -132,7 +134,7 @@ def reading_text(summary: dict) -> str:
             said.append(f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
                         f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])}).")
     if r.get("scaling_efficiency"):
-        said.append("Scaling efficiency (throughput / (processes × `single-1t`)): " + ", ".join(
+        said.append("Scaling efficiency (throughput / (processes × threads × `single-1t`)): " + ", ".join(
             f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items()) + ".")
     said.append(f"Failing a check: {', '.join(r['failing'])}." if r["failing"] else "Every measured row passes "
                 "its equivalence tolerance, the evaluation count and accuracy within 1 point of `single`.")

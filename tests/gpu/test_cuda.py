@@ -1,0 +1,220 @@
+"""rankwise on a CUDA GPU: every strategy at world size 1 over NCCL, every precision, resume, and the tools.
+
+Skipped (and shown as skipped) on machines without CUDA: the development machines and CI.  On a GPU
+machine `make gpu-check` (scripts/gpu_check.sh) runs them.  Each test is a real `rankwise` command in a
+subprocess, as a user runs it; runs are small (tiny model, char tokenizer, 600 texts, 8 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankwise.checkpoint import STATE, read_weights
+from rankwise.tolerance import tolerance
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")
+
+ROOT = Path(__file__).parents[2]
+STEPS = 8
+CUT = 4
+TEXTS = ["这本书很好看，值得一读", "质量太差了，再也不买了"]
+
+
+def rankwise(*args: str, cpu: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``rankwise ARGS`` in a fresh process (``cpu``: with CUDA hidden from it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return subprocess.run([sys.executable, "-m", "rankwise.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def train(out: Path, data_cache: Path, *args: str, cpu: bool = False) -> dict:
+    """A small `rankwise train --json` on the built-in sentiment data; its summary (the last stdout line)."""
+    proc = rankwise("train", "--data", "sentiment", "--model", "tiny", "--max-steps", str(STEPS), "--batch-size", "16",
+                    "--out", str(out), "--json", "--no-progress", "--set", "data.limit=600",
+                    "--set", "data.max_length=48", "--set", "data.tokenizer=char", "--set", "eval_batch_size=128",
+                    "--set", "dev_each_epoch=false", "--set", f"data.cache_dir={json.dumps(str(data_cache))}",
+                    *args, cpu=cpu)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == STEPS and 0.0 <= summary["accuracy"] <= 1.0, summary
+    return summary
+
+
+def losses(out: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def cut_back(checkpoints: Path, last: str, keep: str) -> None:
+    """Pretend the run died after checkpoint ``keep``: drop ``last``, point latest back at ``keep``."""
+    shutil.rmtree(checkpoints / last)
+    os.remove(checkpoints / "latest")
+    os.symlink(keep, checkpoints / "latest")
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def scaler_state(checkpoint: Path) -> dict:
+    return torch.load(checkpoint / STATE, map_location="cpu", weights_only=False)["precision"].get("scaler", {})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_cache) -> tuple[Path, dict]:
+    """``single`` at fp32 with dropout off: the weights every strategy at world size 1 must reproduce."""
+    out = tmp_path_factory.mktemp("single-reference")
+    summary = train(out, data_cache, "--strategy", "single", "--set", "model.dropout=0.0")
+    assert summary["device"] == "cuda:0"
+    return out, read_weights(out / "checkpoints")
+
+
+# -- single: every precision, cut and resumed bitwise -----------------------------------------------
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_single_resumes_bitwise_on_cuda(precision, tmp_path, data_cache):
+    """A run cut after step 4 and resumed ends with exactly the uninterrupted run's weights (dropout on:
+    the CUDA RNG is restored too); at 16-mixed the GradScaler's state is saved and restored with it."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = ("--strategy", "single", "--precision", precision, "--set", f"save_every={CUT}")
+    summary = train(full, data_cache, *args)
+    assert (summary["device"], summary["precision"]) == ("cuda:0", precision)
+    assert all(torch.isfinite(torch.tensor(losses(full))))
+    shutil.copytree(full, cut, symlinks=True)
+    cut_back(cut / "checkpoints", step_dir(STEPS), step_dir(CUT))
+    resumed = train(cut, data_cache, *args, "--resume", "latest")
+    assert resumed["device"] == "cuda:0"
+    uninterrupted, at_the_cut = read_weights(full / "checkpoints"), read_weights(cut / "checkpoints" / step_dir(CUT))
+    after_resume = read_weights(cut / "checkpoints")
+    assert max_difference(at_the_cut, after_resume) > 0  # steps 5-8 really ran after the resume
+    difference = max_difference(uninterrupted, after_resume)
+    if difference:  # tell a resume bug from a non-deterministic kernel: train uninterrupted once more
+        again = tmp_path / "again"
+        train(again, data_cache, *args)
+        rerun = max_difference(uninterrupted, read_weights(again / "checkpoints"))
+        pytest.fail(f"{precision}: resumed run differs from the uninterrupted one by {difference:.3e}; "
+                    f"two uninterrupted runs differ by {rerun:.3e}")
+    if precision == "16-mixed":
+        saved = scaler_state(cut / "checkpoints" / step_dir(CUT))
+        assert saved["scale"] > 0 and saved["_growth_tracker"] >= 0, saved
+        # The resumed scaler continued from the saved one: same scale and growth count at the end.
+        final = step_dir(STEPS)
+        assert scaler_state(cut / "checkpoints" / final) == scaler_state(full / "checkpoints" / final)
+    else:
+        assert scaler_state(full / "checkpoints" / step_dir(STEPS)) == {}
+
+
+def test_dp_on_one_gpu_trains_like_single(reference, tmp_path, data_cache):
+    summary = train(tmp_path, data_cache, "--strategy", "dp", "--set", "model.dropout=0.0")
+    assert (summary["device"], summary["world_size"]) == ("cuda:0", 1)
+    difference = max_difference(reference[1], read_weights(tmp_path / "checkpoints"))
+    assert difference <= tolerance("32-true"), f"dp differs from single by {difference:.3e}"
+
+
+# -- multi-process strategies at world size 1 over NCCL ---------------------------------------------
+
+MULTIPROCESS = ["ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "accelerate"]
+
+
+@pytest.mark.parametrize("strategy", MULTIPROCESS)
+def test_world_size_one_over_nccl_trains_like_single(strategy, reference, tmp_path, data_cache):
+    summary = train(tmp_path, data_cache, "--strategy", strategy, "--nproc-per-node", "1",
+                    "--set", "model.dropout=0.0")
+    assert (summary["device"], summary["world_size"], summary["library_world_size"]) == ("cuda:0", 1, 1)
+    difference = max_difference(reference[1], read_weights(tmp_path / "checkpoints"))
+    assert difference <= tolerance("32-true"), f"{strategy} differs from single by {difference:.3e}"
+
+
+@pytest.mark.parametrize("strategy,precision", [("ddp", "16-mixed"), ("fsdp", "16-mixed"), ("fsdp", "bf16-mixed"),
+                                                ("deepspeed-zero2", "16-mixed"), ("deepspeed-zero3", "bf16-mixed"),
+                                                ("accelerate", "16-mixed")])
+def test_mixed_precision_over_nccl(strategy, precision, tmp_path, data_cache):
+    summary = train(tmp_path, data_cache, "--strategy", strategy, "--nproc-per-node", "1", "--precision", precision)
+    assert (summary["device"], summary["precision"]) == ("cuda:0", precision)
+    assert losses(tmp_path) and all(torch.isfinite(torch.tensor(losses(tmp_path))))
+    weights = read_weights(tmp_path / "checkpoints")
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+
+
+# -- a CUDA checkpoint used on the CPU ----------------------------------------------------------------
+
+def test_export_and_predict_on_the_cpu_from_a_cuda_checkpoint(reference, tmp_path):
+    run_dir, weights = reference
+    exported = tmp_path / "model.safetensors"
+    proc = rankwise("export", "--checkpoint", str(run_dir / "checkpoints" / "latest"), "--out", str(exported), cpu=True)
+    assert proc.returncode == 0, proc.stderr
+    assert max_difference(weights, read_weights(exported)) == 0.0
+    answers = []
+    for source in (run_dir / "checkpoints" / "latest", exported):
+        proc = rankwise("predict", "--checkpoint", str(source), "--json", *TEXTS, cpu=True)
+        assert proc.returncode == 0, proc.stderr
+        answers.append([json.loads(line) for line in proc.stdout.strip().splitlines()])
+    assert [a["text"] for a in answers[0]] == TEXTS
+    assert answers[0] == answers[1]
+
+
+def test_a_cuda_checkpoint_resumes_on_the_cpu(tmp_path, data_cache):
+    train(tmp_path, data_cache, "--strategy", "single", "--set", f"save_every={CUT}", "--set", "model.dropout=0.0")
+    on_gpu = read_weights(tmp_path / "checkpoints")
+    cut_back(tmp_path / "checkpoints", step_dir(STEPS), step_dir(CUT))
+    summary = train(tmp_path, data_cache, "--strategy", "single", "--set", f"save_every={CUT}",
+                    "--set", "model.dropout=0.0", "--resume", "latest", cpu=True)
+    assert summary["device"] == "cpu"
+    # Steps 5-8 on another device: the same computation up to rounding.
+    assert max_difference(on_gpu, read_weights(tmp_path / "checkpoints")) < 1e-3
+
+
+ALL_PASSED = re.compile(r"^(\d+) of \1 operations passed", re.MULTILINE)
+
+
+# -- rankwise comm on one GPU -------------------------------------------------------------------------
+
+def test_comm_refuses_nccl_without_a_gpu_per_rank():
+    one = rankwise("comm", "demo", "--backend", "nccl", "--nproc-per-node", "1")
+    assert one.returncode == 2 and "at least 2 ranks" in one.stderr, one.stderr
+    if torch.cuda.device_count() == 1:
+        two = rankwise("comm", "demo", "--backend", "nccl", "--nproc-per-node", "2")
+        assert two.returncode == 2 and "one GPU per rank" in two.stderr, two.stderr
+
+
+def test_comm_auto_backend_on_one_gpu(tmp_path):
+    """Two ranks on one GPU: ``auto`` must choose gloo (NCCL refuses two ranks on one device)."""
+    demo = rankwise("comm", "demo", "--nproc-per-node", "2", timeout=180)
+    assert demo.returncode == 0, demo.stderr[-4000:]
+    assert "2 ranks on gloo (cpu)" in demo.stdout and ALL_PASSED.search(demo.stdout), demo.stdout[-2000:]
+    bench = rankwise("comm", "bench", "--nproc-per-node", "2", "--ops", "all_reduce", "--max-bytes", "1M",
+                     "--iters", "3", "--warmup", "1", "--no-ceilings", "--no-progress", "--out", str(tmp_path),
+                     "--json", timeout=180)
+    assert bench.returncode == 0, bench.stderr[-4000:]
+    result = json.loads((tmp_path / "comm.json").read_text())
+    assert (result["backend"], result["device"], result["world_size"]) == ("gloo", "cpu", 2)
+    assert json.loads(bench.stdout.strip().splitlines()[-1])["wrong"] == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL collectives need two GPUs (one per rank)")
+def test_comm_demo_over_nccl():
+    demo = rankwise("comm", "demo", "--backend", "nccl", "--nproc-per-node", "2", timeout=180)
+    assert demo.returncode == 0, demo.stderr[-4000:]
+    assert "2 ranks on nccl (cuda)" in demo.stdout and ALL_PASSED.search(demo.stdout), demo.stdout[-2000:]
