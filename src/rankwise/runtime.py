@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from rankwise import checkpoint as ckpt
 from rankwise import dist, hangs
 from rankwise.batching import LengthGroupedSampler, check_enough_samples, micro_batch_size
+from rankwise.launch.choice import settle
 from rankwise.process import ProcessEnv
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
@@ -67,12 +68,16 @@ def seed_everything(seed: int) -> None:
 class Runtime:
     """One process's view of a distributed run: its strategy, device, rank and collectives."""
 
-    def __init__(self, strategy: str = "single", precision: str = "32-true", *, seed: int | None = 0,
+    def __init__(self, strategy: str | None = None, precision: str | None = None, *, seed: int | None = 0,
                  options: Options | Mapping[str, Any] | None = None, timeout_s: float = 300.0,
                  env: ProcessEnv | None = None):
-        """``options``: the strategy's own section (e.g. ``{"zero_stage": 3}`` for deepspeed); a
-        variant's fixed settings (``deepspeed-zero3``) apply on top and must not be contradicted."""
+        """``strategy`` / ``precision``: when not given, what ``rankwise launch --strategy / --precision``
+        chose, else ``ddp`` for one of several processes (``single`` alone) and ``32-true``.
+        ``options``: the strategy's own section (e.g. ``{"zero_stage": 3}`` for deepspeed), merged with
+        the launcher's ``--set``; a variant's fixed settings (``deepspeed-zero3``) apply on top and
+        must not be contradicted."""
         self.env = env or ProcessEnv.detect()
+        strategy, precision, options = settle(strategy, precision, options, self.env.world_size)
         variant = lookup(strategy)
         strategy_cls = variant.cls
         strategy_cls.check_available()
@@ -387,8 +392,11 @@ class Runtime:
             raise explained from exc
 
 
-def setup(strategy: str = "single", precision: str = "32-true", **kwargs) -> Runtime:
-    """Create the :class:`Runtime` for this process (joins the process group when launched with several)."""
+def setup(strategy: str | None = None, precision: str | None = None, **kwargs) -> Runtime:
+    """Create the :class:`Runtime` for this process (joins the process group when launched with several).
+
+    Without ``strategy`` / ``precision``: the launcher's choice (``rankwise launch --strategy``), else
+    ``ddp`` when launched as one of several processes and ``single`` alone, at ``32-true``."""
     return Runtime(strategy, precision, **kwargs)
 
 

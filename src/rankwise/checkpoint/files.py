@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 
 def fsync_file(path: Path) -> None:
@@ -53,10 +55,63 @@ def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return state
 
 
+TIED = "rankwise_tied"
+"""Safetensors metadata key: JSON ``{key: the key whose tensor it shares}`` for tied parameters."""
+
+
+def memory_of(tensor: torch.Tensor) -> tuple:
+    """What makes two tensors the same values in the same memory (tied parameters: GPT-2's lm_head and wte)."""
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()), tensor.dtype)
+
+
+def cpu_copies(state: dict[str, torch.Tensor], convert=lambda t: t.detach().cpu()) -> dict[str, torch.Tensor]:
+    """``convert`` applied to each tensor once: keys that shared memory share their copy too."""
+    copies: dict[tuple, torch.Tensor] = {}
+    result = {}
+    for key, value in state.items():
+        where = memory_of(value)
+        if where not in copies:
+            copies[where] = convert(value)
+        result[key] = copies[where]
+    return result
+
+
+def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """One entry per tensor in memory, and ``{alias: kept key}`` for the keys that shared it."""
+    kept, aliases, first = {}, {}, {}
+    for key, value in state.items():
+        where = memory_of(value)
+        if where in first and value.numel():
+            aliases[key] = first[where]
+        else:
+            first.setdefault(where, key)
+            kept[key] = value
+    return kept, aliases
+
+
+def save_weights_file(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Safetensors, one copy of each tied tensor (safetensors refuses shared memory); the ties go in the
+    metadata, and :func:`load_weights_file` restores them."""
+    kept, aliases = untie(strip_module_prefix(state))
+    metadata = {**(metadata or {}), **({TIED: json.dumps(aliases)} if aliases else {})}
+    save_file({k: v.detach().cpu().contiguous() for k, v in kept.items()}, str(path), metadata=metadata or None)
+
+
+def load_weights_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A safetensors file's weights; a tied key is the same tensor as the key it was tied to."""
+    with safe_open(str(path), framework="pt") as handle:
+        tied = json.loads((handle.metadata() or {}).get(TIED, "{}"))
+    state = load_file(str(path))
+    for alias, source in tied.items():
+        state[alias] = state[source]
+    return state
+
+
 def write_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Path:
     """Write weights as safetensors atomically (temp file, fsync, rename, directory fsync)."""
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in strip_module_prefix(state).items()}, str(tmp))
+        save_weights_file(state, tmp)
     return Path(path)
 
 

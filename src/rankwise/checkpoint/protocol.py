@@ -31,9 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from rankwise.checkpoint.files import fsync_dir, fsync_file, sha256_of, strip_module_prefix
+from rankwise.checkpoint.files import (
+    fsync_dir,
+    fsync_file,
+    load_weights_file,
+    save_weights_file,
+    sha256_of,
+    strip_module_prefix,
+)
 from rankwise.errors import CheckpointError, CollectiveSaveError, ConfigError
 
 WEIGHTS = "model.safetensors"
@@ -49,7 +55,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"no weights at {path}")
     if path.suffix == ".safetensors":
-        state = load_file(str(path))
+        state = load_weights_file(path)
     else:
         state = torch.load(path, map_location="cpu", weights_only=True)
         state = state.get("model", state) if isinstance(state, dict) and "model" in state else state
@@ -96,7 +102,7 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
     if not tmp.is_dir():
         tmp = begin_checkpoint(root, step)
     final = root / f"step-{step:08d}"
-    save_file({k: v.contiguous() for k, v in strip_module_prefix(weights).items()}, str(tmp / WEIGHTS))
+    save_weights_file(weights, tmp / WEIGHTS)
     torch.save(training_state, tmp / STATE)
     for name, content in (files or {}).items():
         if isinstance(content, bytes):

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+
 from rankwise.errors import ConfigError
+from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice
 from rankwise.launch.hosts import node_layout
 from rankwise.launch.torchrun import get_args_parser, launch_command_line
+from rankwise.precision import PRECISIONS
+from rankwise.strategies import lookup, strategy_names
 
 LAUNCH_HELP = """\
 usage: rankwise launch [torchrun flags] SCRIPT.py [script args]
@@ -21,14 +27,41 @@ Multi-node: run the same command on every node with --nnodes N --node-rank i
 per line; the first host is the master).  The network interface that routes to the
 master is chosen for gloo / NCCL unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set.
 
+Strategy (read by rankwise.setup() in the script, which then needs no strategy of its own):
+  --strategy NAME       any registered strategy or variant (below); default: ddp with several
+                        processes, single with one
+  --precision P         32-true | bf16-mixed | 16-mixed (default 32-true)
+  --set SECTION.KEY=V   an option of the strategy's own section, e.g. --set ddp.bucket_cap_mb=50,
+                        --set deepspeed.offload_optimizer=true (repeatable)
+A script that passes its own strategy or precision to rankwise.setup() and contradicts these is
+refused, naming both.
+
+Strategies:
+{strategies}
+
 torchrun's flags:
 """
 
 
+def strategies_help() -> str:
+    return "\n".join(f"  {name:<18} {lookup(name).description}" for name in strategy_names())
+
+
+def command_line_parser() -> argparse.ArgumentParser:
+    """torchrun's parser with rankwise's strategy flags (a script's own flags after it stay the script's)."""
+    parser = get_args_parser()
+    parser.prog = "rankwise launch"
+    parser.add_argument("--strategy", choices=strategy_names(), metavar="NAME", help="see above")
+    parser.add_argument("--precision", choices=PRECISIONS, help="see above")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="see above")
+    return parser
+
+
 def run_command_line(argv: list[str]) -> int:
-    """``rankwise launch ARGV``: torchrun's flags (and --hostfile), then the script and its arguments."""
+    """``rankwise launch ARGV``: torchrun's flags, rankwise's (--hostfile, --strategy, --precision, --set),
+    then the script and its arguments."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(LAUNCH_HELP + get_args_parser().format_help())
+        print(LAUNCH_HELP.format(strategies=strategies_help()) + command_line_parser().format_help())
         return 0
     at = next((i for i, arg in enumerate(argv) if arg.split("=", 1)[0] == "--hostfile"), None)
     if at is not None:  # rankwise's own flag: the node layout as torchrun flags
@@ -40,7 +73,15 @@ def run_command_line(argv: list[str]) -> int:
             raise ConfigError("--hostfile needs a file")
         layout = node_layout(given)
         argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
-    launch_command_line(argv)
+    parser = command_line_parser()
+    flags, _ = parser.parse_known_args(argv)  # the choice is checked before any process starts
+    choice = Choice.from_flags(flags.strategy, flags.precision, flags.set)
+    nproc = int(flags.nproc_per_node) if str(flags.nproc_per_node).isdigit() else 2  # "gpu"/"auto": several
+    choice.check_launch(nproc * int(str(flags.nnodes).split(":")[-1]))
+    for variable in (STRATEGY, PRECISION, OPTIONS):
+        os.environ.pop(variable, None)  # the workers inherit this process's environment
+    os.environ.update(choice.environment())
+    launch_command_line(argv, parser)
     return 0
 
 

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from rankwise import dist, process
 from rankwise.checkpoint import WEIGHTS, read_weights
+from rankwise.checkpoint.files import cpu_copies
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
@@ -156,7 +157,7 @@ class Strategy:
     # -- state -------------------------------------------------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full, unwrapped weights (no ``module.`` prefix), on the CPU."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        return cpu_copies(self.unwrap(model).state_dict())  # tied parameters stay one tensor
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         self.unwrap(model).load_state_dict(state)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from rankwise import process
+from rankwise.checkpoint.files import cpu_copies
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
@@ -291,7 +292,7 @@ class DeepSpeed(Strategy):
         complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
         module = self.unwrap(model)
         if self.options.zero_stage != 3:
-            return {k: fp32_cpu_copy(v) for k, v in module.state_dict().items()}
+            return cpu_copies(module.state_dict(), fp32_cpu_copy)  # tied parameters stay one tensor
         if hasattr(model, "empty_partition_cache"):
             # Parameters prefetched for the next forward may still be in flight; the gathers below
             # re-partition each parameter on exit, which DeepSpeed refuses for one in flight.

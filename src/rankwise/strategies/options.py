@@ -8,9 +8,18 @@ takes in a user's own loop.  Nothing here knows the training loop: the loop's ow
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def parse_value(raw: str) -> Any:
+    """A ``--set`` value as a TOML literal (numbers, booleans, arrays, quoted strings), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
 
 
 class Options(BaseModel):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from rankwise.checkpoint import STATE, WEIGHTS, atomic_path, read_weights, resolve, verify
+from rankwise.checkpoint.files import save_weights_file
 from rankwise.errors import CheckpointError
 
 CONFIG = "config.json"
@@ -73,7 +73,7 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     if source.tokenizer_json is not None:
         metadata["tokenizer"] = source.tokenizer_json
     with atomic_path(out) as tmp:
-        save_file({k: v.contiguous() for k, v in source.weights.items()}, str(tmp), metadata=metadata)
+        save_weights_file(source.weights, tmp, metadata)
     return Path(out)
 
 

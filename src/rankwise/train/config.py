@@ -22,7 +22,7 @@ from rankwise.launch.config import LAUNCHERS, LaunchConfig
 from rankwise.models import model_names
 from rankwise.precision import PRECISIONS
 from rankwise.strategies import lookup, strategy_names
-from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions
+from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions, parse_value
 
 __all__ = ["ConfigError", "DataConfig", "LAUNCHERS", "TrainConfig", "build_config", "describe_fields",
            "load_config_json"]
@@ -205,14 +205,6 @@ class TrainConfig(_Section):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
-
-
-def parse_value(raw: str) -> Any:
-    """Parse a ``--set`` value as a TOML literal (numbers, booleans, arrays, quoted strings), else a bare string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
 
 
 def apply_override(tree: dict, dotted: str, value: Any) -> None:

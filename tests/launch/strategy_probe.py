@@ -1,0 +1,23 @@
+"""Launched by the tests: ``rankwise.setup()`` with no strategy of its own; every rank writes what it got."""
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(out_dir: str, *own: str) -> None:
+    import torch
+
+    import rankwise
+
+    strategy = own[0] if own else None  # a strategy named in the script itself, to contradict the launcher
+    with rankwise.setup(strategy) as rt:
+        model, _ = rt.prepare(torch.nn.Linear(4, 2), torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1))
+        options = rt.strategy.options.model_dump() if rt.strategy.options is not None else None
+        seen = {"strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "options": options,
+                "world_size": rt.world_size, "wrapper": type(model).__name__}
+        Path(out_dir, f"rank-{rt.rank}.json").write_text(json.dumps(seen), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
