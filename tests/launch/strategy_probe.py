@@ -12,10 +12,12 @@ def main(out_dir: str, *own: str) -> None:
 
     strategy = own[0] if own else None  # a strategy named in the script itself, to contradict the launcher
     with rankwise.setup(strategy) as rt:
-        model, _ = rt.prepare(torch.nn.Linear(4, 2), torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1))
+        model = torch.nn.Linear(4, 2)
+        model, _ = rt.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
         options = rt.strategy.options.model_dump() if rt.strategy.options is not None else None
         seen = {"strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "options": options,
                 "world_size": rt.world_size, "wrapper": type(model).__name__}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         Path(out_dir, f"rank-{rt.rank}.json").write_text(json.dumps(seen), encoding="utf-8")
 
 

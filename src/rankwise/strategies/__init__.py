@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from rankwise.errors import ConfigError
 from rankwise.strategies.base import LoopFacts, Strategy
 from rankwise.strategies.options import Options
@@ -122,7 +124,12 @@ def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | Non
                           f"it was also given {value!r}")
     # An options object keeps its defaults too; a mapping holds only what was given.
     base = options.model_dump() if isinstance(options, cls.options_cls) else given
-    merged = cls.options_cls.model_validate({**base, **fixed})
+    try:
+        merged = cls.options_cls.model_validate({**base, **fixed})
+    except ValidationError as e:
+        problems = "; ".join(f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                             + (f" (got {err['input']!r})" if "input" in err else "") for err in e.errors())
+        raise ConfigError(f"strategy {variant.name!r}: {problems}") from None
     cls.check_options(merged)
     return merged
 

@@ -186,3 +186,23 @@ class Strategy:
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A plain tensor from a possibly sharded one (FSDP2's DTensor gradient norm)."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def tied_parameters(module: nn.Module) -> dict[str, str]:
+    """``{alias: first name}`` for every parameter registered under more than one name (tied weights)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def retie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+    """Make each tied parameter's keys in a full state dict one tensor again (``{}`` stays ``{}``)."""
+    for alias, name in tied_parameters(module).items():
+        if alias in state and name in state:
+            state[alias] = state[name]
+    return state

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import Strategy, retie
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -68,7 +68,8 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options)
+        # The gather copies each key apart: tied parameters (an LM's output layer and embedding) become one again.
+        return retie(get_model_state_dict(model, options=options), model)
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
