@@ -35,7 +35,7 @@ def bigram_sequences(samples: int, length: int, vocab: int, seed: int = 0) -> to
     return tokens
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--length", type=int, default=32, help="tokens per sequence")
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--out", default="runs/causal-lm", help="where rank 0 saves weights and a summary")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     dataset = TensorDataset(bigram_sequences(args.samples, args.length, args.vocab))
     config = GPT2Config(vocab_size=args.vocab, n_positions=args.length, n_embd=64, n_layer=2, n_head=4,

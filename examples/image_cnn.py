@@ -40,7 +40,7 @@ def cnn(batch_norm: bool) -> nn.Module:
                          nn.Flatten(), nn.Linear(16, 4))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--out", default="runs/image-cnn", help="where rank 0 saves weights and a summary")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     dataset = blob_images(args.samples)
     with rankwise.setup(seed=0) as rt:  # the strategy comes from the launcher

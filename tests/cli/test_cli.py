@@ -267,6 +267,6 @@ def test_launch_reads_the_hostfile_in_the_equals_form(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.1 slots=2\n", encoding="utf-8")
     seen = []
-    monkeypatch.setattr("rankwise.cli.launch.launch_command_line", seen.append)
+    monkeypatch.setattr("rankwise.cli.launch.launch_command_line", lambda argv, parser: seen.append(argv))
     assert cli.main(["launch", f"--hostfile={hosts}", "x.py"]) == 0
     assert "--nproc-per-node=2" in seen[0] and seen[0][-1] == "x.py" and not any("hostfile" in a for a in seen[0])

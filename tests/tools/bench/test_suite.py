@@ -105,3 +105,23 @@ def test_scaling_efficiency_counts_every_core_a_row_used():
     lines = [{"row": "single-1t", "processes": 1, "threads": 1, "samples_per_s": 670.0},
              {"row": "ddp", "processes": 2, "threads": 8, "samples_per_s": 850.0}]
     assert report.scaling_efficiency(lines) == {"ddp": round(850 / (16 * 670), 3)}
+
+
+def test_a_log_gets_one_progress_line_per_run_not_per_update(tmp_path, monkeypatch, capsys):
+    """Not a terminal (CI, `make demo > log`): one line per finished run, with its time and outcome."""
+    from types import SimpleNamespace
+
+    from rankwise.tools.bench import suite
+
+    monkeypatch.setattr("rankwise.data.prepare.prepare_data", lambda cfg: SimpleNamespace(size=lambda split: 10))
+    monkeypatch.setattr("rankwise.data.prepare.cache_entry", lambda cfg: tmp_path)
+    runs = iter([{"steady_samples_per_s": 500.0, "wall_s": 3.0}, {"error": "boom", "wall_s": 1.0}] * 2)
+    monkeypatch.setattr(suite, "_run_row", lambda *args: next(runs))
+    monkeypatch.setattr(suite, "_equivalence_weights", lambda *args: None)  # no weights were written here
+    the_plan = plan("quick", select(["single", "ddp"]), nproc=2, out=tmp_path, repeats=2)
+    run_all(the_plan, progress=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["bench [1/4] single (repeat 1/2): 3.0 s, 500.0 samples/s",
+                     "bench [2/4] ddp (repeat 1/2): 1.0 s, failed: boom",
+                     "bench [3/4] ddp (repeat 2/2): 3.0 s, 500.0 samples/s",
+                     "bench [4/4] single (repeat 2/2): 1.0 s, failed: boom"]

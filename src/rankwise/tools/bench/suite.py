@@ -87,15 +87,24 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
                            "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [],
                            "missing": row.missing()} for row in plan.rows}
     runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
-    bar = tqdm(total=len(runnable) * plan.repeats, unit="run", disable=not progress, dynamic_ncols=True,
-               desc="bench")
+    # A terminal gets a live bar; a log (CI, `make demo > log`) one line per finished run, not per update.
+    live = progress and sys.stderr.isatty()
+    bar = tqdm(total=len(runnable) * plan.repeats, unit="run", disable=not live, dynamic_ncols=True, desc="bench")
+    done = 0
     for repeat in range(plan.repeats):
         order = runnable if repeat % 2 == 0 else runnable[::-1]
         for row in order:
             bar.set_description(f"bench {row.name} (repeat {repeat + 1}/{plan.repeats})")
             run_dir = plan.out / "runs" / f"{row.name}-{repeat}"
-            records[row.name]["runs"].append(_run_row(row, plan, run_dir, data_dir, bar))
+            run = _run_row(row, plan, run_dir, data_dir, bar)
+            records[row.name]["runs"].append(run)
             bar.update(1)
+            done += 1
+            if progress and not live:
+                outcome = f"failed: {run['error']}" if "error" in run else \
+                    f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
+                print(f"bench [{done}/{bar.total}] {row.name} (repeat {repeat + 1}/{plan.repeats}): "
+                      f"{run['wall_s']} s, {outcome}", file=sys.stderr, flush=True)
     bar.close()
     reference = _equivalence_weights(records.get("single"), plan)
     for row in plan.rows:
