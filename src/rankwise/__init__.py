@@ -13,9 +13,10 @@ Public API for your own loop (see :mod:`rankwise.runtime` for a full example)::
 Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 """
 
+from rankwise.batching import iterate_steps
 from rankwise.launch.spawn import spawn
 from rankwise.process import ProcessEnv
-from rankwise.runtime import Runtime, iterate_steps, seed_everything, setup
+from rankwise.runtime import Runtime, seed_everything, setup
 from rankwise.strategies import Strategy, register, register_variant, strategy_names
 
 __all__ = ["ProcessEnv", "Runtime", "Strategy", "iterate_steps", "register", "register_variant", "seed_everything",

@@ -19,7 +19,7 @@ with the same seed and global batch, whatever the world size or accumulation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -42,6 +42,19 @@ def check_enough_samples(samples: int, batch_size: int, what: str = "the trainin
     if samples < batch_size:
         raise ConfigError(f"{what} has {samples} samples, fewer than one global batch ({batch_size}); "
                           "lower --batch-size")
+
+
+def iterate_steps(loader: Iterable, grad_accum: int):
+    """Yield ``(micro_index, is_last_micro, batch)`` for whole optimizer steps only.
+
+    Micro-batches left over at the end of an epoch (fewer than ``grad_accum``) are
+    skipped, so every optimizer step averages the same number of samples.
+    """
+    steps = len(loader) // grad_accum
+    for i, batch in enumerate(loader):
+        if i >= steps * grad_accum:
+            break
+        yield i, (i + 1) % grad_accum == 0, batch
 
 
 GROUP_BATCHES = 32

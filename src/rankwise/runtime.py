@@ -54,6 +54,7 @@ from rankwise import checkpoint as ckpt
 from rankwise import dist, hangs
 from rankwise.batching import LengthGroupedSampler, check_enough_samples, micro_batch_size
 from rankwise.launch.choice import settle
+from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
@@ -96,6 +97,8 @@ class Runtime:
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
+        self.probe = Probe.from_environment()
+        """Measurements a benchmark asked for (``rankwise bench --script``); ``None`` otherwise."""
         self.steps = 0
         """Optimizer steps taken through :meth:`step` (restored by :meth:`load_state`)."""
         self._prepared: list[nn.Module] = []
@@ -141,6 +144,8 @@ class Runtime:
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size)
+        if self.probe:
+            self.probe.prepared(model, grad_accum)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
         self._prepared.append(wrapped)
         return wrapped, optimizer
@@ -162,6 +167,8 @@ class Runtime:
         """
         micro_batch_size(batch_size, self.world_size)
         drop_last = shuffle if drop_last is None else drop_last
+        if self.probe and shuffle:
+            self.probe.loader(batch_size)
         if seed is None:
             seed = self.seed or 0
         if lengths is not None:
@@ -236,6 +243,8 @@ class Runtime:
         else:
             norm = self.strategy.step(optimizer, model, max_norm)
         self.steps += 1
+        if self.probe:
+            self.probe.stepped(self, model)
         return norm
 
     def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -386,8 +395,9 @@ class Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if exc is not None else None
-        self.teardown(clean=exc_type is None)
+        done = exc_type is None or issubclass(exc_type, ProbeDone)  # the probe ends every rank at one step
+        explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
+        self.teardown(clean=done)
         if explained is not None:
             raise explained from exc
 
@@ -398,16 +408,3 @@ def setup(strategy: str | None = None, precision: str | None = None, **kwargs) -
     Without ``strategy`` / ``precision``: the launcher's choice (``rankwise launch --strategy``), else
     ``ddp`` when launched as one of several processes and ``single`` alone, at ``32-true``."""
     return Runtime(strategy, precision, **kwargs)
-
-
-def iterate_steps(loader: Iterable, grad_accum: int):
-    """Yield ``(micro_index, is_last_micro, batch)`` for whole optimizer steps only.
-
-    Micro-batches left over at the end of an epoch (fewer than ``grad_accum``) are
-    skipped, so every optimizer step averages the same number of samples.
-    """
-    steps = len(loader) // grad_accum
-    for i, batch in enumerate(loader):
-        if i >= steps * grad_accum:
-            break
-        yield i, (i + 1) % grad_accum == 0, batch

@@ -3,6 +3,7 @@
   rankwise bench                                   quick preset, every available row, 2 processes
   rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate
   rankwise bench --data my.csv --model small --out runs/bench-mine
+  rankwise bench --script my_train.py --strategies ddp,fsdp -- --my-arg 1   your own script, unchanged
 
 Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
 deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
@@ -25,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from rankwise.errors import ConfigError
-from rankwise.tools.bench import suite
+from rankwise.tools.bench import script, suite
 from rankwise.tools.bench.rows import ROWS, select
 from rankwise.tools.bench.suite import PRESETS
 
@@ -49,6 +50,12 @@ def add_parser(commands) -> None:
                    help="a `rankwise train` config override for every row (e.g. max_steps=100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print report.json's summary as the last stdout line")
+    p.add_argument("--script", metavar="SCRIPT.py", help="benchmark your own script (written on rankwise.setup()) "
+                   "instead of `rankwise train`: --strategies are then strategy names (default "
+                   "ddp,fsdp,deepspeed-zero2,accelerate; single is the reference); arguments after -- go to it")
+    p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each run (default 20)")
+    p.add_argument("--precision", help="--script: the precision every row runs at (default: the script's)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
 
@@ -57,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
+    if args.script:
+        return script.bench(args)
+    if args.script_args:
+        raise ConfigError(f"unexpected arguments {' '.join(args.script_args)} (only --script takes arguments after --)")
     try:
         rows = select([n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None)
     except ValueError as e:

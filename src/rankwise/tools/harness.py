@@ -133,13 +133,15 @@ def run_train(train_args: list[str], out: Path, **kwargs) -> dict:
 
 
 def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = None, timeout_s: float = 900.0,
-                 on_poll: Callable[[], None] | None = None, result_file: Path | None = None) -> dict:
+                 on_poll: Callable[[], None] | None = None, result_file: Path | None = None,
+                 cwd: Path | None = None) -> dict:
     """Run ``command`` (a ``rankwise train --json`` or a baseline loop) in fresh processes.
 
     Returns its result with ``wall_s``: the JSON of ``result_file`` when given, else its last stdout
     line; or ``{"error": why, "wall_s": ...}``.  Output goes to ``OUT/bench.out`` and ``OUT/bench.log``
     (files, not pipes: a pipe nobody reads could stall the run); a run past ``timeout_s`` is killed
-    with every worker it started.  ``on_poll`` is called about twice a second while it runs.
+    with every worker it started.  ``on_poll`` is called about twice a second while it runs; ``cwd``: where it
+    runs (its own relative outputs land there).
     """
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
@@ -147,7 +149,8 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
     with open(out / "bench.out", "w", encoding="utf-8") as stdout, \
             open(out / "bench.log", "w", encoding="utf-8") as stderr:
         # Its own process group: a run that overstays is killed with every worker it started.
-        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env, start_new_session=True,
+                                cwd=cwd)
         while proc.poll() is None:
             if on_poll:
                 on_poll()

@@ -18,12 +18,13 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
+from rankwise.batching import iterate_steps
 from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
-from rankwise.runtime import Runtime, iterate_steps, setup
+from rankwise.runtime import Runtime, setup
 from rankwise.throughput import SteadyThroughput, count_tokens
 from rankwise.train import artifacts
 from rankwise.train.config import TrainConfig

@@ -1,0 +1,97 @@
+"""What the Runtime measures when a benchmark asks: ``rankwise bench --script`` runs a user's script unchanged.
+
+Switched on by the environment the bench gives the script's processes (``RANKWISE_PROBE``: a
+directory, ``RANKWISE_PROBE_STEPS``: K, ``RANKWISE_PROBE_WARMUP``: W).  The Runtime then counts
+the samples of each optimizer step (its loader's global batch x the accumulation ``prepare`` was
+told), times the steps after W, and after step K gathers the full fp32 parameters, writes them and
+``probe.json`` (throughput, peak memory per rank, what the model holds that can make ranks differ)
+from rank 0, and ends the script: the bench caps the run at its own step count.  Nothing in the
+script changes, and nothing here runs unless the variables are set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rankwise.checkpoint import write_text_atomic, write_weights
+from rankwise.memory import peak_rss_megabytes
+
+DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
+BATCH_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+"""Layers whose output depends on the other samples of the batch each rank sees."""
+
+
+class ProbeDone(SystemExit):
+    """The probe measured its last step: the script ends here, successfully, on every rank."""
+
+    def __init__(self):
+        super().__init__(0)
+
+
+def model_facts(model: nn.Module) -> dict:
+    """What a model holds that can make N ranks compute something else than one process."""
+    batch_dependent = sorted({type(m).__name__ for m in model.modules()
+                              if isinstance(m, BATCH_DEPENDENT) and not isinstance(m, nn.SyncBatchNorm)})
+    dropout = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)
+                      and m.p > 0})
+    return {"batch_dependent": batch_dependent, "dropout": dropout}
+
+
+class Probe:
+    def __init__(self, directory: str, steps: int, warmup: int):
+        self.directory, self.steps, self.warmup = Path(directory), steps, warmup
+        self.global_batch: int | None = None
+        self.grad_accum = 1
+        self.facts: dict = {}
+        self.started: float | None = None
+
+    @classmethod
+    def from_environment(cls) -> Probe | None:
+        if not os.environ.get(DIRECTORY):
+            return None
+        steps = int(os.environ.get(STEPS, "20"))
+        steps = max(2, steps)
+        return cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
+
+    def prepared(self, model: nn.Module, grad_accum: int) -> None:
+        self.grad_accum = grad_accum
+        self.facts = model_facts(model)
+
+    def loader(self, global_batch: int) -> None:
+        self.global_batch = global_batch
+
+    def stepped(self, rt, model: nn.Module) -> None:
+        """After optimizer step ``rt.steps``; at the last one, report and end the script (every rank)."""
+        if rt.steps == self.warmup:
+            _synchronize(rt.device)
+            self.started = time.perf_counter()
+        if rt.steps < self.steps:
+            return
+        _synchronize(rt.device)
+        seconds = time.perf_counter() - self.started
+        weights = rt.state_dict(model)  # a collective for sharded strategies
+        cuda = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
+        # Why: rank 0 reports every rank's peak memory.
+        memory = rt.all_gather_object((peak_rss_megabytes(), cuda))
+        if rt.is_main:
+            samples = (self.global_batch or 0) * self.grad_accum * (self.steps - self.warmup)
+            write_weights({k: v.float() for k, v in weights.items()}, self.directory / "weights.safetensors")
+            write_text_atomic(self.directory / "probe.json", json.dumps({
+                "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
+                "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": samples // max(
+                    1, self.steps - self.warmup), "steady_s": round(seconds, 4),
+                "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds > 0 else None,
+                "peak_rss_mb": [rss for rss, _ in memory], "cuda_max_allocated_mb": [c for _, c in memory],
+                "model": self.facts}, indent=2))
+        raise ProbeDone()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # Why: the clock must see the device's work, not just its queue
