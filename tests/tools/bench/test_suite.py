@@ -125,3 +125,13 @@ def test_a_log_gets_one_progress_line_per_run_not_per_update(tmp_path, monkeypat
                      "bench [2/4] ddp (repeat 1/2): 1.0 s, failed: boom",
                      "bench [3/4] ddp (repeat 2/2): 3.0 s, 500.0 samples/s",
                      "bench [4/4] single (repeat 2/2): 1.0 s, failed: boom"]
+
+
+def test_a_ratio_from_one_pair_says_so():
+    def summary(pairs):
+        reading = {"fastest_passing": None, "ddp_vs_plain_ddp": {"median": pairs[0], "pairs": pairs},
+                   "ddp_vs_plain_accelerate": None, "plain_ddp_vs_per_step_sync": None, "failing": [], "not_run": []}
+        return {"reading": reading, "meta": {"cores": 2}}
+
+    assert "from one pair only" in report.reading_text(summary([1.05]))
+    assert "median of 3 alternating pair(s): 1.0, 1.05, 0.98" in report.reading_text(summary([1.0, 1.05, 0.98]))
