@@ -91,3 +91,14 @@ def test_settle_merges_the_launchers_options_with_the_scripts():
                                                                     {"zero_stage": 3, "bucket_size": 7})
     with pytest.raises(ConfigError, match="sets option zero_stage=1, the launcher zero_stage=3"):
         settle(None, None, {"zero_stage": 1}, 2, launched)
+
+
+def test_without_a_strategy_the_job_size_decides_and_precision_alone_does_not_choose_one(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr("rankwise.cli.launch.launch_command_line",
+                        lambda argv, parser: seen.update({k: __import__("os").environ.get(k)
+                                                          for k in (STRATEGY, PRECISION)}))
+    assert cli.main(["launch", "--nproc-per-node", "1", "--precision", "bf16-mixed", "x.py"]) == 0
+    assert seen == {STRATEGY: None, PRECISION: "bf16-mixed"}  # one process: the script gets single
+    assert cli.main(["launch", "--nproc-per-node", "1", "--set", "ddp.bucket_cap_mb=5", "x.py"]) == 2
+    assert "strategy 'single' reads no 'ddp' section; it takes no options" in capsys.readouterr().err

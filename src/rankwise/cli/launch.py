@@ -75,9 +75,9 @@ def run_command_line(argv: list[str]) -> int:
         argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
     parser = command_line_parser()
     flags, _ = parser.parse_known_args(argv)  # the choice is checked before any process starts
-    choice = Choice.from_flags(flags.strategy, flags.precision, flags.set)
     nproc = int(flags.nproc_per_node) if str(flags.nproc_per_node).isdigit() else 2  # "gpu"/"auto": several
-    choice.check_launch(nproc * int(str(flags.nnodes).split(":")[-1]))
+    choice = Choice.from_flags(flags.strategy, flags.precision, flags.set,
+                               world_size=nproc * int(str(flags.nnodes).split(":")[-1]))
     for variable in (STRATEGY, PRECISION, OPTIONS):
         os.environ.pop(variable, None)  # the workers inherit this process's environment
     os.environ.update(choice.environment())

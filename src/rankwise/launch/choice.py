@@ -35,11 +35,11 @@ class Choice:
     """Keys of the strategy's own options section (``zero_stage`` for ``deepspeed``)."""
 
     @classmethod
-    def from_flags(cls, strategy: str | None, precision: str | None, settings: list[str]) -> Choice:
-        """From ``--strategy``, ``--precision`` and ``--set section.key=value`` (the strategy's section only);
-        validated here, so a bad choice fails before any process starts."""
-        if strategy is None and (precision or settings):
-            strategy = "ddp"  # what a multi-process script gets without a choice; --set needs a section to check
+    def from_flags(cls, strategy: str | None, precision: str | None, settings: list[str], world_size: int) -> Choice:
+        """From ``--strategy``, ``--precision`` and ``--set section.key=value`` (the strategy's section only) for a
+        job of ``world_size`` processes; validated here, so a bad choice fails before any process starts."""
+        if strategy is None and settings:
+            strategy = "ddp" if world_size > 1 else "single"  # what the script would get; --set names its section
         try:
             variant = lookup(strategy) if strategy else None
         except ValueError as e:
@@ -58,6 +58,7 @@ class Choice:
             options[name] = parse_value(raw.strip())
         choice = cls(strategy, precision, options)
         choice.validate()
+        choice.check_launch(world_size)
         return choice
 
     def validate(self) -> None:
