@@ -6,7 +6,8 @@ import pytest
 import torch.distributed as torch_dist
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+              "RANKWISE_STRATEGY", "RANKWISE_PRECISION", "RANKWISE_OPTIONS")  # what `rankwise launch` sets
 
 
 @pytest.fixture(autouse=True)

@@ -270,3 +270,10 @@ def test_launch_reads_the_hostfile_in_the_equals_form(tmp_path, monkeypatch):
     monkeypatch.setattr("rankwise.cli.launch.launch_command_line", lambda argv, parser: seen.append(argv))
     assert cli.main(["launch", f"--hostfile={hosts}", "x.py"]) == 0
     assert "--nproc-per-node=2" in seen[0] and seen[0][-1] == "x.py" and not any("hostfile" in a for a in seen[0])
+
+
+def test_an_error_names_the_command_whatever_the_run_is_called(capsys):
+    """`--name` is the run's name, not the command's: the message still says `rankwise train`."""
+    assert cli.main(["train", "--data", "toy", "--name", "mine", "--strategy", "ddp", "--nproc-per-node", "2",
+                     "--batch-size", "3"]) == 2
+    assert capsys.readouterr().err.startswith("rankwise train: error: batch_size=3 is not divisible")

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         command, run = "launch", lambda: launch.run_command_line(argv[1:])
     else:
         args = build_parser().parse_args(argv)
-        command, run = getattr(args, "name", args.command), lambda: args.run(args)
+        command, run = getattr(args, "command_name", args.command), lambda: args.run(args)
     try:
         return run()
     except USER_ERRORS as e:

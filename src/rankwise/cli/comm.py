@@ -33,7 +33,7 @@ def add_parser(commands) -> None:
                    help="only this operation (repeatable); a family name such as 'reduce' selects every ReduceOp")
     d.add_argument("--composed", action="store_true",
                    help="run each operation's composition from simpler operations instead of the native call")
-    d.set_defaults(run=run, tool=demo.run, name="comm demo")
+    d.set_defaults(run=run, tool=demo.run, command_name="comm demo")
 
     b = sub.add_parser("bench", help="time the collectives over message sizes, with ceilings",
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,7 +50,7 @@ def add_parser(commands) -> None:
     b.add_argument("--out", help="report directory (default runs/comm-<time>)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print comm.json's summary as the last stdout line")
-    b.set_defaults(run=run, tool=bench.run, name="comm bench")
+    b.set_defaults(run=run, tool=bench.run, command_name="comm bench")
 
 
 def run(args: argparse.Namespace) -> int:
