@@ -68,7 +68,7 @@ class Probe:
 
     def stepped(self, rt, model: nn.Module) -> None:
         """After optimizer step ``rt.steps``; at the last one, report and end the script (every rank)."""
-        if rt.steps == self.warmup:
+        if rt.steps == self.warmup or self.started is None:  # (a resumed script starts past the warm-up)
             _synchronize(rt.device)
             self.started = time.perf_counter()
         if rt.steps < self.steps:
@@ -80,12 +80,13 @@ class Probe:
         # Why: rank 0 reports every rank's peak memory.
         memory = rt.all_gather_object((peak_rss_megabytes(), cuda))
         if rt.is_main:
-            samples = (self.global_batch or 0) * self.grad_accum * (self.steps - self.warmup)
+            per_step = (self.global_batch or 0) * self.grad_accum
+            samples = per_step * (self.steps - self.warmup)
             write_weights({k: v.float() for k, v in weights.items()}, self.directory / "weights.safetensors")
             write_text_atomic(self.directory / "probe.json", json.dumps({
                 "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
-                "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": samples // max(
-                    1, self.steps - self.warmup), "steady_s": round(seconds, 4),
+                "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": per_step,
+                "steady_s": round(seconds, 4),
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds > 0 else None,
                 "peak_rss_mb": [rss for rss, _ in memory], "cuda_max_allocated_mb": [c for _, c in memory],
                 "model": self.facts}, indent=2))

@@ -35,7 +35,7 @@ import os
 import sys
 
 from rankwise.cli import bench, comm, doctor, export, launch, predict, train
-from rankwise.errors import USER_ERRORS, exit_code
+from rankwise.errors import USAGE, USER_ERRORS, exit_code
 
 COMMANDS = (train, launch, predict, export, doctor, bench, comm)
 """One module per command: ``add_parser(commands)`` registers it with ``set_defaults(run=...)``."""
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return run()
     except USER_ERRORS as e:
         code = exit_code(e)
-        prefix = "error: " if code == 2 else ""
+        prefix = "error: " if code == USAGE else ""
         print(f"rankwise {command}: {prefix}{e}", file=sys.stderr)
         return code
 

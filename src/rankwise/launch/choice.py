@@ -79,7 +79,8 @@ class Choice:
         variant = lookup(self.strategy)
         needs = variant.settings.get("launch.launcher") or variant.cls.launcher or launcher
         if needs != launcher:
-            raise ConfigError(f"--strategy {self.strategy} starts its processes with {needs}, not {launcher}: "
+            raise ConfigError(f"--strategy {self.strategy} starts its processes with {needs}, not {launcher} "
+                              "(it is not started by `rankwise launch`): "
                               + ("run horovodrun yourself (see README)" if needs == "horovodrun" else
                                  f"use --strategy {variant.strategy} (the same strategy) here"))
         check_world_size(variant, world_size)

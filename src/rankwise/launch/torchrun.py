@@ -65,13 +65,12 @@ def launch(config: LaunchConfig, entry: Entry) -> None:
     run_torchrun(torchrun_args(config, entry), port_given=config.master_port is not None)
 
 
-def launch_command_line(argv: list[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+def launch_command_line(argv: list[str], parser: argparse.ArgumentParser | None = None) -> None:
     """Run torchrun with ``argv`` as typed after ``rankwise launch`` (its own flags, then the script and its
-    arguments), parsed by ``parser`` (torchrun's, or one extending it); returns the parsed flags."""
+    arguments), parsed by ``parser`` (torchrun's, or one extending it)."""
     args = (parser or get_args_parser()).parse_args(argv)
     own_flags = argv[:len(argv) - len(args.training_script_args) - 1]  # not the script's arguments
     run_torchrun(args, port_given=_flag(own_flags, "--master-port", "--master_port") is not None)
-    return args
 
 
 def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:

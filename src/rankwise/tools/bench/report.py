@@ -12,15 +12,23 @@ ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
 
 
-def _median(runs: list[dict], key: str) -> float | None:
+def median(runs: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the runs that have it (rounded), or None."""
     values = [run[key] for run in runs if run.get(key) is not None]
     return round(statistics.median(values), 2) if values else None
+
+
+def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
+    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``."""
+    outcome = f"failed: {run['error']}" if "error" in run else \
+        f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
+    return f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
 
 
 def summarize(records: list[dict], meta: dict) -> dict:
     """One line per row (medians over repeats), the reading, and everything measured."""
     ok = {r["row"]: [run for run in r["runs"] if "error" not in run] for r in records}
-    reference = _median(ok.get("single", []), "steady_samples_per_s")
+    reference = median(ok.get("single", []), "steady_samples_per_s")
     single_accuracy = ok["single"][0]["accuracy"] if ok.get("single") else None
     lines = []
     for record in records:
@@ -33,12 +41,12 @@ def summarize(records: list[dict], meta: dict) -> dict:
             line["status"] = f"failed: {record['runs'][0]['error']}" if record["runs"] else "not run"
         else:
             first = runs[0]
-            speed = _median(runs, "steady_samples_per_s")
+            speed = median(runs, "steady_samples_per_s")
             line |= {
                 "status": "ok",
-                "wall_s": _median(runs, "wall_s"),
+                "wall_s": median(runs, "wall_s"),
                 "samples_per_s": speed,
-                "tokens_per_s": _median(runs, "tokens_per_s"),
+                "tokens_per_s": median(runs, "tokens_per_s"),
                 "speedup": round(speed / reference, 3) if speed and reference else None,
                 "peak_rss_mb": [peak for peak, _ in first["peak_rss_mb"]],
                 "accuracy": first["accuracy"],

@@ -12,7 +12,6 @@ what in its model can make ranks differ.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -20,9 +19,11 @@ from pathlib import Path
 
 from rankwise.checkpoint import read_weights, write_text_atomic
 from rankwise.errors import ConfigError
+from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup
 from rankwise.tolerance import max_param_diff, tolerance
+from rankwise.tools.bench.report import median, run_line
 from rankwise.tools.harness import run_measured
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
@@ -47,12 +48,11 @@ def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
     rows = []
     for name in names:
         try:
-            variant = lookup(name)
-        except ValueError as e:
+            processes = nproc if lookup(name).cls.multiprocess else 1
+            Choice(name).check_launch(processes)  # each row runs under `rankwise launch --strategy NAME`
+        except (ValueError, ConfigError) as e:
             raise ConfigError(f"--strategies: {e}") from None
-        if (variant.settings.get("launch.launcher") or variant.cls.launcher or "torchrun") != "torchrun":
-            raise ConfigError(f"--strategies: {name} is not started by `rankwise launch`; leave it out")
-        rows.append(ScriptRow(name, nproc if variant.cls.multiprocess else 1))
+        rows.append(ScriptRow(name, processes))
     return rows
 
 
@@ -95,17 +95,14 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
                 result = {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"]}
             runs[row.strategy].append({**result, "run_dir": str(run_dir)})
             done += 1
-            outcome = f"failed: {result['error']}" if "error" in result else \
-                f"{result.get('steady_samples_per_s')} samples/s"
-            print(f"bench [{done}/{total}] {row.strategy} (repeat {repeat + 1}/{repeats}): {result['wall_s']} s, "
-                  f"{outcome}", file=sys.stderr, flush=True)
+            print(run_line(done, total, row.strategy, repeat, repeats, result), file=sys.stderr, flush=True)
     return summarize(rows, runs, precision)
 
 
 def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str | None) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
     reference = read_weights(Path(ok["single"][0]["run_dir"]) / "weights.safetensors") if ok.get("single") else None
-    base_speed = _median(ok.get("single", []), "steady_samples_per_s")
+    base_speed = median(ok.get("single", []), "steady_samples_per_s")
     lines = []
     for row in rows:
         line = {"row": row.strategy, "processes": row.processes}
@@ -118,12 +115,12 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str
             lines.append({**line, "status": f"failed: {runs[row.strategy][0]['error']}"})
             continue
         first = good[0]
-        speed = _median(good, "steady_samples_per_s")
+        speed = median(good, "steady_samples_per_s")
         limit = tolerance(first["precision"])
         line |= {"status": "ok", "precision": first["precision"], "samples_per_s": speed,
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
                  "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first["cuda_max_allocated_mb"],
-                 "wall_s": _median(good, "wall_s"), "tolerance": limit, "max_param_diff": None,
+                 "wall_s": median(good, "wall_s"), "tolerance": limit, "max_param_diff": None,
                  "equivalent": None, "reason": None}
         if reference is None:
             line["reason"] = "no reference: the single run failed"
@@ -134,11 +131,6 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str
                 line["reason"] = explain(first["model"], first["world_size"], difference, limit)
         lines.append(line)
     return {"rows": lines, "runs": runs}
-
-
-def _median(runs: list[dict], key: str) -> float | None:
-    values = [run[key] for run in runs if run.get(key) is not None]
-    return round(statistics.median(values), 2) if values else None
 
 
 def table(summary: dict) -> str:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from rankwise.checkpoint import read_weights
 from rankwise.process import usable_cores
 from rankwise.tolerance import max_param_diff
+from rankwise.tools.bench import report
 from rankwise.tools.bench.rows import Row
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
@@ -101,10 +102,8 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
             bar.update(1)
             done += 1
             if progress and not live:
-                outcome = f"failed: {run['error']}" if "error" in run else \
-                    f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
-                print(f"bench [{done}/{bar.total}] {row.name} (repeat {repeat + 1}/{plan.repeats}): "
-                      f"{run['wall_s']} s, {outcome}", file=sys.stderr, flush=True)
+                print(report.run_line(done, bar.total, row.name, repeat, plan.repeats, run), file=sys.stderr,
+                      flush=True)
     bar.close()
     reference = _equivalence_weights(records.get("single"), plan)
     for row in plan.rows:
