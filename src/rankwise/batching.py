@@ -57,6 +57,21 @@ def iterate_steps(loader: Iterable, grad_accum: int):
         yield i, (i + 1) % grad_accum == 0, batch
 
 
+def rank_sampler(dataset: Dataset, batch_size: int, world_size: int, rank: int, *, shuffle: bool, drop_last: bool,
+                 seed: int, lengths: Sequence[int] | None = None, group_size: int | None = None) -> DistributedSampler:
+    """This rank's sampler of a loader whose global batch is ``batch_size``: rank-strided, the same order at
+    every world size; with ``lengths``, global batches of similar length (``group_size``: samples per group)."""
+    if lengths is None:
+        return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                                  drop_last=drop_last)
+    if not (shuffle and drop_last):
+        raise ValueError("lengths group a shuffled training loader (shuffle=True, drop_last=True)")
+    group_size = group_size or batch_size
+    if group_size % batch_size:
+        raise ValueError(f"group_size {group_size} is not a multiple of the batch size {batch_size}")
+    return LengthGroupedSampler(dataset, lengths, group_size, num_replicas=world_size, rank=rank, seed=seed)
+
+
 GROUP_BATCHES = 32
 """Global batches per sorting window: large enough for homogeneous lengths, small enough to stay random."""
 

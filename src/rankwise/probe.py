@@ -6,7 +6,8 @@ the samples of each optimizer step (its loader's global batch x the accumulation
 told), times the steps after W, and after step K gathers the full fp32 parameters, writes them and
 ``probe.json`` (throughput, peak memory per rank, what the model holds that can make ranks differ)
 from rank 0, and ends the script: the bench caps the run at its own step count.  Nothing in the
-script changes, and nothing here runs unless the variables are set.
+script changes, and nothing here runs unless the variables are set.  ``rankwise verify`` adds a
+step-by-step trace (:mod:`rankwise.trace`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 
 from rankwise.checkpoint import write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
+from rankwise.trace import DROPOUT, TRACE, StepTrace
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
 BATCH_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
@@ -50,6 +52,8 @@ class Probe:
         self.grad_accum = 1
         self.facts: dict = {}
         self.started: float | None = None
+        self.trace: StepTrace | None = None
+        """What ``rankwise verify`` compares step by step; ``None`` for a benchmark."""
 
     @classmethod
     def from_environment(cls) -> Probe | None:
@@ -57,11 +61,29 @@ class Probe:
             return None
         steps = int(os.environ.get(STEPS, "20"))
         steps = max(2, steps)
-        return cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
+        probe = cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
+        if os.environ.get(TRACE) == "1":
+            probe.trace = StepTrace(probe.directory, keep_dropout=os.environ.get(DROPOUT) == "keep")
+        return probe
 
-    def prepared(self, model: nn.Module, grad_accum: int) -> None:
+    def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
+        """Before the strategy wraps ``model``."""
         self.grad_accum = grad_accum
         self.facts = model_facts(model)
+        if self.trace:
+            self.trace.prepared(rt, model)
+
+    def batch(self, batch, device: torch.device) -> None:
+        if self.trace:
+            self.trace.batch(batch, device)
+
+    def backward(self, loss: torch.Tensor, device: torch.device) -> None:
+        if self.trace:
+            self.trace.backward(loss, device)
+
+    def before_step(self, rt, model: nn.Module) -> None:
+        if self.trace:
+            self.trace.before_step(rt, model)
 
     def loader(self, global_batch: int) -> None:
         self.global_batch = global_batch
@@ -71,20 +93,24 @@ class Probe:
         if rt.steps == self.warmup or self.started is None:  # (a resumed script starts past the warm-up)
             _synchronize(rt.device)
             self.started = time.perf_counter()
+        if self.trace:
+            self.trace.stepped(rt, model)
         if rt.steps < self.steps:
             return
         _synchronize(rt.device)
         seconds = time.perf_counter() - self.started
-        weights = rt.state_dict(model)  # a collective for sharded strategies
+        weights = rt.state_dict(model) if not self.trace else None  # a collective for sharded strategies
         cuda = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
         # Why: rank 0 reports every rank's peak memory.
         memory = rt.all_gather_object((peak_rss_megabytes(), cuda))
         if rt.is_main:
             per_step = (self.global_batch or 0) * self.grad_accum
             samples = per_step * (self.steps - self.warmup)
-            write_weights({k: v.float() for k, v in weights.items()}, self.directory / "weights.safetensors")
+            if weights is not None:  # (the trace wrote every step's)
+                write_weights({k: v.float() for k, v in weights.items()}, self.directory / "weights.safetensors")
             write_text_atomic(self.directory / "probe.json", json.dumps({
                 "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
+                "device": rt.device.type,
                 "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": per_step,
                 "steady_s": round(seconds, 4),
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds > 0 else None,

@@ -39,8 +39,6 @@ import contextlib
 import gc
 import os
 import random
-import shutil
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,8 +49,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
-from rankwise import dist, hangs
-from rankwise.batching import LengthGroupedSampler, check_enough_samples, micro_batch_size
+from rankwise import dist, hangs, state
+from rankwise.batching import check_enough_samples, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
 from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
@@ -145,7 +143,7 @@ class Runtime:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size)
         if self.probe:
-            self.probe.prepared(model, grad_accum)
+            self.probe.prepared(self, model, grad_accum)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
         self._prepared.append(wrapped)
         return wrapped, optimizer
@@ -171,17 +169,8 @@ class Runtime:
             self.probe.loader(batch_size)
         if seed is None:
             seed = self.seed or 0
-        if lengths is not None:
-            if not (shuffle and drop_last):
-                raise ValueError("lengths group a shuffled training loader (shuffle=True, drop_last=True)")
-            group_size = group_size or batch_size
-            if group_size % batch_size:
-                raise ValueError(f"group_size {group_size} is not a multiple of the batch size {batch_size}")
-            sampler = LengthGroupedSampler(dataset, lengths, group_size, num_replicas=self.world_size, rank=self.rank,
-                                           seed=seed)
-        else:
-            sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle,
-                                         seed=seed, drop_last=drop_last)
+        sampler = rank_sampler(dataset, batch_size, self.world_size, self.rank, shuffle=shuffle, drop_last=drop_last,
+                               seed=seed, lengths=lengths, group_size=group_size)
         per_rank = batch_size // self.world_size
         if drop_last:
             check_enough_samples(len(dataset), batch_size)
@@ -198,13 +187,10 @@ class Runtime:
             loader.sampler.set_epoch(epoch)
 
     def to_device(self, batch: Any) -> Any:
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=True)
-        if isinstance(batch, dict):
-            return {k: self.to_device(v) for k, v in batch.items()}
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self.to_device(v) for v in batch)
-        return batch
+        """Tensors of ``batch`` (nested in dicts, lists and tuples) on this rank's device."""
+        if self.probe:
+            self.probe.batch(batch, self.device)
+        return _to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
     def eval_loader(self, dataset: Dataset, per_rank_batch: int, collate_fn=None) -> Iterable:
@@ -226,6 +212,8 @@ class Runtime:
         return self.strategy.no_sync(model) if enabled else contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        if self.probe:
+            self.probe.backward(loss, self.device)
         self.strategy.backward(loss, model)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
@@ -241,7 +229,7 @@ class Runtime:
                                    "max_norm after it, or only rt.step(optimizer, model, max_norm=...)")
             norm = None
         else:
-            norm = self.strategy.step(optimizer, model, max_norm)
+            norm = self._take_step(optimizer, model, max_norm)
         self.steps += 1
         if self.probe:
             self.probe.stepped(self, model)
@@ -251,9 +239,14 @@ class Runtime:
         """The older spelling of ``rt.step(optimizer, model, max_norm)``: clips to ``max_norm`` and takes the
         optimizer step right away, returning the global norm before clipping; the :meth:`step` that
         follows in the loop then only counts the step."""
-        norm = self.strategy.step(optimizer, model, max_norm)
+        norm = self._take_step(optimizer, model, max_norm)
         self._stepped_by_clip = optimizer
         return norm
+
+    def _take_step(self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None):
+        if self.probe:
+            self.probe.before_step(self, model)
+        return self.strategy.step(optimizer, model, max_norm)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop gradients (set to None) after a step."""
@@ -290,9 +283,9 @@ class Runtime:
 
     def save_weights(self, model: nn.Module, path: str | os.PathLike) -> None:
         """Write unwrapped weights as safetensors, atomically, from rank 0 (call on every rank)."""
-        state = self.state_dict(model)
+        weights = self.state_dict(model)
         if self.is_main:
-            ckpt.write_weights(state, path)
+            ckpt.write_weights(weights, path)
         # Why: other ranks must not read the file, or exit, before rank 0 finished writing it.
         self.barrier()
 
@@ -303,83 +296,16 @@ class Runtime:
     def save_state(self, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, extra: dict | None = None, *, step: int | None = None,
                    files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2) -> Path:
-        """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank).
-
-        Weights, optimizer state as the strategy keeps it (whole from rank 0, FSDP shards,
-        DeepSpeed partitions), scheduler, precision scaler, every rank's RNG, ``extra``
-        (anything picklable, returned by :meth:`load_state`) and ``files`` (name -> text,
-        bytes or a path to copy).  Atomic: written into a staging directory, checksummed in a
-        manifest written last, renamed into place; ``directory/latest`` then points at it and
-        the newest ``keep`` are kept.  ``step`` defaults to the steps taken through :meth:`step`.
-        Returns the checkpoint's path on every rank.
-        """
-        root = Path(directory)
-        step = self.steps if step is None else step
-        weights = self.state_dict(model)  # a collective for sharded strategies
-        rng = self.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
-        staging = ckpt.staging_dir(root, step)
-        began = None
-        if self.is_main:
-            _, began = ckpt.checked_write(self.rank, staging, ckpt.begin_checkpoint, root, step)
-        # Why: the staging directory must exist before any rank writes its share into it.
-        self.barrier()
-        # Every rank calls the strategy's save even after a failure: sharded saves are collectives.
-        _, error = ckpt.checked_write(self.rank, staging, self.strategy.save_state, staging, model, optimizer)
-        error = began or error
-        # Why: rank 0 checksums and renames the directory only once every rank's share is written;
-        # a rank that could not write (disk full) makes every rank give up the checkpoint together.
-        errors = [e for e in self.all_gather_object(error) if e]
-        final = None
-        if self.is_main and not errors:
-            state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
-                     "precision": self.strategy.precision.state_dict(), "rng": rng, "world_size": self.world_size,
-                     "strategy": self.strategy_name}
-            meta = {"world_size": self.world_size, "strategy": self.strategy_name}
-            written, error = ckpt.checked_write(self.rank, staging, ckpt.commit_checkpoint, root, step, weights=weights,
-                                                 training_state=state, files=files, keep=keep, meta=meta)
-            final, errors = (None, [error]) if error else (str(written), [])
-        # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
-        final, errors = self.broadcast_object((final, errors))
-        if errors:
-            if self.is_main:  # every rank is done with the staging directory now
-                shutil.rmtree(staging, ignore_errors=True)
-            raise ckpt.CheckpointError(f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
-                                       f"checkpoint under {root} is intact")
-        return Path(final)
+        """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank); see
+        :func:`rankwise.state.save_state`.  Returns the checkpoint's path on every rank."""
+        return state.save_state(self, directory, model, optimizer, scheduler, extra, step=step, files=files,
+                                keep=keep)
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, *, strict: bool = False) -> dict:
         """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
-        ``extra`` with ``step`` added.  ``path``: a checkpoint, its folder or a run directory: the newest
-        checkpoint whose files match their checksums is used, with a warning for each newer one that
-        does not (``strict``: an error instead).
-
-        The checkpoint must come from the same strategy and world size: sharded state is split
-        per rank.  To continue elsewhere, start from its weights (``rankwise export``).
-        """
-        # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
-        found = error = None
-        if self.is_main:
-            try:
-                chosen, warnings_ = ckpt.find_loadable(path, strict=strict)
-                found = str(chosen)
-                for warning in warnings_:
-                    print(f"warning: {warning}", file=sys.stderr, flush=True)
-            except Exception as e:  # noqa: BLE001 - any failure here must reach every rank, not leave them waiting
-                error = str(e) if isinstance(e, ckpt.CheckpointError) else f"cannot read checkpoint {path}: {e}"
-        found, error = self.broadcast_object((found, error))
-        if error:
-            raise ckpt.CheckpointError(error)
-        directory = Path(found)
-        state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
-        ckpt.check_compatible(directory, state, self.strategy_name, self.world_size)
-        self.strategy.load_state(directory, model, optimizer)
-        if scheduler is not None and state["scheduler"] is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        self.strategy.precision.load_state_dict(state["precision"])
-        ckpt.set_rng_state(state["rng"][self.rank])
-        self.steps = state["step"]
-        return {**state.get("extra", {}), "step": state["step"]}
+        ``extra`` with ``step`` added.  See :func:`rankwise.state.load_state`."""
+        return state.load_state(self, path, model, optimizer, scheduler, strict=strict)
 
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self, clean: bool = True) -> None:
@@ -400,6 +326,16 @@ class Runtime:
         self.teardown(clean=done)
         if explained is not None:
             raise explained from exc
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
 
 
 def setup(strategy: str | None = None, precision: str | None = None, **kwargs) -> Runtime:

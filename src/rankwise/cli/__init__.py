@@ -7,6 +7,7 @@ Commands
   rankwise export   write a checkpoint's weights as one plain .safetensors file
   rankwise doctor   check this machine, or every node of a multi-node job, before a run
   rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
+  rankwise verify   where your script on N ranks stops matching one process, step by step, and why
   rankwise comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
 
 Concepts
@@ -23,6 +24,7 @@ Examples
   rankwise train --data my.csv --strategy single --epochs 3 --json
   rankwise train --config run.toml --set optim.lr=1e-3 --set data.max_length=128
   rankwise launch --nproc-per-node 2 my_script.py --my-arg 1
+  rankwise verify my_script.py --strategy fsdp --nproc-per-node 2 -- --my-arg 1
   rankwise comm demo --nproc-per-node 3
   rankwise comm bench --ops all_reduce --max-bytes 64M
   rankwise predict --checkpoint runs/<name>/checkpoints/latest "这本书很好看" "质量太差了"
@@ -34,10 +36,10 @@ import argparse
 import os
 import sys
 
-from rankwise.cli import bench, comm, doctor, export, launch, predict, train
+from rankwise.cli import bench, comm, doctor, export, launch, predict, train, verify
 from rankwise.errors import USAGE, USER_ERRORS, exit_code
 
-COMMANDS = (train, launch, predict, export, doctor, bench, comm)
+COMMANDS = (train, launch, predict, export, doctor, bench, verify, comm)
 """One module per command: ``add_parser(commands)`` registers it with ``set_defaults(run=...)``."""
 
 

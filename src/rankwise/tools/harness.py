@@ -7,6 +7,8 @@ to run ``rankwise train`` as a measured subprocess.
   JSON-able result comes back to node 0 (other nodes get ``None``); every rank tears its group down.
 * :func:`run_train` / :func:`run_measured` — ``rankwise train ... --json`` (or a baseline loop) in fresh
   processes: its summary, or why it failed; killed with its workers past a timeout.
+* :func:`run_script` — a user's script under ``rankwise launch --strategy`` with the Runtime's probe on
+  (``bench --script``, ``verify``).
 """
 
 from __future__ import annotations
@@ -163,9 +165,30 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
     wall = round(time.perf_counter() - started, 2)
     if proc.returncode:
         return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}
+    if result_file and not result_file.exists():
+        return {"error": f"it ended without writing {result_file.name}", "wall_s": wall, "no_result": True}
     text = result_file.read_text(encoding="utf-8") if result_file else \
         (out / "bench.out").read_text(encoding="utf-8").strip().splitlines()[-1]
     return {**json.loads(text), "wall_s": wall}
+
+
+def run_script(script: Path, script_args: list[str], strategy: str, processes: int, run_dir: Path, *,
+               probe_env: dict[str, str], precision: str | None = None, settings: tuple[str, ...] = (),
+               timeout_s: float = 900.0) -> dict:
+    """``rankwise launch --nproc-per-node PROCESSES --strategy STRATEGY SCRIPT ARGS`` with the probe's variables
+    ``probe_env`` (:mod:`rankwise.probe`), in ``RUN_DIR/scratch`` (the script's own outputs land there): the
+    probe's ``probe.json`` with ``wall_s``, or ``{"error": ...}``."""
+    scratch = run_dir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
+               "--strategy", strategy, *(["--precision", precision] if precision else []),
+               *[f"--set={setting}" for setting in settings], str(script.resolve()), *script_args]
+    result = run_measured(command, run_dir, env=probe_env, timeout_s=timeout_s, cwd=scratch,
+                          result_file=run_dir / "probe.json")
+    if result.get("no_result"):  # it exited successfully, its loop shorter than the probe's steps
+        return {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"],
+                "ended_early": True}
+    return result
 
 
 def failure_reason(log: Path, returncode: int) -> str:

@@ -24,7 +24,7 @@ from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup
 from rankwise.tolerance import max_param_diff, tolerance
 from rankwise.tools.bench.report import median, run_line
-from rankwise.tools.harness import run_measured
+from rankwise.tools.harness import run_script
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 
@@ -83,16 +83,9 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
     for repeat in range(repeats):
         for row in (runnable if repeat % 2 == 0 else runnable[::-1]):
             run_dir = out / "runs" / f"{row.strategy}-{repeat}"
-            scratch = run_dir / "scratch"
-            scratch.mkdir(parents=True, exist_ok=True)
-            command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(row.processes),
-                       "--strategy", row.strategy, *(["--precision", precision] if precision else []), str(script),
-                       *script_args]
             env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: str(max(1, steps // 4))}
-            result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
-                                  result_file=run_dir / "probe.json")
-            if "error" not in result and not (run_dir / "weights.safetensors").exists():
-                result = {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"]}
+            result = run_script(script, script_args, row.strategy, row.processes, run_dir, probe_env=env,
+                                precision=precision, timeout_s=timeout_s)
             runs[row.strategy].append({**result, "run_dir": str(run_dir)})
             done += 1
             print(run_line(done, total, row.strategy, repeat, repeats, result), file=sys.stderr, flush=True)

@@ -1,0 +1,103 @@
+"""Training state on every rank: the checkpoint a resume needs, written and read the same way under every strategy.
+
+``Runtime.save_state`` / ``Runtime.load_state`` are these functions (``rt``: the calling Runtime).
+A checkpoint holds the full weights (rank 0), the optimizer state as the strategy keeps it
+(whole, FSDP shards, DeepSpeed partitions), the scheduler, the precision scaler, every rank's
+RNG and the caller's ``extra``; it is staged, checksummed and renamed into place only when
+every rank's share is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rankwise import checkpoint as ckpt
+
+
+def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               scheduler=None, extra: dict | None = None, *, step: int | None = None,
+               files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2) -> Path:
+    """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank).
+
+    Weights, optimizer state as the strategy keeps it (whole from rank 0, FSDP shards,
+    DeepSpeed partitions), scheduler, precision scaler, every rank's RNG, ``extra``
+    (anything picklable, returned by :func:`load_state`) and ``files`` (name -> text,
+    bytes or a path to copy).  Atomic: written into a staging directory, checksummed in a
+    manifest written last, renamed into place; ``directory/latest`` then points at it and
+    the newest ``keep`` are kept.  ``step`` defaults to the steps taken through ``rt.step``.
+    Returns the checkpoint's path on every rank.
+    """
+    root = Path(directory)
+    step = rt.steps if step is None else step
+    weights = rt.state_dict(model)  # a collective for sharded strategies
+    rng = rt.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
+    staging = ckpt.staging_dir(root, step)
+    began = None
+    if rt.is_main:
+        _, began = ckpt.checked_write(rt.rank, staging, ckpt.begin_checkpoint, root, step)
+    # Why: the staging directory must exist before any rank writes its share into it.
+    rt.barrier()
+    # Every rank calls the strategy's save even after a failure: sharded saves are collectives.
+    _, error = ckpt.checked_write(rt.rank, staging, rt.strategy.save_state, staging, model, optimizer)
+    error = began or error
+    # Why: rank 0 checksums and renames the directory only once every rank's share is written;
+    # a rank that could not write (disk full) makes every rank give up the checkpoint together.
+    errors = [e for e in rt.all_gather_object(error) if e]
+    final = None
+    if rt.is_main and not errors:
+        state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
+                 "precision": rt.strategy.precision.state_dict(), "rng": rng, "world_size": rt.world_size,
+                 "strategy": rt.strategy_name}
+        meta = {"world_size": rt.world_size, "strategy": rt.strategy_name}
+        written, error = ckpt.checked_write(rt.rank, staging, ckpt.commit_checkpoint, root, step, weights=weights,
+                                             training_state=state, files=files, keep=keep, meta=meta)
+        final, errors = (None, [error]) if error else (str(written), [])
+    # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
+    final, errors = rt.broadcast_object((final, errors))
+    if errors:
+        if rt.is_main:  # every rank is done with the staging directory now
+            shutil.rmtree(staging, ignore_errors=True)
+        raise ckpt.CheckpointError(f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
+                                   f"checkpoint under {root} is intact")
+    return Path(final)
+
+def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               scheduler=None, *, strict: bool = False) -> dict:
+    """Restore what :func:`save_state` wrote (call on every rank, after ``rt.prepare``); returns its
+    ``extra`` with ``step`` added.  ``path``: a checkpoint, its folder or a run directory: the newest
+    checkpoint whose files match their checksums is used, with a warning for each newer one that
+    does not (``strict``: an error instead).
+
+    The checkpoint must come from the same strategy and world size: sharded state is split
+    per rank.  To continue elsewhere, start from its weights (``rankwise export``).
+    """
+    # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
+    found = error = None
+    if rt.is_main:
+        try:
+            chosen, warnings_ = ckpt.find_loadable(path, strict=strict)
+            found = str(chosen)
+            for warning in warnings_:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 - any failure here must reach every rank, not leave them waiting
+            error = str(e) if isinstance(e, ckpt.CheckpointError) else f"cannot read checkpoint {path}: {e}"
+    found, error = rt.broadcast_object((found, error))
+    if error:
+        raise ckpt.CheckpointError(error)
+    directory = Path(found)
+    state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
+    ckpt.check_compatible(directory, state, rt.strategy_name, rt.world_size)
+    rt.strategy.load_state(directory, model, optimizer)
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    rt.strategy.precision.load_state_dict(state["precision"])
+    ckpt.set_rng_state(state["rng"][rt.rank])
+    rt.steps = state["step"]
+    return {**state.get("extra", {}), "step": state["step"]}

@@ -1,0 +1,110 @@
+"""Two traced runs of one script (:mod:`rankwise.trace`), compared step by step.
+
+For every step both runs reached: the samples (the N ranks together against the one process),
+the loss (the mean over ranks of each rank's summed micro-batch losses against the one process's
+sum: both are the global batch's loss when the loss is a mean over it), and every tensor of the
+weights after the step.  A step is equivalent when its samples match, its loss is within the
+tolerance (relative above 1) and no weight differs by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rankwise.checkpoint import read_weights
+from rankwise.trace import FACTS_FILE, TRACE_FILE, weights_file
+
+TOP_TENSORS = 3
+
+
+@dataclass
+class TracedRun:
+    directory: Path
+    probe: dict = field(default_factory=dict)
+    """``probe.json``: empty when the script ended before the probe's last step."""
+    facts: dict = field(default_factory=dict)
+    records: dict[int, list[dict]] = field(default_factory=dict)
+    """Step -> each rank's record."""
+
+    @classmethod
+    def load(cls, directory: Path) -> TracedRun:
+        run = cls(directory)
+        if (directory / "probe.json").exists():
+            run.probe = json.loads((directory / "probe.json").read_text(encoding="utf-8"))
+        if (directory / FACTS_FILE).exists():
+            run.facts = json.loads((directory / FACTS_FILE).read_text(encoding="utf-8"))
+        if (directory / TRACE_FILE).exists():
+            for line in (directory / TRACE_FILE).read_text(encoding="utf-8").splitlines():
+                record = json.loads(line)
+                run.records[record["step"]] = record["ranks"]
+        return run
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps whose weights were written, 0 (as prepared) first."""
+        return [step for step in [0, *sorted(self.records)] if weights_file(self.directory, step).exists()]
+
+    def weights(self, step: int):
+        return read_weights(weights_file(self.directory, step))
+
+    def loss(self, step: int) -> float | None:
+        """The step's loss: the mean over ranks of each rank's summed micro-batch losses."""
+        ranks = self.records.get(step) or []
+        if not ranks or not all(rank["losses"] for rank in ranks):
+            return None
+        return sum(sum(rank["losses"]) for rank in ranks) / len(ranks)
+
+
+def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, str]:
+    """``("same" | "differs" | "unseen", detail)`` for one step's samples."""
+    one = Counter(reference[0]["samples"]) if reference else Counter()
+    ranks = [Counter(rank["samples"]) for rank in candidate]
+    together = sum(ranks, Counter())
+    if not one and not together:
+        return "unseen", "no batch went through rt.to_device"
+    if together == one:
+        return "same", ""
+    n, seen, expected = len(ranks), sum(together.values()), sum(one.values())
+    if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):
+        return "differs", (f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} together); "
+                           f"the one process saw {expected}")
+    shared = sum((together & one).values())
+    return "differs", f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
+
+
+def tensor_differences(weights: dict, reference: dict) -> dict[str, float]:
+    """Each tensor's largest absolute difference (fp32), for the tensors both hold."""
+    return {key: (weights[key].float() - reference[key].float()).abs().max().item()
+            for key in reference if key in weights and weights[key].shape == reference[key].shape}
+
+
+def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> list[dict]:
+    """One line per step both runs reached (step 0: the weights as prepared)."""
+    lines = []
+    for step in [s for s in reference.steps if s in candidate.steps]:
+        ref_weights, cand_weights = reference.weights(step), candidate.weights(step)
+        differences = tensor_differences(cand_weights, ref_weights)
+        unmatched = sorted(set(ref_weights) ^ set(cand_weights) | {k for k in ref_weights if k in cand_weights
+                                                                   and k not in differences})
+        line = {"step": step, "max_param_diff": max(differences.values(), default=0.0),
+                "top": sorted(differences.items(), key=lambda item: -item[1])[:TOP_TENSORS],
+                "unmatched_tensors": unmatched, "data": "—", "data_detail": "", "loss_reference": None,
+                "loss_candidate": None, "loss_diff": None}
+        if step:
+            line["data"], line["data_detail"] = compare_samples(reference.records[step], candidate.records[step])
+            one, many = reference.loss(step), candidate.loss(step)
+            line |= {"loss_reference": one, "loss_candidate": many,
+                     "loss_diff": abs(one - many) if one is not None and many is not None else None}
+        line["loss_ok"] = line["loss_diff"] is None or \
+            line["loss_diff"] <= tolerance * max(1.0, abs(line["loss_reference"]))
+        line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
+        line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["data"] != "differs"
+        lines.append(line)
+    return lines
+
+
+def first_difference(lines: list[dict]) -> dict | None:
+    return next((line for line in lines if not line["equivalent"]), None)

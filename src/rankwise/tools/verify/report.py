@@ -1,0 +1,71 @@
+"""The text of ``rankwise verify``'s report: the step table, the first difference, the diagnosis, the verdict."""
+
+from __future__ import annotations
+
+import textwrap
+
+
+def _number(value: float | None, form: str) -> str:
+    return "—" if value is None else format(value, form)
+
+
+def _dropout(report: dict) -> str:
+    modules = report["dropout"]["modules"]
+    if not modules:
+        return "dropout: the model has no dropout module (random ops elsewhere are still detected)"
+    listed = ", ".join(f"{m['module']}: {m['type']} p={m['p']:g}" for m in modules[:4]) + \
+        (f" and {len(modules) - 4} more" if len(modules) > 4 else "")
+    if report["dropout"]["kept"]:
+        return f"dropout: kept in both runs (--keep-dropout): {listed}"
+    return (f"dropout: switched off in both runs so random masks cannot hide the verdict ({listed}); "
+            "--keep-dropout keeps it")
+
+
+def step_table(report: dict) -> list[str]:
+    ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
+    out = [f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} {'max |Δweight|':>14}"]
+    for line in report["steps"]:
+        verdict = "same" if line["equivalent"] else "DIFFERENT"
+        out.append(f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
+                   f"{_number(line['loss_candidate'], '.6g'):>17} {_number(line['loss_diff'], '.1e'):>9} "
+                   f"{line['max_param_diff']:>14.1e}  {verdict}")
+    return out
+
+
+def first_difference(first: dict, limit: float) -> list[str]:
+    what = []
+    if first["data"] == "differs":
+        what.append(f"samples differ ({first['data_detail']})")
+    if not first["loss_ok"]:
+        what.append(f"loss differs by {first['loss_diff']:.1e}")
+    if first["max_param_diff"] > limit:
+        what.append(f"weights differ by {first['max_param_diff']:.1e} (> {limit:.0e})")
+    if first["unmatched_tensors"]:
+        what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
+    out = [f"first difference: step {first['step']}: " + "; ".join(what or ["—"])]
+    if first["top"]:
+        out.append("  tensors that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
+    return out
+
+
+def render(report: dict) -> str:
+    processes = report["processes"]
+    out = [f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one process, "
+           f"tolerance {report['tolerance']:.0e}", _dropout(report), ""]
+    for name, error in report["failure"].items():
+        who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
+        out.append(f"{who} failed: {error}")
+    if report["steps"]:
+        out += step_table(report)
+    if report["first_difference"]:
+        out += [""] + first_difference(report["first_difference"], report["tolerance"])
+    elif len(report["steps"]) <= 1 and not report["failure"]:
+        out.append("no optimizer step was compared: does the script call rt.step?")
+    if report["diagnosis"]:
+        out += ["", "diagnosis (likeliest first):"]
+        for number, finding in enumerate(report["diagnosis"], 1):
+            out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
+    steps = len(report["steps"]) - 1
+    out += ["", f"verdict: equivalent over {steps} steps (exit 0)" if report["equivalent"] else
+            "verdict: NOT equivalent (exit 1)"]
+    return "\n".join(out)
