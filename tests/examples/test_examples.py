@@ -40,11 +40,12 @@ def test_random_data_example_runs_on_two_ranks_and_one(tmp_path):
     assert max_param_diff(weights, one) < 1e-5
 
 
-@pytest.mark.parametrize("attempt", range(6))
+@pytest.mark.parametrize("attempt", range(3))
 def test_completed_ddp_run_always_exits_zero(tmp_path, attempt):
     """torch 2.13 on gloo aborted ~1 run in 3 at teardown with a live DDP module; rankwise must exit 0 every time.
-    Six attempts miss a 1-in-3 abort with probability 9%; the dozens of other 2-rank runs in the suite would
-    fail on it too (measured separately: 20 of 20 runs exited 0)."""
+    Three attempts miss a 1-in-3 abort with probability 30%, but the dozens of other 2-rank runs in the suite
+    that assert exit 0 (train, launch, bench, verify) would fail on it too (measured separately: 20 of 20 runs
+    exited 0)."""
     proc = _launch(tmp_path, "--epochs", "1")
     assert proc.returncode == 0, f"attempt {attempt}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
 

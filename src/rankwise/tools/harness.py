@@ -14,8 +14,10 @@ to run ``rankwise train`` as a measured subprocess.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from rankwise.errors import ConfigError
+from rankwise.launch.choice import Choice
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -161,7 +164,8 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
                 proc.wait()
                 return {"error": f"killed after {timeout_s:g} s (a hang?); see {out / 'bench.log'}",
                         "wall_s": round(time.perf_counter() - started, 2)}
-            time.sleep(0.5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.5)
     wall = round(time.perf_counter() - started, 2)
     if proc.returncode:
         return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}
@@ -180,10 +184,15 @@ def run_script(script: Path, script_args: list[str], strategy: str, processes: i
     probe's ``probe.json`` with ``wall_s``, or ``{"error": ...}``."""
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
-               "--strategy", strategy, *(["--precision", precision] if precision else []),
-               *[f"--set={setting}" for setting in settings], str(script.resolve()), *script_args]
-    result = run_measured(command, run_dir, env=probe_env, timeout_s=timeout_s, cwd=scratch,
+    env = dict(probe_env)
+    if processes == 1:  # one process needs no launcher: the choice goes to it as a launcher would hand it over
+        command = [sys.executable, str(script.resolve()), *script_args]
+        env |= Choice.from_flags(strategy, precision, list(settings), world_size=1).environment()
+    else:
+        command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
+                   "--strategy", strategy, *(["--precision", precision] if precision else []),
+                   *[f"--set={setting}" for setting in settings], str(script.resolve()), *script_args]
+    result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
     if result.get("no_result"):  # it exited successfully, its loop shorter than the probe's steps
         return {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"],
@@ -192,8 +201,16 @@ def run_script(script: Path, script_args: list[str], strategy: str, processes: i
 
 
 def failure_reason(log: Path, returncode: int) -> str:
-    """The line of a failed run's log that says why: the failing rank, an error, else the last line."""
+    """Why a failed run failed, from its log: the failing rank (or an error line, else the last line), and the
+    exception a rank raised when the log has one."""
     tail = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
     reason = next((line.strip() for line in reversed(tail) if "failed first" in line or "error" in line.lower()),
                   tail[-1].strip() if tail else f"exit code {returncode}")
-    return reason[:300]
+    raised = next((match.group(2) for line in reversed(tail) if (match := EXCEPTION.match(line))), None)
+    if raised and raised not in reason:
+        reason = f"{reason}: {raised}"
+    return reason[:400]
+
+
+EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?((?:\w+\.)*\w*(?:Error|Exception): .*)$")
+"""A traceback's last line (``RuntimeError: ...``), as torchrun's ``[rankN]:`` prefix may carry it."""

@@ -25,6 +25,7 @@ from rankwise.strategies import lookup
 from rankwise.tolerance import max_param_diff, tolerance
 from rankwise.tools.bench.report import median, run_line
 from rankwise.tools.harness import run_script
+from rankwise.tools.verify.diagnose import batch_dependent
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 
@@ -56,20 +57,18 @@ def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
     return rows
 
 
-def explain(facts: dict, world_size: int, difference: float, limit: float) -> str:
+def explain(facts: dict, world_size: int, difference: float, limit: float, device: str = "cpu") -> str:
     """Why a row is not equivalent, from what the probe saw in its model."""
     reasons = [f"max |Δparam| {difference:.1e} > tolerance {limit:.0e}"]
     if facts.get("batch_dependent"):
-        layers = ", ".join(facts["batch_dependent"])
-        reasons.append(f"the model has {layers}: each of the {world_size} ranks normalises over its own share of "
-                       "the global batch, not the whole batch (on GPUs torch.nn.SyncBatchNorm.convert_sync_batchnorm "
-                       "makes the statistics global; on the CPU SyncBatchNorm does not run)")
+        reasons.append(batch_dependent(facts["batch_dependent"], world_size, device))
     if facts.get("dropout"):
         reasons.append(f"{', '.join(facts['dropout'])} with p > 0 draws other random masks on each rank: set the "
                        "dropout to 0 to compare")
     if len(reasons) == 1:
         reasons.append("nothing batch-dependent or random was seen in the model: look at the loss normalisation "
                        "under accumulation and at whether the data loader is rankwise's rank-sharded one")
+    reasons.append("`rankwise verify` with this strategy shows the first step that differs and why")
     return "; ".join(reasons)
 
 
@@ -121,7 +120,8 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str
             difference = max_param_diff(read_weights(Path(first["run_dir"]) / "weights.safetensors"), reference)
             line |= {"max_param_diff": difference, "equivalent": difference <= limit}
             if difference > limit:
-                line["reason"] = explain(first["model"], first["world_size"], difference, limit)
+                line["reason"] = explain(first["model"], first["world_size"], difference, limit,
+                                         first.get("device", "cpu"))
         lines.append(line)
     return {"rows": lines, "runs": runs}
 

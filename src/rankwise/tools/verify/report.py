@@ -43,7 +43,7 @@ def first_difference(first: dict, limit: float) -> list[str]:
     if first["unmatched_tensors"]:
         what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
     out = [f"first difference: step {first['step']}: " + "; ".join(what or ["—"])]
-    if first["top"]:
+    if first["top"] and first["max_param_diff"] > 0:
         out.append("  tensors that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
     return out
 

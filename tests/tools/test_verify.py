@@ -1,0 +1,126 @@
+"""`rankwise verify`: a script on N ranks against one process, step by step; one small script per way to differ.
+
+Each case is a real `rankwise verify` (one process, then 2 ranks over gloo) of tests/tools/verify_cases.py,
+whose --case switches on one thing that breaks equivalence.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankwise.tools.verify.compare import TracedRun, compare_samples
+from rankwise.tools.verify.diagnose import diagnose
+from rankwise.trace import sample_digests, token_count
+
+ROOT = Path(__file__).parents[2]
+CASES = Path(__file__).with_name("verify_cases.py")
+
+
+def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "verify", str(CASES), "--strategy", strategy,
+                           "--steps", "2", "--out", str(out), *flags, "--", "--case", case],
+                          capture_output=True, text=True, timeout=300, cwd=out.parent)
+    report = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
+    return proc, report
+
+
+def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_was_switched_off(tmp_path):
+    proc, report = _verify(tmp_path / "ok", "ok", strategy="fsdp")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["equivalent"] is True and report["diagnosis"] == []
+    assert [line["step"] for line in report["steps"]] == [0, 1, 2]
+    assert all(line["data"] == "same" and line["max_param_diff"] <= 1e-5 for line in report["steps"][1:])
+    assert "dropout: switched off in both runs" in proc.stdout and "drop: Dropout p=0.3" in proc.stdout
+    assert "verdict: equivalent over 2 steps (exit 0)" in proc.stdout
+    assert not list((tmp_path / "ok").glob("*/step-*.safetensors"))  # the per-step weights are not kept
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("batch-norm", ["BatchNorm1d", "SyncBatchNorm", "does not run on the CPU"]),
+    ("micro-mean", ["not a mean over the global batch", "tokens per micro-batch in step 1"]),
+    ("plain-loader", ["each of the 2 ranks saw the same 16 samples", "rt.loader(dataset"]),
+    ("functional-dropout", ["drew random numbers in", "functional dropout"]),
+    ("half", ["bfloat16", "--precision bf16-mixed"]),
+])
+def test_each_way_to_differ_is_found_at_its_first_step_and_diagnosed(tmp_path, case, expected):
+    proc, report = _verify(tmp_path / case, case, "--keep-weights")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["equivalent"] is False and report["first_difference"]["step"] == 1
+    first_finding = report["diagnosis"][0]
+    for words in expected:
+        assert words in first_finding, (words, report["diagnosis"])
+    assert "first difference: step 1" in proc.stdout and "verdict: NOT equivalent (exit 1)" in proc.stdout
+    assert len(list((tmp_path / case).glob("candidate/step-*.safetensors"))) == 3  # --keep-weights: steps 0-2
+    if case == "batch-norm":  # the tensors that differ most are the statistics each rank kept alone
+        assert report["first_difference"]["top"][0][0].startswith("norm.running_")
+
+
+def test_a_parameter_without_gradient_fails_ddp_and_is_named(tmp_path):
+    proc, report = _verify(tmp_path / "unused", "unused")
+    assert proc.returncode == 1
+    assert "Expected to have finished reduction" in report["failure"]["candidate"]
+    assert "spare.bias, spare.weight got no gradient" in report["diagnosis"][0]
+    assert "--set ddp.find_unused_parameters=true" in report["diagnosis"][0]
+
+
+# -- the pieces, without processes ---------------------------------------------------------------------------
+
+def test_a_sample_keeps_its_digest_whatever_its_batch_pads_it_to():
+    short = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.tensor([[1, 1, 1]]),
+             "labels": torch.tensor([1])}
+    padded = {"input_ids": torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]]),
+              "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]), "labels": torch.tensor([1, 0])}
+    assert sample_digests(short)[0] == sample_digests(padded)[0] != sample_digests(padded)[1]
+    assert sample_digests([torch.tensor([[1, 2, 0]]), torch.tensor([3])]) == \
+        sample_digests([torch.tensor([[1, 2]]), torch.tensor([3])])  # no mask: trailing pad ids are not the sample
+    assert token_count({"labels": torch.tensor([[1, -100], [2, 3]])}) == 3
+    assert token_count({"attention_mask": torch.tensor([[1, 0], [1, 1]])}) == 3 and token_count([torch.ones(2)]) is None
+
+
+def test_samples_are_compared_as_the_ranks_together_against_the_one_process():
+    one = [{"samples": ["a", "b", "c", "d"]}]
+    assert compare_samples(one, [{"samples": ["a", "c"]}, {"samples": ["b", "d"]}]) == ("same", "")
+    each_all = compare_samples(one, [{"samples": ["a", "b", "c", "d"]}] * 2)
+    assert each_all[0] == "differs" and each_all[1].startswith("each of the 2 ranks saw the same 4")
+    assert compare_samples(one, [{"samples": ["a", "x"]}, {"samples": ["b", "y"]}]) == \
+        ("differs", "the 2 ranks saw 4 samples, 2 of them among the one process's 4")
+    assert compare_samples([{"samples": []}], [{"samples": []}])[0] == "unseen"
+
+
+def _run(**facts) -> TracedRun:
+    record = {"samples": [], "tokens": [], "losses": [0.5, 0.5], "random_draws": 2, "no_grad": []}
+    return TracedRun(Path("."), probe={"model": {"batch_dependent": []}}, facts=facts, records={1: [record]})
+
+
+def test_kept_dropout_is_named_as_the_source_of_random_numbers():
+    first = {"step": 1, "data": "same", "loss_ok": False, "top": [("w", 1.0)], "max_param_diff": 1.0,
+             "loss_reference": 1.0, "loss_candidate": 1.1}
+    findings = diagnose(_run(dropout_kept=True), _run(), [first], first, strategy="ddp", world_size=2)
+    assert "drew random numbers in 2 of 2 micro-batches" in findings[0] and "--keep-dropout" in findings[0]
+    assert diagnose(_run(), _run(), [], None, strategy="ddp", world_size=2) == []  # equivalent: nothing to say
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["missing.py", "--strategy", "ddp"], "missing.py: no such script"),
+    (["tests/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
+    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
+    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"], "bucket_cap"),
+    (["tests/tools/verify_cases.py"], "--strategy"),
+])
+def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch):
+    from rankwise import cli
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("rankwise.tools.verify.command.run_script", lambda *a, **k: pytest.fail("something ran"))
+    try:
+        code = cli.main(["verify", *argv])
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    assert code == 2
+    assert message in capsys.readouterr().err
