@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from rankwise.errors import ConfigError
 
@@ -70,6 +70,29 @@ def rank_sampler(dataset: Dataset, batch_size: int, world_size: int, rank: int, 
     if group_size % batch_size:
         raise ValueError(f"group_size {group_size} is not a multiple of the batch size {batch_size}")
     return LengthGroupedSampler(dataset, lengths, group_size, num_replicas=world_size, rank=rank, seed=seed)
+
+
+class OrderedShardSampler(Sampler[int]):
+    """This rank's share of a fixed evaluation order (longest text first, say): every ``num_replicas``-th index
+    from ``rank``.  The last round is padded by repeating the order's start, as DistributedSampler pads, so
+    every rank runs the same number of batches; the exact gather drops the repeats by index."""
+
+    def __init__(self, order: Sequence[int], num_replicas: int, rank: int):
+        order = list(order)
+        total = -(-len(order) // num_replicas) * num_replicas
+        padded = (order * (total // len(order) + 1))[:total] if order else []
+        self.indices = padded[rank:total:num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def longest_first(lengths: Sequence[int]) -> list[int]:
+    """Sample indices by length, longest first (ties in index order): batches cut from it pad little."""
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
 GROUP_BATCHES = 32

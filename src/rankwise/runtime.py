@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
 from rankwise import dist, hangs, state
-from rankwise.batching import check_enough_samples, micro_batch_size, rank_sampler
+from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
 from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
@@ -193,10 +193,13 @@ class Runtime:
         return _to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
-    def eval_loader(self, dataset: Dataset, per_rank_batch: int, collate_fn=None) -> Iterable:
-        """This rank's share of an evaluation set, as the strategy shards it; feed each batch's
-        per-sample outputs to an :meth:`eval_gatherer`."""
-        return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn)
+    def eval_loader(self, dataset: Dataset, per_rank_batch: int, collate_fn=None, *,
+                    lengths: Sequence[int] | None = None) -> Iterable:
+        """This rank's share of an evaluation set, as the strategy shards it; feed each batch's per-sample
+        outputs to an :meth:`eval_gatherer`, which returns them in index order.  ``lengths`` (one per
+        sample): evaluate the longest first, so a batch padded to its longest pads little."""
+        order = longest_first(lengths) if lengths is not None else None
+        return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn, order)
 
     def eval_gatherer(self, total: int) -> dist.ExactGather:
         """``g.add(index, *per_sample_tensors)`` per batch, then ``g.result()`` on every rank:

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from rankwise.batching import LengthGroupedSampler
+from rankwise.batching import LengthGroupedSampler, OrderedShardSampler, longest_first
 
 
 def lengths_of(n: int, seed: int = 0) -> list[int]:
@@ -84,3 +84,17 @@ def test_runtime_loader_groups_by_the_step_batch():
     with pytest.raises(ValueError, match="shuffled training loader"):
         rt.loader(dataset, 8, shuffle=False, lengths=dataset.lengths)
     assert torch.equal(next(iter(loader))["input_ids"], next(iter(loader))["input_ids"])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("n", [0, 1, 7, 12])
+def test_an_evaluation_order_is_shared_out_once_with_padding_repeats_only(world, n):
+    lengths = lengths_of(n)
+    order = longest_first(lengths)
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    shards = [list(OrderedShardSampler(order, world, rank)) for rank in range(world)]
+    assert len({len(shard) for shard in shards}) <= 1  # every rank runs the same number of batches
+    seen = [i for shard in shards for i in shard]
+    assert sorted(set(seen)) == list(range(n)) and len(seen) - n < world  # each once, fewer repeats than ranks
+    for shard in shards:  # each rank's share keeps the order: its batches hold texts of similar length
+        assert [lengths[i] for i in shard] == sorted((lengths[i] for i in shard), reverse=True) or len(seen) > n

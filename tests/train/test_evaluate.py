@@ -13,15 +13,26 @@ def _dataset(n: int) -> FeatureDataset:
     return FeatureDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
 
 
-def _evaluate(n: int, strategy: str):
+class _WithLengths(FeatureDataset):
+    """Samples with a length each, as text datasets have: evaluation then runs longest first."""
+
+    @property
+    def lengths(self) -> list[int]:
+        return [(i * 37) % 11 for i in range(len(self))]
+
+
+def _evaluate(n: int, strategy: str, ordered: bool = False):
     import rankwise
 
     torch.manual_seed(0)
     model = LinearClassifier(6, 3)
+    dataset = _dataset(n)
+    if ordered:
+        dataset = _WithLengths(dataset.features, dataset.labels)
     with rankwise.setup(strategy) as rt:
         model, _ = rt.prepare(model)
         # A batch of 64 does not divide by 3 ranks: rounded up per rank.
-        result = evaluate(rt, model, _dataset(n), ["x", "y", "z"], batch_size=64)
+        result = evaluate(rt, model, dataset, ["x", "y", "z"], batch_size=64)
         return result.samples, result.accuracy, result.macro_f1, result.report["z"]["support"], \
             result.predictions.tolist()
 
@@ -32,6 +43,15 @@ def test_odd_sized_dataset_is_counted_exactly_once(world_size):
     single = run_ranks(_evaluate, 1, n, "single")[0]
     for samples, accuracy, macro_f1, support, predictions in run_ranks(_evaluate, world_size, n, "ddp"):
         assert samples == n, "padding duplicates or missing samples"
+        assert (accuracy, macro_f1, support, predictions) == single[1:]
+
+
+@pytest.mark.parametrize(("world_size", "strategy"), [(3, "ddp"), (2, "accelerate")])
+def test_longest_first_evaluation_is_counted_exactly_once_and_in_index_order(world_size, strategy):
+    n = 1001
+    single = run_ranks(_evaluate, 1, n, "single")[0]
+    for samples, accuracy, macro_f1, support, predictions in run_ranks(_evaluate, world_size, n, strategy, True):
+        assert samples == n
         assert (accuracy, macro_f1, support, predictions) == single[1:]
 
 

@@ -136,12 +136,12 @@ class Accelerate(Strategy):
         self.precision.step(optimizer)
         return norm
 
-    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None):
+    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None):
         from torch.utils.data import DataLoader
 
         # Accelerate shards the batches itself (rank r takes batches r, r+W, ...) and remembers how
         # many samples the last round really holds; rankwise moves each batch to the device.
-        loader = DataLoader(dataset, batch_size=per_rank_batch, shuffle=False, collate_fn=collate_fn)
+        loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=order, shuffle=False, collate_fn=collate_fn)
         return self.accelerator.prepare_data_loader(loader, device_placement=False)
 
     def eval_gatherer(self, total: int) -> dist.ExactGather:

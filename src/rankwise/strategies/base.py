@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from rankwise import dist, process
+from rankwise.batching import OrderedShardSampler
 from rankwise.checkpoint import WEIGHTS, read_weights
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.precision import Precision
@@ -143,10 +144,14 @@ class Strategy:
         optimizer.zero_grad(set_to_none=True)
 
     # -- evaluation --------------------------------------------------------------------------
-    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None) -> DataLoader:
-        """This rank's shard of an evaluation set: every sample once, the last shard padded by repeats."""
-        sampler = DistributedSampler(dataset, num_replicas=self.env.world_size, rank=self.env.rank, shuffle=False,
-                                     drop_last=False)
+    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None) -> DataLoader:
+        """This rank's shard of an evaluation set: every sample once, the last shard padded by repeats; in
+        ``order`` when given (else index order)."""
+        if order is not None:
+            sampler = OrderedShardSampler(order, self.env.world_size, self.env.rank)
+        else:
+            sampler = DistributedSampler(dataset, num_replicas=self.env.world_size, rank=self.env.rank,
+                                         shuffle=False, drop_last=False)
         return DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, collate_fn=collate_fn,
                           pin_memory=self.device.type == "cuda")
 

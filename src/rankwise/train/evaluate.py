@@ -54,7 +54,7 @@ def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, 
     gatherer = rt.eval_gatherer(len(dataset))
     was_training = model.training
     model.eval()
-    for batch in rt.eval_loader(dataset, per_rank, collate_fn):
+    for batch in rt.eval_loader(dataset, per_rank, collate_fn, lengths=getattr(dataset, "lengths", None)):
         batch = rt.to_device(batch)
         with rt.autocast():
             logits = forward_logits(model, batch)

@@ -23,11 +23,11 @@ def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subpro
 
 def test_an_own_script_gets_every_column_and_is_equivalent_under_every_strategy(tmp_path):
     out = tmp_path / "lm"
-    proc = _bench(out, "causal_lm.py", "ddp,fsdp,deepspeed-zero2", "--samples", "128", "--batch-size", "16",
-                  "--lr", "1e-3")
+    # deepspeed-zero2 on an own script: tests/examples/test_own_scripts.py
+    proc = _bench(out, "causal_lm.py", "ddp,fsdp", "--samples", "128", "--batch-size", "16", "--lr", "1e-3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
-    assert list(rows) == ["single", "ddp", "fsdp", "deepspeed-zero2"]
+    assert list(rows) == ["single", "ddp", "fsdp"]
     for name, line in rows.items():
         assert line["status"] == "ok", (name, line["status"])
         assert line["processes"] == (1 if name == "single" else 2)
