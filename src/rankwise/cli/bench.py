@@ -8,9 +8,11 @@
 Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
 deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
 not use rankwise: plain-ddp (hand-written), plain-accelerate, per-step-sync (barrier and
-loss .item() every step).  Only when named: ddp+bf16-hook, ddp+powersgd and single-1t (one
-thread; adds DDP's scaling efficiency).  A row whose library is missing says so, with the
-install command.
+loss .item() every step).  The quick preset (`make demo`) runs one row per strategy and
+launcher and leaves out ddp+fp16-hook, deepspeed-zero1, deepspeed-zero3, plain-accelerate
+and per-step-sync unless named.  Only when named: ddp+bf16-hook, ddp+powersgd and single-1t
+(one thread; adds DDP's scaling efficiency).  A row whose library is missing says so, with
+the install command.
 
 Method: data prepared once; dropout 0 and one seed everywhere, so every row should compute
 what `single` computes; `single`/`dp` get all C cores as threads, N ranks C/N each;
@@ -38,7 +40,8 @@ def add_parser(commands) -> None:
                    help="quick: " + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items()) +
                         "; full: " + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()))
     p.add_argument("--strategies", metavar="ROW,ROW", help="rows to run (single is always added as the "
-                   f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; only when named: "
+                   f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves "
+                   f"out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
                    f"{', '.join(row.name for row in ROWS if row.opt_in)}")
     p.add_argument("--nproc", "--nproc-per-node", type=int, default=2,
                    help="processes of each multi-process row (default 2)")
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if args.script_args:
         raise ConfigError(f"unexpected arguments {' '.join(args.script_args)} (only --script takes arguments after --)")
     try:
-        rows = select([n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None)
+        rows = select([n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None,
+                      args.preset)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return suite.bench(rows, args)

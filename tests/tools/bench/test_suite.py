@@ -71,6 +71,12 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
         select(["fsdb"])
     assert Row("x", "ddp", ("ddp.comm_hook=powersgd",)).tolerance == 1e-2
     assert "single-1t" not in [row.name for row in select(None)]  # opt-in rows run only when named
+    quick, full = [row.name for row in select(None, "quick")], [row.name for row in select(None, "full")]
+    assert set(full) - set(quick) == {"ddp+fp16-hook", "deepspeed-zero1", "deepspeed-zero3", "plain-accelerate",
+                                      "per-step-sync"}
+    assert {"single", "dp", "ddp", "ddp-spawn", "ddp+bf16", "fsdp", "deepspeed-zero2", "accelerate", "horovod",
+            "plain-ddp"} == set(quick)  # make demo: every strategy and launcher once, and the overhead baseline
+    assert "deepspeed-zero3" in [row.name for row in select(["deepspeed-zero3"], "quick")]  # named: runs
     assert [row.name for row in select(["single-1t", "ddp+bf16-hook"])] == ["single", "ddp+bf16-hook", "single-1t"]
 
 

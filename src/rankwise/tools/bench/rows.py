@@ -27,6 +27,9 @@ class Row:
     """Threads per process when not the fair share of the cores (``single-1t``: one core's worth)."""
     opt_in: bool = False
     """Run only when named in ``--strategies`` (not part of the default set)."""
+    full_only: bool = False
+    """Left out of the quick preset's default set (``make demo`` shows one row per strategy and launcher; the
+    variants and the extra baselines run in the full preset, or when named)."""
 
     @property
     def precision(self) -> str:
@@ -66,7 +69,8 @@ ROWS = [
     Row("ddp", "ddp", about="DistributedDataParallel under torchrun's agent"),
     Row("ddp-spawn", "ddp-spawn", about="the same started by torch.multiprocessing spawn"),
     Row("ddp+bf16", "ddp", ("precision=bf16-mixed",), about="DDP with bf16 autocast"),
-    Row("ddp+fp16-hook", "ddp", ("ddp.comm_hook=fp16_compress",), about="DDP averaging gradients in fp16"),
+    Row("ddp+fp16-hook", "ddp", ("ddp.comm_hook=fp16_compress",), about="DDP averaging gradients in fp16",
+        full_only=True),
     Row("ddp+bf16-hook", "ddp", ("ddp.comm_hook=bf16_compress",), about="DDP averaging gradients in bf16",
         opt_in=True),
     Row("ddp+powersgd", "ddp", ("ddp.comm_hook=powersgd", "ddp.powersgd_start_step=2"),
@@ -74,21 +78,24 @@ ROWS = [
     Row("single-1t", "single", threads=1, about="one process, one thread: the base of DDP's scaling efficiency",
         opt_in=True),
     Row("fsdp", "fsdp", about="FullyShardedDataParallel"),
-    Row("deepspeed-zero1", "deepspeed-zero1", about="DeepSpeed ZeRO-1: optimizer state sharded"),
+    Row("deepspeed-zero1", "deepspeed-zero1", about="DeepSpeed ZeRO-1: optimizer state sharded", full_only=True),
     Row("deepspeed-zero2", "deepspeed-zero2", about="ZeRO-2: also gradients"),
-    Row("deepspeed-zero3", "deepspeed-zero3", about="ZeRO-3: also parameters"),
+    Row("deepspeed-zero3", "deepspeed-zero3", about="ZeRO-3: also parameters", full_only=True),
     Row("accelerate", "accelerate", about="rankwise on Hugging Face Accelerate"),
     Row("horovod", "horovod", about="Horovod under horovodrun"),
     Row("plain-ddp", baseline="plain-ddp", about="hand-written DDP loop, no rankwise"),
-    Row("plain-accelerate", baseline="plain-accelerate", about="Accelerate as its documentation shows it"),
-    Row("per-step-sync", baseline="per-step-sync", about="barrier + loss all-reduce + .item() every step"),
+    Row("plain-accelerate", baseline="plain-accelerate", about="Accelerate as its documentation shows it",
+        full_only=True),
+    Row("per-step-sync", baseline="per-step-sync", about="barrier + loss all-reduce + .item() every step",
+        full_only=True),
 ]
 
 
-def select(names: list[str] | None) -> list[Row]:
-    """The rows named (in the table's order), or all; an unknown name is an error listing the known ones."""
+def select(names: list[str] | None, preset: str = "full") -> list[Row]:
+    """The rows named (in the table's order), or the preset's default set; an unknown name is an error listing
+    the known ones."""
     if not names:
-        return [row for row in ROWS if not row.opt_in]
+        return [row for row in ROWS if not row.opt_in and not (row.full_only and preset == "quick")]
     known = {row.name: row for row in ROWS}
     unknown = [n for n in names if n not in known]
     if unknown:
