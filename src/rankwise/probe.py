@@ -22,11 +22,9 @@ from torch import nn
 
 from rankwise.checkpoint import write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
-from rankwise.trace import DROPOUT, TRACE, StepTrace
+from rankwise.trace import DROPOUT, TRACE, StepTrace, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
-BATCH_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
-"""Layers whose output depends on the other samples of the batch each rank sees."""
 
 
 class ProbeDone(SystemExit):
@@ -34,15 +32,6 @@ class ProbeDone(SystemExit):
 
     def __init__(self):
         super().__init__(0)
-
-
-def model_facts(model: nn.Module) -> dict:
-    """What a model holds that can make N ranks compute something else than one process."""
-    batch_dependent = sorted({type(m).__name__ for m in model.modules()
-                              if isinstance(m, BATCH_DEPENDENT) and not isinstance(m, nn.SyncBatchNorm)})
-    dropout = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)
-                      and m.p > 0})
-    return {"batch_dependent": batch_dependent, "dropout": dropout}
 
 
 class Probe:
@@ -60,7 +49,7 @@ class Probe:
         if not os.environ.get(DIRECTORY):
             return None
         steps = int(os.environ.get(STEPS, "20"))
-        steps = max(2, steps)
+        steps = max(1 if os.environ.get(TRACE) == "1" else 2, steps)  # timing needs a warm-up step, a trace not
         probe = cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
         if os.environ.get(TRACE) == "1":
             probe.trace = StepTrace(probe.directory, keep_dropout=os.environ.get(DROPOUT) == "keep")

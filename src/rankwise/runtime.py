@@ -198,6 +198,8 @@ class Runtime:
         """This rank's share of an evaluation set, as the strategy shards it; feed each batch's per-sample
         outputs to an :meth:`eval_gatherer`, which returns them in index order.  ``lengths`` (one per
         sample): evaluate the longest first, so a batch padded to its longest pads little."""
+        if lengths is not None and len(lengths) != len(dataset):
+            raise ValueError(f"{len(lengths)} lengths for an evaluation set of {len(dataset)} samples")
         order = longest_first(lengths) if lengths is not None else None
         return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn, order)
 

@@ -68,6 +68,7 @@ def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: to
                                    f"checkpoint under {root} is intact")
     return Path(final)
 
+
 def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                scheduler=None, *, strict: bool = False) -> dict:
     """Restore what :func:`save_state` wrote (call on every rank, after ``rt.prepare``); returns its

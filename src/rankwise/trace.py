@@ -33,6 +33,23 @@ PADDING = (0, -100)
 """Values trimmed from the end of a sample without an attention mask (pad id 0, ignored label -100)."""
 
 
+def _batch_dependent(module: nn.Module) -> bool:
+    """BatchNorm normalises over the batch; InstanceNorm only keeps running statistics over it (when it tracks them)."""
+    if isinstance(module, nn.SyncBatchNorm):
+        return False
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return True
+    return isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats
+
+
+def model_facts(model: nn.Module) -> dict:
+    """What a model holds that can make N ranks compute something else than one process."""
+    batch_dependent = sorted({type(m).__name__ for m in model.modules() if _batch_dependent(m)})
+    dropout = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)
+                      and m.p > 0})
+    return {"batch_dependent": batch_dependent, "dropout": dropout}
+
+
 def weights_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"step-{step:05d}.safetensors"
 
@@ -50,7 +67,7 @@ def _tensors(batch) -> list[torch.Tensor]:
 def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
     if keep is not None:
         row = row[keep]
-    elif row.dim() and not row.is_floating_point():
+    elif row.dim() and row.dtype in (torch.int64, torch.int32, torch.int16):
         padding = torch.isin(row.reshape(-1), torch.tensor(PADDING, dtype=row.dtype))
         real = (~padding).nonzero()
         row = row.reshape(-1)[: int(real[-1]) + 1 if len(real) else 0]
@@ -62,7 +79,8 @@ def sample_digests(batch) -> list[str]:
     tensors = [t.detach().cpu() for t in _tensors(batch) if t.dim() > 0]
     if not tensors:
         return []
-    rows = tensors[0].shape[0]
+    firsts = [t.shape[0] for t in tensors]
+    rows = max(set(firsts), key=firsts.count)  # the batch dimension: the one most tensors share
     tensors = [t for t in tensors if t.shape[0] == rows]
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     mask = mask.detach().cpu().bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
@@ -117,7 +135,9 @@ class StepTrace:
     def __init__(self, directory: str | Path, keep_dropout: bool):
         self.directory, self.keep_dropout = Path(directory), keep_dropout
         self._state: list[torch.Tensor] | None = None
-        self._traced: nn.Module | None = None
+        self.facts: dict = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
+                            "ranks_built_same_weights": True}
+        self._models = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -128,22 +148,27 @@ class StepTrace:
         self.no_grad: list[str] = []
 
     def prepared(self, rt, model: nn.Module) -> None:
-        """Before the strategy wraps ``model`` (every rank): dropout off, the facts, the weights as prepared."""
-        if self._traced is not None:
-            return  # the first model prepared is the one traced
-        self._traced = model
-        dropout = switch_off_dropout(model, self.keep_dropout)
-        half = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
-                       if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)})
-        # Why: each rank built its own model; DDP starts from rank 0's copy, the sharding strategies from each
-        # rank's own share, so ranks that built different weights are a finding of their own.
-        digests = rt.all_gather_object(_digest_parameters(model))
+        """Before the strategy wraps ``model`` (every rank): dropout off, the facts; the first model's weights as
+        prepared are step 0."""
+        self._models += 1
+        facts = self.facts
+        facts["dropout"] += switch_off_dropout(model, self.keep_dropout)
+        facts["half_params"] = sorted(set(facts["half_params"]) | {
+            str(p.dtype).removeprefix("torch.") for p in model.parameters()
+            if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)})
+        facts["batch_dependent"] = sorted(set(facts["batch_dependent"]) | set(model_facts(model)["batch_dependent"]))
+        facts |= {"precision": rt.strategy.precision.name, "device": rt.device.type,
+                  "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none"))}
+        first = self._models == 1
+        if first:
+            # Why: each rank built its own model; DDP starts from rank 0's copy, the sharding strategies from each
+            # rank's own share, so ranks that built different weights are a finding of their own.
+            facts["ranks_built_same_weights"] = len(set(rt.all_gather_object(_digest_parameters(model)))) == 1
         if rt.is_main:
-            write_weights({k: v.detach().float().cpu() for k, v in model.state_dict().items()},
-                          weights_file(self.directory, 0))
-            write_text_atomic(self.directory / FACTS_FILE, json.dumps({
-                "dropout": dropout, "dropout_kept": self.keep_dropout, "half_params": half,
-                "ranks_built_same_weights": len(set(digests)) == 1}, indent=2))
+            state = model.state_dict()
+            if first and not any(t.is_meta for t in state.values()):
+                write_weights({k: v.detach().float().cpu() for k, v in state.items()}, weights_file(self.directory, 0))
+            write_text_atomic(self.directory / FACTS_FILE, json.dumps(facts, indent=2))
 
     def batch(self, batch, device: torch.device) -> None:
         if not torch.is_grad_enabled():

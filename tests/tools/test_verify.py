@@ -89,21 +89,72 @@ def test_samples_are_compared_as_the_ranks_together_against_the_one_process():
     each_all = compare_samples(one, [{"samples": ["a", "b", "c", "d"]}] * 2)
     assert each_all[0] == "differs" and each_all[1].startswith("each of the 2 ranks saw the same 4")
     assert compare_samples(one, [{"samples": ["a", "x"]}, {"samples": ["b", "y"]}]) == \
-        ("differs", "the 2 ranks saw 4 samples, 2 of them among the one process's 4")
+        ("unmatched", "the 2 ranks saw 4 samples, 2 of them among the one process's 4")  # a failure only with the loss
+    assert compare_samples(one, [{"samples": ["a", "b", "c"]}, {"samples": ["d", "e", "f"]}])[0] == "differs"
     assert compare_samples([{"samples": []}], [{"samples": []}])[0] == "unseen"
 
 
-def _run(**facts) -> TracedRun:
-    record = {"samples": [], "tokens": [], "losses": [0.5, 0.5], "random_draws": 2, "no_grad": []}
-    return TracedRun(Path("."), probe={"model": {"batch_dependent": []}}, facts=facts, records={1: [record]})
+def _run(steps: int = 1, draws: int = 0, losses: tuple = (0.5, 0.5), no_grad: tuple = (), **facts) -> TracedRun:
+    record = {"samples": ["a"], "tokens": [], "losses": list(losses), "random_draws": draws, "no_grad": list(no_grad)}
+    return TracedRun(Path("."), facts=facts, records={step: [record] for step in range(1, steps + 1)})
+
+
+FIRST = {"step": 1, "data": "same", "loss_ok": True, "top": [("w", 1.0)], "max_param_diff": 1.0,
+         "loss_reference": 1.0, "loss_candidate": 1.0}
 
 
 def test_kept_dropout_is_named_as_the_source_of_random_numbers():
-    first = {"step": 1, "data": "same", "loss_ok": False, "top": [("w", 1.0)], "max_param_diff": 1.0,
-             "loss_reference": 1.0, "loss_candidate": 1.1}
-    findings = diagnose(_run(dropout_kept=True), _run(), [first], first, strategy="ddp", world_size=2)
+    first = FIRST | {"loss_ok": False, "loss_candidate": 1.1}
+    findings = diagnose(_run(draws=2, dropout_kept=True), _run(), [first], first, strategy="ddp", world_size=2)
     assert "drew random numbers in 2 of 2 micro-batches" in findings[0] and "--keep-dropout" in findings[0]
     assert diagnose(_run(), _run(), [], None, strategy="ddp", world_size=2) == []  # equivalent: nothing to say
+
+
+@pytest.mark.parametrize(("reference", "candidate", "first", "failure", "words"), [
+    (_run(steps=4), _run(steps=2), None, None, "the 2-rank run recorded 2 optimizer steps, the one process 4"),
+    (_run(), _run(ranks_built_same_weights=False), FIRST, None, "the 2 ranks built different initial weights"),
+    (_run(), _run(), FIRST | {"step": 0}, None, "the runs start from different weights"),
+    (_run(losses=()), _run(losses=()), FIRST, None, "the loss was not recorded (the script does not call rt.backward"),
+    (_run(), _run(), FIRST, None, "the loss of step 1 matched but the weights after it did not (w by 1.0e+00)"),
+    (_run(no_grad=("head.bias",)), _run(), None, "a timeout", "may wait for them"),
+    (_run(no_grad=("head.bias",)), _run(), None, "RuntimeError: Expected to have finished reduction",
+     "--set ddp.find_unused_parameters=true"),
+    (_run(), _run(batch_dependent=["InstanceNorm1d"], device="cuda"), FIRST, None, "convert_sync_batchnorm"),
+])
+def test_each_finding_needs_its_evidence(reference, candidate, first, failure, words):
+    findings = diagnose(reference, candidate, [first] if first else [], first, strategy="ddp", world_size=2,
+                        failure=failure, steps_asked=4)
+    assert words in findings[0], findings
+
+
+def test_instance_norm_depends_on_the_batch_only_through_running_statistics():
+    from torch import nn
+
+    from rankwise.trace import model_facts
+
+    assert model_facts(nn.InstanceNorm1d(4))["batch_dependent"] == []
+    assert model_facts(nn.InstanceNorm1d(4, track_running_stats=True))["batch_dependent"] == ["InstanceNorm1d"]
+    assert model_facts(nn.BatchNorm1d(4, track_running_stats=False))["batch_dependent"] == ["BatchNorm1d"]
+
+
+@pytest.mark.parametrize("argv", [["S.py", "--strategy", "fsdp", "--steps", "3", "--", "--strategy", "x"],
+                                  ["--strategy", "fsdp", "S.py", "--steps", "3", "--", "--strategy", "x"],
+                                  ["--steps", "3", "S.py", "--strategy", "fsdp", "--", "--strategy", "x"]])
+def test_flags_go_before_or_after_the_script_and_the_scripts_own_after_the_double_dash(argv):
+    from rankwise.cli import build_parser
+    from rankwise.cli.verify import parse_rest
+
+    args = parse_rest(build_parser().parse_args(["verify", *argv]))
+    assert (args.script, args.strategy, args.steps, args.script_args) == ("S.py", "fsdp", 3, ["--strategy", "x"])
+
+
+def test_help_after_the_script_is_the_commands_help(capsys):
+    from rankwise.cli import build_parser
+    from rankwise.cli.verify import parse_rest
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_rest(build_parser().parse_args(["verify", "S.py", "--help"]))
+    assert stopped.value.code == 0 and "--keep-dropout" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

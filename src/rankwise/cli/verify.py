@@ -25,8 +25,8 @@ verdict; --keep-dropout keeps them.  Exit 0 when equivalent, 1 otherwise.
 """
 
 
-def _options(p: argparse.ArgumentParser, *, final: bool = False) -> None:
-    p.add_argument("--strategy", required=final, metavar="NAME", help="the strategy to check (ddp, fsdp, ...)")
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", metavar="NAME", help="the strategy to check (ddp, fsdp, ...)")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=2,
                    help="ranks of the distributed run (default 2)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
@@ -48,21 +48,24 @@ def add_parser(commands) -> None:
     _options(p)
     # The script's own flags may follow it: everything from SCRIPT on is parsed again in run().
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="SCRIPT.py [-- SCRIPT ARGS]")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, verify_parser=p)
 
 
 def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     """The options given after SCRIPT, the script, and its arguments after ``--``."""
-    parser = argparse.ArgumentParser(prog="rankwise verify", add_help=False)
-    _options(parser, final=True)
+    parser = argparse.ArgumentParser(prog="rankwise verify", usage=args.verify_parser.usage, add_help=False)
+    _options(parser)
     parser.add_argument("script")
     parser.add_argument("script_args", nargs="*")
-    given = {k: v for k, v in vars(args).items() if k not in ("rest", "run", "command")}
-    parser.set_defaults(**given)
-    rest = list(args.rest)
-    if given["strategy"] is not None and "--strategy" not in rest:
-        rest += ["--strategy", given["strategy"]]  # given before SCRIPT: the required flag is there
-    return parser.parse_intermixed_args(rest)
+    parser.set_defaults(**{k: v for k, v in vars(args).items() if k not in ("rest", "run", "command", "verify_parser")})
+    ours = args.rest[:args.rest.index("--")] if "--" in args.rest else args.rest
+    if "-h" in ours or "--help" in ours:
+        args.verify_parser.print_help()
+        args.verify_parser.exit(0)
+    parsed = parser.parse_intermixed_args(args.rest)
+    if parsed.strategy is None:
+        parser.error("the following arguments are required: --strategy")
+    return parsed
 
 
 def run(args: argparse.Namespace) -> int:

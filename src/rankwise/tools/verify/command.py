@@ -28,7 +28,7 @@ from rankwise.tools.verify.report import render
 from rankwise.trace import DROPOUT, TRACE
 
 
-def check(args) -> tuple[Path, int, float]:
+def check(args) -> tuple[Path, int]:
     """Refuse what cannot run, before anything starts: the script, the strategy at this rank count, the options."""
     script = Path(args.script)
     if not script.is_file():
@@ -42,13 +42,12 @@ def check(args) -> tuple[Path, int, float]:
     processes = args.nproc_per_node if variant.cls.multiprocess else 1
     if variant.cls.multiprocess and processes < 2:
         raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
-    choice = Choice.from_flags(args.strategy, args.precision, args.set, processes)
-    limit = tolerance(args.precision or "32-true", str(choice.options.get("comm_hook", "none")))
-    return script, processes, limit
+    Choice.from_flags(args.strategy, args.precision, args.set, processes)
+    return script, processes
 
 
 def run(args) -> int:
-    script, processes, limit = check(args)
+    script, processes = check(args)
     out = Path(args.out or f"runs/verify-{script.stem}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"rankwise verify {script}: {args.strategy} on {processes} process(es) against one process, {args.steps} "
           f"steps; writing to {out}", file=sys.stderr, flush=True)
@@ -64,7 +63,7 @@ def run(args) -> int:
         outcome = results[name].get("error", "ok")
         print(f"verify: {strategy} on {count} process(es): {results[name]['wall_s']} s, {outcome}", file=sys.stderr,
               flush=True)
-    report = build(out, results, args.strategy, processes, limit)
+    report = build(out, results, args.strategy, processes, args.steps)
     report["meta"] = {"script": str(script), "script_args": args.script_args, "steps": args.steps,
                       "precision": args.precision, "set": args.set, "keep_dropout": args.keep_dropout}
     text = render(report)
@@ -79,17 +78,22 @@ def run(args) -> int:
     return 0 if report["equivalent"] else 1
 
 
-def build(out: Path, results: dict, strategy: str, processes: int, limit: float) -> dict:
+def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int) -> dict:
     """Compare the two traced runs: every step, the first that differs, the diagnosis and the verdict."""
     reference, candidate = TracedRun.load(out / "reference"), TracedRun.load(out / "candidate")
+    # The tolerance of what the distributed run really ran: the script's own precision and options count too.
+    facts = candidate.facts or reference.facts
+    limit = tolerance(facts.get("precision", "32-true"), facts.get("comm_hook", "none"))
     failure = {name: result["error"] for name, result in results.items()
                if "error" in result and not result.get("ended_early")}
     lines = compare(reference, candidate, limit) if "reference" not in failure else []
     first = first_difference(lines)
     diagnosis = [] if "reference" in failure else diagnose(
-        reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"))
-    return {"strategy": strategy, "processes": processes, "tolerance": limit, "steps": lines,
+        reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
+        steps_asked=steps_asked)
+    return {"strategy": strategy, "processes": processes, "tolerance": limit, "precision": facts.get("precision"),
+            "steps": lines, "steps_asked": steps_asked, "steps_reached": [reference.reached, candidate.reached],
             "first_difference": first, "diagnosis": diagnosis, "failure": failure,
-            "dropout": {"modules": reference.facts.get("dropout", []),
+            "dropout": {"modules": reference.facts.get("dropout", []), "known": bool(reference.facts),
                         "kept": bool(reference.facts.get("dropout_kept"))},
-            "equivalent": not failure and first is None and len(lines) > 1}
+            "equivalent": not failure and first is None and not diagnosis and len(lines) > 1}

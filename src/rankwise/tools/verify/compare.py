@@ -43,6 +43,15 @@ class TracedRun:
         return run
 
     @property
+    def reached(self) -> int:
+        """Optimizer steps the run recorded."""
+        return max(self.records, default=0)
+
+    def seen(self, what: str) -> bool:
+        """Whether any rank recorded ``samples`` (batches through rt.to_device) or ``losses`` (rt.backward)."""
+        return any(rank[what] for ranks in self.records.values() for rank in ranks)
+
+    @property
     def steps(self) -> list[int]:
         """Steps whose weights were written, 0 (as prepared) first."""
         return [step for step in [0, *sorted(self.records)] if weights_file(self.directory, step).exists()]
@@ -59,7 +68,9 @@ class TracedRun:
 
 
 def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, str]:
-    """``("same" | "differs" | "unseen", detail)`` for one step's samples."""
+    """One step's samples, the N ranks together against the one process: ``("same" | "differs" | "unmatched" |
+    "unseen", detail)``.  ``differs``: other counts, or every rank saw the same samples (a failure by itself);
+    ``unmatched``: as many samples, other digests (another order, or padding the digest does not recognise)."""
     one = Counter(reference[0]["samples"]) if reference else Counter()
     ranks = [Counter(rank["samples"]) for rank in candidate]
     together = sum(ranks, Counter())
@@ -72,7 +83,8 @@ def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, 
         return "differs", (f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} together); "
                            f"the one process saw {expected}")
     shared = sum((together & one).values())
-    return "differs", f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
+    detail = f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
+    return ("unmatched" if seen == expected else "differs"), detail
 
 
 def tensor_differences(weights: dict, reference: dict) -> dict[str, float]:
@@ -102,6 +114,8 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> lis
             line["loss_diff"] <= tolerance * max(1.0, abs(line["loss_reference"]))
         line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
         line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["data"] != "differs"
+        if line["data"] == "unmatched" and line["equivalent"]:
+            line["data_detail"] += " (loss and weights agree: probably padding the digest does not recognise)"
         lines.append(line)
     return lines
 

@@ -10,6 +10,8 @@ def _number(value: float | None, form: str) -> str:
 
 
 def _dropout(report: dict) -> str:
+    if not report["dropout"]["known"]:
+        return "dropout: unknown (the one-process run ended before rt.prepare)"
     modules = report["dropout"]["modules"]
     if not modules:
         return "dropout: the model has no dropout module (random ops elsewhere are still detected)"
@@ -51,7 +53,7 @@ def first_difference(first: dict, limit: float) -> list[str]:
 def render(report: dict) -> str:
     processes = report["processes"]
     out = [f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one process, "
-           f"tolerance {report['tolerance']:.0e}", _dropout(report), ""]
+           f"{report['precision'] or '32-true'}, tolerance {report['tolerance']:.0e}", _dropout(report), ""]
     for name, error in report["failure"].items():
         who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
         out.append(f"{who} failed: {error}")
@@ -66,6 +68,9 @@ def render(report: dict) -> str:
         for number, finding in enumerate(report["diagnosis"], 1):
             out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
     steps = len(report["steps"]) - 1
+    if report["steps"] and steps < report["steps_asked"]:
+        out.append(f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
+                   f"{' and '.join(map(str, report['steps_reached']))})")
     out += ["", f"verdict: equivalent over {steps} steps (exit 0)" if report["equivalent"] else
             "verdict: NOT equivalent (exit 1)"]
     return "\n".join(out)
