@@ -6,10 +6,11 @@ whose --case switches on one thing that breaks equivalence.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,12 +23,16 @@ ROOT = Path(__file__).parents[2]
 CASES = Path(__file__).with_name("verify_cases.py")
 
 
-def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "verify", str(CASES), "--strategy", strategy,
-                           "--steps", "2", "--out", str(out), *flags, "--", "--case", case],
-                          capture_output=True, text=True, timeout=300, cwd=out.parent)
+def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[SimpleNamespace, dict]:
+    """`rankwise verify` in this process (its runs are fresh processes): its exit code, output and report."""
+    from rankwise import cli
+
+    out_text, err_text = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_text), contextlib.redirect_stderr(err_text):
+        code = cli.main(["verify", str(CASES), "--strategy", strategy, "--steps", "2", "--out", str(out), *flags,
+                         "--", "--case", case])
     report = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
-    return proc, report
+    return SimpleNamespace(returncode=code, stdout=out_text.getvalue(), stderr=err_text.getvalue()), report
 
 
 def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_was_switched_off(tmp_path):

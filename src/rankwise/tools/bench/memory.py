@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
     parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--strategies", default=",".join(CASES),
+                        help=f"strategies to measure, ddp first as the base (default {','.join(CASES)})")
     args, extra = parser.parse_known_args(argv)
+    cases = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    if cases[:1] != ["ddp"]:
+        parser.error("--strategies must start with ddp: the others are compared with it")
     job = ["--data", "sentiment", "--model", args.model, "--max-steps", str(args.steps), "--precision", args.precision,
            "--batch-size", str(2 * args.nproc), "--set", "data.max_length=32", "--set", "data.limit=64",
            "--set", "model.dropout=0", *extra]
@@ -60,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
           "checkpoint included (MB) | samples/s |")
     print("|---|---:|---|---:|---|---:|")
     rows, peaks = {}, {}
-    for label in CASES:  # ddp first: the others are compared with it as they finish
+    for label in cases:  # ddp first: the others are compared with it as they finish
         row = rows[label] = run(label, args.nproc, job)
         if "error" in row:
             print(f"| {label} | | failed: {row['error']} | | | |", flush=True)
