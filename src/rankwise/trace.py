@@ -127,6 +127,8 @@ def switch_off_dropout(model: nn.Module, keep: bool) -> list[dict]:
 def _digest_parameters(model: nn.Module) -> str:
     digest = hashlib.blake2b(digest_size=8)
     for tensor in model.state_dict().values():
+        if tensor.is_meta:  # not materialised yet (built on the meta device): nothing to compare
+            continue
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
