@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rankwise import checkpoint as ckpt
+from rankwise.strategies import portable
 
 
 def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -76,8 +77,9 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     checkpoint whose files match their checksums is used, with a warning for each newer one that
     does not (``strict``: an error instead).
 
-    The checkpoint must come from the same strategy and world size: sharded state is split
-    per rank.  To continue elsewhere, start from its weights (``rankwise export``).
+    A whole-state checkpoint (single, dp, ddp, accelerate, horovod) continues at any world size and
+    under any of them; sharded state (FSDP, DeepSpeed) must come back to its strategy and world size.
+    To continue elsewhere, start from its weights (``rankwise export``).
     """
     # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
     found = error = None
@@ -94,11 +96,20 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
         raise ckpt.CheckpointError(error)
     directory = Path(found)
     state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
-    ckpt.check_compatible(directory, state, rt.strategy_name, rt.world_size)
+    written_by = state.get("strategy", rt.strategy_name)
+    ckpt.check_compatible(directory, state, rt.strategy_name, rt.world_size,
+                          portable=portable(written_by, rt.strategy_name))
     rt.strategy.load_state(directory, model, optimizer)
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     rt.strategy.precision.load_state_dict(state["precision"])
-    ckpt.set_rng_state(state["rng"][rt.rank])
+    rngs = state["rng"]
+    # At another world size the per-rank random streams cannot all continue: rank r takes old rank r mod N's.
+    ckpt.set_rng_state(rngs[rt.rank % len(rngs)])
+    if len(rngs) != rt.world_size and rt.is_main:
+        print(f"note: {directory} was written by {len(rngs)} rank(s) ({written_by}), this run has {rt.world_size} "
+              f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random streams, so "
+              "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
+              "stated tolerance", file=sys.stderr, flush=True)
     rt.steps = state["step"]
     return {**state.get("extra", {}), "step": state["step"]}

@@ -76,3 +76,18 @@ def test_a_corrupt_latest_falls_back_to_an_older_checkpoint_never_a_newer_timeli
     assert found.name == "step-00000001" and "unreadable manifest.json" in warnings[0]
     with pytest.raises(ckpt.CheckpointError, match="unreadable manifest.json"):
         ckpt.manifest_meta(tmp_path / "latest")
+
+
+def test_whole_state_moves_between_world_sizes_and_strategies_and_sharded_state_does_not():
+    from rankwise.checkpoint import check_compatible
+    from rankwise.errors import ConfigError
+    from rankwise.strategies import portable
+
+    assert portable("ddp", "single") and portable("ddp-spawn", "accelerate") and portable("single", "horovod")
+    assert not portable("ddp", "fsdp") and not portable("deepspeed-zero2", "ddp") and not portable("gone", "ddp")
+    check_compatible("ckpt", {"world_size": 2, "strategy": "ddp"}, "ddp", 3, portable=True)
+    check_compatible("ckpt", {"world_size": 2, "strategy": "fsdp"}, "fsdp", 2)
+    with pytest.raises(ConfigError, match="written at world size 2, this run has 3, and fsdp's state is sharded"):
+        check_compatible("ckpt", {"world_size": 2, "strategy": "fsdp"}, "fsdp", 3)
+    with pytest.raises(ConfigError, match="written by strategy 'ddp'"):
+        check_compatible("ckpt", {"world_size": 2, "strategy": "ddp"}, "fsdp", 2)

@@ -1,6 +1,7 @@
 """Resume within a strategy: a run cut after step 4 and resumed ends with exactly the weights the
 uninterrupted run reached, also where model and optimizer state are sharded (FSDP shards, DeepSpeed
-ZeRO partitions)."""
+ZeRO partitions).  Whole state (one optimizer file) also continues at another world size or under
+another whole-state strategy, within the stated tolerance."""
 
 import os
 import shutil
@@ -10,7 +11,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
-from rankwise.tolerance import max_param_diff
+from rankwise.tolerance import EXACT, max_param_diff
 from rankwise.train.config import DataConfig, build_config
 from tests.multiproc import run_ranks
 
@@ -52,3 +53,17 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
     assert difference == 0.0, f"{strategy}: resumed run differs by {difference:.2e}"
 
 
+
+
+@pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 3), ("accelerate", 2)])
+def test_a_ddp_checkpoint_continues_at_another_world_size_or_strategy(strategy, ranks, toy, tmp_path):
+    """The global batch (24) is the same at 1, 2 and 3 ranks: steps 5-8 take the same global batches."""
+    run_ranks(_train, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
+    checkpoints = tmp_path / "checkpoints"
+    uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
+    run_ranks(_train, ranks, str(tmp_path), str(toy), strategy, "batch_size=24", "model.dropout=0", "resume=latest")
+    resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
+    assert max_param_diff(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
+    difference = max_param_diff(uninterrupted, resumed)
+    print(f"ddp x2 -> {strategy} x{ranks}: max |uninterrupted - resumed| = {difference:.2e}")
+    assert difference <= EXACT

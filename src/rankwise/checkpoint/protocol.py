@@ -226,15 +226,21 @@ def manifest_meta(path: str | os.PathLike) -> dict:
     return _read_manifest(resolve(path)).get("meta", {})
 
 
-def check_compatible(directory: str | os.PathLike, meta: dict, strategy: str, world_size: int) -> None:
-    """Refuse a checkpoint another world size or strategy wrote (``meta``: its manifest's or state's facts)."""
+def check_compatible(directory: str | os.PathLike, meta: dict, strategy: str, world_size: int, *,
+                     portable: bool = False) -> None:
+    """Refuse a checkpoint this run cannot continue (``meta``: its manifest's or state's facts).  ``portable``: the
+    writing strategy and this one both keep whole state (one optimizer file), which loads at any world size and
+    under any strategy of that kind; sharded state (FSDP, DeepSpeed) is split per rank and is refused elsewhere."""
+    if portable:
+        return
+    if meta.get("strategy", strategy) != strategy:
+        raise ConfigError(f"checkpoint {directory} was written by strategy {meta['strategy']!r}, whose state is "
+                          f"sharded per rank (or {strategy!r}'s is): resume it with {meta['strategy']!r}, or start a "
+                          "new run from its weights (rankwise export, model.init_weights)")
     if meta["world_size"] != world_size:
         raise ConfigError(f"checkpoint {directory} was written at world size {meta['world_size']}, this run has "
-                          f"{world_size}; resume with the same number of processes, or start a new run from its "
-                          "weights (rankwise export, model.init_weights)")
-    if meta.get("strategy", strategy) != strategy:
-        raise ConfigError(f"checkpoint {directory} was written by strategy {meta['strategy']!r}; resume with it, "
-                          "or start a new run from its weights (rankwise export, model.init_weights)")
+                          f"{world_size}, and {strategy}'s state is sharded per rank: resume with the same number of "
+                          "processes, or start a new run from its weights (rankwise export, model.init_weights)")
 
 
 def checked_write(rank: int, staging: Path, write, *args, **kwargs) -> tuple[object, str | None]:

@@ -95,6 +95,15 @@ def lookup(name: str) -> Variant:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}") from None
 
 
+def portable(written_by: str, resumed_by: str) -> bool:
+    """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: both keep
+    whole state (one optimizer file; not FSDP's or DeepSpeed's per-rank shards)."""
+    try:
+        return lookup(written_by).cls.whole_state and lookup(resumed_by).cls.whole_state
+    except ValueError:  # a strategy this installation does not know wrote it
+        return False
+
+
 def check_world_size(variant: Variant, world_size: int) -> None:
     """Refuse a one-process strategy in a job of several processes."""
     if not variant.cls.multiprocess and world_size > 1:

@@ -58,6 +58,9 @@ class Strategy:
     """The config section holding this strategy's options (``ddp``, ``deepspeed``, ...)."""
     options_cls: ClassVar[type[Options] | None] = None
     """The options' type; ``None`` for strategies without options."""
+    whole_state: ClassVar[bool] = True
+    """Whether its checkpoints hold the whole optimizer state in one file (rank 0's): such a checkpoint loads at
+    any world size and under any other whole-state strategy.  ``False`` where each rank saves its own shard."""
 
     @classmethod
     def check_available(cls) -> None:

@@ -148,6 +148,7 @@ class EnginePrecision(Precision):
 class DeepSpeed(Strategy):
     name = "deepspeed"
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
+    whole_state = False  # each rank saves its own shard
     requires = ("deepspeed",)
     install = INSTALL
     options_section = "deepspeed"

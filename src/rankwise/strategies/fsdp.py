@@ -36,6 +36,7 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_
 class FSDP(Strategy):
     name = "fsdp"
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
+    whole_state = False  # each rank saves its own shard
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh

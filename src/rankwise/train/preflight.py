@@ -15,7 +15,7 @@ from rankwise.launch.ports import port_in_use
 from rankwise.models import check_model
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv, device_for
-from rankwise.strategies import check_world_size, lookup, resolve_options
+from rankwise.strategies import check_world_size, lookup, portable, resolve_options
 from rankwise.train.config import TrainConfig
 from rankwise.train.rundir import RunDir
 
@@ -57,7 +57,8 @@ def check_master_port(cfg: TrainConfig) -> None:
 
 
 def resumable(cfg: TrainConfig) -> None:
-    """``--resume``: a checkpoint exists and was written by this strategy at this world size."""
+    """``--resume``: a checkpoint exists that this run can continue (whole state at any world size and whole-state
+    strategy; sharded state only by its own strategy at its own world size)."""
     if cfg.resume is None:
         return
     path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume
@@ -68,7 +69,8 @@ def resumable(cfg: TrainConfig) -> None:
             raise ConfigError(f"--resume {cfg.resume}: {e}") from None
         return  # a damaged latest: the workers fall back to an earlier checkpoint and check that one
     if meta:  # checkpoints written before the manifest recorded these facts are checked by the workers
-        check_compatible(path, meta, cfg.strategy, cfg.world_size)
+        check_compatible(path, meta, cfg.strategy, cfg.world_size,
+                         portable=portable(meta.get("strategy", cfg.strategy), cfg.strategy))
 
 
 def prepared_data(cfg: TrainConfig, sizes: dict[str, int]) -> None:
