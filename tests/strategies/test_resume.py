@@ -55,15 +55,18 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
 
 
 
-@pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 3), ("accelerate", 2)])
-def test_a_ddp_checkpoint_continues_at_another_world_size_or_strategy(strategy, ranks, toy, tmp_path):
+@pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
+    ("ddp", "single", 1), ("ddp", "ddp", 3), ("ddp", "accelerate", 2),
+    ("fsdp", "fsdp", 3),  # DCP regroups FSDP's shards
+])
+def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path):
     """The global batch (24) is the same at 1, 2 and 3 ranks: steps 5-8 take the same global batches."""
-    run_ranks(_train, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
+    run_ranks(_train, 2, str(tmp_path), str(toy), written_by, "batch_size=24", "model.dropout=0")
     checkpoints = tmp_path / "checkpoints"
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
     run_ranks(_train, ranks, str(tmp_path), str(toy), strategy, "batch_size=24", "model.dropout=0", "resume=latest")
     resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
     assert max_param_diff(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
     difference = max_param_diff(uninterrupted, resumed)
-    print(f"ddp x2 -> {strategy} x{ranks}: max |uninterrupted - resumed| = {difference:.2e}")
+    print(f"{written_by} x2 -> {strategy} x{ranks}: max |uninterrupted - resumed| = {difference:.2e}")
     assert difference <= EXACT

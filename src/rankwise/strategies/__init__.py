@@ -97,11 +97,12 @@ def lookup(name: str) -> Variant:
 
 def portable(written_by: str, resumed_by: str) -> bool:
     """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: both keep
-    whole state (one optimizer file; not FSDP's or DeepSpeed's per-rank shards)."""
+    whole state (one optimizer file), or it is the same strategy and its shards regroup on load (FSDP)."""
     try:
-        return lookup(written_by).cls.whole_state and lookup(resumed_by).cls.whole_state
+        written, resumed = lookup(written_by).cls, lookup(resumed_by).cls
     except ValueError:  # a strategy this installation does not know wrote it
         return False
+    return (written.whole_state and resumed.whole_state) or (written is resumed and resumed.reshards)
 
 
 def check_world_size(variant: Variant, world_size: int) -> None:

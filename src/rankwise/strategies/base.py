@@ -61,6 +61,8 @@ class Strategy:
     whole_state: ClassVar[bool] = True
     """Whether its checkpoints hold the whole optimizer state in one file (rank 0's): such a checkpoint loads at
     any world size and under any other whole-state strategy.  ``False`` where each rank saves its own shard."""
+    reshards: ClassVar[bool] = False
+    """Whether its per-rank shards load at another world size (the library regroups them on load)."""
 
     @classmethod
     def check_available(cls) -> None:

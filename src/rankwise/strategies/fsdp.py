@@ -37,6 +37,7 @@ class FSDP(Strategy):
     name = "fsdp"
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
     whole_state = False  # each rank saves its own shard
+    reshards = True  # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh
@@ -93,7 +94,7 @@ class FSDP(Strategy):
         dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / "sharded"))
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
-        """Each rank reads its own shards back (the world size must be the one that wrote them)."""
+        """Each rank reads its share back; DCP regroups shards written at another world size."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
