@@ -84,8 +84,9 @@ def test_whole_state_moves_between_world_sizes_and_strategies_and_sharded_state_
     from rankwise.strategies import portable
 
     assert portable("ddp", "single") and portable("ddp-spawn", "accelerate") and portable("single", "horovod")
-    assert not portable("ddp", "fsdp") and not portable("deepspeed-zero2", "ddp") and not portable("gone", "ddp")
-    assert portable("fsdp", "fsdp") and not portable("deepspeed-zero2", "deepspeed-zero2")
+    assert portable("fsdp", "fsdp") and portable("ddp", "fsdp") and portable("fsdp", "single")
+    assert not portable("deepspeed-zero2", "ddp") and not portable("fsdp", "deepspeed-zero3")
+    assert not portable("deepspeed-zero2", "deepspeed-zero2") and not portable("gone", "ddp")
     check_compatible("ckpt", {"world_size": 2, "strategy": "ddp"}, "ddp", 3, portable=True)
     check_compatible("ckpt", {"world_size": 2, "strategy": "fsdp"}, "fsdp", 2)
     with pytest.raises(ConfigError, match="written at world size 2, this run has 3, and fsdp's state is sharded"):

@@ -230,8 +230,8 @@ def test_a_master_port_in_use_is_named_before_launch(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--strategy", "fsdp", "--nproc-per-node", "2"], "was written by strategy 'ddp'"),
-    (["--strategy", "deepspeed-zero2", "--nproc-per-node", "4"], "was written by strategy 'ddp'"),
+    (["--strategy", "deepspeed-zero2", "--nproc-per-node", "2"], "was written by strategy 'ddp'"),
+    (["--strategy", "deepspeed-zero3", "--nproc-per-node", "4"], "was written by strategy 'ddp'"),
 ])
 def test_resuming_differently_is_refused_before_launch(trained, args, message, monkeypatch, capsys):
     monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))

@@ -58,6 +58,7 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
 @pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
     ("ddp", "single", 1), ("ddp", "ddp", 3), ("ddp", "accelerate", 2),
     ("fsdp", "fsdp", 3),  # DCP regroups FSDP's shards
+    ("ddp", "fsdp", 2), ("fsdp", "ddp", 3),  # whole state and FSDP's shards convert by parameter name
 ])
 def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path):
     """The global batch (24) is the same at 1, 2 and 3 ranks: steps 5-8 take the same global batches."""

@@ -96,13 +96,14 @@ def lookup(name: str) -> Variant:
 
 
 def portable(written_by: str, resumed_by: str) -> bool:
-    """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: both keep
-    whole state (one optimizer file), or it is the same strategy and its shards regroup on load (FSDP)."""
+    """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: each keeps
+    whole state (one optimizer file) or shards that regroup on load (FSDP); whole state and FSDP's shards convert
+    into each other by parameter name (:mod:`rankwise.checkpoint.convert`).  DeepSpeed's partitions do not."""
     try:
         written, resumed = lookup(written_by).cls, lookup(resumed_by).cls
     except ValueError:  # a strategy this installation does not know wrote it
         return False
-    return (written.whole_state and resumed.whole_state) or (written is resumed and resumed.reshards)
+    return all(kind.whole_state or kind.reshards for kind in (written, resumed))
 
 
 def check_world_size(variant: Variant, world_size: int) -> None:

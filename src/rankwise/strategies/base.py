@@ -22,12 +22,15 @@ from torch.utils.data import DataLoader, DistributedSampler
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
 from rankwise.checkpoint import WEIGHTS, read_weights
+from rankwise.checkpoint.convert import by_index, parameter_names, read_sharded
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDED_DIR = "sharded"
+"""Where FSDP writes its per-rank shards (torch.distributed.checkpoint) inside a checkpoint."""
 """Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
 
 
@@ -182,9 +185,15 @@ class Strategy:
             torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
     def load_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Restore model and optimizer from a checkpoint directory (every rank calls it)."""
+        """Restore model and optimizer from a checkpoint directory (every rank calls it); FSDP's shards (a
+        checkpoint FSDP wrote) are read back whole."""
         self.load_model_state_dict(model, read_weights(directory / WEIGHTS))
-        if optimizer is not None:
+        if optimizer is None:
+            return
+        if (directory / SHARDED_DIR).is_dir():
+            names = parameter_names(self.unwrap(model), optimizer)
+            optimizer.load_state_dict(by_index(read_sharded(directory / SHARDED_DIR)["optim"], names))
+        else:
             optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False))
 
     @property

@@ -13,8 +13,10 @@ import contextlib
 import torch
 from torch import nn
 
+from rankwise.checkpoint import WEIGHTS, read_weights
+from rankwise.checkpoint.convert import by_name, parameter_names
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy, retie
+from rankwise.strategies.base import OPTIMIZER_FILE, SHARDED_DIR, Strategy, retie
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -91,15 +93,26 @@ class FSDP(Strategy):
         """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / "sharded"))
+        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDED_DIR))
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
-        """Each rank reads its share back; DCP regroups shards written at another world size."""
+        """Each rank reads its share back; DCP regroups shards written at another world size.  A whole-state
+        checkpoint (ddp, ...) is sharded from its full weights and optimizer file instead."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
+        if not (directory / SHARDED_DIR).is_dir():
+            weights = read_weights(directory / WEIGHTS)
+            if optimizer is None:
+                self.load_model_state_dict(model, weights)
+                return
+            whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+            set_state_dict(model, optimizer, model_state_dict=weights,
+                           optim_state_dict=by_name(whole, parameter_names(model, optimizer)),
+                           options=StateDictOptions(full_state_dict=True))
+            return
         state = self._sharded_state(model, optimizer)
-        dcp.load(state, checkpoint_id=str(directory / "sharded"))
+        dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
