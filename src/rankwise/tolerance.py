@@ -28,6 +28,12 @@ def tolerance(precision: str = "32-true", comm_hook: str = "none") -> float:
     return max(EXACT, COMM_HOOK.get(comm_hook, EXACT), PRECISION.get(precision, EXACT))
 
 
+def tensor_differences(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Each tensor's largest absolute difference, compared in fp32, for the keys both hold with one shape."""
+    return {key: (weights[key].float() - reference[key].float()).abs().max().item()
+            for key in reference if key in weights and weights[key].shape == reference[key].shape}
+
+
 def max_param_diff(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
     """The largest absolute difference between two sets of weights, compared in fp32, key by key.
 
@@ -36,4 +42,7 @@ def max_param_diff(weights: Mapping[str, torch.Tensor], reference: Mapping[str, 
     if weights.keys() != reference.keys():
         missing, extra = sorted(reference.keys() - weights.keys()), sorted(weights.keys() - reference.keys())
         raise KeyError(f"the weights hold different tensors: missing {missing[:5]}, extra {extra[:5]}")
-    return max(((weights[k].float() - reference[k].float()).abs().max().item() for k in reference), default=0.0)
+    reshaped = [key for key in reference if weights[key].shape != reference[key].shape]
+    if reshaped:
+        raise KeyError(f"the weights hold tensors of other shapes: {reshaped[:5]}")
+    return max(tensor_differences(weights, reference).values(), default=0.0)

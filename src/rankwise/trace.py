@@ -64,6 +64,10 @@ def _tensors(batch) -> list[torch.Tensor]:
     return []
 
 
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
     if keep is not None:
         row = row[keep]
@@ -71,7 +75,7 @@ def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
         padding = torch.isin(row.reshape(-1), torch.tensor(PADDING, dtype=row.dtype))
         real = (~padding).nonzero()
         row = row.reshape(-1)[: int(real[-1]) + 1 if len(real) else 0]
-    return row.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return _raw_bytes(row)
 
 
 def sample_digests(batch) -> list[str]:
@@ -129,7 +133,7 @@ def _digest_parameters(model: nn.Module) -> str:
     for tensor in model.state_dict().values():
         if tensor.is_meta:  # not materialised yet (built on the meta device): nothing to compare
             continue
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(_raw_bytes(tensor))
     return digest.hexdigest()
 
 

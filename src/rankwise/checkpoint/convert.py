@@ -28,15 +28,16 @@ def parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[
         raise CheckpointError("the optimizer steps a parameter the model lacks: its state has no name") from None
 
 
-def _check(saved: list, expected: list, what: str) -> None:
-    if [len(group) for group in saved] != [len(group) for group in expected]:
-        raise CheckpointError(f"the checkpoint's optimizer has groups of {[len(g) for g in saved]} parameters, this "
-                              f"run's {what} {[len(g) for g in expected]}: build the same optimizer to resume")
+def _check_groups(state: dict, names: list[list[str]]) -> None:
+    saved, expected = [len(group["params"]) for group in state["param_groups"]], [len(group) for group in names]
+    if saved != expected:
+        raise CheckpointError(f"the checkpoint's optimizer has groups of {saved} parameters, this run's optimizer "
+                              f"groups of {expected}: build the same optimizer to resume")
 
 
 def by_name(state: dict, names: list[list[str]]) -> dict:
     """``optimizer.state_dict()`` (keyed by index) keyed by parameter name instead."""
-    _check([group["params"] for group in state["param_groups"]], names, "optimizer has groups of")
+    _check_groups(state, names)
     name_of = {index: name for group, group_names in zip(state["param_groups"], names, strict=True)
                for index, name in zip(group["params"], group_names, strict=True)}
     return {"state": {name_of[index]: value for index, value in state["state"].items()},
@@ -46,7 +47,7 @@ def by_name(state: dict, names: list[list[str]]) -> dict:
 
 def by_index(state: dict, names: list[list[str]]) -> dict:
     """Optimizer state keyed by parameter name keyed by this optimizer's indices, for ``load_state_dict``."""
-    _check([group["params"] for group in state["param_groups"]], names, "optimizer has groups of")
+    _check_groups(state, names)
     index_of = {name: index for index, name in enumerate(name for group in names for name in group)}
     missing = sorted({name for group in state["param_groups"] for name in group["params"]} - set(index_of))
     if missing:

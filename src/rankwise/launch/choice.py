@@ -18,7 +18,7 @@ from typing import Any
 
 from rankwise.errors import ConfigError
 from rankwise.precision import PRECISIONS
-from rankwise.strategies import check_world_size, lookup, resolve_options
+from rankwise.strategies import check_world_size, lookup, resolve_options, unavailable
 from rankwise.strategies.options import parse_value
 
 STRATEGY, PRECISION, OPTIONS = "RANKWISE_STRATEGY", "RANKWISE_PRECISION", "RANKWISE_OPTIONS"
@@ -65,12 +65,10 @@ class Choice:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.strategy is not None:
-            variant = lookup(self.strategy)
-            try:
-                variant.cls.check_available()
-            except ImportError as e:
-                raise ConfigError(str(e)) from None
-            resolve_options(variant, self.options or None)
+            problem = unavailable(self.strategy)
+            if problem:
+                raise ConfigError(problem)
+            resolve_options(lookup(self.strategy), self.options or None)
 
     def check_launch(self, world_size: int, launcher: str = "torchrun") -> None:
         """Refuse, before starting anything, a strategy this launcher and job size cannot run."""

@@ -95,6 +95,15 @@ def lookup(name: str) -> Variant:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}") from None
 
 
+def unavailable(name: str) -> str | None:
+    """Why strategy ``name`` cannot run here (its library is not installed, with the install command), else None."""
+    try:
+        lookup(name).cls.check_available()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
 def portable(written_by: str, resumed_by: str) -> bool:
     """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: each keeps
     whole state (one optimizer file) or shards that regroup on load (FSDP); whole state and FSDP's shards convert

@@ -29,9 +29,9 @@ from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
+"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
 SHARDED_DIR = "sharded"
 """Where FSDP writes its per-rank shards (torch.distributed.checkpoint) inside a checkpoint."""
-"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
 
 
 @dataclass(frozen=True)

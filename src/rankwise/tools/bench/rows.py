@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rankwise.strategies import get_strategy, lookup
+from rankwise.strategies import get_strategy, unavailable
 from rankwise.tolerance import tolerance
 
 
@@ -55,12 +55,7 @@ class Row:
 
         if self.baseline == "plain-accelerate" and importlib.util.find_spec("accelerate") is None:
             return "accelerate is not installed: pip install 'rankwise[accelerate]'"
-        if self.strategy:
-            try:
-                lookup(self.strategy).cls.check_available()
-            except ImportError as e:
-                return str(e)
-        return None
+        return unavailable(self.strategy) if self.strategy else None
 
 
 ROWS = [

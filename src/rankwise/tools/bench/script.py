@@ -21,7 +21,7 @@ from rankwise.checkpoint import read_weights, write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
-from rankwise.strategies import lookup
+from rankwise.strategies import lookup, unavailable
 from rankwise.tolerance import max_param_diff, tolerance
 from rankwise.tools.bench.report import median, run_line
 from rankwise.tools.harness import run_script
@@ -36,11 +36,7 @@ class ScriptRow:
     processes: int
 
     def missing(self) -> str | None:
-        try:
-            lookup(self.strategy).cls.check_available()
-        except ImportError as e:
-            return str(e)
-        return None
+        return unavailable(self.strategy)
 
 
 def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankwise.checkpoint import read_weights
+from rankwise.tolerance import tensor_differences
 from rankwise.trace import FACTS_FILE, TRACE_FILE, weights_file
 
 TOP_TENSORS = 3
@@ -85,12 +86,6 @@ def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, 
     shared = sum((together & one).values())
     detail = f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
     return ("unmatched" if seen == expected else "differs"), detail
-
-
-def tensor_differences(weights: dict, reference: dict) -> dict[str, float]:
-    """Each tensor's largest absolute difference (fp32), for the tensors both hold."""
-    return {key: (weights[key].float() - reference[key].float()).abs().max().item()
-            for key in reference if key in weights and weights[key].shape == reference[key].shape}
 
 
 def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> list[dict]:

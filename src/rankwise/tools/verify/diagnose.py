@@ -44,7 +44,8 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
     if first is None and failure is None and not shorter:
         return []
     findings = []
-    no_grad = sorted({name for record in _first_ranks(reference) for name in record["no_grad"]})
+    records = _first_ranks(reference)
+    no_grad = sorted({name for record in records for name in record["no_grad"]})
     if failure and no_grad:
         names = ", ".join(no_grad[:5])
         if any(words in failure for words in UNUSED_PARAMETER_ERRORS):
@@ -70,7 +71,6 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
     layers = candidate.facts.get("batch_dependent") or reference.facts.get("batch_dependent") or []
     if layers:
         findings.append(batch_dependent(layers, world_size, candidate.facts.get("device", "cpu")))
-    records = _first_ranks(reference)
     draws, micro = sum(r["random_draws"] for r in records), sum(len(r["losses"]) for r in records)
     if draws:
         findings.append(random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size))
