@@ -1,6 +1,15 @@
+import pytest
 import torch
 
-from rankwise.process import ProcessEnv, backend_for, device_for, first_slurm_host, threads_per_process
+from rankwise.process import (
+    ProcessEnv,
+    backend_for,
+    device_for,
+    first_slurm_host,
+    gpus_too_few,
+    init_process_group,
+    threads_per_process,
+)
 
 
 def test_torchrun_variables(monkeypatch):
@@ -55,3 +64,13 @@ def test_threads_per_process(monkeypatch):
     assert threads_per_process(2) == 4 and threads_per_process(16) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert threads_per_process(2) == 3
+
+
+def test_a_rank_sharing_a_gpu_stops_before_nccl(monkeypatch):
+    """A launcher that is not rankwise's (plain torchrun, srun) put two ranks on one GPU: the rank says so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    env = ProcessEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, master_port=29500, source="torchrun")
+    with pytest.raises(RuntimeError, match="rank 1: 2 processes per node but this node has 1 CUDA GPU"):
+        init_process_group(env, torch.device("cuda", 0))
+    assert gpus_too_few(1) is None

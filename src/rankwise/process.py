@@ -158,6 +158,21 @@ def device_for(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def gpus_too_few(local_processes: int) -> str | None:
+    """Why ``local_processes`` ranks cannot share this node's CUDA GPUs, or ``None`` when they need not share.
+
+    Each local rank takes its own GPU (``device_for``) and talks NCCL, which refuses two ranks on one
+    device ("Duplicate GPU detected"), so a node needs a GPU per rank.  Seen on an H100 machine:
+    ``--nproc-per-node 2`` on its one GPU failed at the DDP wrap with that NCCL error.
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if 0 < gpus < local_processes:
+        return (f"{local_processes} processes per node but this node has {gpus} CUDA GPU(s): each rank needs its own "
+                f"GPU (NCCL refuses two ranks on one); use --nproc-per-node {gpus}, or train on the CPU with "
+                "CUDA_VISIBLE_DEVICES= (gloo)")
+    return None
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
@@ -174,6 +189,9 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
         torch_dist.init_process_group(backend=backend_for(device), store=torch_dist.HashStore(), rank=0,
                                       world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
         return
+    sharing = gpus_too_few(env.local_world_size) if device.type == "cuda" else None
+    if sharing:  # a launcher other than rankwise's own (plain torchrun, srun) got past the preflight
+        raise RuntimeError(f"rank {env.rank}: {sharing}")
     if env.master_port is None:
         raise RuntimeError(f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or set it")
     env.export()

@@ -277,3 +277,20 @@ def test_an_error_names_the_command_whatever_the_run_is_called(capsys):
     assert cli.main(["train", "--data", "toy", "--name", "mine", "--strategy", "ddp", "--nproc-per-node", "2",
                      "--batch-size", "3"]) == 2
     assert capsys.readouterr().err.startswith("rankwise train: error: batch_size=3 is not divisible")
+
+
+def test_more_ranks_than_gpus_is_refused_before_launch(monkeypatch, capsys):
+    """Seen on a one-GPU H100 machine: two ranks on it failed in the DDP wrap with NCCL's "Duplicate GPU
+    detected".  Refused before any worker starts, for `train` and for a script under `launch --strategy`."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--nproc-per-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "2 processes per node but this node has 1 CUDA GPU" in err and "CUDA_VISIBLE_DEVICES=" in err, err
+    launched = []
+    monkeypatch.setattr("rankwise.cli.launch.launch_command_line", lambda argv, parser: launched.append(argv))
+    assert cli.main(["launch", "--nproc-per-node", "2", "--strategy", "fsdp", "x.py"]) == 2
+    assert "--nproc-per-node: 2 processes per node" in capsys.readouterr().err and not launched
+    # Without --strategy the script may be any torchrun script (gloo on the CPU, say): launch does not guess.
+    assert cli.main(["launch", "--nproc-per-node", "2", "x.py"]) == 0 and launched

@@ -158,6 +158,36 @@ def test_mixed_precision_over_nccl(strategy, precision, tmp_path, data_cache):
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
 
 
+# -- a checkpoint continued under another strategy (issue 23) ------------------------------------------
+
+@pytest.mark.parametrize("written_by,resumed_by", [("ddp", "fsdp"), ("fsdp", "single"), ("fsdp", "deepspeed-zero2")])
+def test_a_cuda_checkpoint_continues_under_another_strategy(written_by, resumed_by, reference, tmp_path, data_cache):
+    """Cut after step 4 and continued by another strategy on the GPU: the uninterrupted single run's
+    weights (dropout off) up to fp32 rounding; or, where the pair cannot be converted, refused before launch."""
+    def args(strategy):
+        ranks = () if strategy == "single" else ("--nproc-per-node", "1")
+        return ("--strategy", strategy, *ranks, "--set", f"save_every={CUT}", "--set", "model.dropout=0.0")
+    train(tmp_path, data_cache, *args(written_by))
+    cut_back(tmp_path / "checkpoints", step_dir(STEPS), step_dir(CUT))
+    if resumed_by.startswith("deepspeed"):
+        proc = rankwise("train", "--data", "sentiment", "--model", "tiny", "--out", str(tmp_path), "--resume", "latest",
+                        *args(resumed_by))
+        assert proc.returncode == 2 and "was written by strategy 'fsdp'" in proc.stderr, proc.stderr[-3000:]
+        return
+    summary = train(tmp_path, data_cache, *args(resumed_by), "--resume", "latest")
+    assert summary["device"] == "cuda:0"
+    difference = max_difference(reference[1], read_weights(tmp_path / "checkpoints"))
+    assert difference <= tolerance("32-true"), f"{written_by} -> {resumed_by}: {difference:.3e}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="verify's distributed run needs two GPUs (one per rank)")
+def test_verify_over_nccl(tmp_path):
+    proc = rankwise("verify", "examples/causal_lm.py", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "3",
+                    "--out", str(tmp_path), timeout=400)
+    report = json.loads((tmp_path / "verify.json").read_text())
+    assert proc.returncode == 0 and report["equivalent"] is True, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 # -- a CUDA checkpoint used on the CPU ----------------------------------------------------------------
 
 def test_export_and_predict_on_the_cpu_from_a_cuda_checkpoint(reference, tmp_path):

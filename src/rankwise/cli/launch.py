@@ -10,6 +10,7 @@ from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice
 from rankwise.launch.hosts import node_layout
 from rankwise.launch.torchrun import get_args_parser, launch_command_line
 from rankwise.precision import PRECISIONS
+from rankwise.process import gpus_too_few
 from rankwise.strategies import lookup, strategy_names
 
 LAUNCH_HELP = """\
@@ -78,6 +79,10 @@ def run_command_line(argv: list[str]) -> int:
     nproc = int(flags.nproc_per_node) if str(flags.nproc_per_node).isdigit() else 2  # "gpu"/"auto": several
     choice = Choice.from_flags(flags.strategy, flags.precision, flags.set,
                                world_size=nproc * int(str(flags.nnodes).split(":")[-1]))
+    counted = str(flags.nproc_per_node).isdigit()  # torchrun's "gpu" takes one process per GPU by itself
+    sharing = gpus_too_few(nproc) if counted and flags.strategy and lookup(flags.strategy).cls.multiprocess else None
+    if sharing:  # a script on rankwise.setup(): refused here rather than by NCCL in every rank
+        raise ConfigError(f"--nproc-per-node: {sharing}")
     for variable in (STRATEGY, PRECISION, OPTIONS):
         os.environ.pop(variable, None)  # the workers inherit this process's environment
     os.environ.update(choice.environment())

@@ -14,7 +14,7 @@ from rankwise.errors import CheckpointError, ConfigError
 from rankwise.launch.ports import port_in_use
 from rankwise.models import check_model
 from rankwise.precision import Precision
-from rankwise.process import ProcessEnv, device_for
+from rankwise.process import ProcessEnv, device_for, gpus_too_few
 from rankwise.strategies import check_world_size, lookup, portable, resolve_options
 from rankwise.train.config import TrainConfig
 from rankwise.train.rundir import RunDir
@@ -35,6 +35,9 @@ def before_launch(cfg: TrainConfig) -> None:
     if len(cfg.world_sizes) > 1 and launcher != "torchrun":
         raise ConfigError(f"launch.nnodes={cfg.launch.nnodes}: an elastic node range needs the torchrun launcher "
                           f"({cfg.strategy} starts its workers with {launcher})")
+    sharing = gpus_too_few(cfg.launch.nproc_per_node) if variant.cls.multiprocess else None
+    if sharing:
+        raise ConfigError(f"launch.nproc_per_node: {sharing}")
     for world_size in cfg.world_sizes:  # an elastic job must work at whichever size the rendezvous settles on
         check_world_size(variant, world_size)
         micro_batch_size(cfg.batch_size, world_size, cfg.grad_accum)
