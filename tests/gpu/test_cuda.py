@@ -160,20 +160,16 @@ def test_mixed_precision_over_nccl(strategy, precision, tmp_path, data_cache):
 
 # -- a checkpoint continued under another strategy (issue 23) ------------------------------------------
 
-@pytest.mark.parametrize("written_by,resumed_by", [("ddp", "fsdp"), ("fsdp", "single"), ("fsdp", "deepspeed-zero2")])
+@pytest.mark.parametrize("written_by,resumed_by", [("ddp", "fsdp"), ("fsdp", "single"), ("fsdp", "deepspeed-zero2"),
+                                                 ("deepspeed-zero3", "ddp")])
 def test_a_cuda_checkpoint_continues_under_another_strategy(written_by, resumed_by, reference, tmp_path, data_cache):
     """Cut after step 4 and continued by another strategy on the GPU: the uninterrupted single run's
-    weights (dropout off) up to fp32 rounding; or, where the pair cannot be converted, refused before launch."""
+    weights (dropout off) up to fp32 rounding."""
     def args(strategy):
         ranks = () if strategy == "single" else ("--nproc-per-node", "1")
         return ("--strategy", strategy, *ranks, "--set", f"save_every={CUT}", "--set", "model.dropout=0.0")
     train(tmp_path, data_cache, *args(written_by))
     cut_back(tmp_path / "checkpoints", step_dir(STEPS), step_dir(CUT))
-    if resumed_by.startswith("deepspeed"):
-        proc = rankwise("train", "--data", "sentiment", "--model", "tiny", "--out", str(tmp_path), "--resume", "latest",
-                        *args(resumed_by))
-        assert proc.returncode == 2 and "was written by strategy 'fsdp'" in proc.stderr, proc.stderr[-3000:]
-        return
     summary = train(tmp_path, data_cache, *args(resumed_by), "--resume", "latest")
     assert summary["device"] == "cuda:0"
     difference = max_difference(reference[1], read_weights(tmp_path / "checkpoints"))

@@ -71,3 +71,15 @@ def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, st
     difference = max_param_diff(uninterrupted, resumed)
     print(f"{written_by} x2 -> {strategy} x{ranks}: max |uninterrupted - resumed| = {difference:.2e}")
     assert difference <= EXACT
+
+
+@pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
+    ("deepspeed-zero2", "deepspeed-zero2", 3), ("deepspeed-zero3", "deepspeed-zero3", 3),
+    ("deepspeed-zero3", "deepspeed-zero2", 1), ("deepspeed-zero2", "fsdp", 1), ("deepspeed-zero2", "ddp", 2),
+    ("ddp", "deepspeed-zero3", 3),  # 10x10 weights on 3 ranks: the last partition is padded
+    ("deepspeed-zero0", "ddp", 2),  # stage 0 keeps the optimizer whole
+])
+def test_deepspeed_partitions_regroup_for_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path):
+    """DeepSpeed's universal conversion regroups ZeRO partitions; ZeRO-3 and ZeRO 1-2 take their share of the
+    whole state at any world size."""
+    test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path)

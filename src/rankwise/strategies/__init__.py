@@ -106,8 +106,8 @@ def unavailable(name: str) -> str | None:
 
 def portable(written_by: str, resumed_by: str) -> bool:
     """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: each keeps
-    whole state (one optimizer file) or shards that regroup on load (FSDP); whole state and FSDP's shards convert
-    into each other by parameter name (:mod:`rankwise.checkpoint.convert`).  DeepSpeed's partitions do not."""
+    whole state (one optimizer file) or shards that regroup on load (FSDP's DCP shards, DeepSpeed's ZeRO
+    partitions); all of them convert into each other by parameter name (:mod:`rankwise.checkpoint.convert`)."""
     try:
         written, resumed = lookup(written_by).cls, lookup(resumed_by).cls
     except ValueError:  # a strategy this installation does not know wrote it

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
 from rankwise.checkpoint import WEIGHTS, read_weights
-from rankwise.checkpoint.convert import by_index, parameter_names, read_sharded
+from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
@@ -32,6 +32,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 """Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
 SHARDED_DIR = "sharded"
 """Where FSDP writes its per-rank shards (torch.distributed.checkpoint) inside a checkpoint."""
+DEEPSPEED_DIR, DEEPSPEED_TAG = "deepspeed", "state"
+"""Where DeepSpeed's ``save_checkpoint`` writes every rank's ZeRO partition: ``DEEPSPEED_DIR/DEEPSPEED_TAG``."""
 
 
 @dataclass(frozen=True)
@@ -185,21 +187,42 @@ class Strategy:
             torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
     def load_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Restore model and optimizer from a checkpoint directory (every rank calls it); FSDP's shards (a
-        checkpoint FSDP wrote) are read back whole."""
-        self.load_model_state_dict(model, read_weights(directory / WEIGHTS))
-        if optimizer is None:
-            return
-        if (directory / SHARDED_DIR).is_dir():
-            names = parameter_names(self.unwrap(model), optimizer)
-            optimizer.load_state_dict(by_index(read_sharded(directory / SHARDED_DIR)["optim"], names))
-        else:
-            optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False))
+        """Restore model and optimizer from a checkpoint directory (every rank calls it), whichever strategy
+        wrote it at whatever world size (:func:`read_whole_state`)."""
+        module = self.unwrap(model)
+        weights, optim = read_whole_state(directory, module, optimizer)
+        self.load_model_state_dict(model, weights)
+        if optim is not None:
+            optimizer.load_state_dict(by_index(optim, parameter_names(module, optimizer)))
 
     @property
     def library_world_size(self) -> int:
         """World size as the strategy's own library sees it (guards against ranks training alone)."""
         return dist.world_size()
+
+
+def read_whole_state(directory: Path, module: nn.Module, optimizer,
+                     names: list[list[str]] | None = None) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """A checkpoint's full weights and its optimizer state keyed by parameter name (``None`` without an
+    optimizer), read whole in this process from whichever form its strategy wrote: one optimizer file, FSDP's
+    DCP shards or DeepSpeed's ZeRO partitions (whose fp32 master weights replace the saved weights: under
+    16-bit DeepSpeed those are the rounded copies).  ``module``: the unwrapped model the optimizer steps;
+    ``names``: its parameters' names by optimizer group, where the optimizer no longer lists them (ZeRO-3)."""
+    weights = read_weights(directory / WEIGHTS)
+    if optimizer is None:
+        return weights, None
+    if (directory / SHARDED_DIR).is_dir():
+        return weights, read_sharded(directory / SHARDED_DIR)["optim"]
+    names = names or parameter_names(module, optimizer)
+    deepspeed = directory / DEEPSPEED_DIR / DEEPSPEED_TAG
+    if deepspeed.is_dir() and any(deepspeed.glob("*optim_states.pt")):
+        whole = read_deepspeed(deepspeed)
+        return retie({**weights, **whole["model"]}, module), whole["optim"]
+    if deepspeed.is_dir():  # ZeRO stage 0 saves the optimizer whole, beside the module
+        whole = torch.load(deepspeed / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        return weights, by_name(whole["optimizer"], names)
+    whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+    return weights, by_name(whole, names)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

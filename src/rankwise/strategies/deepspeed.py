@@ -22,12 +22,13 @@ import torch
 from torch import nn
 
 from rankwise import process
+from rankwise.checkpoint.convert import by_index, parameter_names
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.base import DEEPSPEED_DIR, DEEPSPEED_TAG, LoopFacts, Strategy, read_whole_state
 from rankwise.strategies.options import DeepSpeedOptions
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
@@ -149,6 +150,7 @@ class DeepSpeed(Strategy):
     name = "deepspeed"
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
     whole_state = False  # each rank saves its own shard
+    reshards = True  # DeepSpeed's universal conversion regroups the partitions for any world size (load_state)
     requires = ("deepspeed",)
     install = INSTALL
     options_section = "deepspeed"
@@ -158,6 +160,7 @@ class DeepSpeed(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = None
+        self.group_names: list[list[str]] = []
 
     def make_precision(self, name: str) -> Precision:
         return EnginePrecision(name, self.device)
@@ -228,6 +231,8 @@ class DeepSpeed(Strategy):
         deepspeed = import_deepspeed()
         if optimizer is None:
             raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
+        # ZeRO-3 empties the optimizer's groups: keep their parameters' names for converting whole state.
+        self.group_names = parameter_names(model, optimizer)
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
                                                     config=self.ds_config(self.facts), dist_init_required=False)
         share_fp32_master_partitions(self.engine.optimizer)
@@ -336,17 +341,92 @@ class DeepSpeed(Strategy):
         from rankwise.checkpoint import CollectiveSaveError
 
         try:
-            model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+            model.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG, save_latest=False)
         except OSError as e:
             raise CollectiveSaveError(f"rank {self.env.rank}: cannot write {e.filename or directory}: "
                                       f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
                                       "(the previous checkpoint is intact)") from e
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
-        path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True,
-                                        load_lr_scheduler_states=False)
-        if path is None:
-            raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / 'deepspeed'}")
+        """DeepSpeed's own load where its partitions fit this run (same world size and ZeRO layout); otherwise
+        the checkpoint is read whole (another world size's partitions regrouped, or another strategy's state)
+        and this run's partitions are cut from it, master weights and optimizer moments alike."""
+        if self._partitions_fit(directory / DEEPSPEED_DIR / DEEPSPEED_TAG):
+            path, _ = model.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                            load_optimizer_states=True, load_lr_scheduler_states=False)
+            if path is None:
+                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / DEEPSPEED_DIR}")
+            return
+        weights, optim = read_whole_state(directory, self.unwrap(model), optimizer, self.group_names)
+        self.load_model_state_dict(model, weights)
+        if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
+            optimizer.load_state_dict(by_index(optim, self.group_names))
+        else:
+            self._load_whole_optimizer(model, optimizer, weights, optim)
+
+    def _partitions_fit(self, folder: Path) -> bool:
+        """Whether DeepSpeed wrote ``folder`` at this world size with this run's ZeRO layout (stage 3 partitions
+        each parameter, stages 1-2 flat groups)."""
+        ranks = len(list(folder.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+        if self.options.zero_stage == 0:
+            return folder.is_dir() and ranks == 0  # whole state: loads at any world size
+        per_parameter = any(folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+        return ranks == self.env.world_size and per_parameter == (self.options.zero_stage == 3)
+
+    def _load_whole_optimizer(self, model, optimizer, weights: dict, optim: dict) -> None:
+        """Cut this rank's share of full fp32 master weights and optimizer moments (keyed by parameter name)."""
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        steps = {float(states["step"]) for states in optim["state"].values() if "step" in states}
+        if len(steps) > 1:
+            raise RuntimeError(f"the checkpoint's parameters took different numbers of optimizer steps "
+                               f"{sorted(steps)}; DeepSpeed steps each flat group once, so it cannot continue them")
+        keys = {key for states in optim["state"].values() for key in states if key != "step"}
+        self._allocate_optimizer_state(keys, steps.pop() if steps else None)
+        parameters = dict(self.unwrap(model).named_parameters())
+        for name, states in optim["state"].items():
+            parameter = parameters[name]
+            for key in [None, *(keys & states.keys())]:  # None: the fp32 master weights
+                value = (weights[name] if key is None else states[key]).to(self.device)
+                if hasattr(parameter, "ds_id"):
+                    self._set_zero3_partition(parameter, value, key)
+                elif key is None:
+                    safe_set_full_fp32_param(parameter, value)
+                else:
+                    safe_set_full_optimizer_state(parameter, value, key)
+        for group, saved in zip(optimizer.param_groups, optim["param_groups"], strict=True):
+            group.update({key: value for key, value in saved.items() if key != "params"})
+
+    def _set_zero3_partition(self, parameter: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
+        """This rank's slice of a full ZeRO-3 master weight (``key`` None) or optimizer state.  DeepSpeed's own
+        ``safe_set_full_*`` reads past the end of an unpadded value on the last rank of a parameter whose size
+        does not divide by the world size (0.19.8: "start (68) + length (34) exceeds dimension size (100)")."""
+        zero = self.engine.optimizer
+        partition, _ = zero._get_fp32_opt_state_partition(parameter, release_swap_buffers=False, optim_state_key=key)
+        padded = value.new_zeros(partition.numel() * zero._get_param_partition_world_size(parameter))
+        padded[:value.numel()] = value.flatten()
+        rank = zero._get_param_partition_rank(parameter)
+        partition.data.copy_(padded.narrow(0, partition.numel() * rank, partition.numel()))
+
+    def _allocate_optimizer_state(self, keys: set[str], step: float | None) -> None:
+        """Give the inner optimizer's flat partitions the state a first step would create (zeros), so that
+        DeepSpeed's setters have tensors to write into; ``step``: the checkpoint's step count."""
+        zero = self.engine.optimizer
+        inner = zero.optimizer  # torch's optimizer over the flat fp32 partitions
+        # ZeRO-3 hands its sub-groups' partitions to the inner optimizer only while it steps.
+        partitions = getattr(zero, "fp32_partitioned_groups_flat", None) or \
+            [partition for group in inner.param_groups for partition in group["params"]]
+        # torch keeps the step on the parameter's device only for fused / capturable steps.
+        on_device = any(group.get("fused") or group.get("capturable") for group in inner.param_groups)
+        for partition in partitions:
+            state = inner.state[partition]
+            for key in keys - state.keys():
+                state[key] = torch.zeros_like(partition)
+            if step is not None:
+                state["step"] = torch.tensor(step, dtype=torch.float32, device=partition.device if on_device else "cpu")
+        if hasattr(zero, "_hp_optimizer_states_linked"):  # ZeRO 1-2 link each parameter to its state slice lazily
+            zero._hp_optimizer_states_linked = False
+            zero._lazy_init_hp_params_optimizer_state()
 
     @property
     def library_world_size(self) -> int:

@@ -13,10 +13,8 @@ import contextlib
 import torch
 from torch import nn
 
-from rankwise.checkpoint import WEIGHTS, read_weights
-from rankwise.checkpoint.convert import by_name, parameter_names
 from rankwise.strategies import register
-from rankwise.strategies.base import OPTIMIZER_FILE, SHARDED_DIR, Strategy, retie
+from rankwise.strategies.base import SHARDED_DIR, Strategy, read_whole_state, retie
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -96,19 +94,17 @@ class FSDP(Strategy):
         dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDED_DIR))
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
-        """Each rank reads its share back; DCP regroups shards written at another world size.  A whole-state
-        checkpoint (ddp, ...) is sharded from its full weights and optimizer file instead."""
+        """Each rank reads its share back; DCP regroups shards written at another world size.  Another
+        strategy's checkpoint (ddp's optimizer file, DeepSpeed's partitions) is read whole and sharded here."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
         if not (directory / SHARDED_DIR).is_dir():
-            weights = read_weights(directory / WEIGHTS)
+            weights, optim = read_whole_state(directory, model, optimizer)
             if optimizer is None:
                 self.load_model_state_dict(model, weights)
                 return
-            whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
-            set_state_dict(model, optimizer, model_state_dict=weights,
-                           optim_state_dict=by_name(whole, parameter_names(model, optimizer)),
+            set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
                            options=StateDictOptions(full_state_dict=True))
             return
         state = self._sharded_state(model, optimizer)
