@@ -19,6 +19,7 @@ with the same seed and global batch, whatever the world size or accumulation.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -139,3 +140,19 @@ class LengthGroupedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def global_order(sampler: DistributedSampler) -> list[int]:
+    """The sample order of ``sampler``'s current epoch as one process sees it, the same at every world size: the
+    ranks' k-th micro-batches together are its k-th run of ``world_size x micro-batch`` indices."""
+    if isinstance(sampler, LengthGroupedSampler):
+        return sampler.global_order()
+    if not sampler.shuffle:
+        return list(range(len(sampler.dataset)))
+    generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)  # DistributedSampler's own draw
+    return torch.randperm(len(sampler.dataset), generator=generator).tolist()
+
+
+def order_digest(indices: Sequence[int]) -> str:
+    """A short fingerprint of a sequence of sample indices (its order counts)."""
+    return hashlib.sha256(torch.as_tensor(list(indices), dtype=torch.int64).numpy().tobytes()).hexdigest()[:16]

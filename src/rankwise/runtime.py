@@ -300,11 +300,12 @@ class Runtime:
     # -- training state ----------------------------------------------------------------------
     def save_state(self, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, extra: dict | None = None, *, step: int | None = None,
-                   files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2) -> Path:
+                   files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2,
+                   meta: Mapping | None = None) -> Path:
         """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank); see
         :func:`rankwise.state.save_state`.  Returns the checkpoint's path on every rank."""
         return state.save_state(self, directory, model, optimizer, scheduler, extra, step=step, files=files,
-                                keep=keep)
+                                keep=keep, meta=meta)
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, *, strict: bool = False) -> dict:

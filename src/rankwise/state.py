@@ -24,7 +24,8 @@ from rankwise.strategies import portable
 
 def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                scheduler=None, extra: dict | None = None, *, step: int | None = None,
-               files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2) -> Path:
+               files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2,
+               meta: Mapping | None = None) -> Path:
     """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank).
 
     Weights, optimizer state as the strategy keeps it (whole from rank 0, FSDP shards,
@@ -33,6 +34,8 @@ def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: to
     bytes or a path to copy).  Atomic: written into a staging directory, checksummed in a
     manifest written last, renamed into place; ``directory/latest`` then points at it and
     the newest ``keep`` are kept.  ``step`` defaults to the steps taken through ``rt.step``.
+    ``meta``: small JSON facts recorded in the manifest beside world size, strategy and step, readable
+    before launch without loading the checkpoint (``checkpoint.manifest_meta``).
     Returns the checkpoint's path on every rank.
     """
     root = Path(directory)
@@ -56,9 +59,9 @@ def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: to
         state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
                  "precision": rt.strategy.precision.state_dict(), "rng": rng, "world_size": rt.world_size,
                  "strategy": rt.strategy_name}
-        meta = {"world_size": rt.world_size, "strategy": rt.strategy_name}
+        facts = {**(meta or {}), "world_size": rt.world_size, "strategy": rt.strategy_name, "step": step}
         written, error = ckpt.checked_write(rt.rank, staging, ckpt.commit_checkpoint, root, step, weights=weights,
-                                             training_state=state, files=files, keep=keep, meta=meta)
+                                             training_state=state, files=files, keep=keep, meta=facts)
         final, errors = (None, [error]) if error else (str(written), [])
     # Why: every rank returns only once the checkpoint is complete (and learns its path or the error).
     final, errors = rt.broadcast_object((final, errors))

@@ -229,15 +229,33 @@ def test_a_master_port_in_use_is_named_before_launch(monkeypatch, capsys):
     assert f"launch.master_port: 127.0.0.1:{port} is already in use on this node" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--strategy", "deepspeed-zero2", "--nproc-per-node", "2"], "was written by strategy 'ddp'"),
-    (["--strategy", "deepspeed-zero3", "--nproc-per-node", "4"], "was written by strategy 'ddp'"),
-])
-def test_resuming_differently_is_refused_before_launch(trained, args, message, monkeypatch, capsys):
-    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
-    checkpoint = str(trained[0] / "checkpoints" / "latest")
-    assert cli.main(["train", "--data", "sentiment", "--resume", checkpoint, "--batch-size", "16", *args]) == 2
-    assert message in capsys.readouterr().err
+def test_a_resume_on_changed_data_or_a_corrupted_order_digest_is_refused_before_launch(tmp_path, capsys):
+    """The checkpoint's manifest records the training data's digest and the sample order: a changed data file
+    or an edited order digest is refused before any worker starts, and the run's prepared data is kept."""
+    data = tmp_path / "reviews.csv"
+    rows = [f"{'好看值得一读' if i % 2 else '太差了不买'}{i},{'pos' if i % 2 else 'neg'}" for i in range(120)]
+    data.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--strategy", "single", "--model", "tiny", "--batch-size", "16",
+            "--max-steps", "4", "--set", "save_every=2", "--set", "data.tokenizer=char", "--set", "data.max_length=16",
+            "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    meta = json.loads((out / "checkpoints" / "latest" / "manifest.json").read_text())["meta"]
+    assert meta["continuity"]["position"] == 4 * 16 and meta["continuity"]["step"] == 4
+    prepared = (out / "data" / "prepared.pt").read_bytes()
+    data.write_text("text,label\n" + "\n".join(rows[:-1] + ["又好看又便宜,pos"]) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert cli.main([*args, "--resume", "latest", "--max-steps", "6"]) == 2
+    err = capsys.readouterr().err
+    assert "the training data changed since this checkpoint" in err and str(data) in err, err
+    assert (out / "data" / "prepared.pt").read_bytes() == prepared  # the run's own data is kept
+    data.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    manifest = out / "checkpoints" / "latest" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["meta"]["continuity"]["order"] = "0" * 16
+    manifest.write_text(json.dumps(record))
+    assert cli.main([*args, "--resume", "latest", "--max-steps", "6"]) == 2
+    assert "its sample order is not this run's" in capsys.readouterr().err
 
 
 def test_same_command_same_weights_and_tokenizer(tmp_path):

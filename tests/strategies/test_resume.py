@@ -3,6 +3,7 @@ uninterrupted run reached, also where model and optimizer state are sharded (FSD
 ZeRO partitions).  Whole state (one optimizer file) also continues at another world size or under
 another whole-state strategy, within the stated tolerance."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,6 +72,12 @@ def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, st
     difference = max_param_diff(uninterrupted, resumed)
     print(f"{written_by} x2 -> {strategy} x{ranks}: max |uninterrupted - resumed| = {difference:.2e}")
     assert difference <= EXACT
+    record = json.loads((tmp_path / "continuity.json").read_text())
+    assert record["continuous"] and all(record["checks"].values()), record
+    assert (record["position"], record["first_step_samples"], record["first_step_distinct"]) == (4 * 24, 24, 24)
+    assert (record["written"], record["resumed"]) == ({"strategy": written_by, "world_size": 2},
+                                                      {"strategy": strategy, "world_size": ranks})
+    assert record["lr"]["at_checkpoint"] == record["lr"]["resumed"]
 
 
 @pytest.mark.parametrize(("written_by", "strategy", "ranks"), [

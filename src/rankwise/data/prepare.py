@@ -30,6 +30,18 @@ from rankwise.train.config import DataConfig
 PREPARED_FILE = "prepared.pt"
 
 
+def _feed(hasher, value) -> None:
+    """Hash tensors by their bytes and shape, lists of numbers as JSON (token ids are lists of ints)."""
+    if isinstance(value, torch.Tensor):
+        hasher.update(str(tuple(value.shape)).encode())
+        hasher.update(value.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        for item in value:
+            _feed(hasher, item)
+    else:
+        hasher.update(json.dumps(value).encode())
+
+
 @dataclass
 class PreparedData:
     kind: str
@@ -59,6 +71,15 @@ class PreparedData:
             raise ValueError("the model reads character n-grams but the data has none (data.char_ngrams=0)")
         return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id,
                                     part["ngrams"] if ngrams else None)
+
+    def digest(self, split: str) -> str:
+        """A fingerprint of a split as the workers read it (token ids or features, labels, label names): it
+        changes with the data file, the tokenizer or the cleaning."""
+        hasher = hashlib.sha256(json.dumps(self.label_names, ensure_ascii=False).encode())
+        for key, value in sorted(self.splits[split].items()):
+            hasher.update(key.encode())
+            _feed(hasher, value)
+        return hasher.hexdigest()[:16]
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

@@ -26,7 +26,7 @@ from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
 from rankwise.runtime import Runtime, setup
 from rankwise.throughput import SteadyThroughput, count_tokens
-from rankwise.train import artifacts
+from rankwise.train import artifacts, continuity
 from rankwise.train.config import TrainConfig
 from rankwise.train.evaluate import evaluate, forward_logits, write_report
 from rankwise.train.metrics import MetricsLog
@@ -87,6 +87,11 @@ class Trainer:
         warmup = int(cfg.optim.warmup_ratio * self.total_steps)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
         self.step = 0
+        self.data_digest = data.digest("train")
+        self.last_logged: dict | None = None
+        """The last logged loss ({"step", "value"}), recorded in checkpoints for the continuity record."""
+        self.resumed: dict | None = None
+        """The checkpoint's continuity facts and this run's learning rate at its step, until the first step."""
         self.checkpoint_path: Path | None = None
         self.saved_step: int | None = None
         self.train_peak_rss_mb = 0.0
@@ -98,16 +103,41 @@ class Trainer:
                  artifacts.LABELS: json.dumps(self.data.label_names, ensure_ascii=False)}
         if self.run_dir.tokenizer.is_file():
             files[artifacts.TOKENIZER] = self.run_dir.tokenizer
+        facts = {**continuity.position(self.loader.sampler, self.steps_per_epoch, self.cfg.batch_size, self.step),
+                 "step": self.step, "data": self.data_digest, "lr": self.scheduler.get_last_lr()[0],
+                 "loss": self.last_logged, "strategy": self.rt.strategy_name, "world_size": self.rt.world_size}
         self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
-                                                  self.scheduler, extra={"epoch": epoch}, step=self.step, files=files,
-                                                  keep=self.cfg.keep_checkpoints)
+                                                  self.scheduler, extra={"epoch": epoch, "continuity": facts},
+                                                  step=self.step, files=files, keep=self.cfg.keep_checkpoints,
+                                                  meta={"continuity": facts})
         self.saved_step = self.step
 
     def resume(self, path: str) -> None:
         if path == "latest":
             path = str(self.run_dir.latest)
-        self.step = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)["step"]
+        state = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)
+        self.step = state["step"]
         self.rt.print(f"resumed at step {self.step}")
+        if state.get("continuity") and self.step < self.total_steps:
+            # This run's own schedule at the step (its lambdas come from this run's configuration).
+            lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](self.step)
+            self.resumed = {"facts": state["continuity"], "lr": lr}
+
+    def report_continuity(self, loss_sum: torch.Tensor) -> None:
+        """After the first resumed step: check and record that the data continued (a collective)."""
+        loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()  # only this step's loss is in the sum
+        record = continuity.first_step_record(
+            self.rt, self.loader, self.resumed["facts"], step=self.step - 1, steps_per_epoch=self.steps_per_epoch,
+            batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum, lr_resumed=self.resumed["lr"],
+            loss=loss, data_digest=self.data_digest, resumed_from=f"the checkpoint of step {self.step - 1}")
+        self.resumed = None
+        if self.rt.is_main:
+            continuity.write(self.run_dir.root, record)
+            print(continuity.describe(record), flush=True)
+        if not record["continuous"]:
+            raise RuntimeError(f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample order "
+                               f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
+                               f"{self.run_dir.root / continuity.FILE}")
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
@@ -182,6 +212,8 @@ class Trainer:
                 if not sync:
                     continue
                 self.optimizer_step()
+                if self.resumed:
+                    self.report_continuity(loss_sum)
                 self.throughput.step(cfg.batch_size, step_tokens)
                 step_tokens = 0
                 loss_steps += 1
@@ -191,6 +223,7 @@ class Trainer:
                     mean_loss = rt.all_reduce(loss_sum / loss_steps, "mean").item()
                     lr = self.scheduler.get_last_lr()[0]
                     self.metrics.log(self.step, epoch=epoch, loss=mean_loss, lr=lr)
+                    self.last_logged = {"step": self.step, "value": mean_loss}
                     bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
                     loss_sum.zero_()
                     loss_steps = 0

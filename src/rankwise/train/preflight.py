@@ -1,7 +1,8 @@
 """``rankwise train``'s pre-flight: everything about a run that can be refused before a worker starts.
 
 :func:`before_launch` runs before the data is read, :func:`resumable` once the run directory is
-known, :func:`prepared_data` once the data is split; each failure is one line naming the key.
+known, :func:`prepared_data` and :func:`continues_the_data` once the data is split; each failure is one line
+naming the key.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ import os
 
 from rankwise.batching import check_enough_samples, micro_batch_size
 from rankwise.checkpoint import check_compatible, manifest_meta
+from rankwise.data.prepare import PreparedData
 from rankwise.errors import CheckpointError, ConfigError
 from rankwise.launch.ports import port_in_use
 from rankwise.models import check_model
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv, device_for, gpus_too_few
 from rankwise.strategies import check_world_size, lookup, portable, resolve_options
+from rankwise.train import continuity
 from rankwise.train.config import TrainConfig
 from rankwise.train.rundir import RunDir
 
@@ -74,6 +77,23 @@ def resumable(cfg: TrainConfig) -> None:
     if meta:  # checkpoints written before the manifest recorded these facts are checked by the workers
         check_compatible(path, meta, cfg.strategy, cfg.world_size,
                          portable=portable(meta.get("strategy", cfg.strategy), cfg.strategy))
+
+
+def continues_the_data(cfg: TrainConfig, data: PreparedData) -> None:
+    """``--resume``: the checkpoint was trained on this data in this sample order (checked before the prepared
+    data replaces the run directory's: a changed data file is refused, and the run's own data kept)."""
+    if cfg.resume is None:
+        return
+    path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume
+    try:
+        recorded = manifest_meta(path).get("continuity")
+    except (CheckpointError, OSError):
+        return  # unreadable: ``resumable`` let the workers fall back to an earlier checkpoint, which they check
+    if not recorded:
+        return  # written before checkpoints recorded it
+    lengths = data.dataset("train").lengths if cfg.data.group_by_length else None
+    sampler = continuity.training_sampler(data.size("train"), cfg.batch_size, cfg.seed, lengths)
+    continuity.check_before_launch(path, recorded, data.digest("train"), sampler, cfg.batch_size, cfg.data.source)
 
 
 def prepared_data(cfg: TrainConfig, sizes: dict[str, int]) -> None:

@@ -59,6 +59,7 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
         print(f"note: {run_dir.root} already holds a finished run; it will be overwritten", file=sys.stderr)
     data = prepare_data(cfg.data)
     preflight.prepared_data(cfg, {split: data.size(split) for split in ("train", "dev", "test")})
+    preflight.continues_the_data(cfg, data)
     run_dir.root.mkdir(parents=True, exist_ok=True)
     if cfg.resume is None and run_dir.checkpoints.exists():
         # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
