@@ -86,7 +86,7 @@ def test_a_launch_config_becomes_torchruns_own_settings():
     assert (rdzv.rdzv_backend, rdzv.rdzv_endpoint, rdzv.rdzv_id) == ("c10d", "h:1", "job")
     elastic = torchrun_args(LaunchConfig(nnodes="1:2", rdzv_backend="c10d", rdzv_endpoint="h:1", timeout_s=30),
                             Entry("pkg"))
-    assert elastic.nnodes == "1:2" and elastic.rdzv_conf == "timeout=30,join_timeout=30"
+    assert elastic.nnodes == "1:2" and elastic.rdzv_conf == "timeout=30,join_timeout=30,last_call_timeout=30"
     one_node = torchrun_args(LaunchConfig(nproc_per_node=2), Entry("pkg"))
     assert one_node.rdzv_conf == "" and one_node.nnodes == "1"
 

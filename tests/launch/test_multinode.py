@@ -7,6 +7,7 @@ No interface variable is set by the test: rankwise must pick the veth itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -155,3 +156,75 @@ def test_a_link_going_down_mid_training_ends_the_job_naming_the_unreachable_node
     assert f"rank 1 on node 1 (host {socket.gethostname()}, {HOSTS['rw-node1']}) never arrived" in head, head[-3000:]
     assert "lost its connection to the master node" in cut_off, cut_off[-3000:]
     assert ended < 8 * 4  # the timeout, the diagnosis's few seconds and shutdown; never a hang
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL an agent and its workers at once, as a machine that loses power."""
+    import psutil
+
+    agent = psutil.Process(process.pid)
+    for victim in [*agent.children(recursive=True), agent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()
+
+
+def _written_by(checkpoints: Path) -> int | None:
+    """The world size that wrote the latest checkpoint (None before the first)."""
+    from rankwise.checkpoint import manifest_meta
+
+    try:
+        return manifest_meta(checkpoints / "latest").get("world_size")
+    except Exception:  # noqa: BLE001 - not there yet, or being replaced
+        return None
+
+
+def _wait_for(condition, what: str, nodes, timeout: float = 180) -> float:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert nodes[0].poll() is None, f"node 0 ended while waiting for {what}: {nodes[0].communicate()[1][-3000:]}"
+        time.sleep(0.2)
+    return time.monotonic()
+
+
+def test_an_elastic_job_shrinks_when_a_node_dies_and_finishes_on_the_survivor(two_hosts, tmp_path):
+    """c10d, --nnodes 1:2, one run directory both hosts see (a shared filesystem): node 1's agent and worker are
+    killed after a checkpoint of both; node 0's agent restarts its worker alone, at world size 1, which continues
+    from the latest checkpoint (its continuity record says so) and finishes the run, evaluating the whole test
+    split once."""
+    from rankwise.data.prepare import PreparedData
+
+    out = tmp_path / "run"
+    args = ("train", *JOB, "--max-steps", "60", "--set", "data.limit=2000", "--set", "save_every=10",
+            "--set", "log_every=10", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"{MASTER}:29661", "--rdzv-id", "job-elastic", "--nproc-per-node", "1", "--max-restarts", "2",
+            "--set", "launch.rdzv_last_call_s=6", "--set", "model.dropout=0", "--out", str(out))
+    started = time.monotonic()
+    nodes = [_in("rw-node0", *args)]
+    try:
+        # Node 1 starts once node 0 has prepared the run directory (both write the same files), within the
+        # rendezvous's last call, so both nodes train from the first step.
+        _wait_for(lambda: (out / "config.json").exists(), "node 0's prepared data", nodes)
+        nodes.append(_in("rw-node1", *args))
+        first = _wait_for(lambda: _written_by(out / "checkpoints") == 2, "a checkpoint of both nodes", nodes)
+        _kill_tree(nodes[1])
+        killed = time.monotonic()
+        record = out / "continuity.json"
+        shrunk = _wait_for(lambda: record.exists(), "node 0 to continue alone", nodes)
+        stdout, stderr = nodes[0].communicate(timeout=240)
+        finished = time.monotonic()
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                _kill_tree(node)
+    assert nodes[0].returncode == 0, stderr[-3000:]
+    alone = json.loads(record.read_text())
+    print(f"checkpoint of both nodes {first - started:.1f} s; node 1 killed {killed - started:.1f} s; node 0 "
+          f"continued alone from step {alone['step']} at {shrunk - started:.1f} s; finished {finished - started:.1f} s")
+    assert (alone["written"]["world_size"], alone["resumed"]["world_size"]) == (2, 1) and alone["continuous"], alone
+    assert "written by 2 rank(s) (ddp), this run has 1" in stderr  # the note on the random streams
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    test_split = PreparedData.load(out / "data").size("test")
+    indices = [json.loads(line)["index"] for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert (summary["steps"], summary["world_size"], summary["eval_samples"]) == (60, 1, test_split)
+    assert sorted(indices) == list(range(test_split))  # every test sample evaluated exactly once

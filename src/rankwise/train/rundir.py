@@ -12,6 +12,7 @@
         report.txt           scikit-learn's classification report
         predictions.jsonl    every evaluated sample's label and prediction
         result.json          the run's summary (what --json prints)
+        continuity.json      after a resume: where the data continued, checked at the first resumed step
 """
 
 from __future__ import annotations
