@@ -78,6 +78,12 @@ def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, st
     assert (record["written"], record["resumed"]) == ({"strategy": written_by, "world_size": 2},
                                                       {"strategy": strategy, "world_size": ranks})
     assert record["lr"]["at_checkpoint"] == record["lr"]["resumed"]
+    # `rankwise export` reads the resumed run's checkpoint like any other: its full weights.
+    from rankwise import cli
+
+    exported = tmp_path / "exported.safetensors"
+    assert cli.main(["export", "--checkpoint", str(checkpoints / "latest"), "--out", str(exported)]) == 0
+    assert max_param_diff(read_weights(exported), resumed) == 0.0
 
 
 @pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
