@@ -91,7 +91,7 @@ def continues_the_data(cfg: TrainConfig, data: PreparedData) -> None:
         return  # unreadable: ``resumable`` let the workers fall back to an earlier checkpoint, which they check
     if not recorded:
         return  # written before checkpoints recorded it
-    lengths = data.dataset("train").lengths if cfg.data.group_by_length else None
+    lengths = getattr(data.dataset("train"), "lengths", None) if cfg.data.group_by_length else None
     sampler = continuity.training_sampler(data.size("train"), cfg.batch_size, cfg.seed, lengths)
     continuity.check_before_launch(path, recorded, data.digest("train"), sampler, cfg.batch_size, cfg.data.source)
 
