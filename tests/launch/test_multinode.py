@@ -187,18 +187,19 @@ def _wait_for(condition, what: str, nodes, timeout: float = 180) -> float:
     return time.monotonic()
 
 
-def test_an_elastic_job_shrinks_when_a_node_dies_and_finishes_on_the_survivor(two_hosts, tmp_path):
-    """c10d, --nnodes 1:2, one run directory both hosts see (a shared filesystem): node 1's agent and worker are
-    killed after a checkpoint of both; node 0's agent restarts its worker alone, at world size 1, which continues
-    from the latest checkpoint (its continuity record says so) and finishes the run, evaluating the whole test
-    split once."""
+def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_back_when_it_returns(two_hosts, tmp_path):
+    """c10d, --nnodes 1:2, one run directory both hosts see (a shared filesystem).  Node 1's agent and worker are
+    killed after a checkpoint of both: node 0's agent restarts its worker alone, at world size 1, from the latest
+    checkpoint.  Node 1, started again with the same command, joins at the next restart: both continue at world
+    size 2 from the checkpoint node 0's worker wrote when its agent stopped it.  The run completes and evaluates
+    the whole test split once; each resume's continuity record says no sample was skipped or repeated."""
     from rankwise.data.prepare import PreparedData
 
     out = tmp_path / "run"
-    args = ("train", *JOB, "--max-steps", "60", "--set", "data.limit=2000", "--set", "save_every=10",
+    args = ("train", *JOB, "--max-steps", "120", "--set", "data.limit=2000", "--set", "save_every=10",
             "--set", "log_every=10", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"{MASTER}:29661", "--rdzv-id", "job-elastic", "--nproc-per-node", "1", "--max-restarts", "2",
-            "--set", "launch.rdzv_last_call_s=6", "--set", "model.dropout=0", "--out", str(out))
+            "--set", "launch.rdzv_last_call_s=4", "--set", "model.dropout=0", "--out", str(out))
     started = time.monotonic()
     nodes = [_in("rw-node0", *args)]
     try:
@@ -211,20 +212,27 @@ def test_an_elastic_job_shrinks_when_a_node_dies_and_finishes_on_the_survivor(tw
         killed = time.monotonic()
         record = out / "continuity.json"
         shrunk = _wait_for(lambda: record.exists(), "node 0 to continue alone", nodes)
-        stdout, stderr = nodes[0].communicate(timeout=240)
+        alone = json.loads(record.read_text())
+        record.unlink()
+        nodes[1] = _in("rw-node1", *args)  # the node comes back, with the same command
+        grown = _wait_for(lambda: record.exists(), "the group to grow back", nodes)
+        outputs = [node.communicate(timeout=240) for node in nodes]
         finished = time.monotonic()
     finally:
         for node in nodes:
             if node.poll() is None:
                 _kill_tree(node)
-    assert nodes[0].returncode == 0, stderr[-3000:]
-    alone = json.loads(record.read_text())
+    for node, (_, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stderr[-3000:]
+    again = json.loads(record.read_text())
     print(f"checkpoint of both nodes {first - started:.1f} s; node 1 killed {killed - started:.1f} s; node 0 "
-          f"continued alone from step {alone['step']} at {shrunk - started:.1f} s; finished {finished - started:.1f} s")
+          f"continued alone from step {alone['step']} at {shrunk - started:.1f} s; node 1 back, both from step "
+          f"{again['step']} at {grown - started:.1f} s; finished {finished - started:.1f} s")
     assert (alone["written"]["world_size"], alone["resumed"]["world_size"]) == (2, 1) and alone["continuous"], alone
-    assert "written by 2 rank(s) (ddp), this run has 1" in stderr  # the note on the random streams
-    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert (again["written"]["world_size"], again["resumed"]["world_size"]) == (1, 2) and again["continuous"], again
+    assert again["step"] > alone["step"]
+    summary = json.loads((out / "result.json").read_text())
     test_split = PreparedData.load(out / "data").size("test")
     indices = [json.loads(line)["index"] for line in (out / "predictions.jsonl").read_text().splitlines()]
-    assert (summary["steps"], summary["world_size"], summary["eval_samples"]) == (60, 1, test_split)
+    assert (summary["steps"], summary["world_size"], summary["eval_samples"]) == (120, 2, test_split)
     assert sorted(indices) == list(range(test_split))  # every test sample evaluated exactly once

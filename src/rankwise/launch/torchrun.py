@@ -11,6 +11,7 @@ them to checkpoint (``rankwise.train.preemption``) and exit; it surfaces here as
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -95,6 +96,11 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
         if args.rdzv_endpoint and not args.local_addr and interface and not interface.address.startswith("127."):
             # c10d hands the workers node 0's name (often 'localhost') as MASTER_ADDR unless told its address.
             args.local_addr = interface.address
+    if args.rdzv_backend not in ("", "static"):
+        # torch caches rank 0's master address from the first round of a dynamic rendezvous: a node joining a
+        # later round then waits for a key nobody writes (seen: node 1 rejoining an elastic job waited 60 s for
+        # .../MASTER_ADDR while node 0 waited for its role_info).  Publishing it every round avoids that.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     try:

@@ -2,8 +2,8 @@
 
 Started as ``python -m rankwise.train.worker RUN_DIR`` by torchrun and horovodrun, or as
 ``main([RUN_DIR])`` in each process by the spawn launcher.  When torchrun restarts the
-worker group after a failure (``--max-restarts``), the new workers continue from the run's
-latest checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with
+worker group after a failure (``--max-restarts``), or when a node joins an elastic job, the new
+workers continue from the run's latest checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with
 128 + signal.
 """
 
@@ -25,8 +25,12 @@ from rankwise.train.rundir import RunDir
 def train_from_run_dir(run_dir: str | Path) -> dict:
     layout = RunDir(run_dir)
     cfg = load_config_json(layout.config)
-    if restart_count() and (layout.latest.is_symlink() or any(layout.checkpoints.glob("step-*"))):
-        cfg.resume = "latest"  # a restarted group continues where the last checkpoint left off
+    # A restarted group continues where the last checkpoint left off.  In an elastic job a node's agent counts
+    # its own restarts: one that (re)joins a running job starts at 0 while the survivors' count is higher, so
+    # there every worker continues from the run directory's latest checkpoint when it has one.
+    if (restart_count() or cfg.launch.rdzv_backend) and (layout.latest.is_symlink()
+                                                         or any(layout.checkpoints.glob("step-*"))):
+        cfg.resume = "latest"
     return run_training(cfg, PreparedData.load(layout.data), layout.root, faults.step_end_hooks())
 
 
