@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from rankwise.process import (
@@ -7,7 +6,6 @@ from rankwise.process import (
     device_for,
     first_slurm_host,
     gpus_too_few,
-    init_process_group,
     threads_per_process,
 )
 
@@ -66,11 +64,10 @@ def test_threads_per_process(monkeypatch):
     assert threads_per_process(2) == 3
 
 
-def test_a_rank_sharing_a_gpu_stops_before_nccl(monkeypatch):
-    """A launcher that is not rankwise's (plain torchrun, srun) put two ranks on one GPU: the rank says so."""
+
+def test_only_more_local_ranks_than_visible_gpus_is_too_few(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    env = ProcessEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, master_port=29500, source="torchrun")
-    with pytest.raises(RuntimeError, match="rank 1: 2 processes per node but this node has 1 CUDA GPU"):
-        init_process_group(env, torch.device("cuda", 0))
-    assert gpus_too_few(1) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert gpus_too_few(2) is None and "3 processes per node but this node has 2 CUDA GPU(s)" in gpus_too_few(3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpus_too_few(8) is None  # the CPU: gloo takes any number of ranks

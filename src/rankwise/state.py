@@ -80,9 +80,9 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     checkpoint whose files match their checksums is used, with a warning for each newer one that
     does not (``strict``: an error instead).
 
-    A whole-state checkpoint (single, dp, ddp, accelerate, horovod) continues at any world size and
-    under any of them; sharded state (FSDP, DeepSpeed) must come back to its strategy and world size.
-    To continue elsewhere, start from its weights (``rankwise export``).
+    A checkpoint of any strategy continues at any world size and under any other strategy: whole state as it is,
+    FSDP's shards regrouped by ``torch.distributed.checkpoint``, DeepSpeed's partitions by its universal
+    conversion (``Strategy.load_state``).  Each rank continues old rank (rank mod N)'s random streams.
     """
     # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
     found = error = None

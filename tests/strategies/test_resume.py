@@ -14,7 +14,7 @@ from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.tolerance import EXACT, max_param_diff
 from rankwise.train.config import DataConfig, build_config
-from tests.multiproc import run_ranks
+from tests.multiproc import RanksFailed, run_ranks
 
 
 def _train(run_dir: str, data_dir: str, strategy: str, *extra: str) -> None:
@@ -96,3 +96,21 @@ def test_deepspeed_partitions_regroup_for_another_world_size_or_strategy(written
     """DeepSpeed's universal conversion regroups ZeRO partitions; ZeRO-3 and ZeRO 1-2 take their share of the
     whole state at any world size."""
     test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path)
+
+
+def test_deepspeed_at_bf16_continues_a_fp32_checkpoint_and_stage_0_says_it_cannot(toy, tmp_path):
+    """16-bit DeepSpeed keeps fp32 master weights: ZeRO-2 cuts them from the checkpoint (within bf16's
+    tolerance of the fp32 run); stage 0's own 16-bit wrapper cannot take them, and says so."""
+    from rankwise.tolerance import tolerance
+
+    run_ranks(_train, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
+    checkpoints = tmp_path / "checkpoints"
+    uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
+    with pytest.raises(RanksFailed, match="DeepSpeed ZeRO stage 0 at bf16-mixed cannot continue"):
+        run_ranks(_train, 2, str(tmp_path), str(toy), "deepspeed-zero0", "batch_size=24", "model.dropout=0",
+                  "precision=bf16-mixed", "resume=latest")
+    run_ranks(_train, 2, str(tmp_path), str(toy), "deepspeed-zero2", "batch_size=24", "model.dropout=0",
+              "precision=bf16-mixed", "resume=latest")
+    difference = max_param_diff(uninterrupted, read_weights(checkpoints))
+    print(f"ddp x2 (fp32) -> deepspeed-zero2 x2 (bf16-mixed): max |uninterrupted - resumed| = {difference:.2e}")
+    assert 0 < difference <= tolerance("bf16-mixed")

@@ -39,12 +39,15 @@ class _OneRank:
         return [value]
 
 
-def _record(recorded: dict, step: int) -> dict:
+def _record(recorded: dict, step: int, trained_step: int | None = None) -> dict:
+    """The record of a resume at ``step`` whose first step really trained global batch ``trained_step + 1``."""
     sampler = rank_sampler(range(SAMPLES), BATCH, 1, 0, shuffle=True, drop_last=True, seed=SEED)
     loader = DataLoader(range(SAMPLES), batch_size=BATCH, sampler=sampler, drop_last=True)
-    return continuity.first_step_record(_OneRank(), loader, recorded, step=step, steps_per_epoch=SAMPLES // BATCH,
-                                        batch_size=BATCH, grad_accum=1, lr_resumed=1e-3, loss=0.5, data_digest="d",
-                                        resumed_from="test")
+    at = step if trained_step is None else trained_step
+    trained = list(sampler)[at * BATCH:(at + 1) * BATCH]
+    return continuity.first_step_record(_OneRank(), loader, recorded, trained, step=step,
+                                        steps_per_epoch=SAMPLES // BATCH, batch_size=BATCH, lr_resumed=1e-3,
+                                        loss=0.5, data_digest="d", resumed_from="test")
 
 
 def test_a_resume_that_skips_or_repeats_samples_is_not_continuous():
@@ -52,6 +55,9 @@ def test_a_resume_that_skips_or_repeats_samples_is_not_continuous():
     skipped = _record(_facts(4), 5)  # the run goes on at step 5 from a checkpoint that consumed only 4 steps
     assert not skipped["continuous"] and not skipped["checks"]["consumed"]
     assert "NOT CONTINUOUS" in continuity.describe(skipped)
+    repeated = _record(_facts(5), 5, trained_step=4)  # the loop trained step 5's batch again
+    assert not repeated["continuous"] and not repeated["checks"]["first_step"]
+    assert "NOT the order's next batch" in continuity.describe(repeated)
 
 
 def test_changed_data_and_an_edited_order_are_refused_before_launch():
@@ -64,3 +70,10 @@ def test_changed_data_and_an_edited_order_are_refused_before_launch():
     other_seed = continuity.training_sampler(SAMPLES, BATCH, SEED + 1)
     with pytest.raises(ConfigError, match="the global batch, seed or data.group_by_length differ"):
         continuity.check_before_launch("ckpt", _facts(5), "d", other_seed, BATCH, "x.csv")
+
+
+def test_continuity_facts_with_keys_missing_are_refused_before_launch():
+    sampler = continuity.training_sampler(SAMPLES, BATCH, SEED)
+    facts = {key: value for key, value in _facts(5).items() if key != "consumed"}
+    with pytest.raises(ConfigError, match="continuity facts lack consumed"):
+        continuity.check_before_launch("ckpt", facts, "d", sampler, BATCH, "x.csv")

@@ -229,8 +229,8 @@ def manifest_meta(path: str | os.PathLike) -> dict:
 def check_compatible(directory: str | os.PathLike, meta: dict, strategy: str, world_size: int, *,
                      portable: bool = False) -> None:
     """Refuse a checkpoint this run cannot continue (``meta``: its manifest's or state's facts).  ``portable``: the
-    writing strategy's state loads under this one at any world size (``rankwise.strategies.portable``: whole state
-    and FSDP's shards); otherwise only the same strategy at the same world size continues it (DeepSpeed)."""
+    writing strategy's state loads under this one at any world size (``rankwise.strategies.portable``: every
+    strategy this installation knows); otherwise only the same strategy at the same world size continues it."""
     if portable:
         return
     if meta.get("strategy", strategy) != strategy:

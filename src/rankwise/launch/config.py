@@ -33,7 +33,7 @@ class LaunchConfig(BaseModel):
     """torchrun rendezvous endpoint host:port."""
     rdzv_id: str | None = None
     """torchrun rendezvous id shared by all nodes of the job."""
-    rdzv_last_call_s: float = Field(30.0, gt=0)
+    rdzv_last_call_s: int = Field(30, ge=1)
     """Elastic jobs: how long the rendezvous waits for more nodes once MIN have joined (c10d's last_call_timeout), at the start and at every restart after a node is lost."""
     max_restarts: int = Field(0, ge=0)
     """How often torchrun restarts the worker group after a failure."""

@@ -52,7 +52,7 @@ def torchrun_args(config: LaunchConfig, entry: Entry) -> argparse.Namespace:
         seconds = max(1, round(config.timeout_s))
         args.rdzv_conf = f"timeout={seconds},join_timeout={seconds}"
     if config.rdzv_backend:
-        args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"last_call_timeout={config.rdzv_last_call_s:g}"]))
+        args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"last_call_timeout={config.rdzv_last_call_s}"]))
         args.rdzv_backend, args.rdzv_endpoint = config.rdzv_backend, config.rdzv_endpoint or ""
         args.rdzv_id = config.rdzv_id or "rankwise"
     else:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
-from rankwise.checkpoint import WEIGHTS, read_weights
+from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.precision import Precision
@@ -220,6 +220,9 @@ def read_whole_state(directory: Path, module: nn.Module, optimizer,
         return retie({**weights, **whole["model"]}, module), whole["optim"]
     if deepspeed.is_dir():  # ZeRO stage 0 saves the optimizer whole, beside the module
         whole = torch.load(deepspeed / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        if "param_groups" not in whole["optimizer"]:  # 16-bit: DeepSpeed's own wrapper with fp32 masters
+            raise CheckpointError(f"{directory}: DeepSpeed ZeRO stage 0 at 16-bit precision keeps its optimizer in "
+                                  "DeepSpeed's own wrapper; continue it with the same strategy and world size")
         return weights, by_name(whole["optimizer"], names)
     whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
     return weights, by_name(whole, names)

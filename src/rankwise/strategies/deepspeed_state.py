@@ -33,8 +33,9 @@ def load_whole_optimizer(zero, module: nn.Module, optimizer, weights: dict, opti
     keys = {key for states in optim["state"].values() for key in states if key != "step"}
     _allocate_optimizer_state(zero, keys, steps.pop() if steps else None)
     parameters = dict(module.named_parameters())
-    for name, states in optim["state"].items():
-        parameter = parameters[name]
+    # Every stepped parameter's master weights, those without optimizer state yet (no gradient so far) too.
+    for name in (name for group in optim["param_groups"] for name in group["params"]):
+        parameter, states = parameters[name], optim["state"].get(name, {})
         for key in [None, *(keys & states.keys())]:  # None: the fp32 master weights
             value = (weights[name] if key is None else states[key]).to(device)
             if hasattr(parameter, "ds_id"):

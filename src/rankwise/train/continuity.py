@@ -53,6 +53,10 @@ def check_before_launch(checkpoint: str | Path, recorded: dict, data_digest: str
                         batch_size: int, data_source: str) -> None:
     """Refuse to continue ``checkpoint`` on other data or another sample order (``recorded``: its manifest's
     continuity facts; ``sampler``: this run's, from :func:`training_sampler`)."""
+    missing = sorted({"data", "step", "epoch", "position", "order", "consumed"} - recorded.keys())
+    if missing:
+        raise ConfigError(f"--resume {checkpoint}: its manifest's continuity facts lack {', '.join(missing)} "
+                          "(edited?); restore the manifest or start a new run from its weights")
     if recorded["data"] != data_digest:
         raise ConfigError(f"--resume {checkpoint}: the training data changed since this checkpoint (its digest "
                           f"{recorded['data']}, {data_source} now gives {data_digest}): continuing would train on "
@@ -70,22 +74,19 @@ def check_before_launch(checkpoint: str | Path, recorded: dict, data_digest: str
                           "checkpoint's own settings (its config.json)")
 
 
-def first_step_record(rt, loader, recorded: dict, *, step: int, steps_per_epoch: int, batch_size: int,
-                      grad_accum: int, lr_resumed: float, loss: float, data_digest: str, resumed_from: str) -> dict:
+def first_step_record(rt, loader, recorded: dict, trained: list[int], *, step: int, steps_per_epoch: int,
+                      batch_size: int, lr_resumed: float, loss: float, data_digest: str, resumed_from: str) -> dict:
     """The continuity record of a resume, made once the first resumed step (``step + 1``) has trained (a
-    collective: every rank calls it).  ``loader``: the training loader, at the resumed epoch."""
+    collective: every rank calls it).  ``loader``: the training loader; ``trained``: the dataset indices this
+    rank's micro-batches of that step really held (each batch's ``index``)."""
     now = position(loader.sampler, steps_per_epoch, batch_size, step)
-    order = global_order(loader.sampler)
+    order = global_order(loader.sampler)  # the epoch the loader really iterates
     expected = order[now["position"]:now["position"] + batch_size]
-    # This rank's micro-batches of the first resumed step, as its loader cut them from its sampler.
-    mine = list(loader.sampler)
-    first = (step - now["epoch"] * steps_per_epoch) * grad_accum * loader.batch_size
-    trained = mine[first:first + grad_accum * loader.batch_size]
     # Why: the ranks' shares together are the step's global batch.
-    everyone = [index for share in rt.all_gather_object(trained) for index in share]
+    everyone = [index for share in rt.all_gather_object(list(trained)) for index in share]
     checks = {
         "data": recorded["data"] == data_digest,
-        "order": recorded["order"] == now["order"],
+        "order": recorded["order"] == now["order"] and loader.sampler.epoch == now["epoch"],
         "consumed": (recorded["position"], recorded["consumed"]) == (now["position"], now["consumed"]),
         "first_step": sorted(everyone) == sorted(expected) and len(set(everyone)) == len(everyone),
     }

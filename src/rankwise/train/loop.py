@@ -24,6 +24,7 @@ from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
+from rankwise.process import restart_count
 from rankwise.runtime import Runtime, setup
 from rankwise.throughput import SteadyThroughput, count_tokens
 from rankwise.train import artifacts, continuity
@@ -112,6 +113,18 @@ class Trainer:
                                                   meta={"continuity": facts})
         self.saved_step = self.step
 
+    def latest_to_continue(self) -> str | None:
+        """``"latest"`` where this worker group continues its run (torchrun restarted it, or a node joined an
+        elastic job) and the run directory holds a checkpoint; else ``None``.  Rank 0 decides for all: each
+        node's agent counts its own restarts, so a node that joins later has 0 where the survivors have more."""
+        decision = None
+        if self.rt.is_main and (restart_count() or len(self.cfg.world_sizes) > 1):
+            checkpoints = self.run_dir.checkpoints
+            if self.run_dir.latest.is_symlink() or any(checkpoints.glob("step-*")):
+                decision = "latest"
+        # Why: loading is a collective; every rank must load the same checkpoint, or none.
+        return self.rt.broadcast_object(decision)
+
     def resume(self, path: str) -> None:
         if path == "latest":
             path = str(self.run_dir.latest)
@@ -121,14 +134,14 @@ class Trainer:
         if state.get("continuity") and self.step < self.total_steps:
             # This run's own schedule at the step (its lambdas come from this run's configuration).
             lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](self.step)
-            self.resumed = {"facts": state["continuity"], "lr": lr}
+            self.resumed = {"facts": state["continuity"], "lr": lr, "trained": []}
 
     def report_continuity(self, loss_sum: torch.Tensor) -> None:
         """After the first resumed step: check and record that the data continued (a collective)."""
         loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()  # only this step's loss is in the sum
         record = continuity.first_step_record(
-            self.rt, self.loader, self.resumed["facts"], step=self.step - 1, steps_per_epoch=self.steps_per_epoch,
-            batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum, lr_resumed=self.resumed["lr"],
+            self.rt, self.loader, self.resumed["facts"], self.resumed["trained"], step=self.step - 1,
+            steps_per_epoch=self.steps_per_epoch, batch_size=self.cfg.batch_size, lr_resumed=self.resumed["lr"],
             loss=loss, data_digest=self.data_digest, resumed_from=f"the checkpoint of step {self.step - 1}")
         self.resumed = None
         if self.rt.is_main:
@@ -158,8 +171,9 @@ class Trainer:
 
     def fit(self) -> dict:
         cfg, rt = self.cfg, self.rt
-        if cfg.resume:
-            self.resume(cfg.resume)
+        resume = cfg.resume or self.latest_to_continue()
+        if resume:
+            self.resume(resume)
         self.check_ranks_agree()
         start_step = self.step
         self.metrics = MetricsLog(self.run_dir, rt.is_main, resumed_step=start_step)
@@ -208,6 +222,8 @@ class Trainer:
                 if micro < skip * cfg.grad_accum:
                     continue
                 step_tokens += count_tokens(batch)
+                if self.resumed:  # the samples the first resumed step really trains, for its continuity check
+                    self.resumed["trained"].extend(batch["index"].tolist())
                 loss_sum += self.train_step(batch, sync) / cfg.grad_accum
                 if not sync:
                     continue

@@ -63,8 +63,8 @@ def check_master_port(cfg: TrainConfig) -> None:
 
 
 def resumable(cfg: TrainConfig) -> None:
-    """``--resume``: a checkpoint exists that this run can continue (whole state and FSDP's shards at any world
-    size and under any of those strategies; DeepSpeed's partitions only by their strategy at their world size)."""
+    """``--resume``: a checkpoint exists that this run can continue (any known strategy's, at any world size:
+    ``strategies.portable``)."""
     if cfg.resume is None:
         return
     path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume

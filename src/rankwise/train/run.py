@@ -61,7 +61,7 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     preflight.prepared_data(cfg, {split: data.size(split) for split in ("train", "dev", "test")})
     preflight.continues_the_data(cfg, data)
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    if cfg.resume is None and run_dir.checkpoints.exists() and cfg.launch.rdzv_backend:
+    if cfg.resume is None and run_dir.checkpoints.exists() and len(cfg.world_sizes) > 1:
         # An elastic job's nodes come and go with the same command: a node (re)joining must keep the live run's
         # checkpoints, which the workers continue from.
         print(f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its latest checkpoint "

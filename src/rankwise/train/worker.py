@@ -15,7 +15,6 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankwise.data.prepare import PreparedData
-from rankwise.process import restart_count
 from rankwise.testing import faults
 from rankwise.train.config import load_config_json
 from rankwise.train.loop import run_training
@@ -25,12 +24,7 @@ from rankwise.train.rundir import RunDir
 def train_from_run_dir(run_dir: str | Path) -> dict:
     layout = RunDir(run_dir)
     cfg = load_config_json(layout.config)
-    # A restarted group continues where the last checkpoint left off.  In an elastic job a node's agent counts
-    # its own restarts: one that (re)joins a running job starts at 0 while the survivors' count is higher, so
-    # there every worker continues from the run directory's latest checkpoint when it has one.
-    if (restart_count() or cfg.launch.rdzv_backend) and (layout.latest.is_symlink()
-                                                         or any(layout.checkpoints.glob("step-*"))):
-        cfg.resume = "latest"
+    # A restarted group (or one a node joined) continues from the latest checkpoint: Trainer.latest_to_continue.
     return run_training(cfg, PreparedData.load(layout.data), layout.root, faults.step_end_hooks())
 
 
