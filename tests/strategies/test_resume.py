@@ -58,7 +58,7 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
 
 @pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
     ("ddp", "single", 1), ("ddp", "ddp", 3), ("ddp", "accelerate", 2),
-    ("fsdp", "fsdp", 3),  # DCP regroups FSDP's shards
+    ("fsdp", "fsdp", 3), ("fsdp", "fsdp", 1),  # DCP regroups FSDP's shards
     ("ddp", "fsdp", 2), ("fsdp", "ddp", 3),  # whole state and FSDP's shards convert by parameter name
 ])
 def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path):
@@ -87,8 +87,9 @@ def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, st
 
 
 @pytest.mark.parametrize(("written_by", "strategy", "ranks"), [
-    ("deepspeed-zero2", "deepspeed-zero2", 3), ("deepspeed-zero3", "deepspeed-zero3", 3),
-    ("deepspeed-zero3", "deepspeed-zero2", 1), ("deepspeed-zero2", "fsdp", 1), ("deepspeed-zero2", "ddp", 2),
+    ("deepspeed-zero2", "deepspeed-zero2", 3), ("deepspeed-zero2", "deepspeed-zero2", 1),
+    ("deepspeed-zero3", "deepspeed-zero3", 3), ("deepspeed-zero3", "deepspeed-zero3", 1),
+    ("deepspeed-zero3", "deepspeed-zero2", 2), ("deepspeed-zero2", "fsdp", 1), ("deepspeed-zero2", "ddp", 2),
     ("ddp", "deepspeed-zero3", 3),  # 10x10 weights on 3 ranks: the last partition is padded
     ("deepspeed-zero0", "ddp", 2),  # stage 0 keeps the optimizer whole
 ])
