@@ -199,7 +199,7 @@ def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_back_when_it_returns(
     args = ("train", *JOB, "--max-steps", "120", "--set", "data.limit=2000", "--set", "save_every=10",
             "--set", "log_every=10", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"{MASTER}:29661", "--rdzv-id", "job-elastic", "--nproc-per-node", "1", "--max-restarts", "2",
-            "--set", "launch.rdzv_last_call_s=4", "--set", "model.dropout=0", "--out", str(out))
+            "--set", "launch.rdzv_last_call_s=6", "--set", "model.dropout=0", "--out", str(out))
     started = time.monotonic()
     nodes = [_in("rw-node0", *args)]
     try:
@@ -208,9 +208,10 @@ def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_back_when_it_returns(
         _wait_for(lambda: (out / "config.json").exists(), "node 0's prepared data", nodes)
         nodes.append(_in("rw-node1", *args))
         first = _wait_for(lambda: _written_by(out / "checkpoints") == 2, "a checkpoint of both nodes", nodes)
+        record = out / "continuity.json"
+        record.unlink(missing_ok=True)  # a slow start may have grown 1 -> 2 already: wait for the shrink's record
         _kill_tree(nodes[1])
         killed = time.monotonic()
-        record = out / "continuity.json"
         shrunk = _wait_for(lambda: record.exists(), "node 0 to continue alone", nodes)
         alone = json.loads(record.read_text())
         record.unlink()
