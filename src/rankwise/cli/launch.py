@@ -76,10 +76,10 @@ def run_command_line(argv: list[str]) -> int:
         argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
     parser = command_line_parser()
     flags, _ = parser.parse_known_args(argv)  # the choice is checked before any process starts
-    nproc = int(flags.nproc_per_node) if str(flags.nproc_per_node).isdigit() else 2  # "gpu"/"auto": several
+    counted = str(flags.nproc_per_node).isdigit()  # torchrun's "gpu"/"auto" take one process per GPU by themselves
+    nproc = int(flags.nproc_per_node) if counted else 2  # "gpu"/"auto": several
     choice = Choice.from_flags(flags.strategy, flags.precision, flags.set,
                                world_size=nproc * int(str(flags.nnodes).split(":")[-1]))
-    counted = str(flags.nproc_per_node).isdigit()  # torchrun's "gpu" takes one process per GPU by itself
     sharing = gpus_too_few(nproc) if counted and flags.strategy and lookup(flags.strategy).cls.multiprocess else None
     if sharing:  # a script on rankwise.setup(): refused here rather than by NCCL in every rank
         raise ConfigError(f"--nproc-per-node: {sharing}")

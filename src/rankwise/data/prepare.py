@@ -54,6 +54,8 @@ class PreparedData:
     features: int | None = None
     ngrams: CharNgrams | None = None
     """How the splits' character n-grams were hashed (``None``: tokens only)."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Each split's :meth:`digest` once computed; saved with the data, so the workers read the launcher's."""
 
     @property
     def num_labels(self) -> int:
@@ -75,11 +77,13 @@ class PreparedData:
     def digest(self, split: str) -> str:
         """A fingerprint of a split as the workers read it (token ids or features, labels, label names): it
         changes with the data file, the tokenizer or the cleaning."""
-        hasher = hashlib.sha256(json.dumps(self.label_names, ensure_ascii=False).encode())
-        for key, value in sorted(self.splits[split].items()):
-            hasher.update(key.encode())
-            _feed(hasher, value)
-        return hasher.hexdigest()[:16]
+        if split not in self.digests:
+            hasher = hashlib.sha256(json.dumps(self.label_names, ensure_ascii=False).encode())
+            for key, value in sorted(self.splits[split].items()):
+                hasher.update(key.encode())
+                _feed(hasher, value)
+            self.digests[split] = hasher.hexdigest()[:16]
+        return self.digests[split]
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -89,7 +93,8 @@ class PreparedData:
         payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,
                    "stats": self.stats, "features": self.features,
                    "max_length": self.encoder.max_length if self.encoder else None,
-                   "ngrams": self.ngrams.to_dict() if self.ngrams else None}
+                   "ngrams": self.ngrams.to_dict() if self.ngrams else None,
+                   "digests": {"train": self.digest("train")}}  # hashed here once, not again in every rank
         tmp = directory / f".{PREPARED_FILE}.tmp"
         torch.save(payload, tmp)
         os.replace(tmp, directory / PREPARED_FILE)
@@ -102,7 +107,7 @@ class PreparedData:
         payload = torch.load(directory / PREPARED_FILE, weights_only=False)
         encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
         return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
-                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")))
+                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")), payload.get("digests", {}))
 
 
 def load_records(config: DataConfig) -> list[Record]:

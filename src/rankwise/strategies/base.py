@@ -190,10 +190,11 @@ class Strategy:
         """Restore model and optimizer from a checkpoint directory (every rank calls it), whichever strategy
         wrote it at whatever world size (:func:`read_whole_state`)."""
         module = self.unwrap(model)
-        weights, optim = read_whole_state(directory, module, optimizer)
+        names = parameter_names(module, optimizer) if optimizer is not None else None
+        weights, optim = read_whole_state(directory, module, optimizer, names)
         self.load_model_state_dict(model, weights)
         if optim is not None:
-            optimizer.load_state_dict(by_index(optim, parameter_names(module, optimizer)))
+            optimizer.load_state_dict(by_index(optim, names))
 
     @property
     def library_world_size(self) -> int:

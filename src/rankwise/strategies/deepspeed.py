@@ -358,14 +358,14 @@ class DeepSpeed(Strategy):
             if path is None:
                 raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / DEEPSPEED_DIR}")
             return
+        if self.options.zero_stage == 0 and self.precision.dtype != torch.float32:
+            # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
+            raise RuntimeError(f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
+                               f"continue another strategy's or world size's checkpoint ({directory}); use "
+                               "ZeRO stage 1-3, or 32-true at stage 0")
         weights, optim = read_whole_state(directory, self.unwrap(model), optimizer, self.group_names)
         self.load_model_state_dict(model, weights)
         if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
-            if self.precision.dtype != torch.float32:
-                # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
-                raise RuntimeError(f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
-                                   f"continue another strategy's or world size's checkpoint ({directory}); use "
-                                   "ZeRO stage 1-3, or 32-true at stage 0")
             optimizer.load_state_dict(by_index(optim, self.group_names))
         else:
             load_whole_optimizer(self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device)
