@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rankwise
+from rankwise.errors import ConfigError
 from rankwise.tolerance import max_param_diff
 from tests import public_loop
 from tests.multiproc import run_ranks
@@ -128,3 +129,18 @@ def test_horovod_accumulation_without_grad_accum_is_refused_with_what_to_do():
     strategy = Horovod(ProcessEnv.detect())  # not set up: no_sync reads only the loop facts
     with pytest.raises(RuntimeError, match=r"rt.prepare\(model, optimizer, grad_accum=N\)"):
         strategy.no_sync(torch.nn.Linear(1, 1))
+
+
+def test_prepare_compiles_the_model_in_place_and_dp_refuses():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with rankwise.setup("single") as rt:
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        names = [name for name, _ in model.named_parameters()]
+        model, _ = rt.prepare(model, compile=True)
+        model(torch.randn(3, 6)).sum().backward()
+        assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the forward
+        assert [name for name, _ in model.named_parameters()] == names  # checkpoints keep their keys
+    with rankwise.setup("dp") as rt, pytest.raises(ConfigError, match="use ddp"):
+        rt.prepare(torch.nn.Linear(2, 2), compile=True)

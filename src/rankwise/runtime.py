@@ -131,17 +131,23 @@ class Runtime:
 
     # -- model, optimizer, data --------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, grad_accum: int = 1,
-                micro_batch_size: int | None = None):
+                micro_batch_size: int | None = None, compile: bool = False,
+                activation_checkpointing: bool = False):
         """Move and wrap the model for the strategy; returns ``(model, optimizer)``.
 
         Build the optimizer on the *unwrapped* model's parameters before calling this
         (the same code as a single-device script).  ``grad_accum``: micro-batches per
         optimizer step, when the loop accumulates (Horovod and DeepSpeed must know it up
         front); ``micro_batch_size``: samples per rank per micro-batch, if known.
+        ``compile``: ``torch.compile`` the model where the strategy's wrapping allows (after DDP's and
+        FSDP's wrapping, by DeepSpeed's engine; refused under ``dp``); the first steps then pay for the
+        compilation.  ``activation_checkpointing``: recompute each transformer layer's activations in
+        the backward pass (see :mod:`rankwise.blocks` for how layers are found).
         """
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
-        facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size)
+        facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size, compile=compile,
+                          activation_checkpointing=activation_checkpointing)
         if self.probe:
             self.probe.prepared(self, model, grad_accum)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)

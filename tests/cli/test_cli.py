@@ -312,3 +312,11 @@ def test_more_ranks_than_gpus_is_refused_before_launch(monkeypatch, capsys):
     assert "--nproc-per-node: 2 processes per node" in capsys.readouterr().err and not launched
     # Without --strategy the script may be any torchrun script (gloo on the CPU, say): launch does not guess.
     assert cli.main(["launch", "--nproc-per-node", "2", "x.py"]) == 0 and launched
+
+
+def test_speed_settings_a_run_cannot_use_are_refused_before_launch(monkeypatch, capsys):
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    assert cli.main(["train", "--data", "toy", "--strategy", "dp", "--set", "compile=true"]) == 2
+    assert "strategy 'dp' cannot use torch.compile" in capsys.readouterr().err
+    assert cli.main(["train", "--data", "toy", "--set", "model.activation_checkpointing=true"]) == 2
+    assert "model linear has none" in capsys.readouterr().err

@@ -158,3 +158,24 @@ def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_pat
     run_ranks(_train, 2, str(tmp_path / "split"), str(datasets / "toy"),
               [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"])
     assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, single_run, tmp_path):
+    data, model = CASES["toy-mlp"]
+    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
+                     [*model, "batch_size=16", f"strategy={strategy}", "compile=true"]) == [(6, 2)] * 2
+    difference = max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path))
+    print(f"toy-mlp: max |single (eager) - {strategy} (compiled)| = {difference:.2e}")
+    assert difference < TOLERANCE
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3"])
+def test_activation_checkpointing_matches_the_single_process_without_it(strategy, datasets, single_run, tmp_path):
+    data, model = CASES["tiny-bert"]
+    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
+                     [*model, "batch_size=16", f"strategy={strategy}", "model.activation_checkpointing=true"]
+                     ) == [(6, 2)] * 2
+    difference = max_param_diff(single_run("tiny-bert", 16), _weights(tmp_path))
+    print(f"tiny-bert: max |single - {strategy} with activation checkpointing| = {difference:.2e}")
+    assert difference < TOLERANCE

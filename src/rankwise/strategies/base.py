@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
+from rankwise.blocks import checkpoint_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
 from rankwise.checkpoint.files import cpu_copies
+from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
@@ -44,6 +46,10 @@ class LoopFacts:
     """Micro-batches per optimizer step: Horovod's ``backward_passes_per_step``, DeepSpeed's accumulation."""
     micro_batch_size: int | None = None
     """Samples per rank per micro-batch, when the loop knows it (DeepSpeed's bookkeeping; 1 otherwise)."""
+    compile: bool = False
+    """Compile the model with ``torch.compile`` (inductor), at the point the strategy's wrapping allows."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer layer's activations in the backward pass (:mod:`rankwise.blocks`)."""
 
 
 class Strategy:
@@ -59,6 +65,8 @@ class Strategy:
     """Importable modules the strategy needs beyond torch."""
     install: ClassVar[str] = ""
     """The command that installs them."""
+    cannot_compile: ClassVar[str | None] = None
+    """Why ``torch.compile`` is refused under this strategy; ``None`` where it compiles."""
     options_section: ClassVar[str | None] = None
     """The config section holding this strategy's options (``ddp``, ``deepspeed``, ...)."""
     options_cls: ClassVar[type[Options] | None] = None
@@ -86,6 +94,12 @@ class Strategy:
     def check_options(cls, options: Options | None) -> None:
         """Raise ConfigError for options this strategy cannot run (called before any worker starts)."""
 
+    @classmethod
+    def check_compile(cls) -> None:
+        """Raise ConfigError where this strategy cannot compile the model (before any worker starts)."""
+        if cls.cannot_compile:
+            raise ConfigError(f"strategy {cls.name!r} cannot use torch.compile: {cls.cannot_compile}")
+
     def __init__(self, env: ProcessEnv, precision: str = "32-true", options: Options | None = None,
                  timeout_s: float = 300.0):
         self.env = env
@@ -112,9 +126,24 @@ class Strategy:
 
     # -- wrapping ----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, facts: LoopFacts):
-        """Keep the loop's facts, then wrap model and optimizer together (``wrap``)."""
+        """Keep the loop's facts, then wrap model and optimizer together (``wrap``): layers checkpointed
+        before any wrapping (inside FSDP's and ZeRO-3's units), the model compiled after it (``compile``)."""
         self.facts = facts
-        return self.wrap(model, optimizer)
+        if facts.compile:
+            self.check_compile()
+        if facts.activation_checkpointing:
+            checkpoint_blocks(model)
+        model, optimizer = self.wrap(model, optimizer)
+        if facts.compile:
+            model = self.compile(model)
+        return model, optimizer
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """``torch.compile`` the wrapped model in place (parameter names, and so checkpoints, do not change).
+        Compiling the wrapper, not the bare module, is what torch documents for DDP: Dynamo then splits the
+        graph at the gradient buckets' boundaries, so the all-reduces still overlap the backward pass."""
+        compile_in_place(model)
+        return model
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         """Move and wrap model and optimizer together (FSDP and DeepSpeed need both at once)."""
@@ -227,6 +256,18 @@ def read_whole_state(directory: Path, module: nn.Module, optimizer,
         return weights, by_name(whole["optimizer"], names)
     whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
     return weights, by_name(whole, names)
+
+
+def compile_in_place(model: nn.Module) -> None:
+    """What ``model.compile()`` means, through a first frame Dynamo traces.  Torch 2.13's ``Module.compile``
+    compiles ``Module._call_impl``, which Dynamo skips as torch's own code: a model whose ``forward`` is torch's
+    too (``nn.Sequential``) ran eagerly, silently (pytorch/pytorch#150915)."""
+    call_impl = model._call_impl
+
+    def call(*args, **kwargs):
+        return call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = torch.compile(call)  # where Module.compile puts it: __call__ runs it
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

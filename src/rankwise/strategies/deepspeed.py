@@ -246,6 +246,11 @@ class DeepSpeed(Strategy):
         # learning-rate schedulers and zero_grad on it work as in any other strategy.
         return self.engine, optimizer
 
+    def compile(self, model: nn.Module) -> nn.Module:
+        """DeepSpeed's own hook, ``engine.compile()``: it compiles its module and keeps its ZeRO hooks in step."""
+        model.compile()
+        return model
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 

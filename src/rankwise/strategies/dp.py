@@ -23,6 +23,8 @@ class DataParallel(SingleDevice):
 
     name = "dp"
     description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
+    cannot_compile = ("DataParallel copies the module onto every GPU again at each forward, and torch.compile "
+                      "does not follow the copies; use ddp (one process per GPU), which compiles")
 
     def wrap_module(self, model: nn.Module) -> nn.Module:
         model = super().wrap_module(model)

@@ -3,7 +3,8 @@
 Parameters, gradients and optimizer state are split across ranks; each layer's
 parameters are all-gathered just before it runs and freed after.  Layers named in a
 transformers model's ``_no_split_modules`` (e.g. ``BertLayer``) become their own
-shard units, then the root; other models are sharded as one unit.
+shard units (:func:`rankwise.blocks.transformer_blocks`), then the root; other models are sharded as one
+unit.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import torch
 from torch import nn
 
+from rankwise.blocks import transformer_blocks
 from rankwise.strategies import register
 from rankwise.strategies.base import SHARDED_DIR, Strategy, read_whole_state, retie
 
@@ -46,10 +48,8 @@ class FSDP(Strategy):
         model = model.to(self.device)
         names_by_id = {id(p): name for name, p in model.named_parameters()}
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))
-        block_names = set(getattr(model, "_no_split_modules", None) or [])
-        for module in model.modules():
-            if type(module).__name__ in block_names and module is not model:
-                fully_shard(module, mesh=mesh)
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if optimizer is not None:
             optimizer = rebuild_optimizer(optimizer, model, names_by_id)

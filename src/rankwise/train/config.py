@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rankwise.batching import micro_batch_size
 from rankwise.errors import ConfigError
 from rankwise.launch.config import LAUNCHERS, LaunchConfig
-from rankwise.models import model_names
+from rankwise.models import TOY_MODELS, model_names
 from rankwise.precision import PRECISIONS
 from rankwise.strategies import lookup, strategy_names
 from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions, parse_value
@@ -80,6 +80,8 @@ class ModelConfig(_Section):
     """Start from these weights: a `rankwise export` .safetensors file or a checkpoint directory (any strategy's)."""
     pooling: Literal["cls", "mean"] = "cls"
     """How a BERT preset summarises a text for its classifier: the [CLS] state through BERT's pooler, or the mean of the non-padding token states."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer layer's activations in the backward pass instead of keeping them: activation memory drops to about one layer's worth, for about one more forward pass of compute (under every strategy)."""
     split_devices: bool = False
     """Split the toy MLP across two devices inside one rank (a model-parallel MLP inside data parallelism, as in PyTorch's DDP tutorial's ToyMpModel): rank r uses cuda:2r and cuda:2r+1 (the CPU twice without GPUs); model mlp with strategy single or ddp only."""
 
@@ -116,6 +118,8 @@ class TrainConfig(_Section):
     """Global batch per optimizer step, the same whatever the world size: per-rank micro-batch = batch_size / (world_size * grad_accum)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches accumulated per optimizer step (gradient sync only on the last)."""
+    compile: bool = False
+    """Compile the model with torch.compile (inductor) after the strategy's wrapping; the first steps pay for the compilation (left out of steady_samples_per_s by throughput_warmup_steps), and dropout masks come from inductor's generator (not dp)."""
     throughput_warmup_steps: int = Field(5, ge=0)
     """Optimizer steps left out of the summary's `steady_samples_per_s` and `tokens_per_s` (the first steps pay for allocation and caches; checkpoints and evaluations are always left out)."""
     eval_batch_size: int = Field(256, ge=1)
@@ -179,6 +183,9 @@ class TrainConfig(_Section):
             raise ValueError(f"model.split_devices splits the toy MLP inside one process: it needs model.name=mlp "
                              f"and strategy single or ddp (got model.name={self.model.name}, "
                              f"strategy={self.strategy})")
+        if self.model.activation_checkpointing and self.model.name in TOY_MODELS:
+            raise ValueError(f"model.activation_checkpointing recomputes transformer layers: model {self.model.name} "
+                             "has none (use a BERT preset or a pretrained model)")
         if self.data.dev_percent + self.data.test_percent >= 90:
             raise ValueError("data.dev_percent + data.test_percent must leave at least 10% for training")
         return self

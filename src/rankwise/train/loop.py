@@ -73,7 +73,8 @@ class Trainer:
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
         self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
-                                                micro_batch_size=self.micro_batch)
+                                                micro_batch_size=self.micro_batch, compile=cfg.compile,
+                                                activation_checkpointing=cfg.model.activation_checkpointing)
         # Weights are initialised identically on every rank (same seed); from here on each
         # rank gets its own stream so dropout masks differ between ranks, as they should.
         torch.manual_seed(cfg.seed + rt.rank)

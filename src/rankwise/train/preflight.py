@@ -34,6 +34,8 @@ def before_launch(cfg: TrainConfig) -> None:
     except ImportError as e:
         raise ConfigError(str(e)) from None
     resolve_options(variant, cfg.strategy_options())
+    if cfg.compile:
+        variant.cls.check_compile()
     launcher = variant.cls.launcher or cfg.launch.launcher
     if len(cfg.world_sizes) > 1 and launcher != "torchrun":
         raise ConfigError(f"launch.nnodes={cfg.launch.nnodes}: an elastic node range needs the torchrun launcher "
