@@ -9,6 +9,8 @@ end of one step (or of a pause) to the end of the next.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterable
 
 
 def count_tokens(batch: dict) -> int:
@@ -25,14 +27,17 @@ class SteadyThroughput:
         self.seconds = 0.0
         self.samples = 0
         self.tokens = 0
+        self.shapes: Counter = Counter()
+        """The counted steps' micro-batches as ``(rows, padded length)``: what their FLOPs are counted from."""
         self._since = time.perf_counter()
 
     def restart(self) -> None:
         """Time from now: call after anything that is not a training step (evaluation, checkpoint)."""
         self._since = time.perf_counter()
 
-    def step(self, samples: int, tokens: int) -> None:
-        """One optimizer step ended, over ``samples`` samples and ``tokens`` tokens (this process's count)."""
+    def step(self, samples: int, tokens: int, shapes: Iterable[tuple[int, int | None]] = ()) -> None:
+        """One optimizer step ended, over ``samples`` samples and ``tokens`` tokens (this process's count), in
+        micro-batches of ``shapes``."""
         now = time.perf_counter()
         self.steps_seen += 1
         if self.steps_seen > self.warmup_steps:
@@ -40,6 +45,7 @@ class SteadyThroughput:
             self.seconds += now - self._since
             self.samples += samples
             self.tokens += tokens
+            self.shapes.update(shapes)
         self._since = now
 
     def rates(self, all_tokens: int | None = None) -> dict:

@@ -51,6 +51,10 @@ def test_train_json_summary(trained):
     assert (summary["strategy"], summary["world_size"], summary["library_world_size"]) == ("ddp", 2, 2)
     assert summary["train_samples"] == 300 and summary["eval_samples"] == 300 and summary["steps"] == 6
     assert 0.0 <= summary["accuracy"] <= 1.0 and summary["samples_per_s"] > 0
+    # The one steady step (6 steps, 5 of warm-up): its FLOPs over its time, against two ranks' measured peak.
+    assert summary["flops_per_sample"] > 1e6 and summary["peak_tflops_per_s"] > 0
+    assert summary["tflops_per_s"] == pytest.approx(2 * summary["tflops_per_s_per_rank"], rel=2e-3)
+    assert 0 < summary["mfu"] == pytest.approx(summary["tflops_per_s"] / summary["peak_tflops_per_s"], rel=1e-2)
     assert Path(summary["checkpoint"]).is_dir() and (out / "checkpoints" / "latest").exists()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [6]  # log_every=20 > steps: logged once, at the end

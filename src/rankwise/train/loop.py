@@ -22,6 +22,7 @@ from rankwise.batching import iterate_steps
 from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
+from rankwise.flops import FlopCounter, padded_length, rows
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
 from rankwise.process import restart_count
@@ -34,6 +35,7 @@ from rankwise.train.metrics import MetricsLog
 from rankwise.train.optim import lr_lambda, make_optimizer
 from rankwise.train.preemption import StopRequest
 from rankwise.train.rundir import RunDir
+from rankwise.train.utilisation import utilisation
 
 
 def attention_for_varying_lengths(device: torch.device) -> None:
@@ -70,6 +72,8 @@ class Trainer:
         if cfg.model.init_weights:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
+        # Counts the model's FLOPs on a fake copy made before the strategy shards or compiles it.
+        self.flop_counter, self.flop_template = FlopCounter(model, forward_logits), None
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
         self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
@@ -212,6 +216,7 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         loss_sum = torch.zeros((), device=rt.device)
         loss_steps = step_tokens = 0
+        step_shapes = []
         train_time = 0.0
         epoch = self.step // self.steps_per_epoch
         while self.step < self.total_steps:
@@ -223,6 +228,9 @@ class Trainer:
                 if micro < skip * cfg.grad_accum:
                     continue
                 step_tokens += count_tokens(batch)
+                step_shapes.append((rows(batch), padded_length(batch)))
+                if self.flop_template is None:
+                    self.flop_template = batch
                 if self.resumed:  # the samples the first resumed step really trains, for its continuity check
                     self.resumed["trained"].extend(batch["index"].tolist())
                 loss_sum += self.train_step(batch, sync) / cfg.grad_accum
@@ -231,8 +239,8 @@ class Trainer:
                 self.optimizer_step()
                 if self.resumed:
                     self.report_continuity(loss_sum)
-                self.throughput.step(cfg.batch_size, step_tokens)
-                step_tokens = 0
+                self.throughput.step(cfg.batch_size, step_tokens, step_shapes)
+                step_tokens, step_shapes = 0, []
                 loss_steps += 1
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -284,6 +292,7 @@ class Trainer:
         peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
         # Why: each rank counted only its own shard's tokens.
         tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
+        flops = utilisation(rt, self.flop_counter, self.flop_template, self.throughput)
         summary = {
             "strategy": cfg.strategy,
             "world_size": rt.world_size,
@@ -303,6 +312,7 @@ class Trainer:
             "peak_rss_mb": peak_rss_mb,
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             **self.throughput.rates(tokens),
+            **flops,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "run_dir": str(self.run_dir.root),
         }

@@ -111,5 +111,10 @@ def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) 
     print(f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, macro-F1 "
           f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
           f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s")
+    if summary.get("tflops_per_s"):
+        sheet = f", {summary['mfu_datasheet']:.1%} of the datasheet's" if summary.get("mfu_datasheet") else ""
+        print(f"compute: {summary['tflops_per_s']:.4g} TFLOP/s in the steady steps "
+              f"({summary['tflops_per_s_per_rank']:.4g} per rank); MFU {summary['mfu']:.1%} of the "
+              f"{summary['peak_tflops_per_s']:.4g} TFLOP/s matrix-product peak measured here{sheet}")
     print(f"report: {run_dir.report_md}\ncheckpoint: {summary['checkpoint']}")
     return 0

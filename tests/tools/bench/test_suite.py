@@ -40,12 +40,16 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
         assert line["eval_count_ok"] and line["equivalent"] and line["accuracy_ok"]
         assert len(line["peak_rss_mb"]) == line["processes"]
     assert rows["single"]["speedup"] == 1.0 and rows["single"]["max_param_diff"] == 0.0
+    # rankwise rows count their FLOPs and measure a peak; the hand-written baseline loop does neither.
+    assert rows["single"]["tflops_per_s"] > 0 and 0 < rows["single"]["mfu"] < 1.5
+    assert rows["plain-ddp"]["tflops_per_s"] is None and rows["single"]["mfu_datasheet"] is None
     assert rows["plain-ddp"]["max_param_diff"] < rows["plain-ddp"]["tolerance"]
     saved = json.loads(paths["json"].read_text())
     assert [line["row"] for line in saved["rows"]] == ["single", "plain-ddp", "wrong"]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 10_000
     markdown = paths["md"].read_text()
     assert f"| plain-ddp | 2 × {max(1, meta_cores(result) // 2)} |" in markdown and "## Reading" in markdown
+    assert "| TFLOP/s | MFU |" in markdown and f"| {rows['single']['mfu']:.1%} |" in markdown
 
 
 def meta_cores(result: dict) -> int:
@@ -73,7 +77,7 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
     assert "single-1t" not in [row.name for row in select(None)]  # opt-in rows run only when named
     quick, full = [row.name for row in select(None, "quick")], [row.name for row in select(None, "full")]
     assert set(full) - set(quick) == {"ddp+fp16-hook", "deepspeed-zero1", "deepspeed-zero3", "plain-accelerate",
-                                      "per-step-sync"}
+                                      "per-step-sync", "ddp+compile", "fsdp+compile"}
     assert {"single", "dp", "ddp", "ddp-spawn", "ddp+bf16", "fsdp", "deepspeed-zero2", "accelerate", "horovod",
             "plain-ddp"} == set(quick)  # make demo: every strategy and launcher once, and the overhead baseline
     assert "deepspeed-zero3" in [row.name for row in select(["deepspeed-zero3"], "quick")]  # named: runs

@@ -12,10 +12,10 @@ ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
 
 
-def median(runs: list[dict], key: str) -> float | None:
+def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
     """The median of ``key`` over the runs that have it (rounded), or None."""
     values = [run[key] for run in runs if run.get(key) is not None]
-    return round(statistics.median(values), 2) if values else None
+    return round(statistics.median(values), digits) if values else None
 
 
 def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
@@ -47,6 +47,9 @@ def summarize(records: list[dict], meta: dict) -> dict:
                 "wall_s": median(runs, "wall_s"),
                 "samples_per_s": speed,
                 "tokens_per_s": median(runs, "tokens_per_s"),
+                "tflops_per_s": median(runs, "tflops_per_s", 4),
+                "mfu": median(runs, "mfu", 4),
+                "mfu_datasheet": median(runs, "mfu_datasheet", 4),
                 "speedup": round(speed / reference, 3) if speed and reference else None,
                 "peak_rss_mb": [peak for peak, _ in first["peak_rss_mb"]],
                 "accuracy": first["accuracy"],
@@ -108,12 +111,12 @@ def _check(value: bool | None) -> str:
 
 def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
-    head = ("| row | procs × threads | wall s | samples/s | tokens/s | speedup | peak RSS MB/rank | accuracy "
-            "| macro-F1 | eval count | max Δparam (tol) | equivalent |")
-    out = [head, "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
+    head = ("| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak RSS MB/rank "
+            "| accuracy | macro-F1 | eval count | max Δparam (tol) | equivalent |")
+    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | "
+            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | "
                        f"{line['status']} |")
             continue
         diff = line["max_param_diff"]
@@ -123,10 +126,24 @@ def table(summary: dict) -> str:
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
         out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
                    f"{line['samples_per_s']:,.0f} | "
-                   f"{tokens} | {speedup} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+                   f"{tokens} | {_flops(line)} | {_mfu(line)} | {speedup} | "
+                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
                    f"{_check(line['equivalent'])} |")
     return "\n".join(out)
+
+
+def _flops(line: dict) -> str:
+    value = line.get("tflops_per_s")
+    return f"{value:.3f}" if value else "—"
+
+
+def _mfu(line: dict) -> str:
+    """Against the peak measured in the run; the datasheet's after a slash on known GPUs."""
+    if not line.get("mfu"):
+        return "—"
+    sheet = f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else ""
+    return f"{line['mfu']:.1%}{sheet}"
 
 
 def reading_text(summary: dict) -> str:
@@ -165,6 +182,9 @@ def markdown(summary: dict) -> str:
         f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()), "",
         table(summary), "",
         "samples/s and tokens/s: training only, after the warm-up steps (checkpoints and evaluation left out); "
+        "TFLOP/s: the model's FLOPs (torch's FLOP counter, forward and backward) per second, all ranks together; "
+        "MFU: that over the matrix-product peak measured in the same run at the run's dtype (all ranks), and "
+        "over the datasheet peak after a slash on known GPUs; "
         "speedup: against `single` at the same total cores; peak RSS: each rank's resident memory during "
         "training; eval count: predictions gathered against the split size; Δparam: largest parameter "
         "difference from `single` after the same first steps, judged against the row's stated tolerance.", "",
@@ -180,9 +200,9 @@ def plot(summary: dict, path: Path) -> None:
     lines = [line for line in summary["rows"] if line["status"] == "ok"]
     names = [line["row"] for line in lines]
     colour = ["#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines]
-    figure, axes = plt.subplots(1, 3, figsize=(15, 0.45 * len(lines) + 2), sharey=True)
+    figure, axes = plt.subplots(1, 4, figsize=(19, 0.45 * len(lines) + 2), sharey=True)
     panels = (("samples_per_s", "training samples/s"), ("speedup", "speedup vs single (equal cores)"),
-              ("accuracy", "test accuracy"))
+              ("mfu", "MFU (of the measured peak)"), ("accuracy", "test accuracy"))
     for axis, (key, title) in zip(axes, panels):
         values = [line[key] or 0 for line in lines]
         axis.barh(names, values, color=colour)
@@ -194,7 +214,7 @@ def plot(summary: dict, path: Path) -> None:
     axes[0].invert_yaxis()  # the table's order, top to bottom (the axes share it)
     axes[1].axvline(1.0, color="grey", linestyle="--", linewidth=1)
     if lines and lines[0]["row"] == "single":
-        axes[2].axvline(lines[0]["accuracy"], color="grey", linestyle="--", linewidth=1)
+        axes[3].axvline(lines[0]["accuracy"], color="grey", linestyle="--", linewidth=1)
     meta = summary["meta"]
     figure.suptitle(f"rankwise bench ({meta['preset']}): {meta['data']}, {meta['nproc']} processes, "
                     f"{meta['cores']} cores — green: passes equivalence and count checks, red: fails")

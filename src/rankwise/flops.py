@@ -1,0 +1,183 @@
+"""Achieved FLOP/s and model FLOPs utilisation (MFU).
+
+FLOPs are counted by torch's own counter (``torch.utils.flop_counter.FlopCounterMode``) over one
+forward and backward pass, on a *fake* copy of the model (``FakeTensorMode``: shapes only, so no
+memory, no compute and no random numbers drawn).  They are model FLOPs: what the pass needs, not
+what activation checkpointing recomputes.  Text batches are padded to their own longest, so their
+FLOPs depend on the padded length L; a transformer's are ``a + b*L + c*L**2`` per sample (matrix
+products grow with L, attention with L squared), so :class:`LengthFlops` counts three lengths, fits
+that exactly and checks the fit on a fourth length before using it.
+
+The peak MFU divides by is measured in the same run (:func:`matmul_peak`: a dense matrix product at
+the run's dtype on the run's device) and, for known GPUs, read from the datasheet
+(:func:`datasheet_peak`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+Batch = dict
+Forward = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+def _signature(batch: Batch) -> tuple:
+    return tuple((key, tuple(value.shape), value.dtype) for key, value in sorted(batch.items())
+                 if isinstance(value, torch.Tensor))
+
+
+class FlopCounter:
+    """FLOPs of one forward and backward pass over a batch, counted once per distinct set of input shapes."""
+
+    def __init__(self, model: nn.Module, forward: Forward):
+        """``model``: the unwrapped model, before a strategy shards it (its parameters' full shapes);
+        ``forward(model, batch)``: the logits the training loop computes."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.mode = FakeTensorMode()
+        self.forward = forward
+        # A copy whose parameters and buffers are fake: the real model is neither copied nor touched.
+        memo = {id(p): nn.Parameter(self.mode.from_tensor(p.detach()), p.requires_grad) for p in model.parameters()}
+        memo.update({id(b): self.mode.from_tensor(b) for b in model.buffers()})
+        self.model = copy.deepcopy(model, memo)
+        self.cache: dict[tuple, int] = {}
+
+    def count(self, batch: Batch) -> int:
+        key = _signature(batch)
+        if key not in self.cache:
+            self.cache[key] = self._count(batch)
+        return self.cache[key]
+
+    def _count(self, batch: Batch) -> int:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        with self.mode:
+            fake = {k: self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            with FlopCounterMode(display=False) as counter:
+                loss = self.forward(self.model, fake).float().sum()
+                # The gradients the backward pass computes, without writing any .grad.
+                torch.autograd.grad(loss, params, allow_unused=True)
+        return counter.get_total_flops()
+
+
+def padded_length(batch: Batch) -> int | None:
+    """A text batch's padded length (dimension 1 of ``input_ids``); None for inputs without one."""
+    ids = batch.get("input_ids")
+    return int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.ndim == 2 else None
+
+
+def rows(batch: Batch) -> int:
+    return next(int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim >= 1)
+
+
+def with_length(batch: Batch, length: int | None, rows: int) -> Batch:
+    """``batch`` with ``rows`` samples and every tensor of its padded length at ``length`` instead (``None``:
+    no length to change); values are zeros (only shapes are counted)."""
+    old = padded_length(batch)
+    resized = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1:
+            shape = [rows, *value.shape[1:]]
+            if length is not None and value.ndim >= 2 and value.shape[1] == old:
+                shape[1] = length
+            value = torch.zeros(shape, dtype=value.dtype)
+        resized[key] = value
+    return resized
+
+
+class LengthFlops:
+    """FLOPs of many batches that differ in rows and padded length, from few counts: per sample a quadratic
+    in the padded length, fitted on three counted lengths and used only when a fourth count agrees."""
+
+    def __init__(self, counter: FlopCounter, template: Batch):
+        self.counter, self.template = counter, template
+        self.fitted: tuple[float, float, float] | None = None
+        self.exact = True
+        """False when the fourth count disagreed: every distinct shape is then counted."""
+
+    def per_sample(self, length: int | None) -> float:
+        return self.counter.count(with_length(self.template, length, rows=1))
+
+    def total(self, shapes: Counter) -> int:
+        """Total FLOPs of batches given as ``Counter({(rows, padded length or None): how many})``."""
+        lengths = sorted({length for _, length in shapes if length is not None})
+        if len(lengths) <= 4 or not self._fit(lengths):
+            return sum(self.counter.count(with_length(self.template, n, rows)) * times
+                       for (rows, n), times in shapes.items())
+        a, b, c = self.fitted
+        return round(sum(rows * (a + b * n + c * n * n) * times for (rows, n), times in shapes.items()))
+
+    def _fit(self, lengths: list[int]) -> bool:
+        import numpy as np
+
+        chosen = [lengths[0], lengths[len(lengths) // 2], lengths[-1]]
+        counts = [self.per_sample(n) for n in chosen]
+        c, b, a = np.polyfit(chosen, counts, 2)
+        check = lengths[len(lengths) // 4]
+        predicted, counted = a + b * check + c * check * check, self.per_sample(check)
+        if abs(predicted - counted) > 1e-6 * max(counted, 1):
+            self.exact = False
+            return False
+        self.fitted = (float(a), float(b), float(c))
+        return True
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> float:
+    """FLOP/s of the best of repeated square matrix products at ``dtype`` on ``device``: the most this process
+    can compute here, measured (the rate a step's matrix products could at best reach)."""
+    size = 4096 if device.type == "cuda" else 512
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    torch.matmul(a, b)  # first call: kernel selection, allocation
+    while time.perf_counter() < deadline or best == float("inf"):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(4):
+            torch.matmul(a, b)
+        _sync(device)
+        best = min(best, (time.perf_counter() - start) / 4)
+    return 2 * size**3 / best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# Dense (no sparsity) peak TFLOP/s from NVIDIA's datasheets: fp32 without tensor cores, and bf16/fp16 tensor cores.
+DATASHEET_TFLOPS = {
+    "H200": {"fp32": 67.0, "16": 989.4},
+    "H100 PCIe": {"fp32": 51.2, "16": 756.0},
+    "H100": {"fp32": 66.9, "16": 989.4},  # SXM5 (the "H100 80GB HBM3" of torch.cuda.get_device_name)
+    "A100": {"fp32": 19.5, "16": 312.0},
+    "L40S": {"fp32": 91.6, "16": 362.1},
+    "L4": {"fp32": 30.3, "16": 121.0},
+    "V100": {"fp32": 15.7, "16": 125.0},
+}
+
+
+def datasheet_peak(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The datasheet's peak FLOP/s for this GPU at ``dtype`` (fp32 counts TF32 tensor cores only where
+    torch allows them for matrix products), else None (a CPU, an unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for model, peaks in DATASHEET_TFLOPS.items():  # the longer names first where one contains another
+        if model in name:
+            if dtype == torch.float32:
+                if torch.backends.cuda.matmul.allow_tf32:
+                    return None  # TF32's peak is not the fp32 one, nor listed here
+                return peaks["fp32"] * 1e12
+            if dtype == torch.bfloat16 and model == "V100":
+                return None  # no bf16 tensor cores
+            return peaks["16"] * 1e12
+    return None

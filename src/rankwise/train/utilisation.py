@@ -1,0 +1,47 @@
+"""The summary's FLOP/s and MFU: the steady steps' model FLOPs over their time, against the peak measured here."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak
+from rankwise.runtime import Runtime
+from rankwise.throughput import SteadyThroughput
+
+TERA = 1e12
+
+
+def _tera(flops_per_s: float) -> float:
+    return float(f"{flops_per_s / TERA:.4g}")  # four significant figures: a CPU rank does hundredths of a TFLOP/s
+
+
+def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
+                throughput: SteadyThroughput) -> dict:
+    """``flops_per_sample``, ``tflops_per_s`` (all ranks), ``tflops_per_s_per_rank``, the measured peak of all
+    ranks, ``mfu`` against it and ``mfu_datasheet`` (known GPUs); None where no step was steady (a collective)."""
+    try:
+        mine = LengthFlops(counter, template).total(throughput.shapes) if counter and template and throughput.steps \
+            else 0
+    except Exception as e:  # a model torch's counter cannot trace on fake tensors: no FLOP/s, the run goes on
+        warnings.warn(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", stacklevel=2)
+        mine = math.nan  # the sum below is then nan on every rank
+    dtype = rt.strategy.precision.dtype
+    # Why: every rank measures its matrix-product peak at once, sharing the machine as its training did.
+    rt.barrier()
+    peak = matmul_peak(rt.device, dtype)
+    flops, peaks, seconds = rt.all_reduce(torch.tensor([mine, peak, throughput.seconds], dtype=torch.float64,
+                                                       device=rt.device), "sum").tolist()
+    seconds /= rt.world_size  # every rank timed the same steps
+    samples = throughput.samples  # the global batch of each steady step (the same count on every rank)
+    if math.isnan(flops) or not flops or seconds <= 0 or not samples:
+        return {"flops_per_sample": None, "tflops_per_s": None, "tflops_per_s_per_rank": None,
+                "peak_tflops_per_s": _tera(peaks), "mfu": None, "mfu_datasheet": None}
+    achieved = flops / seconds
+    sheet = datasheet_peak(rt.device, dtype)
+    return {"flops_per_sample": round(flops / samples), "tflops_per_s": _tera(achieved),
+            "tflops_per_s_per_rank": _tera(achieved / rt.world_size), "peak_tflops_per_s": _tera(peaks),
+            "mfu": round(achieved / peaks, 4),
+            "mfu_datasheet": round(achieved / (sheet * rt.world_size), 4) if sheet else None}
