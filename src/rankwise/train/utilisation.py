@@ -29,16 +29,18 @@ def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
         warnings.warn(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", stacklevel=2)
         mine = math.nan  # the sum below is then nan on every rank
     dtype = rt.strategy.precision.dtype
-    # Why: every rank measures its matrix-product peak at once, sharing the machine as its training did.
-    rt.barrier()
-    peak = matmul_peak(rt.device, dtype)
+    peak = 0.0
+    if throughput.steps:  # the same count on every rank: all of them measure, or none
+        # Why: every rank measures its matrix-product peak at once, sharing the machine as its training did.
+        rt.barrier()
+        peak = matmul_peak(rt.device, dtype)
     flops, peaks, seconds = rt.all_reduce(torch.tensor([mine, peak, throughput.seconds], dtype=torch.float64,
                                                        device=rt.device), "sum").tolist()
     seconds /= rt.world_size  # every rank timed the same steps
     samples = throughput.samples  # the global batch of each steady step (the same count on every rank)
     if math.isnan(flops) or not flops or seconds <= 0 or not samples:
         return {"flops_per_sample": None, "tflops_per_s": None, "tflops_per_s_per_rank": None,
-                "peak_tflops_per_s": _tera(peaks), "mfu": None, "mfu_datasheet": None}
+                "peak_tflops_per_s": _tera(peaks) or None, "mfu": None, "mfu_datasheet": None}
     achieved = flops / seconds
     sheet = datasheet_peak(rt.device, dtype)
     return {"flops_per_sample": round(flops / samples), "tflops_per_s": _tera(achieved),

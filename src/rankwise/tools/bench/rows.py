@@ -70,6 +70,7 @@ ROWS = [
         opt_in=True),
     Row("ddp+powersgd", "ddp", ("ddp.comm_hook=powersgd", "ddp.powersgd_start_step=2"),
         about="DDP sending a rank-1 PowerSGD approximation of the gradients", opt_in=True),
+    Row("single+compile", "single", ("compile=true",), about="one process with torch.compile", opt_in=True),
     Row("single-1t", "single", threads=1, about="one process, one thread: the base of DDP's scaling efficiency",
         opt_in=True),
     Row("ddp+compile", "ddp", ("compile=true",), about="DDP with torch.compile (inductor) after the wrap",
