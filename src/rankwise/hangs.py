@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import socket
 import time
 
@@ -22,6 +23,8 @@ from rankwise.process import ProcessEnv, restart_count
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
                  "Watchdog caught collective operation timeout")
 """How gloo and NCCL report a collective that did not complete in time (nothing else is diagnosed)."""
+PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer \[([^\]]+)\]")
+"""How gloo reports a peer whose process died or whose node went down mid-collective (its address)."""
 KEY = "rankwise/timed-out/attempt-{attempt}/{rank}"
 """Per attempt: a restarted worker group must not see the records of the one before."""
 WHERE = "rankwise/where/attempt-{attempt}/{rank}"
@@ -73,9 +76,15 @@ def missing_ranks(store, env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
 
 
 def explain(exc: BaseException, env: ProcessEnv, timeout_s: float) -> RuntimeError | None:
-    """A RuntimeError naming the ranks that never arrived, or None when ``exc`` is no collective timeout
-    (or the store cannot tell)."""
-    if not env.distributed or env.master_port is None or not is_timeout(exc):
+    """A RuntimeError naming the ranks that never arrived (a collective timed out) or the node whose ranks closed
+    their connections (gloo's "Connection closed by peer [ADDRESS]"), or None when ``exc`` is neither (or the
+    store cannot tell)."""
+    if not env.distributed or env.master_port is None:
+        return None
+    peer = PEER_GONE.search(str(exc))
+    if peer and env.local_world_size != env.world_size:
+        return _peer_gone(env, peer.group(1))
+    if not is_timeout(exc):
         return None
     what = f"a collective did not complete within launch.timeout_s={timeout_s:g} s"
     try:
@@ -92,6 +101,25 @@ def explain(exc: BaseException, env: ProcessEnv, timeout_s: float) -> RuntimeErr
     names = ", ".join(_name(store, rank) for rank in missing)
     return RuntimeError(f"rank {env.rank}: {what}: {names} never arrived (hung, far slower than the others, or cut "
                         f"off from the network); the other ranks were waiting for them")
+
+
+def _peer_gone(env: ProcessEnv, address: str) -> RuntimeError | None:
+    """Name the node at ``address`` from the ranks' announcements, or None when none announced it."""
+    attempt = restart_count()
+    try:
+        store = _store(env, 5.0)
+        there = []
+        for rank in range(env.world_size):
+            key = WHERE.format(attempt=attempt, rank=rank)
+            if store.check([key]) and json.loads(store.get(key))["address"] == address:
+                there.append((rank, json.loads(store.get(key))))
+    except Exception:  # noqa: BLE001 - the master's store is gone too (it was on that node): nothing to name
+        return None
+    if not there:
+        return None
+    ranks = ", ".join(str(rank) for rank, _ in there)
+    return RuntimeError(f"rank {env.rank}: {_describe(there[0][1])} closed its connections in the middle of a "
+                        f"collective (rank(s) {ranks} there): their processes died or that node went down")
 
 
 def _name(store, rank: int) -> str:

@@ -83,7 +83,6 @@ class ProcessEnv:
         per_node = env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
         match = re.match(r"(\d+)", per_node)
         local_world_size = int(match.group(1)) if match else max(1, ntasks // nnodes)
-        job_id = int(env.get("SLURM_JOB_ID", 0))
         return cls(
             rank=int(env["SLURM_PROCID"]),
             local_rank=int(env.get("SLURM_LOCALID", 0)),
@@ -91,8 +90,7 @@ class ProcessEnv:
             local_world_size=local_world_size,
             node_rank=int(env.get("SLURM_NODEID", 0)),
             master_addr=env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-            # Every task of the job must agree on the port without talking: derive it from the job id.
-            master_port=int(env.get("MASTER_PORT", 15000 + job_id % 20000)),
+            master_port=int(env.get("MASTER_PORT") or slurm_port(env)),
             source="slurm",
         )
 
@@ -127,6 +125,12 @@ class ProcessEnv:
 def restart_count() -> int:
     """How often torchrun has restarted this worker group (0 in the first attempt, and outside torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def slurm_port(env) -> int:
+    """The rendezvous port of a Slurm job: every task (or node agent) must agree on it without talking, so it
+    follows from the job id (``15000 + SLURM_JOB_ID % 20000``, what ``examples/slurm.sbatch`` computes too)."""
+    return 15000 + int(env.get("SLURM_JOB_ID", 0)) % 20000
 
 
 def first_slurm_host(nodelist: str) -> str:

@@ -336,6 +336,12 @@ class Runtime:
         done = exc_type is None or issubclass(exc_type, ProbeDone)  # the probe ends every rank at one step
         explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
         self.teardown(clean=done)
+        if not done and "TORCHELASTIC_ERROR_FILE" in os.environ:
+            # Under torchrun's agent (rankwise launch): the failure summary then names what happened, not only
+            # an exit code, for a user's script too (rankwise train's worker records it itself, with @record).
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(explained or exc)
         if explained is not None:
             raise explained from exc
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from rankwise import cli
+from rankwise.cli.launch import command_line_parser
 from rankwise.errors import ConfigError
-from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow, parse_hostfile
+from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow, layout_from_slurm, parse_hostfile
 from rankwise.process import ProcessEnv, expand_nodelist
+from rankwise.tools.harness import check_layout
 from rankwise.train import run
 from rankwise.train.rundir import RunDir
 
@@ -48,15 +52,20 @@ def test_a_machine_missing_from_the_hostfile_is_told_so(tmp_path):
         layout_from_hostfile(path, names={"elsewhere"})
 
 
-def test_train_takes_its_layout_from_the_hostfile(tmp_path, monkeypatch):
-    path = tmp_path / "hosts.txt"
-    path.write_text("127.0.0.1 slots=2\nother-node slots=2\n", encoding="utf-8")
+def _configured(monkeypatch, tmp_path, *flags: str):
+    """The launch settings `rankwise train --data toy --strategy ddp FLAGS` would start its workers with."""
     seen = {}
     monkeypatch.setattr(run, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
     monkeypatch.setattr(run, "launch_workers", lambda *a: None)
     monkeypatch.setattr(run, "report_run", lambda *a, **k: 0)
-    assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--hostfile", str(path)]) == 0
-    launch = seen["cfg"].launch
+    assert cli.main(["train", "--data", "toy", "--strategy", "ddp", *flags]) == 0
+    return seen["cfg"].launch
+
+
+def test_train_takes_its_layout_from_the_hostfile(tmp_path, monkeypatch):
+    path = tmp_path / "hosts.txt"
+    path.write_text("127.0.0.1 slots=2\nother-node slots=2\n", encoding="utf-8")
+    launch = _configured(monkeypatch, tmp_path, "--hostfile", str(path))
     assert (launch.nnodes, launch.node_rank, launch.nproc_per_node, launch.master_addr) == (2, 0, 2, "127.0.0.1")
 
 
@@ -87,10 +96,51 @@ def test_a_kubeflow_pod_maps_to_launch_settings_and_is_not_taken_for_a_worker(mo
     assert layout_from_kubeflow({}) is None
     for key, value in pod.items():
         monkeypatch.setenv(key, value)
-    seen = {}
-    monkeypatch.setattr(run, "prepare_run", lambda cfg, quiet: seen.setdefault("cfg", cfg) and RunDir(tmp_path))
-    monkeypatch.setattr(run, "launch_workers", lambda *a: None)
-    monkeypatch.setattr(run, "report_run", lambda *a, **k: 0)
-    assert cli.main(["train", "--data", "toy", "--strategy", "ddp", "--batch-size", "32"]) == 0
-    launch = seen["cfg"].launch
+    launch = _configured(monkeypatch, tmp_path, "--batch-size", "32")
     assert (launch.nnodes, launch.node_rank, launch.nproc_per_node, launch.master_port) == (2, 1, 4, 23456)
+
+
+SLURM_AGENT = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+               "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+"""What `srun -N2 --ntasks-per-node=1 rankwise ...` gives the task on the second node."""
+
+
+def test_one_slurm_task_per_node_is_that_nodes_agent():
+    assert layout_from_slurm(SLURM_AGENT) == {"nnodes": 2, "node_rank": 1, "master_addr": "gpu07",
+                                              "master_port": 15000 + 4242 % 20000}
+    # A step on part of the allocation: the step's nodes, not the job's.
+    step = {**SLURM_AGENT, "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "gpu[05-08]", "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "gpu[07-08]"}
+    assert layout_from_slurm(step)["master_addr"] == "gpu07" and layout_from_slurm(step)["nnodes"] == 2
+    assert layout_from_slurm({**SLURM_AGENT, "SLURM_NTASKS": "4"}) is None  # two tasks per node: each is a rank
+    assert layout_from_slurm({**SLURM_AGENT, "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}) is None  # one node
+    assert layout_from_slurm({}) is None
+
+
+def _slurm(monkeypatch, env: dict) -> None:
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "PET_NNODES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_train_launch_and_doctor_under_srun_take_the_layout_from_slurm(monkeypatch, tmp_path, capsys):
+    _slurm(monkeypatch, SLURM_AGENT)
+    launch = _configured(monkeypatch, tmp_path, "--nproc-per-node", "2")
+    assert (launch.nnodes, launch.node_rank, launch.master_addr, launch.master_port) == (2, 1, "gpu07", 19242)
+    launched = []
+    monkeypatch.setattr("rankwise.cli.launch.launch_command_line", lambda argv, parser: launched.append(argv))
+    assert cli.main(["launch", "--nproc-per-node", "2", "--master-port", "29999", "x.py"]) == 0
+    flags, _ = command_line_parser().parse_known_args(launched[0])
+    assert (flags.nnodes, flags.node_rank, flags.master_addr, flags.master_port) == ("2", 1, "gpu07", 29999)
+    doctor_args = argparse.Namespace(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1",
+                                     master_port=None)
+    check_layout(doctor_args, min_ranks=1)
+    assert (doctor_args.nnodes, doctor_args.node_rank, doctor_args.master_addr) == (2, 1, "gpu07")
+
+
+def test_train_as_one_of_several_slurm_tasks_per_node_is_refused(monkeypatch, capsys):
+    _slurm(monkeypatch, {**SLURM_AGENT, "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"})
+    monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
+    assert cli.main(["train", "--data", "toy", "--strategy", "ddp"]) == 2
+    assert "under srun as one task per node (--ntasks-per-node=1)" in capsys.readouterr().err

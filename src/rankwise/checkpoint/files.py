@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 import torch
@@ -29,10 +30,12 @@ def fsync_dir(path: Path) -> None:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path next to ``path``; once the block has written it: fsync, rename onto
-    ``path``, fsync the directory.  A crash at any moment leaves the old file or the new one whole."""
+    ``path``, fsync the directory.  A crash at any moment leaves the old file or the new one whole.
+    The temporary name is this writer's own: nodes sharing a run directory (one filesystem, one ``--out``)
+    may write the same file at once, and each rename is whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
         fsync_file(tmp)

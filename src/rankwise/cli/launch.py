@@ -7,7 +7,7 @@ import os
 
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice
-from rankwise.launch.hosts import node_layout
+from rankwise.launch.hosts import layout_from_slurm, node_layout
 from rankwise.launch.torchrun import get_args_parser, launch_command_line
 from rankwise.precision import PRECISIONS
 from rankwise.process import gpus_too_few
@@ -74,6 +74,8 @@ def run_command_line(argv: list[str]) -> int:
             raise ConfigError("--hostfile needs a file")
         layout = node_layout(given)
         argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
+    elif layout := layout_from_slurm(os.environ):  # srun, one task per node: this task is the node's agent
+        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv  # given flags win
     parser = command_line_parser()
     flags, _ = parser.parse_known_args(argv)  # the choice is checked before any process starts
     counted = str(flags.nproc_per_node).isdigit()  # torchrun's "gpu"/"auto" take one process per GPU by themselves

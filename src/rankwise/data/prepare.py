@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rankwise.checkpoint import atomic_path, write_text_atomic
 from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
 from rankwise.data.files import read_file
 from rankwise.data.ngrams import CharNgrams
@@ -95,10 +96,9 @@ class PreparedData:
                    "max_length": self.encoder.max_length if self.encoder else None,
                    "ngrams": self.ngrams.to_dict() if self.ngrams else None,
                    "digests": {"train": self.digest("train")}}  # hashed here once, not again in every rank
-        tmp = directory / f".{PREPARED_FILE}.tmp"
-        torch.save(payload, tmp)
-        os.replace(tmp, directory / PREPARED_FILE)
-        (directory / "stats.json").write_text(json.dumps(self.stats, indent=2, ensure_ascii=False), encoding="utf-8")
+        with atomic_path(directory / PREPARED_FILE) as tmp:  # nodes sharing one --out write it at once
+            torch.save(payload, tmp)
+        write_text_atomic(directory / "stats.json", json.dumps(self.stats, indent=2, ensure_ascii=False))
         return directory
 
     @classmethod

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from rankwise.checkpoint import atomic_path
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -175,8 +177,8 @@ class TextEncoder:
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save(str(path))
+        with atomic_path(path) as tmp:  # another node's workers may be reading it (one shared --out)
+            self.tokenizer.save(str(tmp))
         return path
 
     @classmethod

@@ -4,7 +4,9 @@
   comments; the first host is the master; this node is the line whose host is this
   machine (its hostname or one of its addresses), so the same command runs on every node;
 * Kubernetes (Kubeflow's PyTorchJob with ``nprocPerNode``): the operator's ``PET_*``
-  variables, which are torchrun's own flags as environment variables.
+  variables, which are torchrun's own flags as environment variables;
+* Slurm, when ``srun`` starts one task per node (``srun -N2 --ntasks-per-node=1 rankwise train ...``):
+  each task is its node's agent, which starts that node's workers itself.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rankwise.errors import ConfigError
+from rankwise.process import first_slurm_host, slurm_port
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,30 @@ def layout_from_kubeflow(env) -> dict | None:
     return settings
 
 
+def layout_from_slurm(env) -> dict | None:
+    """Launch settings of a node's agent that ``srun`` started once per node, or None elsewhere (and for a task
+    that is itself a rank: several tasks per node).  Nodes and this node's rank are the job step's; the master
+    is its first host, and the port follows from the job id, so every node agrees without talking."""
+    if "SLURM_PROCID" not in env or "SLURM_NODEID" not in env:
+        return None
+    nodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+    if nodes < 2 or tasks != nodes:
+        return None
+    hosts = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    return {"nnodes": nodes, "node_rank": int(env["SLURM_NODEID"]), "master_addr": first_slurm_host(hosts),
+            "master_port": slurm_port(env)}
+
+
+def node_agent(env=os.environ) -> bool:
+    """Whether this process was started as one node's agent (a Kubeflow pod, or one Slurm task per node),
+    not as one rank: ``rankwise train`` then starts the node's workers itself."""
+    return "PET_NNODES" in env or layout_from_slurm(env) is not None
+
+
 def node_layout(hostfile: str | None, env=os.environ) -> dict:
-    """Launch settings this node takes from a hostfile, else from a Kubeflow PyTorchJob pod's variables."""
+    """Launch settings this node takes from a hostfile, else from a Kubeflow PyTorchJob pod's variables, else
+    from Slurm (one task per node)."""
     if hostfile:
         return asdict(layout_from_hostfile(hostfile))
-    return layout_from_kubeflow(env) or {}
+    return layout_from_kubeflow(env) or layout_from_slurm(env) or {}

@@ -31,20 +31,28 @@ import torch
 
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
+from rankwise.launch.hosts import layout_from_slurm
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
 """Ranks per node: a collective needs at least two."""
 
 
+NODE_DEFAULTS = {"nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": None}
+"""The node flags' defaults: one node, its own master."""
+
+
 def add_node_flags(p: argparse.ArgumentParser, *, backend: bool = False, timeout_s: float = 120.0) -> None:
     """The multi-node flags of every tool (the same command runs on every node)."""
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=DEFAULT_NPROC,
                    help=f"ranks on this node (default {DEFAULT_NPROC})")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job; start the same command on each")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index, 0 .. nnodes-1")
-    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", help="node 0's address")
-    p.add_argument("--master-port", "--master_port", type=int, default=None,
+    p.add_argument("--nnodes", type=int, default=NODE_DEFAULTS["nnodes"],
+                   help="nodes in the job; start the same command on each (under srun with one task per node, "
+                        "the four node flags come from Slurm)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=NODE_DEFAULTS["node_rank"],
+                   help="this node's index, 0 .. nnodes-1")
+    p.add_argument("--master-addr", "--master_addr", default=NODE_DEFAULTS["master_addr"], help="node 0's address")
+    p.add_argument("--master-port", "--master_port", type=int, default=NODE_DEFAULTS["master_port"],
                    help="node 0's port (chosen free on one node; required with --nnodes > 1)")
     if backend:
         p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with CUDA, else gloo")
@@ -53,7 +61,12 @@ def add_node_flags(p: argparse.ArgumentParser, *, backend: bool = False, timeout
 
 
 def check_layout(args: argparse.Namespace, min_ranks: int = 2) -> None:
-    """Refuse a node layout that cannot run: before any process starts."""
+    """Refuse a node layout that cannot run: before any process starts.  Under ``srun`` with one task per node
+    and none of the node flags given, the layout is Slurm's (:func:`rankwise.launch.hosts.layout_from_slurm`)."""
+    slurm = layout_from_slurm(os.environ)
+    if slurm and all(getattr(args, key) == NODE_DEFAULTS[key] for key in NODE_DEFAULTS):
+        for key, value in slurm.items():
+            setattr(args, key, value)
     if args.nproc_per_node < 1 or args.nnodes < 1:
         raise ConfigError("--nproc-per-node and --nnodes must be at least 1")
     if args.nproc_per_node * args.nnodes < min_ranks:

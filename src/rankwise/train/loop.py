@@ -9,6 +9,7 @@ only when it is logged.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from rankwise.train.evaluate import evaluate, forward_logits, write_report
 from rankwise.train.metrics import MetricsLog
 from rankwise.train.optim import lr_lambda, make_optimizer
 from rankwise.train.preemption import StopRequest
-from rankwise.train.rundir import RunDir
+from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.utilisation import utilisation
 
 
@@ -315,6 +316,7 @@ class Trainer:
             **flops,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "run_dir": str(self.run_dir.root),
+            "launch_id": os.environ.get(LAUNCH_ID),  # which launching process's workers wrote this
         }
         if rt.is_main:
             run_dir = self.run_dir

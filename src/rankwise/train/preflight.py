@@ -13,6 +13,7 @@ from rankwise.batching import check_enough_samples, micro_batch_size
 from rankwise.checkpoint import check_compatible, manifest_meta
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import CheckpointError, ConfigError
+from rankwise.launch.hosts import node_agent
 from rankwise.launch.ports import port_in_use
 from rankwise.models import check_model
 from rankwise.precision import Precision
@@ -25,9 +26,10 @@ from rankwise.train.rundir import RunDir
 
 def before_launch(cfg: TrainConfig) -> None:
     """Everything about a run that can be refused before its data is read or a worker starts."""
-    if ProcessEnv.detect().distributed and "PET_NNODES" not in os.environ:  # a PyTorchJob pod is a node, not a rank
+    if ProcessEnv.detect().distributed and not node_agent():  # a PyTorchJob pod, or one srun task per node
         raise ConfigError("`rankwise train` starts its own workers (--nproc-per-node, --nnodes); run it directly, "
-                          "not under torchrun / rankwise launch / srun")
+                          "not under torchrun / rankwise launch, and under srun as one task per node "
+                          "(--ntasks-per-node=1)")
     variant = lookup(cfg.strategy)
     try:
         variant.cls.check_available()

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
@@ -21,7 +22,7 @@ from rankwise.launch import Entry, launch
 from rankwise.strategies import get_strategy
 from rankwise.train import preflight
 from rankwise.train.config import TrainConfig
-from rankwise.train.rundir import RunDir
+from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.worker import train_from_run_dir
 
 WORKER = "rankwise.train.worker"
@@ -35,6 +36,9 @@ def train(cfg: TrainConfig, as_json: bool = False) -> int:
     cfg.out = str(default_run_dir(cfg))
     preflight.resumable(cfg)
     run_dir = prepare_run(cfg, quiet=as_json)
+    # Rank 0 writes this into its result: nodes sharing one --out see the same result.json, and only the node
+    # whose workers wrote it reports it (with c10d rendezvous any node may hold rank 0).
+    os.environ[LAUNCH_ID] = uuid.uuid4().hex
     try:
         launch_workers(cfg, run_dir.root)
     except Stopped as e:
@@ -97,11 +101,11 @@ def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) -> int:
-    if not run_dir.result.exists():  # a node other than the one holding rank 0
+    summary = json.loads(run_dir.result.read_text(encoding="utf-8")) if run_dir.result.exists() else {}
+    if summary.get("launch_id") != os.environ[LAUNCH_ID]:  # a node other than the one holding rank 0
         node = "this node" if cfg.launch.rdzv_backend else f"node {cfg.launch.node_rank}"
         print(f"{node}: workers finished; rank 0's report is on the node that holds rank 0")
         return 0
-    summary = json.loads(run_dir.result.read_text(encoding="utf-8"))
     summary["wall_s"] = round(wall_s, 2)
     write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
     if as_json:

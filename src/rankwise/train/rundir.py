@@ -20,6 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+LAUNCH_ID = "RANKWISE_LAUNCH_ID"
+"""The launching process's id, inherited by its workers: rank 0 records it in ``result.json``, so of the nodes
+sharing one run directory only the one whose workers wrote the result reports it."""
+
 
 @dataclass(frozen=True)
 class RunDir:
