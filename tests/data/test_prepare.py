@@ -102,6 +102,12 @@ def test_the_cache_reuses_prepared_data_until_the_settings_or_the_file_change(tm
     monkeypatch.setattr(prepare, "_prepare", lambda *a: calls.append(a) or real(*a))
     again = prepare_data(config)
     assert calls == [] and again.splits["train"]["ids"] == first.splits["train"]["ids"]
+    # A cache hit saved into a run directory is the entry's files, copied (not serialised again): the same bytes,
+    # and it loads to the same data.
+    run_data = again.save(tmp_path / "run" / "data")
+    for name in ("prepared.pt", "tokenizer.json", "stats.json"):
+        assert (run_data / name).read_bytes() == (again.origin / name).read_bytes(), name
+    assert PreparedData.load(run_data).digest("train") == again.digest("train") == first.digest("train")
     prepare_data(config.model_copy(update={"max_length": 16}))  # other settings: prepared anew
     assert len(calls) == 1
     source.write_text(source.read_text("utf-8") + "one more text,a\n", "utf-8")

@@ -28,7 +28,7 @@ from rankwise.data.tokenizer import TextEncoder
 from rankwise.data.toy import make_toy
 from rankwise.train.config import DataConfig
 
-PREPARED_FILE = "prepared.pt"
+PREPARED_FILE, STATS_FILE, TOKENIZER_FILE = "prepared.pt", "stats.json", "tokenizer.json"
 
 
 def _feed(hasher, value) -> None:
@@ -57,6 +57,8 @@ class PreparedData:
     """How the splits' character n-grams were hashed (``None``: tokens only)."""
     digests: dict[str, str] = field(default_factory=dict)
     """Each split's :meth:`digest` once computed; saved with the data, so the workers read the launcher's."""
+    origin: Path | None = field(default=None, compare=False, repr=False)
+    """The directory it was loaded from (a cache entry): :meth:`save` copies that directory's files."""
 
     @property
     def num_labels(self) -> int:
@@ -89,6 +91,14 @@ class PreparedData:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.origin is not None and (self.origin / PREPARED_FILE).is_file():
+            # Loaded from a cache entry: the same bytes, copied (serialising the token ids again took a second of
+            # every cached run's start on the default job).
+            for name in (TOKENIZER_FILE, PREPARED_FILE, STATS_FILE):
+                if (self.origin / name).is_file():
+                    with atomic_path(directory / name) as tmp:
+                        shutil.copyfile(self.origin / name, tmp)
+            return directory
         if self.encoder is not None:
             self.encoder.save(directory)
         payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,
@@ -98,7 +108,7 @@ class PreparedData:
                    "digests": {"train": self.digest("train")}}  # hashed here once, not again in every rank
         with atomic_path(directory / PREPARED_FILE) as tmp:  # nodes sharing one --out write it at once
             torch.save(payload, tmp)
-        write_text_atomic(directory / "stats.json", json.dumps(self.stats, indent=2, ensure_ascii=False))
+        write_text_atomic(directory / STATS_FILE, json.dumps(self.stats, indent=2, ensure_ascii=False))
         return directory
 
     @classmethod
@@ -107,7 +117,8 @@ class PreparedData:
         payload = torch.load(directory / PREPARED_FILE, weights_only=False)
         encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
         return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
-                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")), payload.get("digests", {}))
+                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")), payload.get("digests", {}),
+                   origin=directory)
 
 
 def load_records(config: DataConfig) -> list[Record]:
