@@ -78,6 +78,11 @@ def test_checkpointed_layers_keep_less_and_compute_the_same():
     print(f"saved for backward: {plain_bytes / 1e6:.2f} MB plain, {checkpointed_bytes / 1e6:.2f} MB checkpointed")
     assert checkpointed_bytes < 0.6 * plain_bytes
     assert [name for name, _ in checkpointed.named_parameters()] == names  # checkpoints and exports unchanged
+    # DataParallel's replicas copy a module's attributes: each must recompute with its own weights, not the original's.
+    layer = transformer_blocks(checkpointed)[0]
+    replica = layer._replicate_for_data_parallel()
+    assert "forward" not in replica.__dict__ and replica.forward.__self__ is replica
+    assert isinstance(layer, type(plain.bert.encoder.layer[0])) and type(replica) is type(layer)
     plain.zero_grad()
     checkpointed.zero_grad()
     for model in (plain, checkpointed):  # with dropout: the recomputation replays the same masks

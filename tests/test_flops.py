@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak, with_length
+from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, devices, matmul_peak, with_length
 from rankwise.models.bert import build_bert
 from rankwise.train.evaluate import forward_logits
 
@@ -46,6 +46,12 @@ def test_the_length_fit_equals_counting_every_length(pooling):
     assert counter.count(with_length(template, 64, 4)) > 2 * counter.count(with_length(template, 32, 4))
 
 
+def test_a_rank_computing_on_several_devices_counts_them():
+    assert devices(nn.Linear(2, 2)) == 1
+    if torch.cuda.device_count() > 1:  # DataParallel over every visible GPU
+        assert devices(nn.DataParallel(nn.Linear(2, 2).cuda())) == torch.cuda.device_count()
+
+
 def test_the_peak_is_measured_and_the_datasheet_knows_only_gpus():
     peak = matmul_peak(torch.device("cpu"), torch.float32, seconds=0.05)
     print(f"fp32 matrix-product peak of this process: {peak / 1e9:.1f} GFLOP/s")
@@ -57,7 +63,8 @@ def test_datasheet_peaks_of_known_gpus(monkeypatch):
     cuda = torch.device("cuda", 0)
     known = [("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4), ("NVIDIA H100 PCIe", torch.float16, 756.0),
              ("NVIDIA H100 80GB HBM3", torch.float32, 66.9), ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312.0),
-             ("Tesla V100-SXM2-16GB", torch.bfloat16, None), ("NVIDIA GeForce RTX 4090", torch.bfloat16, None)]
+             ("Tesla V100-SXM2-16GB", torch.bfloat16, None), ("NVIDIA GeForce RTX 4090", torch.bfloat16, None),
+             ("NVIDIA L40", torch.bfloat16, 181.0), ("NVIDIA L4", torch.bfloat16, 121.0)]
     for name, dtype, tflops in known:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
         assert datasheet_peak(cuda, dtype) == (tflops * 1e12 if tflops else None), name

@@ -10,8 +10,6 @@ pass (``torch.utils.checkpoint``, non-reentrant): less memory for about one more
 
 from __future__ import annotations
 
-import functools
-
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -42,20 +40,34 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return _outermost(model, lambda m: type(m).__name__ in names)
 
 
-def _recomputed(forward, *args, **kwargs):
-    # Non-reentrant: works with keyword inputs, with inputs that need no gradient, under FSDP's and
-    # ZeRO-3's parameter hooks and under torch.compile; the RNG state is replayed, so dropout matches.
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+_CHECKPOINTED: dict[type, type] = {}
+
+
+def _checkpointed(cls: type) -> type:
+    """``cls`` with a forward that recomputes its activations in the backward pass (one subclass per class).
+
+    A subclass, not a ``forward`` stored on the instance: DataParallel's replicas copy a module's attributes,
+    and a stored forward would stay bound to the original layer and its device."""
+    if cls not in _CHECKPOINTED:
+        def forward(self, *args, **kwargs):
+            # Non-reentrant: works with keyword inputs, with inputs that need no gradient, under FSDP's and
+            # ZeRO-3's parameter hooks and under torch.compile; the RNG state is replayed, so dropout matches.
+            return checkpoint(super(checkpointed, self).forward, *args, use_reentrant=False, **kwargs)
+
+        checkpointed = type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__})
+        _CHECKPOINTED[cls] = checkpointed
+    return _CHECKPOINTED[cls]
 
 
 def checkpoint_blocks(model: nn.Module) -> int:
-    """Recompute each repeated layer's activations in the backward pass; returns how many layers.  The layers'
-    ``forward`` is replaced in place, so parameter names (and so checkpoints and exports) do not change."""
+    """Recompute each repeated layer's activations in the backward pass; returns how many layers.  Each layer
+    becomes an instance of a subclass of its class in place, so parameter names (and so checkpoints and
+    exports) do not change."""
     layers = transformer_blocks(model)
     if not layers:
         raise ConfigError(f"activation checkpointing: {type(model).__name__} has no layers rankwise can find; "
                           "name your block class in a class attribute _no_split_modules = ['Block'] on the model")
     for layer in layers:
-        if not isinstance(layer.forward, functools.partial):  # idempotent: prepare may be called again
-            layer.forward = functools.partial(_recomputed, layer.forward)
+        if type(layer) not in _CHECKPOINTED.values():  # idempotent: prepare may be called again
+            layer.__class__ = _checkpointed(type(layer))
     return len(layers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 
@@ -77,6 +78,24 @@ def rows(batch: Batch) -> int:
     return next(int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim >= 1)
 
 
+def fake_counter(model: nn.Module, forward: Forward) -> FlopCounter | None:
+    """A :class:`FlopCounter` for ``model``, or None (with a warning) where it cannot be faked: FLOPs are a
+    report, never a reason for a run to fail."""
+    try:
+        return FlopCounter(model, forward)
+    except Exception as e:  # noqa: BLE001 - any model torch's fake tensors cannot copy
+        warnings.warn(f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
+                      stacklevel=2)
+        return None
+
+
+def devices(model: nn.Module) -> int:
+    """The devices one rank computes on: DataParallel's GPUs, or those a model is split over (else 1)."""
+    if isinstance(model, nn.DataParallel):
+        return len(model.device_ids)
+    return len({p.device for p in model.parameters()}) or 1
+
+
 def with_length(batch: Batch, length: int | None, rows: int) -> Batch:
     """``batch`` with ``rows`` samples and every tensor of its padded length at ``length`` instead (``None``:
     no length to change); values are zeros (only shapes are counted)."""
@@ -90,6 +109,10 @@ def with_length(batch: Batch, length: int | None, rows: int) -> Batch:
             value = torch.zeros(shape, dtype=value.dtype)
         resized[key] = value
     return resized
+
+
+MAX_SHAPES = 64
+"""Distinct batch shapes counted one by one at most, where the length fit does not hold (each is a traced pass)."""
 
 
 class LengthFlops:
@@ -108,7 +131,10 @@ class LengthFlops:
     def total(self, shapes: Counter) -> int:
         """Total FLOPs of batches given as ``Counter({(rows, padded length or None): how many})``."""
         lengths = sorted({length for _, length in shapes if length is not None})
-        if len(lengths) <= 4 or not self._fit(lengths):
+        if len(lengths) > 4 and not self._fit(lengths) and len(shapes) > MAX_SHAPES:
+            raise ValueError(f"the FLOPs are not quadratic in the padded length, and {len(shapes)} batch shapes are "
+                             f"too many to count one by one (at most {MAX_SHAPES})")
+        if len(lengths) <= 4 or not self.fitted:
             return sum(self.counter.count(with_length(self.template, n, rows)) * times
                        for (rows, n), times in shapes.items())
         a, b, c = self.fitted
@@ -157,9 +183,11 @@ def _sync(device: torch.device) -> None:
 DATASHEET_TFLOPS = {
     "H200": {"fp32": 67.0, "16": 989.4},
     "H100 PCIe": {"fp32": 51.2, "16": 756.0},
+    "H100 NVL": {"fp32": 60.0, "16": 835.0},
     "H100": {"fp32": 66.9, "16": 989.4},  # SXM5 (the "H100 80GB HBM3" of torch.cuda.get_device_name)
     "A100": {"fp32": 19.5, "16": 312.0},
     "L40S": {"fp32": 91.6, "16": 362.1},
+    "L40": {"fp32": 90.5, "16": 181.0},
     "L4": {"fp32": 30.3, "16": 121.0},
     "V100": {"fp32": 15.7, "16": 125.0},
 }

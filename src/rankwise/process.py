@@ -89,7 +89,8 @@ class ProcessEnv:
             world_size=ntasks,
             local_world_size=local_world_size,
             node_rank=int(env.get("SLURM_NODEID", 0)),
-            master_addr=env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+            master_addr=env.get("MASTER_ADDR") or first_slurm_host(
+                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")),  # the step's hosts
             master_port=int(env.get("MASTER_PORT") or slurm_port(env)),
             source="slurm",
         )

@@ -139,9 +139,9 @@ class Runtime:
         (the same code as a single-device script).  ``grad_accum``: micro-batches per
         optimizer step, when the loop accumulates (Horovod and DeepSpeed must know it up
         front); ``micro_batch_size``: samples per rank per micro-batch, if known.
-        ``compile``: ``torch.compile`` the model where the strategy's wrapping allows (after DDP's and
-        FSDP's wrapping, by DeepSpeed's engine; refused under ``dp``); the first steps then pay for the
-        compilation.  ``activation_checkpointing``: recompute each transformer layer's activations in
+        ``compile``: ``torch.compile`` the model's forward in place, inside the strategy's wrapping (inside
+        DDP's forward, after FSDP's sharding, with DeepSpeed's engine; refused under ``dp``); the first steps
+        then pay for the compilation.  ``activation_checkpointing``: recompute each transformer layer's activations in
         the backward pass (see :mod:`rankwise.blocks` for how layers are found).
         """
         if grad_accum < 1:
@@ -341,7 +341,8 @@ class Runtime:
             # an exit code, for a user's script too (rankwise train's worker records it itself, with @record).
             from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-            ErrorHandler().record_exception(explained or exc)
+            with contextlib.suppress(OSError):  # the record is a help: never hide the real failure
+                ErrorHandler().record_exception(explained or exc)
         if explained is not None:
             raise explained from exc
 

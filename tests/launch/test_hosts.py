@@ -101,7 +101,8 @@ def test_a_kubeflow_pod_maps_to_launch_settings_and_is_not_taken_for_a_worker(mo
 
 
 SLURM_AGENT = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-               "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+               "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "gpu[07-08]"}
 """What `srun -N2 --ntasks-per-node=1 rankwise ...` gives the task on the second node."""
 
 
@@ -112,8 +113,11 @@ def test_one_slurm_task_per_node_is_that_nodes_agent():
     step = {**SLURM_AGENT, "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "gpu[05-08]", "SLURM_STEP_NUM_NODES": "2",
             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "gpu[07-08]"}
     assert layout_from_slurm(step)["master_addr"] == "gpu07" and layout_from_slurm(step)["nnodes"] == 2
-    assert layout_from_slurm({**SLURM_AGENT, "SLURM_NTASKS": "4"}) is None  # two tasks per node: each is a rank
-    assert layout_from_slurm({**SLURM_AGENT, "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}) is None  # one node
+    assert layout_from_slurm({**SLURM_AGENT, "SLURM_STEP_NUM_TASKS": "4"}) is None  # two per node: each a rank
+    # The batch script's own step (rankwise run in it without srun) is node 0 of nothing: no srun step variables.
+    batch_step = {k: v for k, v in SLURM_AGENT.items() if not k.startswith("SLURM_STEP_")} | {"SLURM_NODEID": "0"}
+    assert layout_from_slurm(batch_step) is None
+    assert layout_from_slurm({**SLURM_AGENT, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1"}) is None
     assert layout_from_slurm({}) is None
 
 
@@ -140,7 +144,8 @@ def test_train_launch_and_doctor_under_srun_take_the_layout_from_slurm(monkeypat
 
 
 def test_train_as_one_of_several_slurm_tasks_per_node_is_refused(monkeypatch, capsys):
-    _slurm(monkeypatch, {**SLURM_AGENT, "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"})
+    _slurm(monkeypatch, {**SLURM_AGENT, "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4",
+                         "SLURM_TASKS_PER_NODE": "2(x2)"})
     monkeypatch.setattr(run, "launch_workers", lambda *a: pytest.fail("workers were launched"))
     assert cli.main(["train", "--data", "toy", "--strategy", "ddp"]) == 2
     assert "under srun as one task per node (--ntasks-per-node=1)" in capsys.readouterr().err

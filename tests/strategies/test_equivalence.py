@@ -160,11 +160,21 @@ def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_pat
     assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE
 
 
+def _train_compiled(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int, int]:
+    """``_train`` compiled; also how many graphs Dynamo captured in this rank."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    return (*_train(run_dir, data_dir, [*overrides, "compile=true"]), counters["stats"]["unique_graphs"])
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, single_run, tmp_path):
     data, model = CASES["toy-mlp"]
-    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
-                     [*model, "batch_size=16", f"strategy={strategy}", "compile=true"]) == [(6, 2)] * 2
+    results = run_ranks(_train_compiled, 2, str(tmp_path), str(datasets / data),
+                        [*model, "batch_size=16", f"strategy={strategy}"])
+    assert [(steps, world) for steps, world, _ in results] == [(6, 2)] * 2
+    assert all(graphs >= 1 for _, _, graphs in results), results  # Dynamo really compiled, in every rank
     difference = max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path))
     print(f"toy-mlp: max |single (eager) - {strategy} (compiled)| = {difference:.2e}")
     assert difference < TOLERANCE

@@ -91,14 +91,17 @@ class PreparedData:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.origin is not None and (self.origin / PREPARED_FILE).is_file():
+        names = (TOKENIZER_FILE, PREPARED_FILE, STATS_FILE) if self.encoder is not None else (PREPARED_FILE, STATS_FILE)
+        if self.origin is not None and all((self.origin / name).is_file() for name in names):
             # Loaded from a cache entry: the same bytes, copied (serialising the token ids again took a second of
             # every cached run's start on the default job).
-            for name in (TOKENIZER_FILE, PREPARED_FILE, STATS_FILE):
-                if (self.origin / name).is_file():
+            try:
+                for name in names:
                     with atomic_path(directory / name) as tmp:
                         shutil.copyfile(self.origin / name, tmp)
-            return directory
+                return directory
+            except FileNotFoundError:  # the entry was being replaced: write it out here instead
+                pass
         if self.encoder is not None:
             self.encoder.save(directory)
         payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,

@@ -104,10 +104,11 @@ def layout_from_slurm(env) -> dict | None:
     """Launch settings of a node's agent that ``srun`` started once per node, or None elsewhere (and for a task
     that is itself a rank: several tasks per node).  Nodes and this node's rank are the job step's; the master
     is its first host, and the port follows from the job id, so every node agrees without talking."""
-    if "SLURM_PROCID" not in env or "SLURM_NODEID" not in env:
+    # srun's step variables only: the batch script's own step (rankwise run without srun) has the job's node
+    # count and node 0's id too, and would wait as node 0 for nodes that never come.
+    if not all(key in env for key in ("SLURM_PROCID", "SLURM_NODEID", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS")):
         return None
-    nodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+    nodes, tasks = int(env["SLURM_STEP_NUM_NODES"]), int(env["SLURM_STEP_NUM_TASKS"])
     if nodes < 2 or tasks != nodes:
         return None
     hosts = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")

@@ -139,10 +139,12 @@ class Strategy:
         return model, optimizer
 
     def compile(self, model: nn.Module) -> nn.Module:
-        """``torch.compile`` the wrapped model in place (parameter names, and so checkpoints, do not change).
-        Compiling the wrapper, not the bare module, is what torch documents for DDP: Dynamo then splits the
-        graph at the gradient buckets' boundaries, so the all-reduces still overlap the backward pass."""
-        compile_in_place(model)
+        """``torch.compile`` the model inside the strategy's wrapper, in place (parameter names, and so
+        checkpoints, do not change).  The wrapper itself stays eager: DDP's forward breaks Dynamo's graph at
+        once (its logger), and the module it calls then ran eagerly.  Compiled inside DDP's forward, the
+        module's graph is split at the gradient buckets' boundaries (Dynamo's DDPOptimizer), so the
+        all-reduces still overlap the backward pass."""
+        compile_in_place(self.unwrap(model))
         return model
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -259,15 +261,17 @@ def read_whole_state(directory: Path, module: nn.Module, optimizer,
 
 
 def compile_in_place(model: nn.Module) -> None:
-    """What ``model.compile()`` means, through a first frame Dynamo traces.  Torch 2.13's ``Module.compile``
-    compiles ``Module._call_impl``, which Dynamo skips as torch's own code: a model whose ``forward`` is torch's
-    too (``nn.Sequential``) ran eagerly, silently (pytorch/pytorch#150915)."""
-    call_impl = model._call_impl
+    """``torch.compile`` the model's ``forward`` in place, through a first frame Dynamo traces.  Not
+    ``Module.compile``: in torch 2.13 it compiles ``Module._call_impl``, which Dynamo skips as torch's own code,
+    so a model whose ``forward`` is torch's too (``nn.Sequential``) ran eagerly, silently
+    (pytorch/pytorch#150915); and its frame holds the module's hooks, where FSDP's break the graph before the
+    forward begins.  The hooks stay eager, around the compiled forward."""
+    forward = model.forward  # bound: an instance's own forward (a wrapper's) is kept
 
     def call(*args, **kwargs):
-        return call_impl(*args, **kwargs)
+        return forward(*args, **kwargs)
 
-    model._compiled_call_impl = torch.compile(call)  # where Module.compile puts it: __call__ runs it
+    model.forward = torch.compile(call)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,14 @@ from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import DEEPSPEED_DIR, DEEPSPEED_TAG, LoopFacts, Strategy, read_whole_state
+from rankwise.strategies.base import (
+    DEEPSPEED_DIR,
+    DEEPSPEED_TAG,
+    LoopFacts,
+    Strategy,
+    compile_in_place,
+    read_whole_state,
+)
 from rankwise.strategies.deepspeed_state import load_whole_optimizer, partitions_fit
 from rankwise.strategies.options import DeepSpeedOptions
 
@@ -247,8 +254,10 @@ class DeepSpeed(Strategy):
         return self.engine, optimizer
 
     def compile(self, model: nn.Module) -> nn.Module:
-        """DeepSpeed's own hook, ``engine.compile()``: it compiles its module and keeps its ZeRO hooks in step."""
+        """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
+        hooks in step), with the module compiled through a frame Dynamo traces (see :func:`compile_in_place`)."""
         model.compile()
+        compile_in_place(model.module)
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -23,7 +23,7 @@ from rankwise.batching import iterate_steps
 from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
-from rankwise.flops import FlopCounter, padded_length, rows
+from rankwise.flops import devices, fake_counter, padded_length, rows
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
 from rankwise.process import restart_count
@@ -74,7 +74,7 @@ class Trainer:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         # Counts the model's FLOPs on a fake copy made before the strategy shards or compiles it.
-        self.flop_counter, self.flop_template = FlopCounter(model, forward_logits), None
+        self.flop_counter, self.flop_template = fake_counter(model, forward_logits), None
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
         self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
@@ -293,7 +293,7 @@ class Trainer:
         peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
         # Why: each rank counted only its own shard's tokens.
         tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
-        flops = utilisation(rt, self.flop_counter, self.flop_template, self.throughput)
+        flops = utilisation(rt, self.flop_counter, self.flop_template, self.throughput, devices(self.model))
         summary = {
             "strategy": cfg.strategy,
             "world_size": rt.world_size,

@@ -73,8 +73,11 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     elif cfg.resume is None and run_dir.checkpoints.exists():
         # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
         aside = run_dir.root / f"checkpoints-replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir.checkpoints.rename(aside)
-        print(f"note: the earlier run's checkpoints were moved to {aside}", file=sys.stderr)
+        try:
+            run_dir.checkpoints.rename(aside)
+            print(f"note: the earlier run's checkpoints were moved to {aside}", file=sys.stderr)
+        except FileNotFoundError:  # another node sharing this --out moved them first
+            pass
     data.save(run_dir.data)
     write_text_atomic(run_dir.config, cfg.to_json())
     for warning in data.stats.get("warnings", []):

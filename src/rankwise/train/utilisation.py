@@ -19,9 +19,11 @@ def _tera(flops_per_s: float) -> float:
 
 
 def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
-                throughput: SteadyThroughput) -> dict:
+                throughput: SteadyThroughput, devices: int = 1) -> dict:
     """``flops_per_sample``, ``tflops_per_s`` (all ranks), ``tflops_per_s_per_rank``, the measured peak of all
-    ranks, ``mfu`` against it and ``mfu_datasheet`` (known GPUs); None where no step was steady (a collective)."""
+    ranks, ``mfu`` against it and ``mfu_datasheet`` (known GPUs); None where no step was steady (a collective).
+    ``devices``: the devices each rank computes on (DataParallel's GPUs, a model split over two): the peaks are
+    one device's times that."""
     try:
         mine = LengthFlops(counter, template).total(throughput.shapes) if counter and template and throughput.steps \
             else 0
@@ -33,17 +35,22 @@ def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
     if throughput.steps:  # the same count on every rank: all of them measure, or none
         # Why: every rank measures its matrix-product peak at once, sharing the machine as its training did.
         rt.barrier()
-        peak = matmul_peak(rt.device, dtype)
+        try:
+            peak = matmul_peak(rt.device, dtype) * devices
+        except (RuntimeError, MemoryError) as e:  # no memory left for the product: no MFU, the run's result stays
+            warnings.warn(f"rank {rt.rank}: the matrix-product peak was not measured ({e})", stacklevel=2)
+            peak = math.nan
     flops, peaks, seconds = rt.all_reduce(torch.tensor([mine, peak, throughput.seconds], dtype=torch.float64,
                                                        device=rt.device), "sum").tolist()
     seconds /= rt.world_size  # every rank timed the same steps
     samples = throughput.samples  # the global batch of each steady step (the same count on every rank)
-    if math.isnan(flops) or not flops or seconds <= 0 or not samples:
+    if math.isnan(flops) or math.isnan(peaks) or not flops or seconds <= 0 or not samples:
         return {"flops_per_sample": None, "tflops_per_s": None, "tflops_per_s_per_rank": None,
-                "peak_tflops_per_s": _tera(peaks) or None, "mfu": None, "mfu_datasheet": None}
+                "peak_tflops_per_s": None if math.isnan(peaks) else _tera(peaks) or None, "mfu": None,
+                "mfu_datasheet": None}
     achieved = flops / seconds
     sheet = datasheet_peak(rt.device, dtype)
     return {"flops_per_sample": round(flops / samples), "tflops_per_s": _tera(achieved),
             "tflops_per_s_per_rank": _tera(achieved / rt.world_size), "peak_tflops_per_s": _tera(peaks),
             "mfu": round(achieved / peaks, 4),
-            "mfu_datasheet": round(achieved / (sheet * rt.world_size), 4) if sheet else None}
+            "mfu_datasheet": round(achieved / (sheet * devices * rt.world_size), 4) if sheet else None}

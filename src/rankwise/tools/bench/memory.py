@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> None:
         data = str(long_texts(Path(scratch) / "long.csv", max_length, 64)) if max_length > 32 else "sentiment"
         job = ["--data", data, "--model", args.model, "--max-steps", str(args.steps), "--precision", args.precision,
                "--batch-size", str(args.batch_per_rank * args.nproc), "--set", f"data.max_length={max_length}",
-               "--set", "data.limit=64", "--set", "model.dropout=0", "--set", "data.tokenizer=char",
-               "--set", "data.char_ngrams=0", *extra]
+               "--set", "data.limit=64", "--set", "model.dropout=0",
+               # Long texts: every character a token (each text fills max_length), the transformer alone.
+               *(["--set", "data.tokenizer=char", "--set", "data.char_ngrams=0"] if max_length > 32 else []),
+               *extra]
         runs = [(label, ac) for label in cases for ac in ((False, True) if args.activation_checkpointing else (False,))]
         print(f"{args.model} model, {args.nproc} ranks x {args.batch_per_rank} texts of {max_length} tokens, "
               f"{args.precision}, {args.steps} steps\n")
