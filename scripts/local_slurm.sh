@@ -34,13 +34,23 @@ log() { echo "local_slurm: $*" >&2; }
 
 install_packages() {
     local missing=0 tool
-    for tool in slurmctld slurmd munged mungekey sbatch srun sinfo scontrol; do
+    for tool in slurmctld slurmd munged mungekey sbatch srun sinfo scontrol ip nsenter unshare; do
         command -v "$tool" >/dev/null || missing=1
     done
     if [[ $missing == 1 ]]; then
-        log "installing slurm-wlm and munge with apt-get"
+        log "installing slurm-wlm, munge and iproute2 with apt-get"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+        # policy-rc.d: the packages' own services stay stopped (on a systemd host apt would start munge.service,
+        # a daemon `down` does not know); this script starts what it needs itself.
+        local policy=/usr/sbin/policy-rc.d had_policy=0
+        [[ -e $policy ]] && had_policy=1
+        if [[ $had_policy == 0 ]]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy"
+            chmod +x "$policy"
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge iproute2 \
+            util-linux >/dev/null
+        [[ $had_policy == 1 ]] || rm -f "$policy"
     fi
 }
 
@@ -48,6 +58,9 @@ install_packages() {
 
 make_network() {
     ip link add "$BRIDGE" type bridge
+    # Where Docker loaded br_netfilter with a FORWARD policy of DROP, bridged traffic between the nodes would be
+    # filtered: this bridge's frames skip iptables (best effort: kernels without the option ignore it).
+    ip link set "$BRIDGE" type bridge nf_call_iptables 0 2>/dev/null || true
     ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     local i node hosts
