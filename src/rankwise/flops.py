@@ -92,7 +92,7 @@ def fake_counter(model: nn.Module, forward: Forward) -> FlopCounter | None:
 def devices(model: nn.Module) -> int:
     """The devices one rank computes on: DataParallel's GPUs, or those a model is split over (else 1)."""
     if isinstance(model, nn.DataParallel):
-        return len(model.device_ids)
+        return len(model.device_ids) or 1  # no GPU: it runs the module on the CPU
     return len({p.device for p in model.parameters()}) or 1
 
 
@@ -122,8 +122,7 @@ class LengthFlops:
     def __init__(self, counter: FlopCounter, template: Batch):
         self.counter, self.template = counter, template
         self.fitted: tuple[float, float, float] | None = None
-        self.exact = True
-        """False when the fourth count disagreed: every distinct shape is then counted."""
+        """The per-sample quadratic's coefficients, once a fourth count confirmed it; else every shape is counted."""
 
     def per_sample(self, length: int | None) -> float:
         return self.counter.count(with_length(self.template, length, rows=1))
@@ -149,7 +148,6 @@ class LengthFlops:
         check = lengths[len(lengths) // 4]
         predicted, counted = a + b * check + c * check * check, self.per_sample(check)
         if abs(predicted - counted) > 1e-6 * max(counted, 1):
-            self.exact = False
             return False
         self.fitted = (float(a), float(b), float(c))
         return True
@@ -194,8 +192,8 @@ DATASHEET_TFLOPS = {
 
 
 def datasheet_peak(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The datasheet's peak FLOP/s for this GPU at ``dtype`` (fp32 counts TF32 tensor cores only where
-    torch allows them for matrix products), else None (a CPU, an unknown GPU)."""
+    """The datasheet's peak FLOP/s for this GPU at ``dtype``, else None: a CPU, an unknown GPU, bf16 on a V100,
+    or fp32 where torch lets matrix products use TF32 (whose peak is neither fp32's nor listed here)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)

@@ -108,11 +108,9 @@ def _peer_gone(env: ProcessEnv, address: str) -> RuntimeError | None:
     attempt = restart_count()
     try:
         store = _store(env, 5.0)
-        there = []
-        for rank in range(env.world_size):
-            key = WHERE.format(attempt=attempt, rank=rank)
-            if store.check([key]) and json.loads(store.get(key))["address"] == address:
-                there.append((rank, json.loads(store.get(key))))
+        keys = {rank: WHERE.format(attempt=attempt, rank=rank) for rank in range(env.world_size)}
+        announced = {rank: json.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
+        there = [(rank, where) for rank, where in announced.items() if where["address"] == address]
     except Exception:  # noqa: BLE001 - the master's store is gone too (it was on that node): nothing to name
         return None
     if not there:

@@ -73,9 +73,11 @@ def run_command_line(argv: list[str]) -> int:
         if not given or given.startswith("-"):
             raise ConfigError("--hostfile needs a file")
         layout = node_layout(given)
-        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv[:at] + argv[at + width:]
-    elif layout := layout_from_slurm(os.environ):  # srun, one task per node: this task is the node's agent
-        argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv  # given flags win
+        argv = argv[:at] + argv[at + width:]
+    else:  # under srun with one task per node, this task is the node's agent: Slurm's layout
+        layout = layout_from_slurm(os.environ) or {}
+    # Put first, so flags given after them win.
+    argv = [f"--{key.replace('_', '-')}={value}" for key, value in layout.items()] + argv
     parser = command_line_parser()
     flags, _ = parser.parse_known_args(argv)  # the choice is checked before any process starts
     counted = str(flags.nproc_per_node).isdigit()  # torchrun's "gpu"/"auto" take one process per GPU by themselves
