@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
 
 import rankwise
 
@@ -41,23 +41,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=32, help="tokens per sequence")
     parser.add_argument("--vocab", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="global batch")
-    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate, after a linear warm-up")
+    parser.add_argument("--warmup", type=int, default=4, help="warm-up steps before the cosine decay")
     parser.add_argument("--out", default="runs/causal-lm", help="where rank 0 saves weights and a summary")
     args = parser.parse_args(argv)
 
     dataset = TensorDataset(bigram_sequences(args.samples, args.length, args.vocab))
+    # transformers' own defaults otherwise: dropout 0.1 on embeddings, attention and residuals.
     config = GPT2Config(vocab_size=args.vocab, n_positions=args.length, n_embd=64, n_layer=2, n_head=4,
-                        resid_pdrop=args.dropout, embd_pdrop=args.dropout, attn_pdrop=args.dropout,
                         tie_word_embeddings=True)
     with rankwise.setup(seed=0) as rt:  # the strategy comes from the launcher
         model = GPT2LMHeadModel(config)
-        # eps 1e-6 (as `rankwise train` uses): with torch's 1e-8, Adam divides gradients near zero (embeddings of
-        # rare tokens) by almost nothing, and the last bit a different summation order leaves in them becomes
-        # a visible step (measured 1.4e-5 after 4 steps at 2 ranks against one process; 1e-6 gives ~1e-7).
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, eps=1e-6)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)  # torch's defaults
+        scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup, args.steps)
         micro = args.batch_size // (args.grad_accum * rt.world_size)
         model, optimizer = rt.prepare(model, optimizer, grad_accum=args.grad_accum, micro_batch_size=micro)
         loader = rt.loader(dataset, batch_size=args.batch_size // args.grad_accum, shuffle=True)
@@ -73,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                 if not last:
                     continue
                 rt.step(optimizer, model, max_norm=1.0)
+                scheduler.step()
                 rt.zero_grad(optimizer)
                 step += 1
                 if step % 10 == 0 or step == args.steps:

@@ -22,7 +22,7 @@ from torch import nn
 
 from rankwise.checkpoint import write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
-from rankwise.trace import DROPOUT, TRACE, StepTrace, model_facts
+from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
 
@@ -52,7 +52,8 @@ class Probe:
         steps = max(1 if os.environ.get(TRACE) == "1" else 2, steps)  # timing needs a warm-up step, a trace not
         probe = cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
         if os.environ.get(TRACE) == "1":
-            probe.trace = StepTrace(probe.directory, keep_dropout=os.environ.get(DROPOUT) == "keep")
+            probe.trace = StepTrace(probe.directory, keep_dropout=os.environ.get(DROPOUT) == "keep",
+                                    follow=os.environ.get(FOLLOW) or None)
         return probe
 
     def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
@@ -70,9 +71,9 @@ class Probe:
         if self.trace:
             self.trace.backward(loss, device)
 
-    def before_step(self, rt, model: nn.Module) -> None:
+    def before_step(self, rt, model: nn.Module, optimizer) -> None:
         if self.trace:
-            self.trace.before_step(rt, model)
+            self.trace.before_step(rt, model, optimizer)
 
     def loader(self, global_batch: int) -> None:
         self.global_batch = global_batch

@@ -256,7 +256,7 @@ class Runtime:
 
     def _take_step(self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None):
         if self.probe:
-            self.probe.before_step(self, model)
+            self.probe.before_step(self, model, optimizer)
         return self.strategy.step(optimizer, model, max_norm)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:

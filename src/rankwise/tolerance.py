@@ -1,13 +1,25 @@
 """How far a distributed run may end from one process: the equivalence tolerances rankwise states.
 
-Measured as the largest absolute parameter difference against ``single`` after the same
-first steps (same data order and seed, dropout off).  At fp32 only the order of the
-summations differs; a compressed gradient exchange or a lower precision adds its
-rounding, step after step.  Tests and ``rankwise bench`` judge runs by these numbers.
+Two judgements use them.
+
+* ``rankwise train``'s bench rows and the strategy tests compare the weights after the same first
+  steps (same data order and seed, dropout off) by their largest absolute difference.
+* ``rankwise verify`` and ``bench --script`` judge step by step, in lockstep, what distribution is
+  responsible for (:func:`gradient_difference`): one process takes each step from the N-rank run's
+  weights, so differences never compound, and the gradient the N ranks' optimizer received must be
+  the one process's gradient up to :func:`gradient_tolerance`, relative to its size.  The optimizer
+  then steps from the same weights with that same gradient, so the weights after it must agree to
+  :func:`tolerance`.  An optimizer that amplifies rounding (Adam's update ``m / (sqrt(v) + eps)`` is
+  nearly a sign for a gradient near ``eps``: the last bit the all-reduce's summation order leaves in
+  it becomes a step of size ``lr``) can then no longer pass off summation order as a defect.
+
+At fp32 only the order of the summations differs; a compressed gradient exchange or a lower
+precision adds its rounding.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -21,6 +33,18 @@ COMM_HOOK = {"fp16_compress": 1e-3, "bf16_compress": 1e-3, "powersgd": 1e-2}
 
 PRECISION = {"bf16-mixed": 2e-2, "16-mixed": 2e-2}
 """Lower-precision compute against the fp32 single-process reference."""
+
+
+GRADIENT = 1e-4
+"""fp32 gradients, relative: measured summation-order noise between 2 ranks and one process is ~1e-6 (the GPT-2
+example at torch's defaults); the smallest real defect verify must catch, DDP's fp16 compression hook, ~4e-4."""
+
+
+def gradient_tolerance(precision: str = "32-true") -> float:
+    """How far, relatively, the gradient an N-rank step applied may be from one process's at the same weights:
+    exact averaging at fp32, a lower precision's own rounding otherwise (a comm hook is never excused here:
+    verify names it as the compression it is)."""
+    return max(GRADIENT, PRECISION.get(precision, GRADIENT))
 
 
 def tolerance(precision: str = "32-true", comm_hook: str = "none") -> float:
@@ -46,3 +70,33 @@ def max_param_diff(weights: Mapping[str, torch.Tensor], reference: Mapping[str, 
     if reshaped:
         raise KeyError(f"the weights hold tensors of other shapes: {reshaped[:5]}")
     return max(tensor_differences(weights, reference).values(), default=0.0)
+
+
+def gradient_difference(candidate: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
+                        top: int = 3) -> dict:
+    """How far ``candidate``'s gradients are from ``reference``'s, taken at the same weights: the criterion.
+
+    Each tensor's difference is its norm relative to the reference tensor's norm, or to the tensor's even
+    share of the whole gradient's norm (``|G| * sqrt(n_tensor / n_all)``) when that is larger: a gradient that
+    is zero but for rounding (an attention key's bias, a token no sample holds) is judged against the size of
+    the gradient around it, not against its own rounding.  ``difference`` is the largest over the tensors;
+    ``scale`` the least-squares factor ``<c, r> / <r, r>`` (2.0 or 0.5 when the gradients were summed over
+    ranks instead of averaged, or averaged twice); ``only_one``: tensors one side has a gradient for and the
+    other not (compared as zero)."""
+    names = sorted(reference.keys() | candidate.keys())
+    zero = torch.zeros(())
+    pairs = {name: (candidate.get(name, zero).double(), reference.get(name, zero).double()) for name in names}
+    pairs = {name: (c.expand_as(r) if c.dim() == 0 else c, r.expand_as(c) if r.dim() == 0 else r)
+             for name, (c, r) in pairs.items()}
+    elements = sum(r.numel() for _, r in pairs.values()) or 1
+    whole = math.sqrt(sum(float(r.square().sum()) for _, r in pairs.values()))
+    relative = {}
+    for name, (c, r) in pairs.items():
+        size = max(float(r.norm()), whole * math.sqrt(r.numel() / elements))
+        gap = float((c - r).norm())
+        relative[name] = gap / size if size > 0 else (0.0 if gap == 0 else math.inf)
+    dot = sum(float((c * r).sum()) for c, r in pairs.values())
+    return {"difference": max(relative.values(), default=0.0),
+            "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
+            "scale": dot / whole**2 if whole > 0 else None,
+            "only_one": sorted(reference.keys() ^ candidate.keys())}

@@ -11,8 +11,17 @@ optimizer step each rank keeps:
 * how many micro-batches drew random numbers between ``to_device`` and ``backward`` (the generator moved);
 * in a one-process run, the trainable parameters that got no gradient;
 
-and rank 0 writes the full fp32 weights after the step (``step-00000`` as prepared).  Dropout
-modules are switched off (p=0) unless ``RANKWISE_PROBE_DROPOUT=keep``; the trace says which.
+and rank 0 writes the full fp32 weights after the step (``step-00000`` as prepared) and the gradients the
+step applied, whole, as the ranks exchanged them (``grad-00001``: what every rank's optimizer received).
+Dropout modules are switched off (p=0) unless ``RANKWISE_PROBE_DROPOUT=keep``; the trace says which.
+
+A one-process run given ``RANKWISE_PROBE_FOLLOW`` (a traced N-rank run's directory) follows that run in
+lockstep: it starts each step from the N-rank run's weights after the step before, computes its own
+gradient there and compares it with the N-rank gradient (:func:`rankwise.tolerance.gradient_difference`),
+then steps its own optimizer with the N-rank gradient.  So what each step's comparison shows is that one
+step's difference, never rounding compounded over the steps before it, and the weights after the step
+tell whether the N-rank optimizer applied the same gradient as one process would.  In its first step the
+one-process run also records which random operations its forward ran, and in which module.
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from rankwise.checkpoint import write_text_atomic, write_weights
+from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
+from rankwise.tolerance import gradient_difference
 
-TRACE, DROPOUT = "RANKWISE_PROBE_TRACE", "RANKWISE_PROBE_DROPOUT"
+TRACE, DROPOUT, FOLLOW = "RANKWISE_PROBE_TRACE", "RANKWISE_PROBE_DROPOUT", "RANKWISE_PROBE_FOLLOW"
 TRACE_FILE, FACTS_FILE = "trace.jsonl", "trace-facts.json"
 PADDING = (0, -100)
 """Values trimmed from the end of a sample without an attention mask (pad id 0, ignored label -100)."""
@@ -52,6 +63,10 @@ def model_facts(model: nn.Module) -> dict:
 
 def weights_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"step-{step:05d}.safetensors"
+
+
+def gradients_file(directory: Path, step: int) -> Path:
+    return Path(directory) / f"grad-{step:05d}.safetensors"
 
 
 def _tensors(batch) -> list[torch.Tensor]:
@@ -137,10 +152,53 @@ def _digest_parameters(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+class RandomOps(TorchDispatchMode):
+    """Which random operations a forward runs, and in which module: every aten op that draws from a generator
+    (torch tags them ``nondeterministic_seeded``: dropout, bernoulli, rand, randn, normal, ...)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
+        self.stack: list[str] = []
+        self.found: dict[str, int] = {}
+        self.hooks = []
+
+    def __enter__(self):
+        from torch.nn.modules import module as modules
+
+        def enter(module, args):
+            self.stack.append(self.names.get(id(module), ""))
+
+        def leave(module, args, output):
+            if self.stack:
+                self.stack.pop()
+
+        self.hooks = [modules.register_module_forward_pre_hook(enter), modules.register_module_forward_hook(leave)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.stack = [], []
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            where = next((name for name in reversed(self.stack) if name), "the script, outside the model")
+            key = f"{func.overloadpacket.__name__} in {where}"
+            self.found[key] = self.found.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
 class StepTrace:
-    def __init__(self, directory: str | Path, keep_dropout: bool):
+    def __init__(self, directory: str | Path, keep_dropout: bool, follow: str | Path | None = None):
         self.directory, self.keep_dropout = Path(directory), keep_dropout
+        self.follow = Path(follow) if follow else None
+        """The traced N-rank run this one-process run follows in lockstep; ``None`` for the N-rank run itself."""
         self._state: list[torch.Tensor] | None = None
+        self._random: RandomOps | None = None
+        self._model: nn.Module | None = None
+        self.steps_done = 0
         self.facts: dict = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
                             "ranks_built_same_weights": True}
         self._models = 0
@@ -151,7 +209,11 @@ class StepTrace:
         self.tokens: list[int] = []
         self.losses: list[float] = []
         self.random_draws = 0
+        self.random_ops: dict[str, int] = {}
         self.no_grad: list[str] = []
+        self.gradient: dict | None = None
+        self.followed = False
+        self.learning_rates: list = []
 
     def prepared(self, rt, model: nn.Module) -> None:
         """Before the strategy wraps ``model`` (every rank): dropout off, the facts; the first model's weights as
@@ -175,6 +237,11 @@ class StepTrace:
             if first and not any(t.is_meta for t in state.values()):
                 write_weights({k: v.detach().float().cpu() for k, v in state.items()}, weights_file(self.directory, 0))
             write_text_atomic(self.directory / FACTS_FILE, json.dumps(facts, indent=2))
+        if first:
+            self._model = model
+            if self.follow and weights_file(self.follow, 0).exists():
+                # Lockstep from the start: step 1 runs from the N-rank run's weights as prepared.
+                model.load_state_dict(read_weights(weights_file(self.follow, 0)))
 
     def batch(self, batch, device: torch.device) -> None:
         if not torch.is_grad_enabled():
@@ -184,27 +251,72 @@ class StepTrace:
         if tokens is not None:
             self.tokens.append(tokens)
         self._state = _generator_state(device)
+        if self._locating and self._random is None:
+            self._random = RandomOps(self._model)
+            self._random.__enter__()
+
+    @property
+    def _locating(self) -> bool:
+        """Watch the forward's random operations: in the one-process run's first step, eagerly."""
+        # (not around a forward compiled in place: a dispatch mode there would only break its graph)
+        return (self.follow is not None and self._model is not None and not self.steps_done
+                and not hasattr(self._model.forward, "_torchdynamo_orig_callable"))
+
+    def _stop_locating(self) -> None:
+        if self._random is not None:
+            self._random.__exit__(None, None, None)
+            for key, count in self._random.found.items():
+                self.random_ops[key] = self.random_ops.get(key, 0) + count
+            self._random = None
 
     def backward(self, loss: torch.Tensor, device: torch.device) -> None:
+        self._stop_locating()
         self.losses.append(float(loss.detach().float().sum()))
         if self._state is not None:
             now = _generator_state(device)
             self.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, now, strict=True))
             self._state = None
 
-    def before_step(self, rt, model: nn.Module) -> None:
+    def before_step(self, rt, model: nn.Module, optimizer) -> None:
+        """Between the step's last backward and its optimizer step (every rank)."""
+        self._stop_locating()
+        self.learning_rates = [group.get("lr") for group in getattr(optimizer, "param_groups", [])]
         if rt.world_size == 1:
             self.no_grad = [name.removeprefix("module.") for name, p in model.named_parameters()
                             if p.requires_grad and p.grad is None]
+        gradients = rt.strategy.full_gradients(model)  # a collective where gradients are sharded
+        step = rt.steps + 1
+        if self.follow is None:
+            if rt.is_main:
+                write_weights(gradients, gradients_file(self.directory, step))
+            return
+        theirs = gradients_file(self.follow, step)
+        if not theirs.exists():  # the N-rank run ended before this step: from here on this run goes alone
+            self.follow = None
+            return
+        applied = read_weights(theirs)
+        self.gradient = gradient_difference(applied, gradients)
+        # The step applies the N-rank gradient: with the same weights and optimizer state before it, the weights
+        # after it must match whatever the N-rank optimizer did with it, to rounding.
+        for name, param in rt.strategy.unwrap(model).named_parameters():
+            grad = applied.get(name)
+            param.grad = None if grad is None else grad.reshape(param.shape).to(param.device, param.dtype)
+        self.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:
         """After optimizer step ``rt.steps`` (every rank): rank 0 appends every rank's record and the weights."""
         # Why: rank 0 writes what every rank saw in this step.
         records = rt.all_gather_object({"samples": self.samples, "tokens": self.tokens, "losses": self.losses,
-                                        "random_draws": self.random_draws, "no_grad": self.no_grad})
+                                        "random_draws": self.random_draws, "random_ops": self.random_ops,
+                                        "no_grad": self.no_grad, "gradient": self.gradient,
+                                        "followed": self.followed, "learning_rates": self.learning_rates})
         weights = rt.state_dict(model)  # a collective for sharded strategies
         if rt.is_main:
             write_weights({k: v.float() for k, v in weights.items()}, weights_file(self.directory, rt.steps))
             with open(self.directory / TRACE_FILE, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"step": rt.steps, "ranks": records}) + "\n")
+        self.steps_done = rt.steps
+        if self.follow is not None and weights_file(self.follow, rt.steps).exists():
+            # Lockstep: the next step starts from the N-rank run's weights, so rounding never compounds.
+            rt.strategy.load_model_state_dict(model, read_weights(weights_file(self.follow, rt.steps)))
         self._reset()

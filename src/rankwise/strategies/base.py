@@ -184,6 +184,14 @@ class Strategy:
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
 
+    def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Every parameter's gradient as the optimizer is about to apply it (after the ranks exchanged them, before
+        clipping), whole, in fp32 on the CPU, by unwrapped name; parameters without one are left out.  Called
+        between the last backward of a step and the step, on every rank: where gradients are sharded (FSDP2's
+        DTensors) gathering them is a collective."""
+        return {name: full_tensor(p.grad.detach()).float().cpu()
+                for name, p in self.unwrap(model).named_parameters() if p.grad is not None}
+
     # -- evaluation --------------------------------------------------------------------------
     def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None) -> DataLoader:
         """This rank's shard of an evaluation set: every sample once, the last shard padded by repeats; in

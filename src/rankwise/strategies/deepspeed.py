@@ -303,6 +303,18 @@ class DeepSpeed(Strategy):
             model._config.gradient_clipping = 0.0
         return torch.tensor(float(model.get_global_grad_norm()))
 
+    def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """ZeRO keeps the averaged gradients in its own partitions: DeepSpeed assembles each one (a collective at
+        stages 1-3, in the same parameter order on every rank)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        gradients = {}
+        for name, param in self.unwrap(model).named_parameters():
+            gradient = safe_get_full_grad(param)
+            if gradient is not None:
+                gradients[name] = gradient.detach().float().cpu()
+        return gradients
+
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the
         # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it once.

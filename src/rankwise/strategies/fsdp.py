@@ -19,19 +19,23 @@ from rankwise.strategies import register
 from rankwise.strategies.base import SHARDED_DIR, Strategy, read_whole_state, retie
 
 
-def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
-    """The same optimizer (class, groups, hyper-parameters) over the model's new parameter objects.
+def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
+    """The user's optimizer, now over the model's new parameter objects: the same object, groups and
+    hyper-parameters.
 
-    ``fully_shard`` replaces every parameter with a sharded DTensor parameter, so an
-    optimizer built by the user on the plain model must be rebuilt on the new ones.
+    ``fully_shard`` replaces every parameter with a sharded DTensor parameter, so each group's parameter
+    list is swapped in place.  Not a new optimizer: a learning-rate scheduler the script built on this
+    one before ``rt.prepare`` must keep driving the optimizer that steps (a rebuilt copy left such a
+    scheduler changing the learning rate of an optimizer nothing stepped, and the run trained at the
+    warm-up's first rate throughout).
     """
+    if optimizer.state:
+        raise RuntimeError("fsdp: the optimizer already holds state for the unsharded parameters; build it fresh "
+                           "before rt.prepare and restore a checkpoint after it (rt.load_state)")
     current = dict(model.named_parameters())
-    groups = []
     for group in optimizer.param_groups:
-        params = [current[names_by_id[id(p)]] for p in group["params"]]
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-    # Each group carries all its hyper-parameters, so the constructor needs nothing else.
-    return type(optimizer)(groups)
+        group["params"] = [current[names_by_id[id(p)]] for p in group["params"]]
+    return optimizer
 
 
 @register
@@ -52,7 +56,7 @@ class FSDP(Strategy):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if optimizer is not None:
-            optimizer = rebuild_optimizer(optimizer, model, names_by_id)
+            optimizer = rebind_optimizer(optimizer, model, names_by_id)
         return model, optimizer
 
     @contextlib.contextmanager

@@ -1,10 +1,14 @@
-"""``rankwise verify``: the script on one process, then on N ranks, traced; where they part, and why.
+"""``rankwise verify``: the script on N ranks, then on one process in lockstep with it, traced; where they
+part, and why.
 
 Both runs are ``rankwise launch --strategy`` of the unchanged script with the Runtime's probe and
 trace on (:mod:`rankwise.trace`): the same seed and global batches, dropout modules switched off
-(unless ``--keep-dropout``), stopped after ``--steps`` optimizer steps.  The report is printed
-and written as ``verify.md`` and ``verify.json``; the per-step weights are deleted after the
-comparison unless ``--keep-weights``.
+(unless ``--keep-dropout``), stopped after ``--steps`` optimizer steps.  The N-rank run goes first and
+records, every step, the gradient its optimizer received and the weights after it; the one-process
+run then starts each step from those weights, compares its own gradient there and steps with the
+N-rank gradient (:mod:`rankwise.tolerance` states the criterion).  The report is printed and
+written as ``verify.md``, ``verify.json`` and ``verify.png``; the per-step weights and gradients are
+deleted after the comparison unless ``--keep-weights``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup
-from rankwise.tolerance import tolerance
+from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import run_script
-from rankwise.tools.verify.compare import TracedRun, compare, first_difference
+from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
 from rankwise.tools.verify.diagnose import diagnose
+from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
-from rankwise.trace import DROPOUT, TRACE
+from rankwise.trace import DROPOUT, FOLLOW, TRACE
+
+EXIT = {"equivalent": 0, "not equivalent": 1, "failed": 1, "not comparable": 3}
+"""``rankwise verify``'s exit code for each verdict."""
 
 
 def check(args) -> tuple[Path, int]:
@@ -46,36 +54,56 @@ def check(args) -> tuple[Path, int]:
     return script, processes
 
 
+def verify_runs(script: Path, script_args: list[str], strategy: str, processes: int, out: Path, *, steps: int,
+                precision: str | None = None, settings: tuple[str, ...] = (), keep_dropout: bool = False,
+                timeout_s: float = 600.0, keep_weights: bool = False, log=None) -> dict:
+    """The two traced runs (the N-rank one first, then one process following it) and their report, written
+    under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as it ends."""
+    results = {}
+    candidate_dir = (out / "candidate").resolve()
+    for name, name_strategy, count, name_settings in (("candidate", strategy, processes, settings),
+                                                       ("reference", "single", 1, ())):
+        run_dir = out / name
+        shutil.rmtree(run_dir, ignore_errors=True)  # a trace appends: start it empty
+        env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: "1", TRACE: "1",
+               DROPOUT: "keep" if keep_dropout else "off"}
+        if name == "reference":
+            env[FOLLOW] = str(candidate_dir)
+        results[name] = run_script(script, script_args, name_strategy, count, run_dir, probe_env=env,
+                                   precision=precision, settings=name_settings, timeout_s=timeout_s)
+        if log:
+            log(f"{name_strategy} on {count} process(es): {results[name]['wall_s']} s, "
+                f"{results[name].get('error', 'ok')}")
+    report = build(out, results, strategy, processes, steps)
+    report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
+                      "set": list(settings), "keep_dropout": keep_dropout}
+    write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
+    if report["steps"]:
+        plot(report, out / "verify.png")
+    if not keep_weights:
+        for pattern in ("*/step-*.safetensors", "*/grad-*.safetensors"):
+            for path in out.glob(pattern):
+                path.unlink()
+    return report
+
+
 def run(args) -> int:
     script, processes = check(args)
     out = Path(args.out or f"runs/verify-{script.stem}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"rankwise verify {script}: {args.strategy} on {processes} process(es) against one process, {args.steps} "
-          f"steps; writing to {out}", file=sys.stderr, flush=True)
-    results = {}
-    for name, strategy, count, settings in (("reference", "single", 1, ()),
-                                            ("candidate", args.strategy, processes, tuple(args.set))):
-        run_dir = out / name
-        shutil.rmtree(run_dir, ignore_errors=True)  # a trace appends: start it empty
-        env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(args.steps), WARMUP: "1", TRACE: "1",
-               DROPOUT: "keep" if args.keep_dropout else "off"}
-        results[name] = run_script(script, args.script_args, strategy, count, run_dir, probe_env=env,
-                                   precision=args.precision, settings=settings, timeout_s=args.timeout)
-        outcome = results[name].get("error", "ok")
-        print(f"verify: {strategy} on {count} process(es): {results[name]['wall_s']} s, {outcome}", file=sys.stderr,
-              flush=True)
-    report = build(out, results, args.strategy, processes, args.steps)
-    report["meta"] = {"script": str(script), "script_args": args.script_args, "steps": args.steps,
-                      "precision": args.precision, "set": args.set, "keep_dropout": args.keep_dropout}
+    print(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in lockstep "
+          f"with it, {args.steps} steps; writing to {out}", file=sys.stderr, flush=True)
+    report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
+                         precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
+                         timeout_s=args.timeout, keep_weights=args.keep_weights,
+                         log=lambda text: print(f"verify: {text}", file=sys.stderr, flush=True))
     text = render(report)
-    write_text_atomic(out / "verify.md", f"# rankwise verify {script} --strategy {args.strategy}\n\n```\n{text}\n```\n")
-    write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
-    if not args.keep_weights:
-        for weights in out.glob("*/step-*.safetensors"):
-            weights.unlink()
+    write_text_atomic(out / "verify.md", f"# rankwise verify {script} --strategy {args.strategy}\n\n```\n{text}\n```\n"
+                                         "\n![differences by step](verify.png)\n")
     print(text)
     if args.json:
-        print(json.dumps({key: report[key] for key in ("equivalent", "first_difference", "diagnosis")}, default=str))
-    return 0 if report["equivalent"] else 1
+        print(json.dumps({key: report[key] for key in ("verdict", "equivalent", "first_difference", "diagnosis")},
+                         default=str))
+    return EXIT[report["verdict"]]
 
 
 def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int) -> dict:
@@ -83,17 +111,29 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     reference, candidate = TracedRun.load(out / "reference"), TracedRun.load(out / "candidate")
     # The tolerance of what the distributed run really ran: the script's own precision and options count too.
     facts = candidate.facts or reference.facts
-    limit = tolerance(facts.get("precision", "32-true"), facts.get("comm_hook", "none"))
+    precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
+    limit, gradient_limit = tolerance(precision), gradient_tolerance(precision)
     failure = {name: result["error"] for name, result in results.items()
                if "error" in result and not result.get("ended_early")}
-    lines = compare(reference, candidate, limit) if "reference" not in failure else []
+    lines = compare(reference, candidate, limit, gradient_limit) if "reference" not in failure else []
     first = first_difference(lines)
     diagnosis = [] if "reference" in failure else diagnose(
         reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
         steps_asked=steps_asked)
-    return {"strategy": strategy, "processes": processes, "tolerance": limit, "precision": facts.get("precision"),
+    random = random_ops(reference)
+    draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
+    if failure:
+        verdict = "failed"
+    elif draws:
+        verdict = "not comparable"  # each rank draws its own numbers: no rank count reproduces one process
+    elif first is None and not diagnosis and len(lines) > 1:
+        verdict = "equivalent"
+    else:
+        verdict = "not equivalent"
+    return {"strategy": strategy, "processes": processes, "tolerance": limit, "gradient_tolerance": gradient_limit,
+            "precision": facts.get("precision"), "comm_hook": comm_hook,
             "steps": lines, "steps_asked": steps_asked, "steps_reached": [reference.reached, candidate.reached],
-            "first_difference": first, "diagnosis": diagnosis, "failure": failure,
+            "first_difference": first, "diagnosis": diagnosis, "failure": failure, "random_ops": random,
             "dropout": {"modules": reference.facts.get("dropout", []), "known": bool(reference.facts),
                         "kept": bool(reference.facts.get("dropout_kept"))},
-            "equivalent": not failure and first is None and not diagnosis and len(lines) > 1}
+            "verdict": verdict, "equivalent": verdict == "equivalent"}

@@ -1,10 +1,14 @@
 """Two traced runs of one script (:mod:`rankwise.trace`), compared step by step.
 
-For every step both runs reached: the samples (the N ranks together against the one process),
-the loss (the mean over ranks of each rank's summed micro-batch losses against the one process's
-sum: both are the global batch's loss when the loss is a mean over it), and every tensor of the
-weights after the step.  A step is equivalent when its samples match, its loss is within the
-tolerance (relative above 1) and no weight differs by more than the tolerance.
+The one-process run followed the N-rank run in lockstep: each step started from the N-rank run's
+weights and applied the N-rank gradient.  For every step both runs reached: the samples (the N
+ranks together against the one process), the loss (the mean over ranks of each rank's summed
+micro-batch losses against the one process's sum: both are the global batch's loss when the loss
+is a mean over it), the gradient the N-rank optimizer received against the one process's at the
+same weights (:func:`rankwise.tolerance.gradient_difference`), and every tensor of the weights
+after the step.  A step is equivalent when its samples match, its loss is within the tolerance
+(relative above 1), its gradient within the gradient tolerance and no weight differs by more than
+the tolerance.
 """
 
 from __future__ import annotations
@@ -88,7 +92,17 @@ def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, 
     return ("unmatched" if seen == expected else "differs"), detail
 
 
-def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> list[dict]:
+def random_ops(run: TracedRun) -> dict[str, int]:
+    """The random operations the run's forward ran, as ``{"op in module": count}`` (its first step's)."""
+    found: dict[str, int] = {}
+    for ranks in run.records.values():
+        for key, count in ranks[0].get("random_ops", {}).items():
+            found[key] = found.get(key, 0) + count
+    return found
+
+
+def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
+            gradient_tolerance: float | None = None) -> list[dict]:
     """One line per step both runs reached (step 0: the weights as prepared)."""
     lines = []
     for step in [s for s in reference.steps if s in candidate.steps]:
@@ -99,8 +113,15 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> lis
         line = {"step": step, "max_param_diff": max(differences.values(), default=0.0),
                 "top": sorted(differences.items(), key=lambda item: -item[1])[:TOP_TENSORS],
                 "unmatched_tensors": unmatched, "data": "—", "data_detail": "", "loss_reference": None,
-                "loss_candidate": None, "loss_diff": None}
+                "loss_candidate": None, "loss_diff": None, "followed": False, "gradient_diff": None,
+                "gradient_top": [], "gradient_scale": None, "gradient_only_one": []}
         if step:
+            ours = reference.records[step][0]
+            gradient = ours.get("gradient")
+            line["followed"] = bool(ours.get("followed"))
+            if gradient:
+                line |= {"gradient_diff": gradient["difference"], "gradient_top": gradient["top"],
+                         "gradient_scale": gradient["scale"], "gradient_only_one": gradient["only_one"]}
             line["data"], line["data_detail"] = compare_samples(reference.records[step], candidate.records[step])
             one, many = reference.loss(step), candidate.loss(step)
             line |= {"loss_reference": one, "loss_candidate": many,
@@ -108,7 +129,9 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float) -> lis
         line["loss_ok"] = line["loss_diff"] is None or \
             line["loss_diff"] <= tolerance * max(1.0, abs(line["loss_reference"]))
         line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
-        line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["data"] != "differs"
+        line["gradient_ok"] = line["gradient_diff"] is None or gradient_tolerance is None or \
+            line["gradient_diff"] <= gradient_tolerance
+        line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["gradient_ok"] and line["data"] != "differs"
         if line["data"] == "unmatched" and line["equivalent"]:
             line["data_detail"] += " (loss and weights agree: probably padding the digest does not recognise)"
         lines.append(line)

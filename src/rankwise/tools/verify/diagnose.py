@@ -8,7 +8,8 @@ reasons with the same functions.
 
 from __future__ import annotations
 
-from rankwise.tools.verify.compare import TracedRun
+from rankwise.strategies import lookup
+from rankwise.tools.verify.compare import TracedRun, random_ops as located_random_ops
 
 UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_parameters")
 """What DDP says when a parameter got no gradient in the previous step."""
@@ -23,14 +24,16 @@ def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> 
             f"its own share of the global batch, not the whole batch; {where}")
 
 
-def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: int) -> str:
+def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: int,
+               where: dict[str, int] | None = None) -> str:
     source = ("dropout modules were kept (--keep-dropout); without the flag verify switches them off" if dropout_kept
               else "these are not dropout modules rankwise can switch off: functional dropout (F.dropout(x, p, "
               "training)), attention dropout given as a number, or torch.rand/randn/bernoulli in forward; make "
               "their probability 0 for the comparison (e.g. a dropout flag of your script)")
-    return (f"the forward drew random numbers in {draws} of {micro_batches} micro-batches of the one-process run: "
-            f"each of the {world_size} ranks draws its own numbers for its share of the batch, so no rank count "
-            f"reproduces one process; {source}")
+    located = f" ({', '.join(sorted(where, key=lambda key: -where[key])[:4])})" if where else ""
+    return (f"the forward drew random numbers in {draws} of {micro_batches} micro-batches of the one-process "
+            f"run{located}: each of the {world_size} ranks draws its own numbers for its share of the batch, so no "
+            f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}")
 
 
 def _first_ranks(run: TracedRun) -> list[dict]:
@@ -73,7 +76,8 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
         findings.append(batch_dependent(layers, world_size, candidate.facts.get("device", "cpu")))
     draws, micro = sum(r["random_draws"] for r in records), sum(len(r["losses"]) for r in records)
     if draws:
-        findings.append(random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size))
+        findings.append(random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size,
+                                   located_random_ops(reference)))
     half = candidate.facts.get("half_params") or reference.facts.get("half_params")
     if half:
         findings.append(f"the trainable parameters are {', '.join(half)}, and so are their gradients: accumulating "
@@ -84,8 +88,12 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
         findings.append(_normalisation(reference, candidate, first, world_size))
     if no_grad and not failure:
         findings.append(f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run")
+    hook = str(candidate.facts.get("comm_hook", "none"))
+    if first is not None and first["step"] and not first.get("gradient_ok", True) and hook != "none":
+        findings.insert(0, _compressed(hook, first))
     if first is not None and not findings:
-        findings.append(_weights_only(reference, first))
+        findings.append(_gradients(first, world_size) if not first.get("gradient_ok", True) else
+                        _update(reference, candidate, first, strategy, world_size))
     return ([shorter] if shorter else []) + findings
 
 
@@ -97,14 +105,77 @@ def _steps_missing(reference: TracedRun, candidate: TracedRun, asked: int | None
             "size (a step count computed from the per-rank batch, or a loop over a loader that is not rt.loader's)")
 
 
-def _weights_only(reference: TracedRun, first: dict) -> str:
+COMPRESSION = {"fp16_compress": "rounds every gradient to fp16 (11 significant bits) before the all-reduce",
+               "bf16_compress": "rounds every gradient to bf16 (8 significant bits) before the all-reduce",
+               "powersgd": "sends a low-rank approximation of each gradient matrix instead of the gradient"}
+
+
+def _compressed(hook: str, first: dict) -> str:
+    what = COMPRESSION.get(hook, "changes the gradients it exchanges")
+    return (f"the gradients were exchanged through DDP's {hook} communication hook (ddp.comm_hook={hook}), which "
+            f"{what}: at step {first['step']} the gradient the optimizer received differs from one process's by "
+            f"{first['gradient_diff']:.1e} relative. That is the compression working as designed, not a bug: "
+            "the run trades exactness for less traffic (rankwise bench states the tolerance it accepts for it); "
+            "without the hook the exchange is exact")
+
+
+def _gradients(first: dict, world_size: int) -> str:
+    step, difference = first["step"], first["gradient_diff"]
+    name = first["gradient_top"][0][0] if first.get("gradient_top") else "?"
+    scale = first.get("gradient_scale")
+    text = (f"at step {step} the samples, the weights before the step and the loss all agree, yet the gradient the "
+            f"{world_size} ranks' optimizer received differs from one process's by {difference:.1e} relative (most in "
+            f"{name})")
+    if first.get("gradient_only_one"):
+        return text + (f": only one run has a gradient for {', '.join(first['gradient_only_one'][:5])} — parameters "
+                       "the forward uses on some ranks or steps only")
+    if scale is not None and abs(scale - 1) > 0.01:
+        hint = {world_size: "summed over the ranks instead of averaged",
+                1 / world_size: "averaged over the ranks twice (a loss or gradient divided by the world size again)"}
+        guess = next((words for factor, words in hint.items() if abs(scale - factor) < 0.01 * factor), None)
+        return text + (f": it is {scale:.3g} times the one-process gradient" +
+                       (f" — the gradients were {guess}" if guess else "") +
+                       ". Leave averaging to the strategy: rt.backward(loss) with the loss a mean over the global "
+                       "batch, no all_reduce of gradients of your own")
+    return text + (": something between the backward pass and the optimizer changed them — a gradient hook or "
+                   "all_reduce of your own, a gradient modified on one rank, or a custom autograd function whose "
+                   "backward depends on the batch it sees")
+
+
+def _learning_rates(run: TracedRun, step: int) -> list:
+    ranks = run.records.get(step) or [{}]
+    return ranks[0].get("learning_rates") or []
+
+
+def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: str, world_size: int) -> str:
     name, difference = first["top"][0] if first["top"] else ("?", first["max_param_diff"])
-    if not reference.seen("losses"):
-        return (f"the weights after step {first['step']} differ ({name} by {difference:.1e}); the loss was not "
-                "recorded (the script does not call rt.backward), so verify cannot tell the forward from the update")
-    return (f"the loss of step {first['step']} matched but the weights after it did not ({name} by "
-            f"{difference:.1e}): the gradients were combined or applied differently — a compressed gradient "
-            "exchange, or an optimizer that does not step the same when its state is sharded")
+    step = first["step"]
+    one, many = _learning_rates(reference, step), _learning_rates(candidate, step)
+    if one and many and one != many:
+        rates = lambda values: ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:4])  # noqa: E731
+        return (f"the optimizer stepped with another learning rate at step {step}: one process {rates(one)}, "
+                f"{world_size} ranks {rates(many)} (per parameter group), so the weights after it differ ({name} by "
+                f"{difference:.1e}): a learning-rate schedule that does not drive the optimizer rt.step steps "
+                "(built on another optimizer object), or one that depends on the world size")
+    if not first.get("followed"):
+        if not reference.seen("losses"):
+            return (f"the weights after step {step} differ ({name} by {difference:.1e}); the loss was not recorded "
+                    "(the script does not call rt.backward), so verify cannot tell the forward from the update")
+        return (f"the weights after step {step} differ ({name} by {difference:.1e}) with the loss the same; the "
+                "one process could not follow the N-rank run at this step (its gradients were not recorded), so "
+                "verify cannot tell the gradient from the update")
+    gradient = f"{first['gradient_diff']:.1e}" if first.get("gradient_diff") is not None else "—"
+    text = (f"step {step} started from the same weights and applied the same gradient (relative difference "
+            f"{gradient}), yet the {world_size} ranks' optimizer step moved the weights elsewhere than one process's "
+            f"({name} by {difference:.1e}): ")
+    if not lookup(strategy).cls.whole_state:
+        return text + (f"{strategy} shards the optimizer state, and its sharded step does not compute what the "
+                       "whole optimizer does — an optimizer it cannot shard faithfully (one whose update of a tensor "
+                       "depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step taken on the "
+                       "optimizer directly instead of rt.step")
+    return text + ("the optimizer or the learning-rate schedule did not step as in one process — a schedule stepped "
+                   "per micro-batch or scaled by the world size, a learning rate that depends on the rank count, "
+                   "or weights changed outside rt.step")
 
 
 def _normalisation(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str:

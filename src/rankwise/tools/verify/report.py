@@ -23,44 +23,73 @@ def _dropout(report: dict) -> str:
             "--keep-dropout keeps it")
 
 
+CRITERION = ("criterion: the one process starts every step from the {n}-rank run's weights and steps with its "
+             "gradient, so rounding never compounds; each step's gradient must match the one process's at those "
+             "weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after it within {tol:.0e}")
+
+
 def step_table(report: dict) -> list[str]:
     ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
-    out = [f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} {'max |Δweight|':>14}"]
+    out = [f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} {'Δgradient':>10} "
+           f"{'max |Δweight|':>14}"]
     for line in report["steps"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
+        if line["step"] and not line.get("followed"):
+            verdict += " (not in lockstep)"
         out.append(f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
                    f"{_number(line['loss_candidate'], '.6g'):>17} {_number(line['loss_diff'], '.1e'):>9} "
-                   f"{line['max_param_diff']:>14.1e}  {verdict}")
+                   f"{_number(line.get('gradient_diff'), '.1e'):>10} {line['max_param_diff']:>14.1e}  {verdict}")
     return out
 
 
-def first_difference(first: dict, limit: float) -> list[str]:
+def evolution(report: dict) -> str | None:
+    """The largest differences over the steps, in a line: rounding stays flat, a defect jumps."""
+    lines = [line for line in report["steps"] if line["step"] and line.get("gradient_diff") is not None]
+    if len(lines) < 2:
+        return None
+    gradients = [line["gradient_diff"] for line in lines]
+    weights = [line["max_param_diff"] for line in lines]
+    return (f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference {min(gradients):.1e} .. "
+            f"{max(gradients):.1e} (last {gradients[-1]:.1e}), weights {min(weights):.1e} .. {max(weights):.1e} "
+            f"(last {weights[-1]:.1e})")
+
+
+def first_difference(first: dict, limit: float, gradient_limit: float) -> list[str]:
     what = []
     if first["data"] == "differs":
         what.append(f"samples differ ({first['data_detail']})")
     if not first["loss_ok"]:
         what.append(f"loss differs by {first['loss_diff']:.1e}")
+    if not first.get("gradient_ok", True):
+        what.append(f"gradient differs by {first['gradient_diff']:.1e} relative (> {gradient_limit:.0e})")
     if first["max_param_diff"] > limit:
         what.append(f"weights differ by {first['max_param_diff']:.1e} (> {limit:.0e})")
     if first["unmatched_tensors"]:
         what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
     out = [f"first difference: step {first['step']}: " + "; ".join(what or ["—"])]
+    if not first.get("gradient_ok", True) and first.get("gradient_top"):
+        out.append("  gradients that differ most (relative): " +
+                   ", ".join(f"{name} {diff:.1e}" for name, diff in first["gradient_top"]))
     if first["top"] and first["max_param_diff"] > 0:
-        out.append("  tensors that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
+        out.append("  weights that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
     return out
 
 
 def render(report: dict) -> str:
     processes = report["processes"]
     out = [f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one process, "
-           f"{report['precision'] or '32-true'}, tolerance {report['tolerance']:.0e}", _dropout(report), ""]
+           f"{report['precision'] or '32-true'}", _dropout(report),
+           *textwrap.wrap(CRITERION.format(n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]),
+                          width=110), ""]
     for name, error in report["failure"].items():
         who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
         out.append(f"{who} failed: {error}")
     if report["steps"]:
         out += step_table(report)
+    if evolution(report):
+        out.append(evolution(report))
     if report["first_difference"]:
-        out += [""] + first_difference(report["first_difference"], report["tolerance"])
+        out += [""] + first_difference(report["first_difference"], report["tolerance"], report["gradient_tolerance"])
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
     if report["diagnosis"]:
@@ -71,6 +100,18 @@ def render(report: dict) -> str:
     if report["steps"] and steps < report["steps_asked"]:
         out.append(f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
                    f"{' and '.join(map(str, report['steps_reached']))})")
-    out += ["", f"verdict: equivalent over {steps} steps (exit 0)" if report["equivalent"] else
-            "verdict: NOT equivalent (exit 1)"]
+    out += ["", VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))]
     return "\n".join(out)
+
+
+VERDICTS = {"equivalent": "verdict: equivalent over {steps} steps (exit 0)",
+            "not equivalent": "verdict: NOT equivalent (exit 1)",
+            "failed": "verdict: a run failed, so nothing was proven (exit 1)",
+            "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)"}
+
+
+def _random_ops(report: dict) -> str:
+    found = report.get("random_ops") or {}
+    if not found:
+        return "where: not located (a compiled forward, or outside the first step)"
+    return ", ".join(sorted(found, key=lambda key: -found[key])[:3])

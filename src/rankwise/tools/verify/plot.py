@@ -1,0 +1,40 @@
+"""``verify.png``: how each step's differences evolve, against their tolerances, so rounding (flat, far below
+the line) and a defect (a jump over it) look different at a glance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FLOOR = 1e-12
+"""Where a difference of exactly zero is drawn on the logarithmic axis."""
+
+
+def plot(report: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [line for line in report["steps"] if line["step"]]
+    steps = [line["step"] for line in lines]
+    figure, (gradients, weights) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+    panels = ((gradients, "gradient_diff", report["gradient_tolerance"], "gradient vs one process (relative)"),
+              (weights, "max_param_diff", report["tolerance"], "weights after the step, max |Δ|"))
+    for axis, key, limit, title in panels:
+        values = [line[key] for line in lines]
+        axis.semilogy(steps, [max(v, FLOOR) if v is not None else float("nan") for v in values], marker=".",
+                      color="tab:blue")
+        bad = [(s, max(v, FLOOR)) for s, v, line in zip(steps, values, lines, strict=True)
+               if v is not None and v > limit]
+        if bad:
+            axis.semilogy(*zip(*bad, strict=True), "o", color="tab:red", label="over the tolerance")
+            axis.legend(loc="lower right")
+        axis.axhline(limit, color="tab:red", linestyle="--", linewidth=1)
+        axis.set_title(title, fontsize=10)
+        axis.set_xlabel("optimizer step")
+    figure.suptitle(f"rankwise verify: {report['strategy']} on {report['processes']} ranks, one process in lockstep "
+                    f"({report['verdict']})", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
