@@ -61,6 +61,15 @@ def model_facts(model: nn.Module) -> dict:
     return {"batch_dependent": batch_dependent, "dropout": dropout}
 
 
+def uses_tf32(model: nn.Module, device: torch.device) -> bool:
+    """Whether fp32 products of this model run on TF32 units: on CUDA, matrix products where torch allows it
+    (off by default), convolutions where cuDNN does (on by default)."""
+    if device.type != "cuda":
+        return False
+    convolutions = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return torch.backends.cuda.matmul.allow_tf32 or (convolutions and torch.backends.cudnn.allow_tf32)
+
+
 def weights_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"step-{step:05d}.safetensors"
 
@@ -226,7 +235,8 @@ class StepTrace:
             if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)})
         facts["batch_dependent"] = sorted(set(facts["batch_dependent"]) | set(model_facts(model)["batch_dependent"]))
         facts |= {"precision": rt.strategy.precision.name, "device": rt.device.type,
-                  "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none"))}
+                  "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
+                  "tf32": facts.get("tf32", False) or uses_tf32(model, rt.device)}
         first = self._models == 1
         if first:
             # Why: each rank built its own model; DDP starts from rank 0's copy, the sharding strategies from each

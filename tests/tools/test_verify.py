@@ -50,7 +50,7 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     ("batch-norm", ["BatchNorm1d", "SyncBatchNorm", "does not run on the CPU"]),
     ("micro-mean", ["not a mean over the global batch", "tokens per micro-batch in step 1"]),
     ("plain-loader", ["each of the 2 ranks saw the same 16 samples", "rt.loader(dataset"]),
-    ("functional-dropout", ["drew random numbers in", "functional dropout"]),
+    ("rank-seeded-sampler", ["step 1's samples differ", "rt.loader(dataset"]),
     ("half", ["bfloat16", "--precision bf16-mixed"]),
 ])
 def test_each_way_to_differ_is_found_at_its_first_step_and_diagnosed(tmp_path, case, expected):
@@ -64,6 +64,24 @@ def test_each_way_to_differ_is_found_at_its_first_step_and_diagnosed(tmp_path, c
     assert len(list((tmp_path / case).glob("candidate/step-*.safetensors"))) == 3  # --keep-weights: steps 0-2
     if case == "batch-norm":  # the tensors that differ most are the statistics each rank kept alone
         assert report["first_difference"]["top"][0][0].startswith("norm.running_")
+
+
+def test_random_ops_rankwise_cannot_switch_off_make_the_runs_not_comparable_and_are_located(tmp_path):
+    proc, report = _verify(tmp_path / "f", "functional-dropout")
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "not comparable" and report["equivalent"] is False
+    assert report["random_ops"] and all(key.endswith(" in Net") for key in report["random_ops"])
+    assert "not comparable: random ops in the forward (bernoulli_ in Net)" in proc.stdout
+    assert "functional dropout" in report["diagnosis"][0]
+
+
+def test_compressed_gradients_are_named_as_the_compression_they_are(tmp_path):
+    proc, report = _verify(tmp_path / "hook", "ok", "--set", "ddp.comm_hook=fp16_compress")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    first = report["first_difference"]
+    assert first["step"] == 1 and not first["gradient_ok"] and first["data"] == "same" and first["loss_ok"]
+    assert report["gradient_tolerance"] < first["gradient_diff"] < 1e-3  # fp16's 11 bits, not a wrong gradient
+    assert "fp16_compress communication hook" in report["diagnosis"][0], report["diagnosis"]
 
 
 def test_a_parameter_without_gradient_fails_ddp_and_is_named(tmp_path):
@@ -99,13 +117,17 @@ def test_samples_are_compared_as_the_ranks_together_against_the_one_process():
     assert compare_samples([{"samples": []}], [{"samples": []}])[0] == "unseen"
 
 
-def _run(steps: int = 1, draws: int = 0, losses: tuple = (0.5, 0.5), no_grad: tuple = (), **facts) -> TracedRun:
-    record = {"samples": ["a"], "tokens": [], "losses": list(losses), "random_draws": draws, "no_grad": list(no_grad)}
+def _run(steps: int = 1, draws: int = 0, losses: tuple = (0.5, 0.5), no_grad: tuple = (), lrs: tuple = (1e-3,),
+         **facts) -> TracedRun:
+    record = {"samples": ["a"], "tokens": [], "losses": list(losses), "random_draws": draws, "no_grad": list(no_grad),
+              "learning_rates": list(lrs)}
     return TracedRun(Path("."), facts=facts, records={step: [record] for step in range(1, steps + 1)})
 
 
 FIRST = {"step": 1, "data": "same", "loss_ok": True, "top": [("w", 1.0)], "max_param_diff": 1.0,
-         "loss_reference": 1.0, "loss_candidate": 1.0}
+         "loss_reference": 1.0, "loss_candidate": 1.0, "followed": True, "gradient_ok": True, "gradient_diff": 1e-7,
+         "gradient_top": [("w", 1e-7)], "gradient_scale": 1.0, "gradient_only_one": []}
+DIFFERENT_GRADIENT = FIRST | {"gradient_ok": False, "gradient_diff": 0.5, "gradient_top": [("w", 0.5)]}
 
 
 def test_kept_dropout_is_named_as_the_source_of_random_numbers():
@@ -116,11 +138,17 @@ def test_kept_dropout_is_named_as_the_source_of_random_numbers():
 
 
 @pytest.mark.parametrize(("reference", "candidate", "first", "failure", "words"), [
+    (_run(), _run(), FIRST, None, "applied the same gradient (relative difference 1.0e-07), yet the 2 ranks' optimizer"),
+    (_run(), _run(lrs=(0.0,)), FIRST, None, "another learning rate at step 1: one process 0.001, 2 ranks 0"),
+    (_run(), _run(), FIRST | {"followed": False}, None, "could not follow the N-rank run at this step"),
+    (_run(), _run(), DIFFERENT_GRADIENT, None, "something between the backward pass and the optimizer"),
+    (_run(), _run(), DIFFERENT_GRADIENT | {"gradient_scale": 2.0}, None, "summed over the ranks instead of averaged"),
+    (_run(), _run(), DIFFERENT_GRADIENT | {"gradient_scale": 0.5}, None, "averaged over the ranks twice"),
+    (_run(), _run(comm_hook="bf16_compress"), DIFFERENT_GRADIENT, None, "rounds every gradient to bf16"),
     (_run(steps=4), _run(steps=2), None, None, "the 2-rank run recorded 2 optimizer steps, the one process 4"),
     (_run(), _run(ranks_built_same_weights=False), FIRST, None, "the 2 ranks built different initial weights"),
     (_run(), _run(), FIRST | {"step": 0}, None, "the runs start from different weights"),
-    (_run(losses=()), _run(losses=()), FIRST, None, "the loss was not recorded (the script does not call rt.backward"),
-    (_run(), _run(), FIRST, None, "the loss of step 1 matched but the weights after it did not (w by 1.0e+00)"),
+    (_run(losses=()), _run(losses=()), FIRST | {"followed": False}, None, "the loss was not recorded (the script does not call rt.backward"),
     (_run(no_grad=("head.bias",)), _run(), None, "a timeout", "may wait for them"),
     (_run(no_grad=("head.bias",)), _run(), None, "RuntimeError: Expected to have finished reduction",
      "--set ddp.find_unused_parameters=true"),
@@ -130,6 +158,15 @@ def test_each_finding_needs_its_evidence(reference, candidate, first, failure, w
     findings = diagnose(reference, candidate, [first] if first else [], first, strategy="ddp", world_size=2,
                         failure=failure, steps_asked=4)
     assert words in findings[0], findings
+    if not candidate.facts.get("comm_hook"):  # no comm hook set: the diagnosis never blames compression
+        assert not any("compress" in finding for finding in findings), findings
+    # ddp keeps the optimizer whole: no sharded optimizer to blame
+    assert not any("shards the optimizer state" in finding for finding in findings), findings
+
+
+def test_only_a_strategy_that_shards_the_optimizer_is_told_its_sharded_step_differs():
+    findings = diagnose(_run(), _run(), [FIRST], FIRST, strategy="fsdp", world_size=2)
+    assert "fsdp shards the optimizer state" in findings[0]
 
 
 def test_instance_norm_depends_on_the_batch_only_through_running_statistics():

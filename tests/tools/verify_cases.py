@@ -4,6 +4,7 @@
     --case batch-norm          BatchNorm1d normalises over each rank's share of the batch
     --case micro-mean          a loss averaged over each micro-batch's tokens, whose count varies
     --case plain-loader        a torch DataLoader without a rank sampler: each rank sees every sample
+    --case rank-seeded-sampler a DistributedSampler shuffled with the rank as its seed: the ranks' shares overlap
     --case functional-dropout  F.dropout in forward: rankwise cannot switch it off
     --case half                bfloat16 parameters: gradients accumulate in 16 bits
     --case unused              a layer that never gets a gradient
@@ -14,7 +15,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import rankwise
 
@@ -73,6 +74,9 @@ def main():
         micro_batch = args.batch_size // args.grad_accum
         if args.case == "plain-loader":
             loader = DataLoader(dataset, batch_size=micro_batch, shuffle=False)
+        elif args.case == "rank-seeded-sampler":
+            sampler = DistributedSampler(dataset, rt.world_size, rt.rank, shuffle=True, seed=rt.rank)
+            loader = DataLoader(dataset, batch_size=micro_batch // rt.world_size, sampler=sampler, drop_last=True)
         else:
             loader = rt.loader(dataset, batch_size=micro_batch, shuffle=True)
         step = 0

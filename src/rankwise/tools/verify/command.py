@@ -112,7 +112,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     # The tolerance of what the distributed run really ran: the script's own precision and options count too.
     facts = candidate.facts or reference.facts
     precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
-    limit, gradient_limit = tolerance(precision), gradient_tolerance(precision)
+    limit, gradient_limit = tolerance(precision), gradient_tolerance(precision, bool(facts.get("tf32")))
     failure = {name: result["error"] for name, result in results.items()
                if "error" in result and not result.get("ended_early")}
     lines = compare(reference, candidate, limit, gradient_limit) if "reference" not in failure else []

@@ -9,7 +9,8 @@ reasons with the same functions.
 from __future__ import annotations
 
 from rankwise.strategies import lookup
-from rankwise.tools.verify.compare import TracedRun, random_ops as located_random_ops
+from rankwise.tools.verify.compare import TracedRun
+from rankwise.tools.verify.compare import random_ops as located_random_ops
 
 UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_parameters")
 """What DDP says when a parameter got no gradient in the previous step."""
