@@ -56,7 +56,10 @@ def add_parser(commands) -> None:
     p.add_argument("--script", metavar="SCRIPT.py", help="benchmark your own script (written on rankwise.setup()) "
                    "instead of `rankwise train`: --strategies are then strategy names (default "
                    "ddp,fsdp,deepspeed-zero2,accelerate; single is the reference); arguments after -- go to it")
-    p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each run (default 20)")
+    p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each timed run (default 20)")
+    p.add_argument("--verify-steps", type=int, default=5,
+                   help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
+                        "(default 5)")
     p.add_argument("--precision", help="--script: the precision every row runs at (default: the script's)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(run=run)

@@ -3,10 +3,12 @@
 Each row runs ``rankwise launch --strategy NAME SCRIPT ARGS`` in fresh processes, in a scratch
 directory (the script's own outputs land there), with the Runtime's probe switched on
 (:mod:`rankwise.probe`): the script stops after ``--steps`` optimizer steps, having reported its
-steady throughput, every rank's peak memory and its full fp32 parameters.  ``single`` always
-runs first as the reference; every other row's parameters are compared with its parameters
-after the same steps, against the stated tolerance, and a row that is not equivalent says
-what in its model can make ranks differ.
+steady throughput and every rank's peak memory.  Those runs measure the script as written,
+dropout and all.  The equivalence column is ``rankwise verify``'s judgement of the row
+(:mod:`rankwise.tools.verify.command`): the row's strategy traced for ``--verify-steps`` steps with
+dropout modules switched off, one process following it in lockstep, and the first finding of its
+diagnosis when it is not equivalent.  Random operations rankwise cannot switch off make a row
+"not comparable": neither pass nor FAIL.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankwise.checkpoint import read_weights, write_text_atomic
+from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
-from rankwise.tolerance import max_param_diff, tolerance
 from rankwise.tools.bench.report import median, run_line
 from rankwise.tools.harness import run_script
-from rankwise.tools.verify.diagnose import batch_dependent
+from rankwise.tools.verify.command import verify_runs
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 
@@ -53,24 +54,10 @@ def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
     return rows
 
 
-def explain(facts: dict, world_size: int, difference: float, limit: float, device: str = "cpu") -> str:
-    """Why a row is not equivalent, from what the probe saw in its model."""
-    reasons = [f"max |Δparam| {difference:.1e} > tolerance {limit:.0e}"]
-    if facts.get("batch_dependent"):
-        reasons.append(batch_dependent(facts["batch_dependent"], world_size, device))
-    if facts.get("dropout"):
-        reasons.append(f"{', '.join(facts['dropout'])} with p > 0 draws other random masks on each rank: set the "
-                       "dropout to 0 to compare")
-    if len(reasons) == 1:
-        reasons.append("nothing batch-dependent or random was seen in the model: look at the loss normalisation "
-                       "under accumulation and at whether the data loader is rankwise's rank-sharded one")
-    reasons.append("`rankwise verify` with this strategy shows the first step that differs and why")
-    return "; ".join(reasons)
-
-
 def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, steps: int, repeats: int,
-              precision: str | None, out: Path, timeout_s: float = 900.0) -> dict:
-    """Every row ``repeats`` times (alternating the order); the summary with one line per row."""
+              precision: str | None, out: Path, timeout_s: float = 900.0, verify_steps: int = 5) -> dict:
+    """Every row ``repeats`` times (alternating the order), then each distributed row's equivalence (``rankwise
+    verify`` for ``verify_steps`` steps); the summary with one line per row."""
     script = script.resolve()
     runs: dict[str, list[dict]] = {row.strategy: [] for row in rows}
     runnable = [row for row in rows if row.missing() is None]
@@ -84,12 +71,36 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
             runs[row.strategy].append({**result, "run_dir": str(run_dir)})
             done += 1
             print(run_line(done, total, row.strategy, repeat, repeats, result), file=sys.stderr, flush=True)
-    return summarize(rows, runs, precision)
+    verdicts = {}
+    for row in runnable:
+        if row.strategy == "single" or not any("error" not in run for run in runs[row.strategy]):
+            continue
+        verdicts[row.strategy] = verify_runs(
+            script, script_args, row.strategy, row.processes, out / "verify" / row.strategy, steps=verify_steps,
+            precision=precision, timeout_s=timeout_s)
+        print(f"equivalence of {row.strategy} (rankwise verify, {verify_steps} steps, dropout off): "
+              f"{verdicts[row.strategy]['verdict']}", file=sys.stderr, flush=True)
+    return summarize(rows, runs, verdicts)
 
 
-def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str | None) -> dict:
+def _equivalence(report: dict) -> dict:
+    """A row's equivalence columns from ``rankwise verify``'s report of it."""
+    lines = [line for line in report["steps"] if line["step"]]
+    gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
+    dropout = report["dropout"]["modules"]
+    reason = report["diagnosis"][0] if report["diagnosis"] else None
+    if report["verdict"] == "failed":
+        reason = "its verify run failed: " + "; ".join(report["failure"].values())
+    return {"equivalent": {"equivalent": True, "not equivalent": False}.get(report["verdict"]),
+            "verdict": report["verdict"], "compared_steps": len(lines),
+            "compared": f"dropout off ({len(dropout)} modules)" if dropout else "as written (no dropout module)",
+            "max_param_diff": max((line["max_param_diff"] for line in lines), default=None),
+            "max_gradient_diff": max(gradients, default=None), "tolerance": report["tolerance"],
+            "gradient_tolerance": report["gradient_tolerance"], "reason": reason}
+
+
+def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict]) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
-    reference = read_weights(Path(ok["single"][0]["run_dir"]) / "weights.safetensors") if ok.get("single") else None
     base_speed = median(ok.get("single", []), "steady_samples_per_s")
     lines = []
     for row in rows:
@@ -104,38 +115,48 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], precision: str
             continue
         first = good[0]
         speed = median(good, "steady_samples_per_s")
-        limit = tolerance(first["precision"])
         line |= {"status": "ok", "precision": first["precision"], "samples_per_s": speed,
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
                  "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first["cuda_max_allocated_mb"],
-                 "wall_s": median(good, "wall_s"), "tolerance": limit, "max_param_diff": None,
-                 "equivalent": None, "reason": None}
-        if reference is None:
-            line["reason"] = "no reference: the single run failed"
-        else:
-            difference = max_param_diff(read_weights(Path(first["run_dir"]) / "weights.safetensors"), reference)
-            line |= {"max_param_diff": difference, "equivalent": difference <= limit}
-            if difference > limit:
-                line["reason"] = explain(first["model"], first["world_size"], difference, limit,
-                                         first.get("device", "cpu"))
+                 "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None}
+        if row.strategy == "single":
+            line["verdict"] = "reference"
+        elif row.strategy in verdicts:
+            line |= _equivalence(verdicts[row.strategy])
         lines.append(line)
-    return {"rows": lines, "runs": runs}
+    return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()}}
+
+
+VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
+                 "failed": "FAIL (verify run failed)", "reference": "reference"}
+
+
+def _difference(value: float | None, limit: float | None) -> str:
+    return "—" if value is None else f"{value:.1e} ({limit:.0e})"
 
 
 def table(summary: dict) -> str:
-    out = ["| row | procs | samples/s | speedup | peak RSS MB/rank | max Δparam (tol) | equivalent |",
-           "|---|---:|---:|---:|---|---|---|"]
+    out = ["| row | procs | samples/s | speedup | peak RSS MB/rank | Δgradient (tol) | Δweights (tol) | equivalent |",
+           "|---|---:|---:|---:|---|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} | | | | | {line['status']} |")
+            out.append(f"| {line['row']} | {line['processes']} | | | | | | {line['status']} |")
             continue
-        diff = "—" if line["max_param_diff"] is None else f"{line['max_param_diff']:.1e} ({line['tolerance']:.0e})"
-        verdict = "—" if line["equivalent"] is None else ("pass" if line["equivalent"] else "FAIL")
+        verdict = VERDICT_CELLS.get(line["verdict"], "—")
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
-        out.append(f"| {line['row']} | {line['processes']} | {line['samples_per_s'] or 0:,.0f} | {speedup} | "
-                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | {diff} | {verdict} |")
-    reasons = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
-    return "\n".join(out + ([""] + reasons if reasons else []))
+        speed = "—" if line["samples_per_s"] is None else f"{line['samples_per_s']:,.0f}"
+        out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | "
+                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+                   f"{_difference(line.get('max_gradient_diff'), line.get('gradient_tolerance'))} | "
+                   f"{_difference(line.get('max_param_diff'), line.get('tolerance'))} | {verdict} |")
+    compared = [line for line in summary["rows"] if line.get("compared")]
+    notes = []
+    if compared:
+        notes.append(f"throughput: the script as written; equivalence: `rankwise verify` of each row, "
+                     f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process following "
+                     "the row in lockstep (its weights before each step, its gradient applied)")
+    notes += [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
+    return "\n".join(out + ([""] + notes if notes else []))
 
 
 def write(summary: dict, meta: dict, out: Path) -> dict[str, Path]:
@@ -150,9 +171,10 @@ def write(summary: dict, meta: dict, out: Path) -> dict[str, Path]:
     measured = [line for line in summary["rows"] if line["status"] == "ok"]
     figure, axis = plt.subplots(figsize=(7, 3.5))
     axis.bar([line["row"] for line in measured], [line["samples_per_s"] or 0 for line in measured],
-             color=["tab:green" if line["equivalent"] is not False else "tab:red" for line in measured])
+             color=[{"not equivalent": "tab:red", "failed": "tab:red", "not comparable": "tab:gray"}.get(
+                 line.get("verdict"), "tab:green") for line in measured])
     axis.set_ylabel("samples/s (steady)")
-    axis.set_title(f"{Path(meta['script']).name}: red = not equivalent to single")
+    axis.set_title(f"{Path(meta['script']).name}: red = not equivalent to single, grey = not comparable")
     figure.tight_layout()
     figure.savefig(paths["png"], dpi=120)
     plt.close(figure)
@@ -168,6 +190,8 @@ def bench(args) -> int:
         raise ConfigError(f"--script {script}: no such file")
     if args.steps < 2:
         raise ConfigError("--steps must be at least 2 (a warm-up step and a measured one)")
+    if args.verify_steps < 1:
+        raise ConfigError("--verify-steps must be at least 1")
     strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else \
         list(DEFAULT_STRATEGIES)
     rows = rows_for(strategies, args.nproc)
@@ -176,7 +200,7 @@ def bench(args) -> int:
     print(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} steps, "
           f"{args.nproc} processes; writing to {out}", file=sys.stderr, flush=True)
     summary = run_bench(script, script_args, rows, steps=args.steps, repeats=args.repeats or 1,
-                        precision=args.precision, out=out)
+                        precision=args.precision, out=out, verify_steps=args.verify_steps)
     meta = {"script": str(script), "script_args": script_args, "steps": args.steps, "nproc": args.nproc,
             **machine()}
     paths = write(summary, meta, out)
@@ -185,7 +209,7 @@ def bench(args) -> int:
     if args.json:
         print(json.dumps({"rows": summary["rows"]}, default=str))
     failed = [line["row"] for line in summary["rows"]
-              if line["status"].startswith("failed") or line.get("equivalent") is False]
+              if line["status"].startswith("failed") or line.get("verdict") in ("not equivalent", "failed")]
     if failed:
         print(f"rankwise bench: {', '.join(failed)} failed a run or the equivalence check (see the table)",
               file=sys.stderr)
