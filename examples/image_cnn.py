@@ -5,6 +5,7 @@ strategy, so the launcher chooses:
 
     python examples/image_cnn.py
     rankwise launch --nproc-per-node 2 --strategy accelerate examples/image_cnn.py
+    rankwise launch --nproc-per-node 2 --strategy fsdp examples/image_cnn.py --optimizer adam
 
 ``--batch-norm`` adds BatchNorm layers: each rank then normalises over its own part of the
 global batch, so the run no longer computes what one process computes (`rankwise verify`
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="sgd: SGD with momentum 0.9 at --lr; adam: torch's Adam at its defaults")
+    parser.add_argument("--lr", type=float, default=1e-2, help="SGD's learning rate")
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--out", default="runs/image-cnn", help="where rank 0 saves weights and a summary")
     args = parser.parse_args(argv)
@@ -53,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     dataset = blob_images(args.samples)
     with rankwise.setup(seed=0) as rt:  # the strategy comes from the launcher
         model = cnn(args.batch_norm)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        if args.optimizer == "adam":
+            optimizer = torch.optim.Adam(model.parameters())
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         model, optimizer = rt.prepare(model, optimizer, micro_batch_size=args.batch_size // rt.world_size)
         loader = rt.loader(dataset, batch_size=args.batch_size, shuffle=True)
         step, epoch = 0, 0

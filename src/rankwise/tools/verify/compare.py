@@ -129,8 +129,8 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
         line["loss_ok"] = line["loss_diff"] is None or \
             line["loss_diff"] <= tolerance * max(1.0, abs(line["loss_reference"]))
         line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
-        line["gradient_ok"] = line["gradient_diff"] is None or gradient_tolerance is None or \
-            line["gradient_diff"] <= gradient_tolerance
+        line["gradient_ok"] = not line["gradient_only_one"] and (
+            line["gradient_diff"] is None or gradient_tolerance is None or line["gradient_diff"] <= gradient_tolerance)
         line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["gradient_ok"] and line["data"] != "differs"
         if line["data"] == "unmatched" and line["equivalent"]:
             line["data_detail"] += " (loss and weights agree: probably padding the digest does not recognise)"

@@ -68,7 +68,7 @@ def first_difference(first: dict, limit: float, gradient_limit: float) -> list[s
         what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
     out = [f"first difference: step {first['step']}: " + "; ".join(what or ["—"])]
     if not first.get("gradient_ok", True) and first.get("gradient_top"):
-        out.append("  gradients that differ most (relative): " +
+        out.append("  gradients that differ most (each against the whole gradient): " +
                    ", ".join(f"{name} {diff:.1e}" for name, diff in first["gradient_top"]))
     if first["top"] and first["max_param_diff"] > 0:
         out.append("  weights that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
