@@ -3,11 +3,11 @@
 Switched on by the environment the bench gives the script's processes (``RANKWISE_PROBE``: a
 directory, ``RANKWISE_PROBE_STEPS``: K, ``RANKWISE_PROBE_WARMUP``: W).  The Runtime then counts
 the samples of each optimizer step (its loader's global batch x the accumulation ``prepare`` was
-told), times the steps after W, and after step K gathers the full fp32 parameters, writes them and
-``probe.json`` (throughput, peak memory per rank, what the model holds that can make ranks differ)
-from rank 0, and ends the script: the bench caps the run at its own step count.  Nothing in the
-script changes, and nothing here runs unless the variables are set.  ``rankwise verify`` adds a
-step-by-step trace (:mod:`rankwise.trace`).
+told), times the steps after W, and after step K writes ``probe.json`` (throughput, peak memory per
+rank, what the model holds that can make ranks differ) from rank 0, and ends the script: the bench
+caps the run at its own step count.  Nothing in the script changes, and nothing here runs unless the
+variables are set.  ``rankwise verify`` (and the bench's equivalence column) adds a step-by-step
+trace (:mod:`rankwise.trace`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rankwise.checkpoint import write_text_atomic, write_weights
+from rankwise.checkpoint import write_text_atomic
 from rankwise.memory import peak_rss_megabytes
 from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, model_facts
 
@@ -89,15 +89,12 @@ class Probe:
             return
         _synchronize(rt.device)
         seconds = time.perf_counter() - self.started
-        weights = rt.state_dict(model) if not self.trace else None  # a collective for sharded strategies
         cuda = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
         # Why: rank 0 reports every rank's peak memory.
         memory = rt.all_gather_object((peak_rss_megabytes(), cuda))
         if rt.is_main:
             per_step = (self.global_batch or 0) * self.grad_accum
             samples = per_step * (self.steps - self.warmup)
-            if weights is not None:  # (the trace wrote every step's)
-                write_weights({k: v.float() for k, v in weights.items()}, self.directory / "weights.safetensors")
             write_text_atomic(self.directory / "probe.json", json.dumps({
                 "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
                 "device": rt.device.type,

@@ -8,17 +8,25 @@ from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 
 DESCRIPTION = """\
-Run SCRIPT (written on rankwise.setup()) on one process, then with --strategy on
---nproc-per-node ranks, with the same seed and global batches, and compare them after
-every optimizer step: the samples each step took, its loss and every tensor of the
-weights.  Report the first step where they part beyond the strategy's stated tolerance,
-the tensors that differ most, and what in the script explains it: BatchNorm and other
-batch-dependent layers, random ops (dropout) drawing different numbers per rank, a loss
-averaged per micro-batch instead of per global batch, gradients accumulated in 16 bits,
-a data loader that is not rank-sharded, parameters without gradients.
+Run SCRIPT (written on rankwise.setup()) with --strategy on --nproc-per-node ranks, then on
+one process in lockstep with it: the same seed and global batches, each step started from
+the N-rank run's weights, its gradient compared with the one process's there and then
+applied.  So a step shows only what distribution changed in that step, never rounding
+compounded over the steps before (Adam at its default eps turns summation-order noise into
+weight differences above 1e-5 within a few steps).  After every optimizer step it compares
+the samples each step took, its loss, the gradient the N-rank optimizer received (relative
+to the whole gradient's size) and every tensor of the weights after the step.  It reports
+the first step where they part beyond the stated tolerances, the tensors that differ most,
+and what in the script explains it: BatchNorm and other batch-dependent layers, random ops
+drawing different numbers per rank, a loss averaged per micro-batch instead of per global
+batch, gradients summed instead of averaged or compressed by a DDP comm hook, gradients
+accumulated in 16 bits, a data loader that is not rank-sharded, a learning-rate schedule
+that does not drive the optimizer that steps, parameters without gradients.
 
 Dropout modules are switched off (p=0) in both runs, so random masks cannot hide the
-verdict; --keep-dropout keeps them.  Exit 0 when equivalent, 1 otherwise.
+verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, or a run
+failed; 3: not comparable (random ops rankwise cannot switch off, such as F.dropout).
+Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
   rankwise verify train.py --strategy ddp --nproc-per-node 2 -- --lr 1e-3
   rankwise verify examples/image_cnn.py --strategy fsdp -- --batch-norm
@@ -35,7 +43,7 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="an option of the strategy's section for the distributed run, e.g. "
                         "ddp.find_unused_parameters=true (repeatable)")
     p.add_argument("--keep-dropout", action="store_true", help="leave dropout modules on in both runs")
-    p.add_argument("--keep-weights", action="store_true", help="keep every step's weights under --out")
+    p.add_argument("--keep-weights", action="store_true", help="keep every step's weights and gradients under --out")
     p.add_argument("--out", help="report directory (default runs/verify-<script>-<strategy>-<time>)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON as the last stdout line")
