@@ -304,16 +304,11 @@ class DeepSpeed(Strategy):
         return torch.tensor(float(model.get_global_grad_norm()))
 
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """ZeRO keeps the averaged gradients in its own partitions: DeepSpeed assembles each one (a collective at
-        stages 1-3, in the same parameter order on every rank)."""
+        """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a collective, ZeRO 1-3)."""
         from deepspeed.utils import safe_get_full_grad
 
-        gradients = {}
-        for name, param in self.unwrap(model).named_parameters():
-            gradient = safe_get_full_grad(param)
-            if gradient is not None:
-                gradients[name] = gradient.detach().float().cpu()
-        return gradients
+        pairs = ((name, safe_get_full_grad(param)) for name, param in self.unwrap(model).named_parameters())
+        return {name: gradient.detach().float().cpu() for name, gradient in pairs if gradient is not None}
 
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the

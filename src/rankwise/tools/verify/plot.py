@@ -28,10 +28,10 @@ def plot(report: dict, path: Path) -> Path:
                if v is not None and v > limit]
         if bad:
             axis.semilogy(*zip(*bad, strict=True), "o", color="tab:red", label="over the tolerance")
-            axis.legend(loc="lower right")
-        axis.axhline(limit, color="tab:red", linestyle="--", linewidth=1)
+        axis.axhline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {limit:.0e}")
+        axis.legend(loc="center right", fontsize=8)
         axis.set_title(title, fontsize=10)
-        axis.set_xlabel("optimizer step")
+        axis.set_xlabel("optimizer step" + (" (exact zeros drawn at 1e-12)" if 0 in values else ""))
     figure.suptitle(f"rankwise verify: {report['strategy']} on {report['processes']} ranks, one process in lockstep "
                     f"({report['verdict']})", fontsize=10)
     figure.tight_layout()
