@@ -84,6 +84,9 @@ def test_a_summed_or_compressed_exchange_fails_and_a_gradient_zero_but_for_round
     assert gradient_difference(noisy_zero, {**one, "zero": torch.zeros(4)})["difference"] < GRADIENT / 10
     missing = gradient_difference({k: v for k, v in one.items() if k != "0.bias"}, one)
     assert missing["only_one"] == ["0.bias"] and missing["difference"] > 100 * GRADIENT
+    # ZeRO hands a parameter the forward did not use a gradient of zeros where one process has none: the same.
+    unused = gradient_difference({**one, "spare": torch.zeros(3)}, one)
+    assert unused["only_one"] == [] and unused["difference"] == 0
 
 
 def test_the_tolerance_follows_the_arithmetic_the_run_does():

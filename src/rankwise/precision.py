@@ -52,6 +52,10 @@ class Precision:
         else:
             optimizer.step()
 
+    def loss_scale(self) -> float:
+        """What the gradients are multiplied by until the step unscales them (1 without a scaler)."""
+        return float(self.scaler.get_scale()) if self.scaler else 1.0
+
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict()} if self.scaler else {}
 

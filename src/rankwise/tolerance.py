@@ -92,8 +92,8 @@ def gradient_difference(candidate: Mapping[str, torch.Tensor], reference: Mappin
     a compressed or summed exchange, other samples — changes the whole gradient.  ``top``: the tensors whose
     own difference is largest against the whole gradient's norm; ``scale``: the least-squares factor
     ``<c, r> / <r, r>`` (2.0 or 0.5 when the gradients were summed over ranks instead of averaged, or averaged
-    twice); ``only_one``: tensors one side has a gradient for and the other not (compared as zero, and a
-    difference of their own)."""
+    twice); ``only_one``: tensors one side has a non-zero gradient for and the other none (compared as zero, and
+    a difference of their own; ZeRO gives a parameter the forward did not use a gradient of zeros, not none)."""
     names = sorted(reference.keys() | candidate.keys())
     zero = torch.zeros(())
     pairs = {name: (candidate.get(name, zero).double(), reference.get(name, zero).double()) for name in names}
@@ -105,4 +105,4 @@ def gradient_difference(candidate: Mapping[str, torch.Tensor], reference: Mappin
     return {"difference": gap / whole if whole > 0 else (0.0 if gap == 0 else math.inf),
             "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
             "scale": dot / whole**2 if whole > 0 else None,
-            "only_one": sorted(reference.keys() ^ candidate.keys())}
+            "only_one": sorted(name for name in reference.keys() ^ candidate.keys() if gaps[name] > 0)}

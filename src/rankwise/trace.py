@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.tolerance import gradient_difference
@@ -161,9 +162,17 @@ def _digest_parameters(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-class RandomOps(TorchDispatchMode):
-    """Which random operations a forward runs, and in which module: every aten op that draws from a generator
-    (torch tags them ``nondeterministic_seeded``: dropout, bernoulli, rand, randn, normal, ...)."""
+RANDOM_FUNCTIONS = frozenset({
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
+    "gumbel_softmax", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
+    "bernoulli_", "normal", "normal_", "uniform_", "multinomial", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "random_", "poisson"})
+"""torch functions and tensor methods that can draw from a generator (``torch.nn.functional`` and ``torch``)."""
+
+
+class RandomOps(TorchFunctionMode):
+    """Which random functions a forward calls, and in which module: every call of :data:`RANDOM_FUNCTIONS` that
+    really moved the generator (``F.dropout`` with ``p=0`` draws nothing and is not counted)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -189,14 +198,29 @@ class RandomOps(TorchDispatchMode):
         for hook in self.hooks:
             hook.remove()
         self.hooks, self.stack = [], []
-        return super().__exit__(*exc)
+        result = super().__exit__(*exc)
+        if "torch._dynamo" in sys.modules:
+            # Code Dynamo first met under this mode may be marked to be skipped for good: forget it, so what the
+            # script compiles runs compiled from the next micro-batch on, as in the N-rank run.
+            torch._dynamo.reset()
+        return result
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            where = next((name for name in reversed(self.stack) if name), "the script, outside the model")
-            key = f"{func.overloadpacket.__name__} in {where}"
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name not in RANDOM_FUNCTIONS:
+            return func(*args, **(kwargs or {}))
+        before = torch.random.get_rng_state()
+        result = func(*args, **(kwargs or {}))
+        if not torch.equal(before, torch.random.get_rng_state()) or _on_cuda(args):
+            where = next((module for module in reversed(self.stack) if module), "the script, outside the model")
+            key = f"{name} in {where}"
             self.found[key] = self.found.get(key, 0) + 1
-        return func(*args, **(kwargs or {}))
+        return result
+
+
+def _on_cuda(args) -> bool:
+    """Whether a random function ran on a GPU (whose generator the CPU's state does not show)."""
+    return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
 class StepTrace:
@@ -236,7 +260,8 @@ class StepTrace:
         facts["batch_dependent"] = sorted(set(facts["batch_dependent"]) | set(model_facts(model)["batch_dependent"]))
         facts |= {"precision": rt.strategy.precision.name, "device": rt.device.type,
                   "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
-                  "tf32": facts.get("tf32", False) or uses_tf32(model, rt.device)}
+                  "tf32": facts.get("tf32", False) or uses_tf32(model, rt.device),
+                  "shards_optimizer_state": rt.strategy.shards_optimizer_state}
         first = self._models == 1
         if first:
             # Why: each rank built its own model; DDP starts from rank 0's copy, the sharding strategies from each
@@ -290,7 +315,8 @@ class StepTrace:
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         """Between the step's last backward and its optimizer step (every rank)."""
         self._stop_locating()
-        self.learning_rates = [group.get("lr") for group in getattr(optimizer, "param_groups", [])]
+        self.learning_rates = [float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None
+                               for group in getattr(optimizer, "param_groups", [])]
         if rt.world_size == 1:
             self.no_grad = [name.removeprefix("module.") for name, p in model.named_parameters()
                             if p.requires_grad and p.grad is None]
@@ -307,10 +333,12 @@ class StepTrace:
         applied = read_weights(theirs)
         self.gradient = gradient_difference(applied, gradients)
         # The step applies the N-rank gradient: with the same weights and optimizer state before it, the weights
-        # after it must match whatever the N-rank optimizer did with it, to rounding.
+        # after it must match whatever the N-rank optimizer did with it, to rounding.  (Both are unscaled: under a
+        # 16-bit loss scale this run's own scale goes back on, for its step to take off.)
+        scale = rt.strategy.gradient_scale()
         for name, param in rt.strategy.unwrap(model).named_parameters():
             grad = applied.get(name)
-            param.grad = None if grad is None else grad.reshape(param.shape).to(param.device, param.dtype)
+            param.grad = None if grad is None else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
         self.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:

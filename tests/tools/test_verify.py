@@ -71,7 +71,7 @@ def test_random_ops_rankwise_cannot_switch_off_make_the_runs_not_comparable_and_
     assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "not comparable" and report["equivalent"] is False
     assert report["random_ops"] and all(key.endswith(" in Net") for key in report["random_ops"])
-    assert "not comparable: random ops in the forward (bernoulli_ in Net)" in proc.stdout
+    assert "not comparable: random ops in the forward (dropout in Net)" in proc.stdout
     assert "functional dropout" in report["diagnosis"][0]
 
 
@@ -203,6 +203,7 @@ def test_help_after_the_script_is_the_commands_help(capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["missing.py", "--strategy", "ddp"], "missing.py: no such script"),
     (["tests/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
+    (["tests/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
     (["tests/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
     (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"], "bucket_cap"),
     (["tests/tools/verify_cases.py"], "--strategy"),

@@ -47,6 +47,10 @@ class AcceleratePrecision(Precision):
     def step(self, optimizer) -> None:
         optimizer.step()  # Accelerate's optimizer wrapper steps through its scaler
 
+    def loss_scale(self) -> float:
+        scaler = self.strategy.accelerator.scaler
+        return float(scaler.get_scale()) if scaler is not None else 1.0
+
     def state_dict(self) -> dict:
         scaler = self.strategy.accelerator.scaler
         return {"scaler": scaler.state_dict()} if scaler is not None else {}

@@ -184,13 +184,27 @@ class Strategy:
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
 
+    @property
+    def shards_optimizer_state(self) -> bool:
+        """Whether each rank steps only its share of the optimizer state (FSDP, ZeRO stage 1 and up)."""
+        return False
+
+    def gradient_scale(self) -> float:
+        """What the gradients are multiplied by until the step unscales them (a 16-bit loss scale; else 1)."""
+        return self.precision.loss_scale()
+
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter's gradient as the optimizer is about to apply it (after the ranks exchanged them, before
-        clipping), whole, in fp32 on the CPU, by unwrapped name; parameters without one are left out.  Called
-        between the last backward of a step and the step, on every rank: where gradients are sharded (FSDP2's
-        DTensors) gathering them is a collective."""
-        return {name: full_tensor(p.grad.detach()).float().cpu()
-                for name, p in self.unwrap(model).named_parameters() if p.grad is not None}
+        clipping and unscaled), whole, in fp32 on the CPU, by unwrapped name, on rank 0 (other ranks get ``{}``);
+        parameters without one are left out.  Called between the last backward of a step and the step, on every
+        rank: where gradients are sharded (FSDP2's DTensors) gathering each is a collective."""
+        gradients, scale = {}, self.gradient_scale()
+        for name, param in self.unwrap(model).named_parameters():
+            if param.grad is not None:
+                whole = full_tensor(param.grad.detach())  # every rank takes part; rank 0 keeps the copy
+                if self.env.is_main:
+                    gradients[name] = whole.float().cpu() / scale
+        return gradients
 
     # -- evaluation --------------------------------------------------------------------------
     def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None) -> DataLoader:

@@ -36,7 +36,7 @@ from rankwise.strategies.base import (
     compile_in_place,
     read_whole_state,
 )
-from rankwise.strategies.deepspeed_state import load_whole_optimizer, partitions_fit
+from rankwise.strategies.deepspeed_state import gathered_buckets, load_whole_optimizer, partitions_fit
 from rankwise.strategies.options import DeepSpeedOptions
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
@@ -90,31 +90,6 @@ def cast_floating_inputs(dtype: torch.dtype):
 def fp32_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.detach()
     return (tensor.float() if tensor.is_floating_point() else tensor).cpu().clone()
-
-
-def chunks_of(params: list[nn.Parameter], elements: int):
-    """Consecutive groups of parameters of about ``elements`` elements (a larger one alone)."""
-    chunk, size = [], 0
-    for param in params:
-        numel = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
-        if chunk and size + numel > elements:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(param)
-        size += numel
-    if chunk:
-        yield chunk
-
-
-def gathered_buckets(state: dict, elements: int, modifier_rank: int | None):
-    """The distinct parameters of a ZeRO-3 ``state_dict(keep_vars=True)``, yielded a bucket of about
-    ``elements`` at a time while that bucket is gathered in full (a collective: every rank iterates)."""
-    deepspeed = import_deepspeed()
-    unique = list({id(p): p for p in state.values() if isinstance(p, nn.Parameter)}.values())
-    for chunk in chunks_of(unique, elements):
-        # Why: one bucket at a time, so no rank ever holds the whole model gathered (the point of ZeRO-3).
-        with deepspeed.zero.GatheredParameters(chunk, modifier_rank=modifier_rank):
-            yield chunk
 
 
 # DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
@@ -303,12 +278,20 @@ class DeepSpeed(Strategy):
             model._config.gradient_clipping = 0.0
         return torch.tensor(float(model.get_global_grad_norm()))
 
+    @property
+    def shards_optimizer_state(self) -> bool:
+        return self.options.zero_stage >= 1
+
+    def gradient_scale(self) -> float:
+        return float(getattr(self.engine.optimizer, "cur_scale", 1.0)) if self.precision.name == "16-mixed" else 1.0
+
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a collective, ZeRO 1-3)."""
         from deepspeed.utils import safe_get_full_grad
 
-        pairs = ((name, safe_get_full_grad(param)) for name, param in self.unwrap(model).named_parameters())
-        return {name: gradient.detach().float().cpu() for name, gradient in pairs if gradient is not None}
+        pairs = [(name, safe_get_full_grad(param)) for name, param in self.unwrap(model).named_parameters()]
+        scale = self.gradient_scale()  # every rank took part in each gather; rank 0 keeps the copies
+        return {name: g.detach().float().cpu() / scale for name, g in pairs if g is not None and self.env.is_main}
 
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO state cut from a whole checkpoint: another world size's partitions (regrouped by
-``checkpoint.convert.read_deepspeed``) or another strategy's state, keyed by parameter name."""
+``checkpoint.convert.read_deepspeed``) or another strategy's state, keyed by parameter name; and ZeRO-3's
+parameters gathered a bucket at a time, to read or write them whole."""
 
 from __future__ import annotations
 
@@ -77,3 +78,28 @@ def _allocate_optimizer_state(zero, keys: set[str], step: float | None) -> None:
     if hasattr(zero, "_hp_optimizer_states_linked"):  # ZeRO 1-2 link each parameter to its state slice lazily
         zero._hp_optimizer_states_linked = False
         zero._lazy_init_hp_params_optimizer_state()
+
+
+def chunks_of(params: list[nn.Parameter], elements: int):
+    """Consecutive groups of parameters of about ``elements`` elements (a larger one alone)."""
+    chunk, size = [], 0
+    for param in params:
+        numel = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
+        if chunk and size + numel > elements:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(param)
+        size += numel
+    if chunk:
+        yield chunk
+
+
+def gathered_buckets(state: dict, elements: int, modifier_rank: int | None):
+    """The distinct parameters of a ZeRO-3 ``state_dict(keep_vars=True)``, yielded a bucket of about
+    ``elements`` at a time while that bucket is gathered in full (a collective: every rank iterates)."""
+    import deepspeed
+    unique = list({id(p): p for p in state.values() if isinstance(p, nn.Parameter)}.values())
+    for chunk in chunks_of(unique, elements):
+        # Why: one bucket at a time, so no rank ever holds the whole model gathered (the point of ZeRO-3).
+        with deepspeed.zero.GatheredParameters(chunk, modifier_rank=modifier_rank):
+            yield chunk

@@ -35,6 +35,8 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_b
     current = dict(model.named_parameters())
     for group in optimizer.param_groups:
         group["params"] = [current[names_by_id[id(p)]] for p in group["params"]]
+    if isinstance(getattr(optimizer, "_params", None), list):  # LBFGS keeps its (one) group's list of its own
+        optimizer._params = optimizer.param_groups[0]["params"]
     return optimizer
 
 
@@ -44,6 +46,7 @@ class FSDP(Strategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
     whole_state = False  # each rank saves its own shard
     reshards = True  # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
+    shards_optimizer_state = True
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh

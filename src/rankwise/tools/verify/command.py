@@ -27,7 +27,7 @@ from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import run_script
 from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
-from rankwise.tools.verify.diagnose import diagnose
+from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
 from rankwise.trace import DROPOUT, FOLLOW, TRACE
@@ -50,7 +50,7 @@ def check(args) -> tuple[Path, int]:
     processes = args.nproc_per_node if variant.cls.multiprocess else 1
     if variant.cls.multiprocess and processes < 2:
         raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
-    Choice.from_flags(args.strategy, args.precision, args.set, processes)
+    Choice.from_flags(args.strategy, args.precision, args.set, processes).check_launch(processes)
     return script, processes
 
 
@@ -124,12 +124,12 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
     if failure:
         verdict = "failed"
-    elif draws:
-        verdict = "not comparable"  # each rank draws its own numbers: no rank count reproduces one process
     elif first is None and not diagnosis and len(lines) > 1:
         verdict = "equivalent"
+    elif draws and diagnosis and all(finding.startswith(RANDOM_OPS) for finding in diagnosis):
+        verdict = "not comparable"  # each rank draws its own numbers: no rank count reproduces one process
     else:
-        verdict = "not equivalent"
+        verdict = "not equivalent"  # (random draws too, then: a finding of its own explains a difference)
     return {"strategy": strategy, "processes": processes, "tolerance": limit, "gradient_tolerance": gradient_limit,
             "precision": facts.get("precision"), "comm_hook": comm_hook,
             "steps": lines, "steps_asked": steps_asked, "steps_reached": [reference.reached, candidate.reached],

@@ -25,6 +25,10 @@ def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> 
             f"its own share of the global batch, not the whole batch; {where}")
 
 
+RANDOM_OPS = "the forward drew random numbers"
+"""How the finding of random operations begins (the verdict is "not comparable" when it is the only finding)."""
+
+
 def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: int,
                where: dict[str, int] | None = None) -> str:
     source = ("dropout modules were kept (--keep-dropout); without the flag verify switches them off" if dropout_kept
@@ -32,7 +36,7 @@ def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: i
               "training)), attention dropout given as a number, or torch.rand/randn/bernoulli in forward; make "
               "their probability 0 for the comparison (e.g. a dropout flag of your script)")
     located = f" ({', '.join(sorted(where, key=lambda key: -where[key])[:4])})" if where else ""
-    return (f"the forward drew random numbers in {draws} of {micro_batches} micro-batches of the one-process "
+    return (f"{RANDOM_OPS} in {draws} of {micro_batches} micro-batches of the one-process "
             f"run{located}: each of the {world_size} ranks draws its own numbers for its share of the batch, so no "
             f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}")
 
@@ -91,7 +95,10 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
         findings.append(f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run")
     hook = str(candidate.facts.get("comm_hook", "none"))
     if first is not None and first["step"] and not first.get("gradient_ok", True) and hook != "none":
-        findings.insert(0, _compressed(hook, first))
+        # The hook explains a gradient that is the exact one rounded, not one that is another multiple or
+        # another sample's: then it is only listed after what does explain it.
+        alone = not findings and abs((first.get("gradient_scale") or 1.0) - 1) < 0.01
+        findings.insert(0 if alone else len(findings), _compressed(hook, first))
     if first is not None and not findings:
         findings.append(_gradients(first, world_size) if not first.get("gradient_ok", True) else
                         _update(reference, candidate, first, strategy, world_size))
@@ -166,14 +173,21 @@ def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: s
                 "one process could not follow the N-rank run at this step (its gradients were not recorded), so "
                 "verify cannot tell the gradient from the update")
     gradient = f"{first['gradient_diff']:.1e}" if first.get("gradient_diff") is not None else "—"
+    sharded = candidate.facts.get("shards_optimizer_state", not lookup(strategy).cls.whole_state)
     text = (f"step {step} started from the same weights and applied the same gradient (relative difference "
             f"{gradient}), yet the {world_size} ranks' optimizer step moved the weights elsewhere than one process's "
             f"({name} by {difference:.1e}): ")
-    if not lookup(strategy).cls.whole_state:
-        return text + (f"{strategy} shards the optimizer state, and its sharded step does not compute what the "
-                       "whole optimizer does — an optimizer it cannot shard faithfully (one whose update of a tensor "
-                       "depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step taken on the "
-                       "optimizer directly instead of rt.step")
+    matched = f"the learning rates matched ({', '.join(f'{v:.3g}' for v in one[:4] if v is not None)}); " \
+        if one and one == many else ""
+    if sharded:
+        return text + (f"{matched}{strategy} shards the optimizer state, and its sharded step does not compute what "
+                       "the whole optimizer does — an optimizer it cannot shard faithfully (one whose update of a "
+                       "tensor depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step taken on "
+                       "the optimizer directly instead of rt.step")
+    if matched:
+        return text + (f"{matched}the optimizer state or the weights changed outside the step as one process "
+                       "takes it: a second optimizer.step, weights averaged or edited by hand, or an optimizer "
+                       "whose step depends on the world size")
     return text + ("the optimizer or the learning-rate schedule did not step as in one process — a schedule stepped "
                    "per micro-batch or scaled by the world size, a learning rate that depends on the rank count, "
                    "or weights changed outside rt.step")
