@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
 from rankwise import dist, hangs, state
+from rankwise.agreement import agree_with_rank0
 from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
 from rankwise.probe import Probe, ProbeDone
@@ -133,7 +134,8 @@ class Runtime:
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, grad_accum: int = 1,
                 micro_batch_size: int | None = None, compile: bool = False,
                 activation_checkpointing: bool = False):
-        """Move and wrap the model for the strategy; returns ``(model, optimizer)``.
+        """Move and wrap the model for the strategy; returns ``(model, optimizer)``.  Every rank starts from rank 0's
+        weights and buffers (:mod:`rankwise.agreement`; rank 0 warns once where a rank had built others).
 
         Build the optimizer on the *unwrapped* model's parameters before calling this
         (the same code as a single-device script).  ``grad_accum``: micro-batches per
@@ -150,6 +152,8 @@ class Runtime:
                           activation_checkpointing=activation_checkpointing)
         if self.probe:
             self.probe.prepared(self, model, grad_accum)
+        if self.strategy.multiprocess:
+            agree_with_rank0(model, self.device)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
         self._prepared.append(wrapped)
         return wrapped, optimizer

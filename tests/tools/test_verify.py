@@ -146,7 +146,6 @@ def test_kept_dropout_is_named_as_the_source_of_random_numbers():
     (_run(), _run(), DIFFERENT_GRADIENT | {"gradient_scale": 0.5}, None, "averaged over the ranks twice"),
     (_run(), _run(comm_hook="bf16_compress"), DIFFERENT_GRADIENT, None, "rounds every gradient to bf16"),
     (_run(steps=4), _run(steps=2), None, None, "the 2-rank run recorded 2 optimizer steps, the one process 4"),
-    (_run(), _run(ranks_built_same_weights=False), FIRST, None, "the 2 ranks built different initial weights"),
     (_run(), _run(), FIRST | {"step": 0}, None, "the runs start from different weights"),
     (_run(losses=()), _run(losses=()), FIRST | {"followed": False}, None,
      "the loss was not recorded (the script does not call rt.backward"),

@@ -64,10 +64,6 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
         else:
             findings.append(f"parameters {names} got no gradient in the one-process run: a strategy that reduces "
                             "gradients in buckets may wait for them; freeze them if they should not train")
-    if not candidate.facts.get("ranks_built_same_weights", True):
-        findings.append(f"the {world_size} ranks built different initial weights: DDP starts every rank from rank "
-                        "0's copy, but a sharding strategy starts each rank from its own share; build the model the "
-                        "same way on every rank, after rankwise.setup(seed=...) has seeded them alike")
     if first is not None and first["step"] == 0:
         findings.append("the runs start from different weights: the model's initialisation depends on the run — a "
                         "seed set per rank or from the clock, numpy or Python random state rankwise.setup(seed=...) "
