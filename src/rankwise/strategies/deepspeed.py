@@ -143,6 +143,7 @@ class DeepSpeed(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = None
+        self._stepping, self._backwards = False, 0  # inside rt.step; rt.backward calls since the last step
         self.group_names: list[list[str]] = []
 
     def make_precision(self, name: str) -> Precision:
@@ -225,8 +226,16 @@ class DeepSpeed(Strategy):
             self.engine.module.register_forward_pre_hook(cast_floating_inputs(self.precision.dtype),
                                                         with_kwargs=True)
         # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
-        # learning-rate schedulers and zero_grad on it work as in any other strategy.
+        # learning-rate schedulers and zero_grad on it work as in any other strategy; its step, only in rt.step.
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._refuse_plain_step)
         return self.engine, optimizer
+
+    def _refuse_plain_step(self, optimizer, args, kwargs) -> None:
+        if not self._stepping:
+            raise RuntimeError("optimizer.step() changes nothing under deepspeed: ZeRO steps its own partitions of "
+                               "the weights, with the gradients its backward reduced into them. Call "
+                               "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)")
 
     def compile(self, model: nn.Module) -> nn.Module:
         """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
@@ -251,10 +260,22 @@ class DeepSpeed(Strategy):
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         # The loop already divided the loss by grad_accum: do not let DeepSpeed divide again.
         model.backward(loss, scale_wrt_gas=False)
+        self._backwards += 1
         if not model.is_gradient_accumulation_boundary():
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
+        if not self._backwards:
+            raise RuntimeError("rt.step under deepspeed, but no backward pass of this step went through "
+                               "rt.backward(loss, model): DeepSpeed reduces the gradients into its partitions in its "
+                               "own backward, which loss.backward() skips. Call rt.backward(loss, model)")
+        self._stepping, self._backwards = True, 0
+        try:
+            return self._step(model, max_norm)
+        finally:
+            self._stepping = False
+
+    def _step(self, model: nn.Module, max_norm: float | None):
         zero_optimizer = model.optimizer
         if not hasattr(zero_optimizer, "clip_grad"):
             # ZeRO stage 0 in fp32 steps the client optimizer directly: the averaged gradients sit
