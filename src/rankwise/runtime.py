@@ -4,7 +4,9 @@ A single-device script becomes distributed by changing a few lines::
 
     import rankwise
 
-    with rankwise.setup(strategy="ddp", precision="32-true", seed=0) as rt:
+    with rankwise.setup(seed=0) as rt:          # the strategy: rankwise launch --strategy NAME
+        model = build_model()                   # after setup: every rank seeded alike
+        optimizer = torch.optim.AdamW(model.parameters())
         model, optimizer = rt.prepare(model, optimizer, grad_accum=2)
         loader = rt.loader(train_set, batch_size=64, shuffle=True)        # global batch
         if resuming:

@@ -14,6 +14,7 @@ merges a variant's fixed settings into the options a run gives, refusing a contr
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Mapping
@@ -148,10 +149,20 @@ def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | Non
         merged = cls.options_cls.model_validate({**base, **fixed})
     except ValidationError as e:
         problems = "; ".join(f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
-                             + (f" (got {err['input']!r})" if "input" in err else "") for err in e.errors())
+                             + (f" (got {err['input']!r})" if "input" in err else "")
+                             + _did_you_mean(err, cls.options_section, list(cls.options_cls.model_fields))
+                             for err in e.errors())
         raise ConfigError(f"strategy {variant.name!r}: {problems}") from None
     cls.check_options(merged)
     return merged
+
+
+def _did_you_mean(error: dict, section: str, fields: list[str]) -> str:
+    """For an unknown option, the known one it most resembles (``ddp.bucket_cap`` -> ``ddp.bucket_cap_mb``)."""
+    if error.get("type") != "extra_forbidden":
+        return ""
+    close = difflib.get_close_matches(str(error["loc"][-1]), fields, n=1, cutoff=0.5)
+    return f"; did you mean {section}.{close[0]}?" if close else f"; {section} takes {', '.join(fields)}"
 
 
 def get_strategy(name: str) -> type[Strategy]:
