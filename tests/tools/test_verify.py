@@ -204,7 +204,8 @@ def test_help_after_the_script_is_the_commands_help(capsys):
     (["tests/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
     (["tests/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
     (["tests/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
-    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"], "did you mean ddp.bucket_cap_mb"),
+    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"],
+     "did you mean ddp.bucket_cap_mb"),
     (["tests/tools/verify_cases.py"], "--strategy"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch):
