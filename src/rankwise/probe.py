@@ -22,7 +22,7 @@ from torch import nn
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.memory import peak_rss_megabytes
-from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, model_facts
+from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, batch_rows, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
 
@@ -39,8 +39,11 @@ class Probe:
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
         self.global_batch: int | None = None
         self.grad_accum = 1
+        self.rows = 0
+        """Samples this rank passed through rt.to_device with gradients on, since the timing began."""
         self.facts: dict = {}
         self.started: float | None = None
+        self.timed_from = 0
         self.trace: StepTrace | None = None
         """What ``rankwise verify`` compares step by step; ``None`` for a benchmark."""
 
@@ -64,6 +67,8 @@ class Probe:
             self.trace.prepared(rt, model)
 
     def batch(self, batch, device: torch.device) -> None:
+        if self.started is not None and torch.is_grad_enabled():
+            self.rows += batch_rows(batch)
         if self.trace:
             self.trace.batch(batch, device)
 
@@ -82,7 +87,7 @@ class Probe:
         """After optimizer step ``rt.steps``; at the last one, report and end the script (every rank)."""
         if rt.steps == self.warmup or self.started is None:  # (a resumed script starts past the warm-up)
             _synchronize(rt.device)
-            self.started = time.perf_counter()
+            self.started, self.rows, self.timed_from = time.perf_counter(), 0, rt.steps
         if self.trace:
             self.trace.stepped(rt, model)
         if rt.steps < self.steps:
@@ -90,15 +95,21 @@ class Probe:
         _synchronize(rt.device)
         seconds = time.perf_counter() - self.started
         cuda = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
-        # Why: rank 0 reports every rank's peak memory.
-        memory = rt.all_gather_object((peak_rss_megabytes(), cuda))
+        # Why: rank 0 reports every rank's peak memory and the samples every rank's model saw.
+        gathered = rt.all_gather_object((peak_rss_megabytes(), cuda, self.rows))
+        memory = [(rss, device) for rss, device, _ in gathered]
         if rt.is_main:
-            per_step = (self.global_batch or 0) * self.grad_accum
-            samples = per_step * (self.steps - self.warmup)
+            timed_steps = self.steps - self.timed_from
+            seen = sum(rows for _, _, rows in gathered)
+            # What went through the model (rt.to_device) counts; else what the loader says a step holds.
+            counted_by = "rt.to_device" if seen else ("rt.loader" if self.global_batch else None)
+            per_step = seen / timed_steps if seen else (self.global_batch or 0) * self.grad_accum
+            samples = per_step * timed_steps
             write_text_atomic(self.directory / "probe.json", json.dumps({
                 "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
                 "device": rt.device.type,
                 "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": per_step,
+                "samples_counted_by": counted_by,
                 "steady_s": round(seconds, 4),
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds > 0 else None,
                 "peak_rss_mb": [rss for rss, _ in memory], "cuda_max_allocated_mb": [c for _, c in memory],

@@ -57,6 +57,7 @@ from rankwise.batching import check_enough_samples, longest_first, micro_batch_s
 from rankwise.launch.choice import settle
 from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
+from rankwise.sharding import ShardingCheck
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
 
@@ -98,6 +99,7 @@ class Runtime:
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
+        self._sharding = ShardingCheck(self.env.world_size)
         self.probe = Probe.from_environment()
         """Measurements a benchmark asked for (``rankwise bench --script``); ``None`` otherwise."""
         self.steps = 0
@@ -202,6 +204,8 @@ class Runtime:
         """Tensors of ``batch`` (nested in dicts, lists and tuples) on this rank's device."""
         if self.probe:
             self.probe.batch(batch, self.device)
+        if self._sharding.pending:
+            self._sharding.batch(batch)
         return _to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
@@ -248,6 +252,7 @@ class Runtime:
         else:
             norm = self._take_step(optimizer, model, max_norm)
         self.steps += 1
+        self._sharding.stepped()  # once, at the first step: did every rank train on its own share?
         if self.probe:
             self.probe.stepped(self, model)
         return norm

@@ -103,6 +103,12 @@ def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
     return _raw_bytes(row)
 
 
+def batch_rows(batch) -> int:
+    """Samples in a batch: the first dimension most of its tensors share (0 for a batch without tensors)."""
+    firsts = [t.shape[0] for t in _tensors(batch) if t.dim() > 0]
+    return max(set(firsts), key=firsts.count) if firsts else 0
+
+
 def sample_digests(batch) -> list[str]:
     """One short digest per sample (row) of a batch: every tensor's row, padding left out."""
     tensors = [t.detach().cpu() for t in _tensors(batch) if t.dim() > 0]

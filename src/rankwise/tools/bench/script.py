@@ -89,10 +89,15 @@ def _equivalence(report: dict) -> dict:
     gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None
-    if report["verdict"] == "failed":
+    verdict = report["verdict"]
+    if verdict == "failed":
         reason = "its verify run failed: " + "; ".join(report["failure"].values())
-    return {"equivalent": {"equivalent": True, "not equivalent": False}.get(report["verdict"]),
-            "verdict": report["verdict"], "compared_steps": len(lines),
+    elif lines and all(line.get("data") == "unseen" for line in lines):
+        verdict, reason = "unchecked", ("no batch went through rt.to_device, so nothing showed which samples each "
+                                        "rank trained on (a plain DataLoader gives every rank all of them): move "
+                                        "batches with rt.to_device and build the loader with rt.loader")
+    return {"equivalent": {"equivalent": True, "not equivalent": False}.get(verdict),
+            "verdict": verdict, "compared_steps": len(lines),
             "compared": f"dropout off ({len(dropout)} modules)" if dropout else "as written (no dropout module)",
             "max_param_diff": max((line["max_param_diff"] for line in lines), default=None),
             "max_gradient_diff": max(gradients, default=None), "tolerance": report["tolerance"],
@@ -123,12 +128,16 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             line["verdict"] = "reference"
         elif row.strategy in verdicts:
             line |= _equivalence(verdicts[row.strategy])
+        if first.get("samples_counted_by") is None:
+            line["samples_per_s"], line["speedup"] = None, None
+            line["reason"] = "; ".join(filter(None, [line.get("reason"), (
+                "samples/s unknown: no batch went through rt.to_device and no loader came from rt.loader")]))
         lines.append(line)
     return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()}}
 
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
-                 "failed": "FAIL (verify run failed)", "reference": "reference"}
+                 "failed": "FAIL (verify run failed)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
 
 
 def _difference(value: float | None, limit: float | None) -> str:
@@ -209,7 +218,8 @@ def bench(args) -> int:
     if args.json:
         print(json.dumps({"rows": summary["rows"]}, default=str))
     failed = [line["row"] for line in summary["rows"]
-              if line["status"].startswith("failed") or line.get("verdict") in ("not equivalent", "failed")]
+              if line["status"].startswith("failed") or line.get("verdict") in ("not equivalent", "failed", "unchecked")
+              or (line["status"] == "ok" and line["samples_per_s"] is None)]
     if failed:
         print(f"rankwise bench: {', '.join(failed)} failed a run or the equivalence check (see the table)",
               file=sys.stderr)
