@@ -159,15 +159,6 @@ def switch_off_dropout(model: nn.Module, keep: bool) -> list[dict]:
     return found
 
 
-def _digest_parameters(model: nn.Module) -> str:
-    digest = hashlib.blake2b(digest_size=8)
-    for tensor in model.state_dict().values():
-        if tensor.is_meta:  # not materialised yet (built on the meta device): nothing to compare
-            continue
-        digest.update(_raw_bytes(tensor))
-    return digest.hexdigest()
-
-
 RANDOM_FUNCTIONS = frozenset({
     "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
     "gumbel_softmax", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
@@ -238,8 +229,7 @@ class StepTrace:
         self._random: RandomOps | None = None
         self._model: nn.Module | None = None
         self.steps_done = 0
-        self.facts: dict = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
-                            "ranks_built_same_weights": True}
+        self.facts: dict = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": []}
         self._models = 0
         self._reset()
 
@@ -269,10 +259,6 @@ class StepTrace:
                   "tf32": facts.get("tf32", False) or uses_tf32(model, rt.device),
                   "shards_optimizer_state": rt.strategy.shards_optimizer_state}
         first = self._models == 1
-        if first:
-            # Why: each rank built its own model; DDP starts from rank 0's copy, the sharding strategies from each
-            # rank's own share, so ranks that built different weights are a finding of their own.
-            facts["ranks_built_same_weights"] = len(set(rt.all_gather_object(_digest_parameters(model)))) == 1
         if rt.is_main:
             state = model.state_dict()
             if first and not any(t.is_meta for t in state.values()):
@@ -299,7 +285,7 @@ class StepTrace:
     @property
     def _locating(self) -> bool:
         """Watch the forward's random operations: in the one-process run's first step, eagerly."""
-        # (not around a forward compiled in place: a dispatch mode there would only break its graph)
+        # (not around a forward compiled in place: a torch-function mode there would only break its graph)
         return (self.follow is not None and self._model is not None and not self.steps_done
                 and not hasattr(self._model.forward, "_torchdynamo_orig_callable"))
 
