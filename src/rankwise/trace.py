@@ -30,6 +30,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -220,6 +221,51 @@ def _on_cuda(args) -> bool:
     return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
+def exchange_gradients(directory: Path, follow: Path | None, step: int, gradients: dict[str, torch.Tensor],
+                       main: bool) -> dict[str, torch.Tensor] | None:
+    """Lockstep's gradient exchange at ``step``: the N-rank run (no ``follow``) writes its whole gradient from its main
+    rank and gets ``None``; a following run gets the N-rank gradient (``None`` when that run ended before)."""
+    if follow is None:
+        if main:
+            write_weights(gradients, gradients_file(directory, step))
+        return None
+    theirs = gradients_file(follow, step)
+    return read_weights(theirs) if theirs.exists() else None
+
+
+def learning_rates(optimizer) -> list[float | None]:
+    """Each parameter group's learning rate (``None`` where a group has none)."""
+    return [float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None
+            for group in getattr(optimizer, "param_groups", [])]
+
+
+@dataclass
+class StepRecord:
+    """What one rank saw in one optimizer step: its line in ``trace.jsonl`` (every rank's, gathered by rank 0)."""
+
+    samples: list[str] = field(default_factory=list)
+    """One digest per sample the step trained on."""
+    tokens: list[int] = field(default_factory=list)
+    """Each micro-batch's tokens, where the batch says it."""
+    losses: list[float] = field(default_factory=list)
+    """Every loss given to backward."""
+    random_draws: int = 0
+    """Micro-batches whose forward moved the random generator."""
+    random_ops: dict[str, int] = field(default_factory=dict)
+    """Random operations located in the forward (``"op in module"``: count)."""
+    no_grad: list[str] = field(default_factory=list)
+    """In a one-process run: trainable parameters without a gradient."""
+    gradient: dict | None = None
+    """In a following run: its gradient against the N-rank one (:func:`rankwise.tolerance.gradient_difference`)."""
+    followed: bool = False
+    """Whether this step started from the N-rank weights and applied the N-rank gradient."""
+    learning_rates: list = field(default_factory=list)
+    """Each parameter group's learning rate at the step."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 class StepTrace:
     def __init__(self, directory: str | Path, keep_dropout: bool, follow: str | Path | None = None):
         self.directory, self.keep_dropout = Path(directory), keep_dropout
@@ -234,15 +280,7 @@ class StepTrace:
         self._reset()
 
     def _reset(self) -> None:
-        self.samples: list[str] = []
-        self.tokens: list[int] = []
-        self.losses: list[float] = []
-        self.random_draws = 0
-        self.random_ops: dict[str, int] = {}
-        self.no_grad: list[str] = []
-        self.gradient: dict | None = None
-        self.followed = False
-        self.learning_rates: list = []
+        self.record = StepRecord()
 
     def prepared(self, rt, model: nn.Module) -> None:
         """Before the strategy wraps ``model`` (every rank): dropout off, the facts; the first model's weights as
@@ -273,10 +311,10 @@ class StepTrace:
     def batch(self, batch, device: torch.device) -> None:
         if not torch.is_grad_enabled():
             return
-        self.samples.extend(sample_digests(batch))
+        self.record.samples.extend(sample_digests(batch))
         tokens = token_count(batch)
         if tokens is not None:
-            self.tokens.append(tokens)
+            self.record.tokens.append(tokens)
         self._state = _generator_state(device)
         if self._locating and self._random is None:
             self._random = RandomOps(self._model)
@@ -293,37 +331,30 @@ class StepTrace:
         if self._random is not None:
             self._random.__exit__(None, None, None)
             for key, count in self._random.found.items():
-                self.random_ops[key] = self.random_ops.get(key, 0) + count
+                self.record.random_ops[key] = self.record.random_ops.get(key, 0) + count
             self._random = None
 
     def backward(self, loss: torch.Tensor, device: torch.device) -> None:
         self._stop_locating()
-        self.losses.append(float(loss.detach().float().sum()))
+        self.record.losses.append(float(loss.detach().float().sum()))
         if self._state is not None:
             now = _generator_state(device)
-            self.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, now, strict=True))
+            self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, now, strict=True))
             self._state = None
 
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         """Between the step's last backward and its optimizer step (every rank)."""
         self._stop_locating()
-        self.learning_rates = [float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None
-                               for group in getattr(optimizer, "param_groups", [])]
+        self.record.learning_rates = learning_rates(optimizer)
         if rt.world_size == 1:
-            self.no_grad = [name.removeprefix("module.") for name, p in model.named_parameters()
+            self.record.no_grad = [name.removeprefix("module.") for name, p in model.named_parameters()
                             if p.requires_grad and p.grad is None]
         gradients = rt.strategy.full_gradients(model)  # a collective where gradients are sharded
-        step = rt.steps + 1
-        if self.follow is None:
-            if rt.is_main:
-                write_weights(gradients, gradients_file(self.directory, step))
-            return
-        theirs = gradients_file(self.follow, step)
-        if not theirs.exists():  # the N-rank run ended before this step: from here on this run goes alone
+        applied = exchange_gradients(self.directory, self.follow, rt.steps + 1, gradients, rt.is_main)
+        if applied is None:  # the N-rank run itself, or it ended before this step: from here on this run goes alone
             self.follow = None
             return
-        applied = read_weights(theirs)
-        self.gradient = gradient_difference(applied, gradients)
+        self.record.gradient = gradient_difference(applied, gradients)
         # The step applies the N-rank gradient: with the same weights and optimizer state before it, the weights
         # after it must match whatever the N-rank optimizer did with it, to rounding.  (Both are unscaled: under a
         # 16-bit loss scale this run's own scale goes back on, for its step to take off.)
@@ -331,15 +362,12 @@ class StepTrace:
         for name, param in rt.strategy.unwrap(model).named_parameters():
             grad = applied.get(name)
             param.grad = None if grad is None else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
-        self.followed = True
+        self.record.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:
         """After optimizer step ``rt.steps`` (every rank): rank 0 appends every rank's record and the weights."""
         # Why: rank 0 writes what every rank saw in this step.
-        records = rt.all_gather_object({"samples": self.samples, "tokens": self.tokens, "losses": self.losses,
-                                        "random_draws": self.random_draws, "random_ops": self.random_ops,
-                                        "no_grad": self.no_grad, "gradient": self.gradient,
-                                        "followed": self.followed, "learning_rates": self.learning_rates})
+        records = rt.all_gather_object(self.record.as_dict())
         weights = rt.state_dict(model)  # a collective for sharded strategies
         if rt.is_main:
             write_weights({k: v.float() for k, v in weights.items()}, weights_file(self.directory, rt.steps))

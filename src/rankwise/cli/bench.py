@@ -31,6 +31,7 @@ from rankwise.errors import ConfigError
 from rankwise.tools.bench import script, suite
 from rankwise.tools.bench.rows import ROWS, select
 from rankwise.tools.bench.suite import PRESETS
+from rankwise.tools.watch.frameworks import FRAMEWORKS
 
 
 def add_parser(commands) -> None:
@@ -43,8 +44,9 @@ def add_parser(commands) -> None:
                    f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves "
                    f"out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
                    f"{', '.join(row.name for row in ROWS if row.opt_in)}")
-    p.add_argument("--nproc", "--nproc-per-node", type=int, default=2,
-                   help="processes of each multi-process row (default 2)")
+    p.add_argument("--nproc", "--nproc-per-node", type=_world_sizes, default=[2], metavar="N[,N...]",
+                   help="processes of each multi-process row (default 2); --script on a script not on "
+                        "rankwise.setup(): a row per world size, e.g. 1,2 (one process is always the first row)")
     p.add_argument("--data", help="sentiment (default) | PATH.csv/.tsv/.jsonl")
     p.add_argument("--model", help="tiny (default) | small | base | LOCAL_PATH")
     p.add_argument("--repeats", type=int, help="runs of every row (default: the preset's)")
@@ -53,9 +55,13 @@ def add_parser(commands) -> None:
                    help="a `rankwise train` config override for every row (e.g. max_steps=100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print report.json's summary as the last stdout line")
-    p.add_argument("--script", metavar="SCRIPT.py", help="benchmark your own script (written on rankwise.setup()) "
-                   "instead of `rankwise train`: --strategies are then strategy names (default "
-                   "ddp,fsdp,deepspeed-zero2,accelerate; single is the reference); arguments after -- go to it")
+    p.add_argument("--script", metavar="SCRIPT.py", help="benchmark your own script, unchanged, instead of "
+                   "`rankwise train`; arguments after -- go to it. On rankwise.setup(): --strategies are strategy "
+                   "names (default ddp,fsdp,deepspeed-zero2,accelerate; single is the reference). Plain torch, "
+                   "Accelerate, Trainer or Fabric: a row per world size (--nproc-per-node 1,2), started as its "
+                   "framework's launcher would")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
+                   help="--script: how the script trains (default: from its imports)")
     p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each timed run (default 20)")
     p.add_argument("--verify-steps", type=int, default=5,
                    help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
@@ -65,13 +71,26 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a process count or a list, such as 2 or 1,2,4") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: process counts are at least 1")
+    return sizes
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.nproc < 2:
+    if max(args.nproc) < 2:
         raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
     if args.script:
         return script.bench(args)
+    if len(args.nproc) > 1:
+        raise ConfigError("--nproc: one process count (several are for --script on a script not on rankwise.setup())")
+    args.nproc = args.nproc[0]
     if args.script_args:
         raise ConfigError(f"unexpected arguments {' '.join(args.script_args)} (only --script takes arguments after --)")
     try:

@@ -3,38 +3,61 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
+from rankwise.tools.watch.frameworks import FRAMEWORKS
 
 DESCRIPTION = """\
-Run SCRIPT (written on rankwise.setup()) with --strategy on --nproc-per-node ranks, then on
-one process in lockstep with it: the same seed and global batches, each step started from
-the N-rank run's weights, its gradient compared with the one process's there and then
-applied.  So a step shows only what distribution changed in that step, never rounding
-compounded over the steps before (Adam at its default eps turns summation-order noise into
-weight differences above 1e-5 within a few steps).  After every optimizer step it compares
-the samples each step took, its loss, the gradient the N-rank optimizer received (relative
-to the whole gradient's size) and every tensor of the weights after the step.  It reports
-the first step where they part beyond the stated tolerances, the tensors that differ most,
-and what in the script explains it: BatchNorm and other batch-dependent layers, random ops
-drawing different numbers per rank, a loss averaged per micro-batch instead of per global
-batch, gradients summed instead of averaged or compressed by a DDP comm hook, gradients
-accumulated in 16 bits, a data loader that is not rank-sharded, a learning-rate schedule
-that does not drive the optimizer that steps, parameters without gradients.
+Run SCRIPT on --nproc-per-node ranks, then on one process in lockstep with it: the same seed
+and global batches, each step started from the N-rank run's weights, its gradient compared
+with the one process's there and then applied. So a step shows only what distribution
+changed in that step, never rounding compounded over the steps before (Adam at its default
+eps turns summation-order noise into weight differences above 1e-5 within a few steps).
+After every optimizer step it compares the samples each step took, its loss, the gradient
+the N-rank optimizer received (relative to the whole gradient's size) and every tensor of
+the weights after the step. It reports the first step where they part beyond the stated
+tolerances, the tensors that differ most, and what in the script explains it: BatchNorm and
+other batch-dependent layers, random ops drawing different numbers per rank, a loss averaged
+per micro-batch instead of per global batch, gradients summed instead of averaged or
+compressed by a DDP comm hook, gradients accumulated in 16 bits, a data loader that is not
+rank-sharded, a learning-rate schedule that does not drive the optimizer that steps,
+parameters without gradients.
+
+Any training script, unchanged: a plain torch DDP/FSDP script, an Accelerate, Lightning
+Fabric or Hugging Face Trainer script starts as its framework's launcher would start it here
+(detected from its imports; --framework overrides), with a probe that watches torch itself
+(optimizer steps, DataLoader batches, backward, collectives, torch.save).  Its one-process
+reference runs the same script with each training DataLoader taking N times its batch and,
+batch by batch, the samples the N ranks took together.  The distributed run alone also shows
+what needs no reference: a training loader that is not sharded, processes that never joined a
+process group, a shuffling DistributedSampler without set_epoch, evaluation counted more than
+once, replicas whose weights differ, checkpoints written by every rank or with DDP's
+'module.' keys, and sync points on every step with their share of the step time.  A script on
+rankwise.setup() is checked under --strategy instead.
 
 Dropout modules are switched off (p=0) in both runs, so random masks cannot hide the
-verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, or a run
-failed; 3: not comparable (random ops rankwise cannot switch off, such as F.dropout).
+verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, a run failed,
+or a finding that changes results; 3: not comparable (random ops rankwise cannot switch
+off, such as F.dropout).
 Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
+  rankwise verify my_ddp_script.py -- --epochs 1
+  rankwise verify accelerate_script.py --nproc-per-node 2
   rankwise verify train.py --strategy ddp --nproc-per-node 2 -- --lr 1e-3
   rankwise verify examples/image_cnn.py --strategy fsdp -- --batch-norm
 """
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", metavar="NAME", help="the strategy to check (ddp, fsdp, ...)")
+    p.add_argument("--strategy", metavar="NAME",
+                   help="for a script on rankwise.setup(): the strategy to check (ddp, fsdp, ...)")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
+                   help="how the script trains, so it starts as its launcher would (default: from its imports)")
+    p.add_argument("--reference-args", metavar="'ARGS'", type=shlex.split,
+                   help="the script's arguments for the one-process reference, when its batching cannot be scaled "
+                        "by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they are")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=2,
                    help="ranks of the distributed run (default 2)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
@@ -52,7 +75,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 def add_parser(commands) -> None:
     p = commands.add_parser("verify", help="find the step where N ranks stop matching one process, and why",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                            usage="rankwise verify SCRIPT.py --strategy NAME [options] [-- SCRIPT ARGS]")
+                            usage="rankwise verify SCRIPT.py [--strategy NAME] [options] [-- SCRIPT ARGS]")
     _options(p)
     # The script's own flags may follow it: everything from SCRIPT on is parsed again in run().
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="SCRIPT.py [-- SCRIPT ARGS]")
@@ -70,10 +93,7 @@ def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     if "-h" in ours or "--help" in ours:
         args.verify_parser.print_help()
         args.verify_parser.exit(0)
-    parsed = parser.parse_intermixed_args(args.rest)
-    if parsed.strategy is None:
-        parser.error("the following arguments are required: --strategy")
-    return parsed
+    return parser.parse_intermixed_args(args.rest)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -72,6 +72,11 @@ def launch_command_line(argv: list[str], parser: argparse.ArgumentParser | None 
     arguments), parsed by ``parser`` (torchrun's, or one extending it)."""
     args = (parser or get_args_parser()).parse_args(argv)
     own_flags = argv[:len(argv) - len(args.training_script_args) - 1]  # not the script's arguments
+    if not args.module and not args.no_python:
+        # Each rank runs the script as __main__ and then closes the process group it left open
+        # (rankwise.launch.script): a stock script's exit is then as clean as rankwise's own loop's.
+        args.training_script_args = [args.training_script, *args.training_script_args]
+        args.training_script, args.module = "rankwise.launch.script", True
     run_torchrun(args, port_given=_flag(own_flags, "--master-port", "--master_port") is not None)
 
 

@@ -1,7 +1,14 @@
 """``rankwise bench --script``: a user's own script, unchanged, under each strategy, against one process.
 
-Each row runs ``rankwise launch --strategy NAME SCRIPT ARGS`` in fresh processes, in a scratch
-directory (the script's own outputs land there), with the Runtime's probe switched on
+A script as its user wrote it (plain torch, Accelerate, Trainer, Fabric) has a row per world size instead
+(``--nproc-per-node 1,2``): each starts as its framework's launcher would, with the watcher
+(:mod:`rankwise.tools.watch`) measuring the steps, and the equivalence column is ``rankwise verify``'s
+watched judgement (:func:`rankwise.tools.verify.command.verify_watched`).  The strategy is the script's own:
+a framework that could switch it through its launch settings does so only on GPUs (Accelerate on a
+machine without one runs DDP only), which the table says.
+
+A script on ``rankwise.setup()``: each row runs ``rankwise launch --strategy NAME SCRIPT ARGS`` in fresh
+processes, in a scratch directory (the script's own outputs land there), with the Runtime's probe switched on
 (:mod:`rankwise.probe`): the script stops after ``--steps`` optimizer steps, having reported its
 steady throughput and every rank's peak memory.  Those runs measure the script as written,
 dropout and all.  The equivalence column is ``rankwise verify``'s judgement of the row
@@ -26,7 +33,9 @@ from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
 from rankwise.tools.bench.report import median, run_line
 from rankwise.tools.harness import run_script
-from rankwise.tools.verify.command import verify_runs
+from rankwise.tools.verify.command import verify_runs, verify_watched
+from rankwise.tools.watch.frameworks import Framework, detect, framework
+from rankwise.tools.watch.runs import watched_run
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 
@@ -35,9 +44,25 @@ DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 class ScriptRow:
     strategy: str
     processes: int
+    framework: Framework | None = None
+    """A script not on rankwise.setup(): its framework, which chooses the strategy (``strategy`` says which)."""
+
+    @property
+    def name(self) -> str:
+        return self.strategy if self.framework is None else f"{self.framework.name} x{self.processes}"
+
+    @property
+    def reference(self) -> bool:
+        return self.strategy == "single" if self.framework is None else self.processes == 1
 
     def missing(self) -> str | None:
-        return unavailable(self.strategy)
+        return None if self.framework else unavailable(self.strategy)
+
+
+def watched_rows(framework: Framework, world_sizes: list[int]) -> list[ScriptRow]:
+    """One row per world size, one process first (the reference)."""
+    sizes = sorted(set([1, *world_sizes]))
+    return [ScriptRow(framework.strategy_at(n), n, framework) for n in sizes]
 
 
 def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
@@ -59,27 +84,36 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
     """Every row ``repeats`` times (alternating the order), then each distributed row's equivalence (``rankwise
     verify`` for ``verify_steps`` steps); the summary with one line per row."""
     script = script.resolve()
-    runs: dict[str, list[dict]] = {row.strategy: [] for row in rows}
+    runs: dict[str, list[dict]] = {row.name: [] for row in rows}
     runnable = [row for row in rows if row.missing() is None]
     total, done = len(runnable) * repeats, 0
+    warmup = max(1, steps // 4)
     for repeat in range(repeats):
         for row in (runnable if repeat % 2 == 0 else runnable[::-1]):
-            run_dir = out / "runs" / f"{row.strategy}-{repeat}"
-            env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: str(max(1, steps // 4))}
-            result = run_script(script, script_args, row.strategy, row.processes, run_dir, probe_env=env,
-                                precision=precision, timeout_s=timeout_s)
-            runs[row.strategy].append({**result, "run_dir": str(run_dir)})
+            run_dir = out / "runs" / f"{row.name.replace(' ', '-')}-{repeat}"
+            if row.framework is None:
+                env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: str(warmup)}
+                result = run_script(script, script_args, row.strategy, row.processes, run_dir, probe_env=env,
+                                    precision=precision, timeout_s=timeout_s)
+            else:
+                result = watched_run(script, script_args, row.framework, row.processes, run_dir, steps=steps,
+                                     warmup=warmup, trace=False, keep_dropout=True, timeout_s=timeout_s)
+            runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1
-            print(run_line(done, total, row.strategy, repeat, repeats, result), file=sys.stderr, flush=True)
+            print(run_line(done, total, row.name, repeat, repeats, result), file=sys.stderr, flush=True)
     verdicts = {}
     for row in runnable:
-        if row.strategy == "single" or not any("error" not in run for run in runs[row.strategy]):
+        if row.reference or not any("error" not in run for run in runs[row.name]):
             continue
-        verdicts[row.strategy] = verify_runs(
-            script, script_args, row.strategy, row.processes, out / "verify" / row.strategy, steps=verify_steps,
-            precision=precision, timeout_s=timeout_s)
-        print(f"equivalence of {row.strategy} (rankwise verify, {verify_steps} steps, dropout off): "
-              f"{verdicts[row.strategy]['verdict']}", file=sys.stderr, flush=True)
+        where = out / "verify" / row.name.replace(" ", "-")
+        if row.framework is None:
+            verdicts[row.name] = verify_runs(script, script_args, row.strategy, row.processes, where,
+                                             steps=verify_steps, precision=precision, timeout_s=timeout_s)
+        else:
+            verdicts[row.name] = verify_watched(script, script_args, row.framework, row.processes, where,
+                                                steps=verify_steps, timeout_s=timeout_s)
+        print(f"equivalence of {row.name} (rankwise verify, {verify_steps} steps, dropout off): "
+              f"{verdicts[row.name]['verdict']}", file=sys.stderr, flush=True)
     return summarize(rows, runs, verdicts)
 
 
@@ -89,7 +123,9 @@ def _equivalence(report: dict) -> dict:
     gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None
-    verdict = report["verdict"]
+    errors = [finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"]
+    verdict = "not equivalent" if errors and report["verdict"] == "equivalent" else report["verdict"]
+    reason = reason or (errors[0] if errors else None)
     if verdict == "failed":
         reason = "its verify run failed: " + "; ".join(report["failure"].values())
     elif lines and all(line.get("data") == "unseen" for line in lines):
@@ -106,34 +142,39 @@ def _equivalence(report: dict) -> dict:
 
 def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict]) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
-    base_speed = median(ok.get("single", []), "steady_samples_per_s")
+    base_speed = median(ok.get(next((row.name for row in rows if row.reference), "single"), []),
+                        "steady_samples_per_s")
     lines = []
     for row in rows:
-        line = {"row": row.strategy, "processes": row.processes}
+        line = {"row": row.name, "processes": row.processes, "strategy": row.strategy}
         missing = row.missing()
         if missing:
             lines.append({**line, "status": f"not installed: {missing}"})
             continue
-        good = ok[row.strategy]
+        good = ok[row.name]
         if not good:
-            lines.append({**line, "status": f"failed: {runs[row.strategy][0]['error']}"})
+            lines.append({**line, "status": f"failed: {runs[row.name][0]['error']}"})
             continue
         first = good[0]
         speed = median(good, "steady_samples_per_s")
-        line |= {"status": "ok", "precision": first["precision"], "samples_per_s": speed,
+        line |= {"status": "ok", "precision": first.get("precision"), "samples_per_s": speed,
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
-                 "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first["cuda_max_allocated_mb"],
+                 "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first.get("cuda_max_allocated_mb"),
                  "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None}
-        if row.strategy == "single":
+        if row.reference:
             line["verdict"] = "reference"
-        elif row.strategy in verdicts:
-            line |= _equivalence(verdicts[row.strategy])
+        elif row.name in verdicts:
+            line |= _equivalence(verdicts[row.name])
         if first.get("samples_counted_by") is None:
             line["samples_per_s"], line["speedup"] = None, None
             line["reason"] = "; ".join(filter(None, [line.get("reason"), (
-                "samples/s unknown: no batch went through rt.to_device and no loader came from rt.loader")]))
+                "samples/s unknown: no batch went through rt.to_device and no loader came from rt.loader"
+                if row.framework is None else "samples/s unknown: no training batch came from a DataLoader")]))
         lines.append(line)
-    return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()}}
+    passing = [line for line in lines if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]]
+    fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)
+    return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()},
+            "fastest": fastest["row"] if fastest else None}
 
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
@@ -165,6 +206,9 @@ def table(summary: dict) -> str:
                      f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process following "
                      "the row in lockstep (its weights before each step, its gradient applied)")
     notes += [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
+    notes += [f"- {note}" for note in summary.get("notes", [])]
+    if summary.get("fastest"):
+        notes.append(f"fastest row that passes: {summary['fastest']}")
     return "\n".join(out + ([""] + notes if notes else []))
 
 
@@ -201,17 +245,32 @@ def bench(args) -> int:
         raise ConfigError("--steps must be at least 2 (a warm-up step and a measured one)")
     if args.verify_steps < 1:
         raise ConfigError("--verify-steps must be at least 1")
-    strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else \
-        list(DEFAULT_STRATEGIES)
-    rows = rows_for(strategies, args.nproc)
+    name = detect(script) if getattr(args, "framework", "auto") == "auto" else args.framework
+    notes = []
+    if name == "rankwise":
+        if len(args.nproc) > 1:
+            raise ConfigError("--nproc: one process count for a script on rankwise.setup() (its rows are strategies)")
+        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else \
+            list(DEFAULT_STRATEGIES)
+        rows = rows_for(strategies, args.nproc[0])
+    else:
+        if args.strategies or args.precision:
+            raise ConfigError(f"--strategies/--precision: {script} is a {name} script, which sets its own strategy "
+                              "and precision; its rows are world sizes (--nproc-per-node 1,2)")
+        watched = framework(name)
+        rows = watched_rows(watched, args.nproc)
+        notes = [f"{name} script, started {watched.launch}; each row runs it unchanged"]
+        if watched.note:
+            notes.append(watched.note)
     out = Path(args.out or f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     print(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} steps, "
-          f"{args.nproc} processes; writing to {out}", file=sys.stderr, flush=True)
+          f"{','.join(map(str, args.nproc))} processes; writing to {out}", file=sys.stderr, flush=True)
     summary = run_bench(script, script_args, rows, steps=args.steps, repeats=args.repeats or 1,
                         precision=args.precision, out=out, verify_steps=args.verify_steps)
+    summary["notes"] = notes
     meta = {"script": str(script), "script_args": script_args, "steps": args.steps, "nproc": args.nproc,
-            **machine()}
+            "framework": name, **machine()}
     paths = write(summary, meta, out)
     print(table(summary))
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")

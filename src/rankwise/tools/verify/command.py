@@ -1,7 +1,9 @@
 """``rankwise verify``: the script on N ranks, then on one process in lockstep with it, traced; where they
 part, and why.
 
-Both runs are ``rankwise launch --strategy`` of the unchanged script with the Runtime's probe and
+A script as its user wrote it (plain torch, Accelerate, Trainer, Fabric) runs under the watcher
+(:mod:`rankwise.tools.verify.watched`).  A script on ``rankwise.setup()`` runs twice as
+``rankwise launch --strategy`` with the Runtime's probe and
 trace on (:mod:`rankwise.trace`): the same seed and global batches, dropout modules switched off
 (unless ``--keep-dropout``), stopped after ``--steps`` optimizer steps.  The N-rank run goes first and
 records, every step, the gradient its optimizer received and the weights after it; the one-process
@@ -30,19 +32,37 @@ from rankwise.tools.verify.compare import TracedRun, compare, first_difference, 
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
+from rankwise.tools.verify.watched import watched_runs
+from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.trace import DROPOUT, FOLLOW, TRACE
 
 EXIT = {"equivalent": 0, "not equivalent": 1, "failed": 1, "not comparable": 3}
 """``rankwise verify``'s exit code for each verdict."""
 
 
-def check(args) -> tuple[Path, int]:
-    """Refuse what cannot run, before anything starts: the script, the strategy at this rank count, the options."""
+def check(args) -> tuple[Path, int, Framework | None]:
+    """Refuse what cannot run, before anything starts: the script, the strategy at this rank count, the options.
+    Returns the script, the distributed run's process count and, for a script not on rankwise.setup(), its
+    framework."""
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"{script}: no such script")
     if args.steps < 1:
         raise ConfigError("--steps must be at least 1")
+    name = detect(script) if args.framework == "auto" else args.framework
+    if name != "rankwise":
+        if args.strategy or args.precision or args.set:
+            raise ConfigError(f"{script} is a {name} script: it chooses its own strategy and precision, and verify "
+                              "runs it as written; --strategy, --precision and --set are for scripts on "
+                              "rankwise.setup()")
+        if args.nproc_per_node < 2:
+            raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
+        return script, args.nproc_per_node, framework(name)
+    if args.reference_args is not None:
+        raise ConfigError("--reference-args is for scripts not on rankwise.setup() (whose global batch rankwise "
+                          "keeps the same at every world size by itself)")
+    if not args.strategy:
+        raise ConfigError(f"--strategy: {script} is on rankwise.setup(); name the strategy to check (ddp, fsdp, ...)")
     try:
         variant = lookup(args.strategy)
     except ValueError as e:
@@ -51,7 +71,7 @@ def check(args) -> tuple[Path, int]:
     if variant.cls.multiprocess and processes < 2:
         raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
     Choice.from_flags(args.strategy, args.precision, args.set, processes).check_launch(processes)
-    return script, processes
+    return script, processes, None
 
 
 def verify_runs(script: Path, script_args: list[str], strategy: str, processes: int, out: Path, *, steps: int,
@@ -77,6 +97,24 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
     report = build(out, results, strategy, processes, steps)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
                       "set": list(settings), "keep_dropout": keep_dropout}
+    return _written(out, report, keep_weights)
+
+
+def verify_watched(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
+                   steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, keep_weights: bool = False,
+                   reference_args: list[str] | None = None, log=None) -> dict:
+    """A script as its user wrote it: the two watched runs, compared like :func:`verify_runs`'s, with the findings
+    that need no reference."""
+    results, extra = watched_runs(script, script_args, framework, processes, out, steps=steps,
+                                  keep_dropout=keep_dropout, timeout_s=timeout_s, reference_args=reference_args,
+                                  log=log)
+    report = build(out, results, f"{framework.name} script", processes, steps, framework=framework.name) | extra
+    report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps,
+                      "keep_dropout": keep_dropout, "reference_args": reference_args}
+    return _written(out, report, keep_weights)
+
+
+def _written(out: Path, report: dict, keep_weights: bool) -> dict:
     write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
     if report["steps"]:
         plot(report, out / "verify.png")
@@ -87,26 +125,43 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
     return report
 
 
-def run(args) -> int:
-    script, processes = check(args)
-    out = Path(args.out or f"runs/verify-{script.stem}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in lockstep "
-          f"with it, {args.steps} steps; writing to {out}", file=sys.stderr, flush=True)
-    report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
-                         precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
-                         timeout_s=args.timeout, keep_weights=args.keep_weights,
-                         log=lambda text: print(f"verify: {text}", file=sys.stderr, flush=True))
-    text = render(report)
-    write_text_atomic(out / "verify.md", f"# rankwise verify {script} --strategy {args.strategy}\n\n```\n{text}\n```\n"
-                                         "\n![differences by step](verify.png)\n")
-    print(text)
-    if args.json:
-        print(json.dumps({key: report[key] for key in ("verdict", "equivalent", "first_difference", "diagnosis")},
-                         default=str))
+def exit_code(report: dict) -> int:
+    """The verdict's exit code; 1 as well when the run itself shows a finding that changes results."""
+    if any(finding["level"] == "error" for finding in report.get("findings", [])):
+        return 1
     return EXIT[report["verdict"]]
 
 
-def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int) -> dict:
+def run(args) -> int:
+    script, processes, watched = check(args)
+    label = args.strategy or f"{watched.name}-script"
+    out = Path(args.out or f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    log = lambda text: print(f"verify: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    if watched is None:
+        print(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in lockstep "
+              f"with it, {args.steps} steps; writing to {out}", file=sys.stderr, flush=True)
+        report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
+                             precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
+                             timeout_s=args.timeout, keep_weights=args.keep_weights, log=log)
+    else:
+        print(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
+              f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
+              file=sys.stderr, flush=True)
+        report = verify_watched(script, args.script_args, watched, processes, out, steps=args.steps,
+                                keep_dropout=args.keep_dropout, timeout_s=args.timeout,
+                                keep_weights=args.keep_weights, reference_args=args.reference_args, log=log)
+    text = render(report)
+    write_text_atomic(out / "verify.md", f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"
+                                         "\n![differences by step](verify.png)\n")
+    print(text)
+    if args.json:
+        print(json.dumps({key: report.get(key) for key in ("verdict", "equivalent", "first_difference", "diagnosis",
+                                                            "findings")}, default=str))
+    return exit_code(report)
+
+
+def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int,
+          framework: str | None = None) -> dict:
     """Compare the two traced runs: every step, the first that differs, the diagnosis and the verdict."""
     reference, candidate = TracedRun.load(out / "reference"), TracedRun.load(out / "candidate")
     # The tolerance of what the distributed run really ran: the script's own precision and options count too.
@@ -119,7 +174,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     first = first_difference(lines)
     diagnosis = [] if "reference" in failure else diagnose(
         reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
-        steps_asked=steps_asked)
+        steps_asked=steps_asked, framework=framework)
     random = random_ops(reference)
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
     if failure:

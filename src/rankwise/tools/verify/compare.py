@@ -81,12 +81,12 @@ def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, 
     together = sum(ranks, Counter())
     if not one and not together:
         return "unseen", "no batch went through rt.to_device"
-    if together == one:
-        return "same", ""
     n, seen, expected = len(ranks), sum(together.values()), sum(one.values())
-    if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):
+    if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):  # (even when one process took them too)
         return "differs", (f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} together); "
                            f"the one process saw {expected}")
+    if together == one:
+        return "same", ""
     shared = sum((together & one).values())
     detail = f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
     return ("unmatched" if seen == expected else "differs"), detail

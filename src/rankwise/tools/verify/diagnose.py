@@ -45,9 +45,44 @@ def _first_ranks(run: TracedRun) -> list[dict]:
     return [ranks[0] for _, ranks in sorted(run.records.items())]
 
 
+PLAIN_SCRIPT_WORDS = {
+    "before rt.prepare": "before wrapping it",
+    "numpy or Python random state rankwise.setup(seed=...) did not reach": "numpy or Python random state seeded "
+                                                                           "differently",
+    "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, batch_size=GLOBAL), which "
+    "gives each rank its share of the same global order at any world size":
+        "The training loader does not give the ranks together what one process takes: shard it with "
+        "DistributedSampler(dataset) (set_epoch each epoch), or let accelerator.prepare / fabric.setup_dataloaders "
+        "shard it",
+    "a loop over a loader that is not rt.loader's": "a loop over a loader that is not sharded",
+    "Leave averaging to the strategy: rt.backward(loss)": "Leave averaging to DDP or FSDP: loss.backward()",
+    "the optimizer rt.step steps": "the optimizer that steps",
+    "(the script does not call rt.backward)": "(no backward of a scalar loss was seen)",
+    "instead of rt.step": "outside the framework's step",
+    "outside rt.step": "outside optimizer.step()",
+    "the batches do not go through rt.to_device": "the batches do not come from a DataLoader",
+    "(rt.all_reduce(count, 'sum'))": "(dist.all_reduce(count))",
+    "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count (the strategies":
+        "then backward each micro-batch's summed token loss x the world size / that count (DDP and FSDP",
+}
+"""A finding's fix in rankwise's API, and the same fix for a script on torch or its framework."""
+
+
 def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], first: dict | None, *, strategy: str,
-             world_size: int, failure: str | None = None, steps_asked: int | None = None) -> list[str]:
-    """Causes that fit the evidence, likeliest first (empty when the runs are equivalent)."""
+             world_size: int, failure: str | None = None, steps_asked: int | None = None,
+             framework: str | None = None) -> list[str]:
+    """Causes that fit the evidence, likeliest first (empty when the runs are equivalent); ``framework``: the
+    script's, when it is not on rankwise.setup() (the fixes are then worded for it)."""
+    findings = _diagnose(reference, candidate, lines, first, strategy=strategy, world_size=world_size,
+                         failure=failure, steps_asked=steps_asked, framework=framework)
+    if framework:
+        for ours, theirs in PLAIN_SCRIPT_WORDS.items():
+            findings = [finding.replace(ours, theirs) for finding in findings]
+    return findings
+
+
+def _diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], first: dict | None, *, strategy: str,
+              world_size: int, failure: str | None, steps_asked: int | None, framework: str | None) -> list[str]:
     shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
     if first is None and failure is None and not shorter:
         return []
@@ -86,7 +121,8 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
                         f"{world_size} ranks than in one process; keep fp32 parameters and compute in 16 bits with "
                         "--precision bf16-mixed (autocast), whose gradients accumulate in fp32")
     if first is not None and first["step"] and not first["loss_ok"] and not findings:
-        findings.append(_normalisation(reference, candidate, first, world_size))
+        findings.append(_loss_scaled(first, world_size, framework) or
+                        _normalisation(reference, candidate, first, world_size))
     if no_grad and not failure:
         findings.append(f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run")
     hook = str(candidate.facts.get("comm_hook", "none"))
@@ -187,6 +223,30 @@ def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: s
     return text + ("the optimizer or the learning-rate schedule did not step as in one process — a schedule stepped "
                    "per micro-batch or scaled by the world size, a learning rate that depends on the rank count, "
                    "or weights changed outside rt.step")
+
+
+def _loss_scaled(first: dict, world_size: int, framework: str | None) -> str | None:
+    """The loss each rank gave backward, and the gradient, are N (or 1/N) times the one process's."""
+    one, many, scale = first["loss_reference"], first["loss_candidate"], first.get("gradient_scale")
+    if not one or many is None or scale is None:
+        return None
+    # (clipping may cap a scaled gradient: its factor then lies between 1 and the loss's)
+    factor = next((f for f in (world_size, 1 / world_size) if abs(many / one - f) < 0.02 * f and (
+        abs(scale - f) < 0.02 * f or 1.01 < scale < f or f < scale < 0.99)), None)
+    if factor is None:
+        return None
+    clipped = "" if abs(scale - factor) < 0.02 * factor else ", less where gradient clipping capped it"
+    text = (f"the loss each rank gave backward at step {first['step']} is {factor:.3g} times the one process's "
+            f"({many:.6g} against {one:.6g}), and the gradient the optimizer received {scale:.3g} times its "
+            f"({factor:.3g}{clipped}): the loss is scaled by the world size on top of the ranks' gradient averaging")
+    if framework == "trainer" and factor == world_size:
+        text += (". transformers' Trainer multiplies the loss by the number of processes "
+                 "(TrainingArguments.average_tokens_across_devices=True, the default) when the model's forward takes "
+                 "**kwargs, expecting the model's loss to divide by the global num_items_in_batch; this model's loss "
+                 "is a plain mean over its own batch and ignores it. Set average_tokens_across_devices=False, or "
+                 "give the model a loss that uses num_items_in_batch. Adam's update mostly cancels a constant factor, "
+                 "but gradient clipping (max_grad_norm) and the logged loss do not")
+    return text
 
 
 def _normalisation(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str:

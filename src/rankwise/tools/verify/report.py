@@ -80,7 +80,11 @@ def render(report: dict) -> str:
     out = [f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one process, "
            f"{report['precision'] or '32-true'}", _dropout(report),
            *textwrap.wrap(CRITERION.format(n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]),
-                          width=110), ""]
+                          width=110)]
+    if report.get("framework"):
+        out += textwrap.wrap(f"script: {report['framework']['name']}, started {report['framework']['launch']}; "
+                             f"{report['reference_made']}", width=110)
+    out.append("")
     for name, error in report["failure"].items():
         who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
         out.append(f"{who} failed: {error}")
@@ -96,11 +100,18 @@ def render(report: dict) -> str:
         out += ["", "diagnosis (likeliest first):"]
         for number, finding in enumerate(report["diagnosis"], 1):
             out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
+    if report.get("findings"):
+        out += ["", "findings in the distributed run (need no reference):"]
+        for finding in report["findings"]:
+            out += textwrap.wrap(finding["text"], width=110, initial_indent=f"  {finding['level'].upper()}: ",
+                                 subsequent_indent="     ")
     steps = len(report["steps"]) - 1
     if report["steps"] and steps < report["steps_asked"]:
         out.append(f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
                    f"{' and '.join(map(str, report['steps_reached']))})")
     out += ["", VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))]
+    if any(finding["level"] == "error" for finding in report.get("findings") or []):
+        out.append("findings that change results: exit 1")
     return "\n".join(out)
 
 

@@ -1,0 +1,52 @@
+"""``rankwise verify`` on a script as its user wrote it (plain torch, Accelerate, Trainer, Fabric): the watcher's runs.
+
+The N-rank run starts as the script's framework would start it (:mod:`rankwise.tools.watch.frameworks`)
+with the watcher in every rank (:mod:`rankwise.tools.watch`).  The one-process reference runs the same
+script, unchanged, on one process: each training ``DataLoader`` it builds takes N times its batch (a
+``DistributedSampler`` there sees one replica), so its step t takes the samples the N ranks' step t took
+together; it follows the N-rank run in lockstep as for scripts on ``rankwise.setup()``.  The two traces
+are then compared and diagnosed by the same code (:mod:`rankwise.tools.verify.command`), and the N-rank
+run's own record gives the findings that need no reference (:mod:`rankwise.tools.watch.findings`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rankwise.tools.watch.findings import findings, load_records
+from rankwise.tools.watch.frameworks import Framework
+from rankwise.tools.watch.runs import watched_run
+
+
+def watched_runs(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
+                 steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, reference_args=None,
+                 log=None) -> tuple[dict, dict]:
+    """The two watched runs (the N-rank one first); returns their results and what the report adds:
+    the framework, how the reference was made, the findings."""
+    results = {}
+    candidate_dir = (out / "candidate").resolve()
+    for name, count in (("candidate", processes), ("reference", 1)):
+        run_dir = out / name
+        shutil.rmtree(run_dir, ignore_errors=True)  # a trace appends: start it empty
+        reference = name == "reference"
+        own_args = reference_args if reference and reference_args is not None else script_args
+        results[name] = watched_run(
+            script, own_args, framework, count, run_dir, steps=steps, keep_dropout=keep_dropout,
+            timeout_s=timeout_s, follow=candidate_dir if reference else None,
+            scale=processes if reference and reference_args is None else 1)
+        if log:
+            log(f"{name}: {framework.name} script on {count} process(es): {results[name]['wall_s']} s, "
+                f"{results[name].get('error', 'ok')}")
+    found = findings(load_records(out / "candidate"), processes)
+    reference_records = load_records(out / "reference")
+    unscaled = sorted({note for record in reference_records for note in record.get("unscaled", [])})
+    how = ("the one process ran the script with --reference-args" if reference_args is not None else
+           f"the one process ran the script unchanged, each training DataLoader taking {processes}x its batch and, "
+           f"batch by batch, the dataset indices the {processes} ranks took together")
+    if unscaled and reference_args is None:
+        how += ("; not scaled (pass the script's own flag for the global batch with --reference-args): " +
+                "; ".join(unscaled))
+    extra = {"framework": {"name": framework.name, "launch": framework.launch}, "reference_made": how,
+             "findings": [finding.as_dict() for finding in found]}
+    return results, extra

@@ -1,0 +1,50 @@
+"""One rank of a watched script: ``python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]``.
+
+The launcher (torchrun, in ``rankwise verify`` and ``bench --script``) starts this module in every rank with
+the watcher's settings in the environment; it installs the :class:`~rankwise.tools.watch.watcher.Watcher`
+before the script imports anything, runs the script as ``__main__``
+(:func:`rankwise.launch.script.run_as_main`), and after it (or after the watcher's last step) writes this
+rank's record and closes the process group the script left open.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rankwise import process
+from rankwise.launch.script import run_as_main
+from rankwise.tools.watch.watcher import WatchDone, Watcher
+
+DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
+TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
+FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
+"""The watcher's settings, as the tools hand them to each rank."""
+
+
+def watcher_from_environment() -> Watcher:
+    steps = int(os.environ.get(STEPS, "20"))
+    trace = os.environ.get(TRACE) == "1"
+    return Watcher(os.environ[DIRECTORY], steps=steps, warmup=max(1, min(int(os.environ.get(WARMUP, "1")), steps - 1)),
+                   follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
+                   keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or DIRECTORY not in os.environ:
+        print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]", file=sys.stderr)
+        return 2
+    watcher = watcher_from_environment()
+    watcher.install()
+    try:
+        run_as_main(argv[0], argv[1:])
+    except WatchDone:
+        pass  # the watcher's last step: the script's work here is done
+    watcher.write_rank_record()
+    process.destroy_process_group(clean=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""What a script does around its steps: the collectives it calls itself (by call site, timed), ``torch.save``, and
+the DDP communication hook it registers."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rankwise.tools.watch.ranks import call_site, patch
+
+COLLECTIVES = ("all_reduce", "barrier", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
+               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
+               "gather_object", "all_to_all", "all_to_all_single", "monitored_barrier")
+"""The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among them)."""
+
+
+class CallWatch:
+    def __init__(self, step: Callable[[], int]):
+        self.step = step
+        """Returns the optimizer steps taken so far."""
+        self.collectives: dict[str, dict] = {}
+        self.saves: list[dict] = []
+        self.comm_hook = "none"
+        self.collective_seconds = 0.0
+        """Seconds in the script's own collectives since the last optimizer step."""
+
+    def install(self) -> None:
+        patch(torch, "save", self._save)
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                patch(dist, name, self._collective(name))
+        from torch.nn.parallel import DistributedDataParallel
+        patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
+
+    def records(self) -> dict:
+        return {site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
+                for site, v in self.collectives.items()}
+
+    def _collective(self, name: str):
+        watcher = self
+
+        def make(original):
+            def call(*args, **kwargs):
+                site = f"{name} at {call_site(via=True)}"
+                started = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    spent = time.perf_counter() - started
+                    entry = watcher.collectives.setdefault(site, {"calls": 0, "seconds": 0.0, "steps": set()})
+                    entry["calls"] += 1
+                    entry["seconds"] += spent
+                    entry["steps"].add(watcher.step())
+                    watcher.collective_seconds += spent
+            return call
+        return make
+
+    def _comm_hook(self, original):
+        watcher = self
+
+        def register(ddp, state, hook):
+            watcher.comm_hook = getattr(hook, "__name__", str(hook))
+            return original(ddp, state, hook)
+        return register
+
+    def _save(self, original):
+        watcher = self
+
+        def save(obj, f, *args, **kwargs):
+            keys = list(obj.keys()) if isinstance(obj, dict) else []
+            nested = [k for value in (obj.values() if isinstance(obj, dict) else []) if isinstance(value, dict)
+                      for k in value]
+            prefixed = any(isinstance(k, str) and k.startswith("module.") for k in keys + nested)
+            watcher.saves.append({"path": str(Path(f).resolve()) if isinstance(f, (str, os.PathLike)) else repr(f),
+                                  "site": call_site(), "module_prefix": prefixed, "step": watcher.step()})
+            return original(obj, f, *args, **kwargs)
+        return save

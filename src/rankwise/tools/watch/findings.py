@@ -1,0 +1,167 @@
+"""What a watched N-rank run shows by itself, without a reference: each finding with what was observed and the fix.
+
+Read from every rank's record (:meth:`rankwise.tools.watch.watcher.Watcher.rank_record`).  A finding is an
+``error`` when it changes what the script computes or reports (exit 1), a ``warning`` when it costs speed
+or portability.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankwise.tools.watch.loaders import RANK_RECORD
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    """``error`` (changes results: exit 1) or ``warning``."""
+    text: str
+
+    def as_dict(self) -> dict:
+        return {"level": self.level, "text": self.text}
+
+
+def load_records(directory: Path) -> list[dict]:
+    records = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(directory.glob(
+        RANK_RECORD.format(rank="*")))]
+    return sorted(records, key=lambda record: record["rank"])
+
+
+def findings(records: list[dict], processes: int) -> list[Finding]:
+    """Every finding, errors first."""
+    if not records:
+        return []
+    found = [*_not_joined(records, processes), *_unsharded(records), *_epochs(records), *_evaluation(records),
+             *_replicas(records), *_saves(records), *_sync_points(records)]
+    return sorted(found, key=lambda finding: finding.level != "error")
+
+
+def _not_joined(records: list[dict], processes: int) -> list[Finding]:
+    alone = [r for r in records if r["world_size"] == 1 or r.get("framework_world_size") == 1]
+    if processes < 2 or not alone:
+        return []
+    seen = "Accelerate's num_processes 1" if any(r.get("framework_world_size") == 1 for r in alone) else \
+        "torch.distributed not initialised"
+    return [Finding("error", f"{len(alone)} of the {processes} processes never joined a process group ({seen}): "
+                             "every one trained alone on all the data, as many separate single-process "
+                             "runs. An Accelerate script on a machine without a GPU joins only in Accelerate's CPU "
+                             "mode: start it with `accelerate launch --cpu`, or ACCELERATE_USE_CPU=true, or "
+                             "Accelerator(cpu=True); a torch script must call dist.init_process_group()")]
+
+
+def _training_passes(record: dict) -> list[dict]:
+    return [p for p in record["passes"] if p["trained"]]
+
+
+def _unsharded(records: list[dict]) -> list[Finding]:
+    if len(records) < 2:
+        return []
+    firsts = [next((p["first"] for p in _training_passes(r) if p["first"]), None) for r in records]
+    if firsts[0] is None or any(first != firsts[0] for first in firsts[1:]):
+        return []
+    passes = _training_passes(records[0])
+    sampler = passes[0]["sampler"] if passes else None
+    return [Finding("error", f"every one of the {len(records)} ranks trained on the same samples (the first "
+                             f"{len(firsts[0])} samples are the same on every rank): the training loader is "
+                             f"not sharded (its sampler: {sampler}), so each rank trains on all the data and the "
+                             "global batch holds every sample N times. Give the training DataLoader "
+                             "sampler=DistributedSampler(dataset) (or let accelerator.prepare / fabric."
+                             "setup_dataloaders shard it)")]
+
+
+def _epochs(records: list[dict]) -> list[Finding]:
+    record = records[0]
+    passes = [p for p in _training_passes(record) if p["distributed_sampler"] and p["shuffle"]]
+    by_loader = defaultdict(list)
+    for p in passes:
+        by_loader[p["loader"]].append(p)
+    for loader_passes in by_loader.values():
+        if len(loader_passes) < 2 or record["set_epoch_calls"]:
+            continue
+        epochs = {p["epoch"] for p in loader_passes}
+        same = all(p["first"][:4] == loader_passes[0]["first"][:4] for p in loader_passes[1:])
+        if len(epochs) == 1 and same:
+            return [Finding("error", f"the training loader's DistributedSampler shuffles, but set_epoch was never "
+                                     f"called: its {len(loader_passes)} passes all began with the same samples "
+                                     f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
+                                     "Call sampler.set_epoch(epoch) before each epoch's loop")]
+    return []
+
+
+def _evaluation(records: list[dict]) -> list[Finding]:
+    out = []
+    count = min(len([p for p in r["passes"] if not p["trained"] and p["complete"]]) for r in records)
+    for index in range(count):
+        passes = [[p for p in r["passes"] if not p["trained"] and p["complete"]][index] for r in records]
+        size, seen = passes[0]["dataset_size"], sum(p["samples"] for p in passes)
+        if size is None or seen <= size:
+            continue
+        if all(p["samples"] == size for p in passes) and len(records) > 1:
+            why = (f"each of the {len(records)} ranks evaluated the whole set; shard it with a DistributedSampler "
+                   "(and gather once), or evaluate on rank 0 only")
+        elif passes[0]["distributed_sampler"]:
+            why = (f"the DistributedSampler pads {seen - size} samples so {size} divides by {len(records)} ranks: "
+                   "those are counted twice. Gather the predictions with their sample indices and drop the "
+                   "repeats, or use accelerator.gather_for_metrics, which drops them")
+        else:
+            why = "some samples were evaluated on more than one rank"
+        out.append(Finding("error", f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
+                                    f"{size}-sample set (loader {passes[0]['loader']}): {why}"))
+        break
+    return out
+
+
+def _replicas(records: list[dict]) -> list[Finding]:
+    steps = sorted({step for r in records for step in r["replicas_differ"]})
+    if not steps:
+        return []
+    return [Finding("error", f"the ranks' replicas held different weights after step {steps[0]} (digests compared "
+                             "across ranks): the gradients were not averaged before the step (a model not wrapped "
+                             "in DDP, or a step taken under no_sync), or ranks started from different weights")]
+
+
+def _saves(records: list[dict]) -> list[Finding]:
+    out = []
+    writers = defaultdict(set)
+    for r in records:
+        for save in r["saves"]:
+            writers[save["path"]].add(r["rank"])
+    shared = [path for path, ranks in writers.items() if len(ranks) > 1]
+    if shared:
+        out.append(Finding("warning", f"{len(writers[shared[0]])} ranks wrote one checkpoint file ({shared[0]}): "
+                                      "they race, and a reader may find it half-written. Save on rank 0 only "
+                                      "(if dist.get_rank() == 0), after a barrier"))
+    prefixed = next((save for r in records for save in r["saves"] if save["module_prefix"]), None)
+    if prefixed:
+        out.append(Finding("warning", f"the checkpoint saved at {prefixed['site']} has keys starting with "
+                                      "'module.' (DDP's wrapper): it loads only into a DDP-wrapped model. Save "
+                                      "model.module.state_dict() (or accelerator.unwrap_model(model))"))
+    return out
+
+
+def _sync_points(records: list[dict]) -> list[Finding]:
+    record = records[0]
+    steps = record["steps"]
+    if steps < 2:
+        return []
+    total = sum(record["step_seconds"]) or 1.0
+    out = []
+    for site, entry in sorted(record["collectives"].items(), key=lambda item: -item[1]["seconds"]):
+        if entry["steps"] < steps - 1 or entry["calls"] < steps - 1:
+            continue
+        share = entry["seconds"] / total
+        head = f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of the step time on " \
+               "rank 0: every rank waits for the slowest there"
+        if "(via " in site:  # the framework's own, made from the script's call
+            out.append(Finding("warning", f"{head}. The framework makes this call itself each step (such as a "
+                                          "count gathered to normalise the loss); its settings may avoid it"))
+        else:
+            out.append(Finding("warning", f"{head}. A barrier is not needed between steps (DDP and FSDP already "
+                                          "synchronise the gradients); a value reduced only for logging can be "
+                                          "reduced every N steps; a count the loss needs (its tokens over the "
+                                          "ranks) is worth its cost"))
+    return out

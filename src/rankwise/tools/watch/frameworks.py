@@ -1,0 +1,96 @@
+"""Which framework a script trains with, and how that framework's own launcher would start it here.
+
+Detected from the script's imports (``--framework`` overrides):
+
+* ``rankwise``: a script on ``rankwise.setup()`` — ``rankwise launch --strategy``, the Runtime's probe;
+* ``accelerate``: as ``accelerate launch`` would on this machine: torchrun's environment, and on a machine
+  without a GPU its CPU mode (``ACCELERATE_USE_CPU=true``, what ``accelerate launch --cpu`` sets), without
+  which Accelerate joins no process group and every process trains alone on all the data;
+* ``trainer`` (Hugging Face ``Trainer``, built on Accelerate): as torchrun, with Accelerate's CPU mode where
+  there is no GPU;
+* ``fabric`` (Lightning Fabric): as ``fabric run --devices N`` would: torchrun's environment and the
+  ``LT_*`` settings ``fabric run`` hands ``Fabric()`` (the CPU accelerator where there is no GPU);
+* ``torch``: plain ``torch.distributed`` — as torchrun.
+
+DeepSpeed-engine scripts (``deepspeed.initialize``) and Horovod scripts are refused before anything runs:
+the engine steps its own flattened, partitioned optimizer that torch's optimizer hooks cannot name, and
+Horovod's ranks start under ``horovodrun``, not torchrun.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rankwise.errors import ConfigError
+
+FRAMEWORKS = ("auto", "rankwise", "torch", "accelerate", "trainer", "fabric")
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    launch: str
+    """How its launcher would start the script, in words (for the report)."""
+    environment: dict[str, str] = field(default_factory=dict)
+    strategy: str = "as written"
+    """The strategy the script runs on several processes here, in words."""
+    note: str | None = None
+    """What this machine rules out for the framework (a bench row cannot be made for it)."""
+
+    def strategy_at(self, processes: int) -> str:
+        return "one process" if processes == 1 else self.strategy
+
+    def environment_for(self, processes: int) -> dict[str, str]:
+        """What its launcher sets for ``processes`` ranks on this node (besides torchrun's own variables)."""
+        if self.name == "fabric":  # what `fabric run --devices N` hands the script's Fabric(...)
+            return {**self.environment, "LT_DEVICES": str(processes), "LT_NUM_NODES": "1"}
+        return dict(self.environment)
+
+
+def _imports(text: str, *modules: str) -> bool:
+    names = "|".join(re.escape(m) for m in modules)
+    return re.search(rf"^\s*(from\s+({names})(\.|\s)|import\s+({names})(\.|\s|$|,))", text, re.M) is not None
+
+
+def detect(script: Path) -> str:
+    text = script.read_text(encoding="utf-8", errors="replace")
+    if _imports(text, "horovod"):
+        raise ConfigError(f"{script}: a Horovod script starts under horovodrun, with Horovod's own ranks and "
+                          "DistributedOptimizer; rankwise verify watches torchrun-started scripts only. Run it "
+                          "with `rankwise launch` on rankwise.setup(strategy='horovod') instead")
+    if "deepspeed.initialize" in text:
+        raise ConfigError(f"{script}: the DeepSpeed engine steps its own flattened, partitioned fp32 copy of the "
+                          "weights, which torch's optimizer hooks cannot name parameter by parameter; verify the "
+                          "model on rankwise.setup(strategy='deepspeed-zero2') instead")
+    if _imports(text, "rankwise"):
+        return "rankwise"
+    if re.search(r"\bTrainer\s*\(", text) and _imports(text, "transformers"):
+        return "trainer"
+    if _imports(text, "lightning", "lightning.fabric", "lightning_fabric"):
+        return "fabric"
+    if _imports(text, "accelerate"):
+        return "accelerate"
+    return "torch"
+
+
+def framework(name: str) -> Framework:
+    gpu = torch.cuda.is_available()
+    cpu = {} if gpu else {"ACCELERATE_USE_CPU": "true"}
+    where = "" if gpu else " in its CPU mode (ACCELERATE_USE_CPU=true: no GPU here)"
+    only_ddp = None if gpu else ("without a GPU Accelerate runs DDP only (its FSDP and DeepSpeed settings are "
+                                 "ignored in its CPU mode), so this machine has no row for them")
+    return {
+        "torch": Framework("torch", "as torchrun would start it", strategy="the script's own (as written)"),
+        "accelerate": Framework("accelerate", f"as `accelerate launch` would start it{where}", cpu,
+                                strategy="Accelerate's configured one" if gpu else "DDP (Accelerate, CPU)",
+                                note=only_ddp),
+        "trainer": Framework("trainer", f"as torchrun would start it, Accelerate{where}", cpu,
+                             strategy="Trainer's (DDP by default)" if gpu else "DDP (Trainer on Accelerate, CPU)",
+                             note=only_ddp),
+        "fabric": Framework("fabric", "as `fabric run --devices N` would start it", {} if gpu else {
+                            "LT_ACCELERATOR": "cpu"}, strategy="Fabric's (DDP for several devices)"),
+    }[name]

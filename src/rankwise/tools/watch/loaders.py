@@ -1,0 +1,206 @@
+"""The watcher's view of the data: every DataLoader pass, each batch's samples and dataset indices, set_epoch calls.
+
+In the reference run (``scale`` > 1: one process standing in for N ranks) each training DataLoader the script
+builds takes N times its batch, and, batch by batch, the dataset indices the N ranks took together in the
+same step (from their records): so its step t trains on exactly the N ranks' step-t samples, whatever
+order the framework's sampler would have drawn at world size 1.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from rankwise.tools.watch.ranks import call_site, patch
+from rankwise.trace import sample_digests, token_count
+
+RANK_RECORD = "watch-rank{rank}.json"
+
+
+class _Pass:
+    """One pass over a DataLoader on this rank."""
+
+    def __init__(self, loader: DataLoader, number: int):
+        sampler = getattr(loader, "sampler", None)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        inner = getattr(batch_sampler, "sampler", None) if not isinstance(sampler, DistributedSampler) else sampler
+        distributed = next((s for s in (sampler, inner, getattr(batch_sampler, "batch_sampler", None))
+                            if isinstance(s, DistributedSampler)), None)
+        try:
+            size = len(loader.dataset)
+        except TypeError:
+            size = None
+        self.record = {"loader": number, "dataset_size": size, "batch_size": loader.batch_size,
+                       "sampler": type(sampler).__name__ if sampler is not None else None,
+                       "distributed_sampler": distributed is not None,
+                       "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
+                       "epoch": getattr(distributed, "epoch", None) if distributed else None,
+                       "samples": 0, "trained": 0, "first": [], "complete": False, "site": None}
+        self.pending: deque[tuple[list[str], int | None]] = deque()
+        """Batches yielded that no backward consumed yet: their digests and tokens."""
+        self.last_yield = 0
+        self.done = False
+        """The pass ended (a framework may have read past its last batch before training on it)."""
+        self.fetching: deque[list[int] | None] = deque()
+        """The dataset indices of the batches the loader's iterator asked for and has not yielded yet."""
+        self.indices: list[list[int] | None] = []
+        """Each yielded batch's dataset indices (map-style datasets), for the reference to take the same."""
+
+
+class LoaderWatch:
+    def __init__(self, *, scale: int = 1, follow: Path | None = None, on_batch: Callable[[], None] = lambda: None):
+        self.scale, self.on_batch = scale, on_batch
+        self.loaders: dict[int, int] = {}
+        self.passes: list[_Pass] = []
+        self.active: dict[int, _Pass] = {}
+        self.scaled: dict[int, int] = {}
+        """id(dataset) -> the batch size the reference gave its loader (a framework re-creating it keeps it)."""
+        self.unscaled: list[str] = []
+        self.set_epoch_calls = 0
+        self.pass_counts: dict[int, int] = {}
+        self.yields = 0
+        self._iterating: tuple[int, int] | None = None
+        self._early: dict[tuple[int, int], deque] = {}
+        self.given = trained_indices(follow) if follow is not None else {}
+        """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained on together."""
+
+    def install(self) -> None:
+        patch(DataLoader, "__init__", self._loader_init)
+        patch(DataLoader, "__iter__", self._loader_iter)
+        patch(_BaseDataLoaderIter, "_next_index", self._next_index)
+        patch(DistributedSampler, "set_epoch", self._set_epoch)
+
+    def consume(self) -> tuple[list[str], int | None] | None:
+        """The batch a backward consumed: the oldest one the loader being iterated yielded and no backward took (a
+        framework may have fetched the next one already, or read past the pass's end)."""
+        feeding = [p for p in self.active.values() if p.pending and not p.done] or \
+            [p for p in self.active.values() if p.pending]
+        if not feeding:
+            return None
+        current = max(feeding, key=lambda p: p.last_yield)
+        digests, tokens = current.pending.popleft()
+        current.record["trained"] += len(digests)
+        current.record["trained_batches"] = current.record.get("trained_batches", 0) + 1
+        return digests, tokens
+
+    def records(self) -> list[dict]:
+        return [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]} for p in self.passes]
+
+    def _loader_init(self, original):
+        signature = inspect.signature(original)
+        watcher = self
+
+        def init(loader, *args, **kwargs):
+            bound = signature.bind(loader, *args, **kwargs)
+            arguments = bound.arguments
+            dataset = arguments.get("dataset")
+            batch_size = arguments.get("batch_size", 1)
+            if watcher.scale > 1 and arguments.get("batch_sampler") is None and isinstance(batch_size, int):
+                if watcher.scaled.get(id(dataset)) != batch_size:  # a framework re-creating a scaled loader keeps it
+                    arguments["batch_size"] = batch_size * watcher.scale
+                    watcher.scaled[id(dataset)] = batch_size * watcher.scale
+            elif watcher.scale > 1 and arguments.get("batch_sampler") is not None \
+                    and id(dataset) not in watcher.scaled and call_site() != "?":
+                watcher.unscaled.append(f"{call_site()}: a DataLoader with its own batch_sampler")
+            return original(*bound.args, **bound.kwargs)
+        return init
+
+    def _loader_iter(self, original):
+        watcher = self
+
+        def iterate(loader):
+            number = watcher.loaders.setdefault(id(loader), len(watcher.loaders))
+            key = (number, watcher.pass_counts.get(number, 0))
+            watcher.pass_counts[number] = key[1] + 1
+            current = _Pass(loader, number)
+            for ended in [n for n, p in watcher.active.items() if p.done]:
+                del watcher.active[ended]  # what an ended pass left untrained stays so
+            watcher._iterating = key  # a loader with workers asks for its first batches while it starts
+            try:
+                batches = original(loader)
+            finally:
+                watcher._iterating = None
+            if isinstance(batches, _BaseDataLoaderIter):
+                batches._rankwise_pass = (key, current)
+            return watcher._batches(current, key, batches)
+        return iterate
+
+    def _next_index(self, original):
+        watcher = self
+
+        def next_index(iterator):
+            key, current = getattr(iterator, "_rankwise_pass", (watcher._iterating, None))
+            given = watcher.given.get(key) if key is not None else None
+            position = getattr(iterator, "_rankwise_position", 0)
+            if given is not None and position < len(given):
+                # The reference takes the samples the N ranks trained on together in this batch.
+                original(iterator)  # (the loader's own sampler moves on, as it would)
+                indices = given[position]
+            else:
+                indices = original(iterator)
+            iterator._rankwise_position = position + 1
+            if current is not None:
+                current.fetching.append(list(indices) if isinstance(indices, (list, tuple)) else None)
+            else:
+                watcher._early.setdefault(key, deque()).append(
+                    list(indices) if isinstance(indices, (list, tuple)) else None)
+            return indices
+        return next_index
+
+    def _batches(self, current: _Pass, key: tuple[int, int], batches):
+        number = current.record["loader"]
+        current.fetching.extend(self._early.pop(key, ()))
+        self.passes.append(current)
+        self.active[number] = current
+        try:
+            for batch in batches:
+                current.indices.append(current.fetching.popleft() if current.fetching else None)
+                digests = sample_digests(batch)
+                current.record["samples"] += len(digests)
+                if len(current.record["first"]) < 8:
+                    current.record["first"] += digests[: 8 - len(current.record["first"])]
+                current.pending.append((digests, token_count(batch)))
+                self.yields += 1
+                current.last_yield = self.yields
+                self.on_batch()
+                yield batch
+            current.record["complete"] = True
+        finally:
+            current.done = True
+
+    def _set_epoch(self, original):
+        watcher = self
+
+        def set_epoch(sampler, epoch):
+            watcher.set_epoch_calls += 1
+            return original(sampler, epoch)
+        return set_epoch
+
+
+def trained_indices(directory: Path) -> dict[tuple[int, int], list[list[int]]]:
+    """From the N-rank run's records: each training pass's batches, every rank's indices of batch i together."""
+    records = [json.loads(path.read_text(encoding="utf-8"))
+               for path in sorted(Path(directory).glob(RANK_RECORD.format(rank="*")))]
+    records.sort(key=lambda record: record["rank"])
+    given: dict[tuple[int, int], list[list[int]]] = {}
+    for record in records:
+        counts: dict[int, int] = {}
+        for entry in record["passes"]:
+            key = (entry["loader"], counts.get(entry["loader"], 0))
+            counts[entry["loader"]] = key[1] + 1
+            batches = entry.get("indices") or []
+            if not entry["trained"] or not batches or any(batch is None for batch in batches):
+                continue
+            together = given.setdefault(key, [])
+            for i, batch in enumerate(batches):
+                if i < len(together):
+                    together[i] = together[i] + batch
+                else:
+                    together.append(list(batch))
+    return given

@@ -1,0 +1,65 @@
+"""What every part of the watcher needs: this rank, the ranks' values gathered, tensors whole, patching, call sites."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+_all_gather_object = dist.all_gather_object
+"""The watcher's own collective, kept from before it patches torch.distributed (its calls are not the script's)."""
+
+
+def patch(owner, name: str, make) -> None:
+    """Replace ``owner.name`` by ``make(original)``, keeping the original's name and docstring."""
+    original = getattr(owner, name)
+    setattr(owner, name, functools.wraps(original)(make(original)))
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), 1
+
+
+def gather(value):
+    """Every rank's ``value`` (a collective: every rank calls it at the same point)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values = [None] * dist.get_world_size()
+    _all_gather_object(values, value)
+    return values
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on the CPU in fp32 (a collective for a sharded DTensor)."""
+    if hasattr(tensor, "full_tensor"):
+        tensor = tensor.full_tensor()
+    return tensor.detach().float().cpu()
+
+
+def assign(target: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copy a whole tensor into ``target`` (a DTensor here is one process's: its one shard is the whole)."""
+    local = target.to_local() if hasattr(target, "to_local") else target
+    with torch.no_grad():
+        local.copy_(whole.reshape(local.shape).to(local.device, local.dtype))
+
+
+def call_site(via: bool = False) -> str:
+    """The script's line that called into torch: the innermost frame outside torch, the frameworks and the watcher
+    (with ``via``: and the framework's line that made the call, where a framework did)."""
+    frame, framework = sys._getframe(2), None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        ours = "/torch/" in name or "rankwise/tools/watch" in name or name.startswith("<")
+        if not ours and "site-packages" in name:
+            framework = framework or f"{name.split('site-packages/')[-1]}:{frame.f_lineno}"
+        elif not ours:
+            site = f"{Path(name).name}:{frame.f_lineno}"
+            return f"{site} (via {framework})" if via and framework else site
+        frame = frame.f_back
+    return f"? (via {framework})" if via and framework else "?"

@@ -1,0 +1,31 @@
+"""A watched script on N ranks, as its framework's launcher would start it, measured like every tool run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rankwise.tools.harness import run_measured
+from rankwise.tools.watch.bootstrap import DIRECTORY, DROPOUT, FOLLOW, SCALE, STEPS, TRACE, WARMUP
+from rankwise.tools.watch.frameworks import Framework
+
+
+def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,
+                steps: int, warmup: int = 1, trace: bool = True, follow: Path | None = None, scale: int = 1,
+                keep_dropout: bool = False, timeout_s: float = 900.0) -> dict:
+    """``rankwise launch --nproc-per-node PROCESSES`` of the watcher's bootstrap around ``script``, in
+    ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
+    ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps)."""
+    scratch = run_dir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**framework.environment_for(processes), DIRECTORY: str(run_dir.resolve()), STEPS: str(steps),
+           WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
+           SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else ""}
+    command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
+               "-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
+    result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
+                          result_file=run_dir / "probe.json")
+    if result.get("no_result"):
+        return {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"],
+                "ended_early": True}
+    return result

@@ -1,0 +1,314 @@
+"""Hooks on torch itself that record what a training script does, rank by rank, without touching the script.
+
+What it watches, and how:
+
+* every optimizer step: torch's global optimizer step hooks.  Before the step, the gradient every
+  parameter holds (what the ranks' exchange left there, gathered whole where parameters are
+  DTensors); after it, the weights.  Parameters are named from the models the script ran forward.
+* every batch a ``DataLoader`` yields (:mod:`rankwise.tools.watch.loaders`): one digest per sample,
+  assigned to the optimizer step whose backward consumed it.
+* every ``backward`` (the loss value) and whether the forward moved the random generator.
+* the collectives the script calls itself and ``torch.save`` (:mod:`rankwise.tools.watch.calls`).
+
+Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
+A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep exactly as
+:class:`rankwise.trace.StepTrace` does, on the N ranks' samples (``scale``: N).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import torch
+import torch.optim.optimizer as optimizers
+from torch import nn
+
+from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
+from rankwise.memory import peak_rss_megabytes
+from rankwise.tolerance import gradient_difference
+from rankwise.tools.watch.calls import CallWatch
+from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
+from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
+from rankwise.trace import (
+    FACTS_FILE,
+    TRACE_FILE,
+    RandomOps,
+    StepRecord,
+    exchange_gradients,
+    learning_rates,
+    model_facts,
+    switch_off_dropout,
+    uses_tf32,
+    weights_file,
+)
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_module.")
+"""What wrappers (DDP, torch.compile, Fabric, FSDP1) put in front of a parameter's name."""
+
+
+class WatchDone(SystemExit):
+    """The watcher recorded its last step: the script ends here, successfully, on every rank."""
+
+    def __init__(self):
+        super().__init__(0)
+
+
+class Watcher:
+    def __init__(self, directory: str | Path, *, steps: int, warmup: int = 1, follow: str | Path | None = None,
+                 scale: int = 1, keep_dropout: bool = False, trace: bool = True):
+        self.directory, self.steps, self.warmup = Path(directory), steps, warmup
+        self.follow = Path(follow) if follow else None
+        self.scale, self.keep_dropout, self.trace = scale, keep_dropout, trace
+        self.step = 0
+        self.models: list[weakref.ref] = []
+        self.names: dict[int, str] = {}
+        self.data = LoaderWatch(scale=scale, follow=self.follow, on_batch=self._batch_yielded)
+        self.calls = CallWatch(lambda: self.step)
+        self.replicas_differ: list[int] = []
+        self.facts = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
+                      "precision": "32-true", "device": "cpu", "comm_hook": "none", "tf32": False,
+                      "shards_optimizer_state": False, "api": "torch"}
+        self.started: float | None = None
+        self.step_started = time.perf_counter()
+        self.step_seconds: list[float] = []
+        self.step_collective_seconds: list[float] = []
+        self._random: RandomOps | None = None
+        self._state: list[torch.Tensor] | None = None
+        self._depth = 0
+        self.timed_samples = 0
+        self._reset_step()
+
+    def _reset_step(self) -> None:
+        self.record = StepRecord()
+
+    # -- installation ------------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        optimizers.register_optimizer_step_pre_hook(self._before_step)
+        optimizers.register_optimizer_step_post_hook(self._after_step)
+        nn.modules.module.register_module_forward_pre_hook(self._forward)
+        nn.modules.module.register_module_forward_hook(self._forward_done)
+        patch(torch.Tensor, "backward", self._backward)
+        self.data.install()
+        self.calls.install()
+
+    def _batch_yielded(self) -> None:
+        self._state = _generator_state()  # did the forward draw random numbers? (compared at its backward)
+
+    # -- forward, backward -------------------------------------------------------------------------------------
+
+    def _forward(self, module: nn.Module, args) -> None:
+        self._depth += 1
+        if self._depth != 1:
+            return
+        if not any(ref() is module for ref in self.models):
+            self._new_model(module)
+        if self.follow is not None and not self.step and self._random is None and torch.is_grad_enabled() \
+                and not hasattr(module.forward, "_torchdynamo_orig_callable"):
+            self._random = RandomOps(module)
+            self._random.__enter__()
+
+    def _forward_done(self, module, args, output) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _new_model(self, model: nn.Module) -> None:
+        """A model's first forward (before it runs): dropout off, its facts, its parameters' names."""
+        self.models.append(weakref.ref(model))
+        facts = self.facts
+        facts["dropout"] += switch_off_dropout(model, self.keep_dropout)
+        facts["batch_dependent"] = sorted(set(facts["batch_dependent"]) | set(model_facts(model)["batch_dependent"]))
+        parameters = list(model.parameters())
+        facts["half_params"] = sorted(set(facts["half_params"]) | {
+            str(p.dtype).removeprefix("torch.") for p in parameters
+            if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)})
+        if parameters:
+            facts["device"] = parameters[0].device.type
+            facts["tf32"] = facts["tf32"] or uses_tf32(model, parameters[0].device)
+        facts["shards_optimizer_state"] = facts["shards_optimizer_state"] or any(
+            hasattr(p, "full_tensor") for p in parameters)
+        named = []
+        for name, parameter in model.named_parameters():
+            while name.startswith(WRAPPER_PREFIXES):
+                name = name.split(".", 1)[1]
+            name = name.replace("._orig_mod.", ".").replace("._fsdp_wrapped_module.", ".")
+            self.names.setdefault(id(parameter), name)
+            named.append((name, parameter))
+        if self.trace and len(self.models) == 1 and not self.step:
+            # Step 0: the first model's weights as the script built them (a collective for sharded ones); a
+            # following run starts from the N-rank run's.
+            weights = {name: whole(p) for name, p in named}
+            if rank_and_world()[0] == 0:
+                write_weights(weights, weights_file(self.directory, 0))
+            if self.follow is not None and weights_file(self.follow, 0).exists():
+                theirs = read_weights(weights_file(self.follow, 0))
+                for name, parameter in named:
+                    if name in theirs:
+                        assign(parameter, theirs[name])
+
+    def _backward(self, original):
+        watcher = self
+
+        def backward(tensor, *args, **kwargs):
+            watcher._backward_seen(tensor)
+            return original(tensor, *args, **kwargs)
+        return backward
+
+    def _backward_seen(self, loss: torch.Tensor) -> None:
+        if self._random is not None:
+            self._random.__exit__(None, None, None)
+            for key, count in self._random.found.items():
+                self.record.random_ops[key] = self.record.random_ops.get(key, 0) + count
+            self._random = None
+        if loss.numel() == 1:
+            self.record.losses.append(float(loss.detach().float()))
+        if self._state is not None:
+            self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, _generator_state(),
+                                                                            strict=True))
+            self._state = None
+        consumed = self.data.consume()
+        if consumed:
+            digests, tokens = consumed
+            self.record.samples += digests
+            if tokens is not None:
+                self.record.tokens.append(tokens)
+
+    # -- optimizer steps ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _is_wrapper(optimizer) -> bool:
+        """A framework's optimizer around a torch one (whose own step the hooks see)."""
+        return isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
+
+    def _parameters(self, optimizer) -> list[tuple[str, torch.Tensor]]:
+        named, index = [], 0
+        for g, group in enumerate(optimizer.param_groups):
+            for i, parameter in enumerate(group["params"]):
+                named.append((self.names.get(id(parameter), f"group{g}.param{i}"), parameter))
+                index += 1
+        return named
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if self._is_wrapper(optimizer):
+            return
+        self.record.learning_rates = learning_rates(optimizer)
+        named = self._parameters(optimizer)
+        if rank_and_world()[1] == 1:
+            self.record.no_grad = [name for name, p in named if p.requires_grad and p.grad is None]
+        if not self.trace:
+            return
+        # Why: where parameters are sharded DTensors, each rank's part of the whole gradient.
+        gradients = {name: whole(p.grad) for name, p in named if p.grad is not None}
+        applied = exchange_gradients(self.directory, self.follow, self.step + 1, gradients, rank_and_world()[0] == 0)
+        if applied is None:  # the N-rank run itself, or it ended before this step: from here on this run goes alone
+            self.follow = None
+            return
+        self.record.gradient = gradient_difference(applied, gradients)
+        # This one process steps with the N-rank gradient, from the N-rank weights: the weights after the step
+        # must match what the N-rank optimizer did with it (rounding aside).
+        for name, parameter in named:
+            if name in applied:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                assign(parameter.grad, applied[name])
+        self.record.followed = True
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if self._is_wrapper(optimizer):
+            return
+        self.step += 1
+        now = time.perf_counter()
+        self.step_seconds.append(now - self.step_started)
+        self.step_collective_seconds.append(self.calls.collective_seconds)
+        self.step_started, self.calls.collective_seconds = now, 0.0
+        if self.step == self.warmup:
+            self.started, self.timed_samples = now, 0
+        elif self.started is not None:
+            self.timed_samples += len(self.record.samples)
+        named = self._parameters(optimizer)
+        local = hashlib.blake2b(digest_size=8)
+        if self.trace or self.step == 1:  # the replicas' weights, compared across ranks
+            for _, parameter in named:
+                if not hasattr(parameter, "full_tensor"):
+                    local.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                                 .tobytes())
+        record = self.record.as_dict() | {"weights_digest": local.hexdigest()}
+        # Why: rank 0 writes what every rank saw in this step, and every rank's replica digest.
+        records = gather(record)
+        if len({r["weights_digest"] for r in records}) > 1 and not self.facts["shards_optimizer_state"]:
+            self.replicas_differ.append(self.step)
+        rank, _ = rank_and_world()
+        if self.trace:
+            weights = {name: whole(p) for name, p in named}  # a collective for sharded parameters
+            if rank == 0:
+                write_weights(weights, weights_file(self.directory, self.step))
+                with open(self.directory / TRACE_FILE, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"step": self.step, "ranks": records}) + "\n")
+                self.facts["comm_hook"] = self.calls.comm_hook
+                write_text_atomic(self.directory / FACTS_FILE, json.dumps(self.facts, indent=2))
+            if self.follow is not None and weights_file(self.follow, self.step).exists():
+                # Lockstep: the next step starts from the N-rank run's weights, so rounding never compounds.
+                theirs = read_weights(weights_file(self.follow, self.step))
+                for name, parameter in named:
+                    if name in theirs:
+                        assign(parameter, theirs[name])
+        self._reset_step()
+        if self.step >= self.steps:
+            self._finish(records)
+            raise WatchDone()
+
+    def _finish(self, records: list[dict]) -> None:
+        rank, world = rank_and_world()
+        seconds = time.perf_counter() - self.started if self.started else None
+        cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
+            torch.cuda.is_initialized() else None
+        # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
+        gathered = gather((peak_rss_megabytes(), self.timed_samples, cuda))
+        if rank == 0:
+            samples = sum(count for _, count, _ in gathered)
+            timed = self.steps - self.warmup
+            write_text_atomic(self.directory / "probe.json", json.dumps({
+                "strategy": "script", "world_size": world, "device": self.facts["device"], "steps": self.steps,
+                "warmup_steps": self.warmup, "samples_per_step": samples / timed if timed else None,
+                "samples_counted_by": "DataLoader" if samples else None,
+                "steady_s": round(seconds, 4) if seconds else None,
+                "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
+                "precision": "as written", "peak_rss_mb": [rss for rss, _, _ in gathered],
+                "cuda_max_allocated_mb": [c for _, _, c in gathered], "model": {
+                    "batch_dependent": self.facts["batch_dependent"],
+                    "dropout": sorted({d["type"] for d in self.facts["dropout"]})}}, indent=2))
+
+    # -- what the script does around the steps -----------------------------------------------------------------
+
+    def rank_record(self) -> dict:
+        """What this rank saw, for the findings that need no reference (written at the end by every rank)."""
+        return {"rank": rank_and_world()[0], "world_size": rank_and_world()[1], "steps": self.step,
+                "passes": self.data.records(), "set_epoch_calls": self.data.set_epoch_calls,
+                "collectives": self.calls.records(),
+                "saves": self.calls.saves, "replicas_differ": self.replicas_differ, "unscaled": self.data.unscaled,
+                "step_seconds": [round(s, 6) for s in self.step_seconds],
+                "step_collective_seconds": [round(s, 6) for s in self.step_collective_seconds],
+                "scale": self.scale, "dropout": self.facts["dropout"],
+                "framework_world_size": _framework_world_size()}
+
+    def write_rank_record(self) -> None:
+        record = self.rank_record()
+        write_text_atomic(self.directory / RANK_RECORD.format(rank=record["rank"]), json.dumps(record, indent=2))
+
+
+def _generator_state() -> list[torch.Tensor]:
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append(torch.cuda.get_rng_state())
+    return states
+
+
+def _framework_world_size() -> int | None:
+    """The process count Accelerate settled on, where the script used it (it can settle on 1 in a torchrun job)."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None) or {}
+    return shared.get("num_processes")

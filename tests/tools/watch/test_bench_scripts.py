@@ -1,0 +1,60 @@
+"""`rankwise bench --script` on scripts as users write them: a row per world size, each with the watcher's throughput
+and memory and `rankwise verify`'s equivalence; the fastest passing row named."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+SCRIPTS = Path(__file__).with_name("scripts")
+
+
+def _bench(out: Path, script: str, *flags: str) -> tuple[int, str, dict]:
+    from rankwise import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["bench", "--script", str(SCRIPTS / script), "--nproc-per-node", "1,2", "--steps", "6",
+                         "--verify-steps", "3", "--out", str(out), *flags])
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    return code, stdout.getvalue() + stderr.getvalue()[-3000:], report
+
+
+def test_accelerates_quick_tour_gets_a_row_per_world_size_and_a_passing_equivalence_column(tmp_path):
+    code, output, report = _bench(tmp_path, "accelerate_tour.py")
+    assert code == 0, output
+    rows = {row["row"]: row for row in report["rows"]}
+    assert list(rows) == ["accelerate x1", "accelerate x2"]
+    assert rows["accelerate x1"]["verdict"] == "reference"
+    two = rows["accelerate x2"]
+    assert two["verdict"] == "equivalent" and two["max_gradient_diff"] < 1e-6, two
+    assert two["samples_per_s"] > 0 and len(two["peak_rss_mb"]) == 2 and two["strategy"] == "DDP (Accelerate, CPU)"
+    assert "without a GPU Accelerate runs DDP only" in output
+    assert report["fastest"] in rows and f"fastest row that passes: {report['fastest']}" in output
+
+
+def test_a_plain_ddp_scripts_defective_form_fails_its_row_with_the_finding(tmp_path):
+    code, output, report = _bench(tmp_path, "plain_ddp.py", "--verify-steps", "6", "--", "--defective")
+    assert code == 1, output
+    two = next(row for row in report["rows"] if row["processes"] == 2)
+    assert two["verdict"] == "not equivalent" and "set_epoch was never called" in two["reason"]
+    assert "torch script, started as torchrun would start it" in output
+
+
+def test_strategies_are_refused_before_anything_runs_for_a_script_that_chooses_its_own(tmp_path, capsys):
+    from rankwise import cli
+
+    code = cli.main(["bench", "--script", str(SCRIPTS / "plain_ddp.py"), "--strategies", "fsdp", "--out",
+                     str(tmp_path)])
+    assert code == 2 and "plain_ddp.py is a torch script, which sets its own strategy" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
+    code, output, report = _bench(tmp_path, "fabric_loop.py")
+    assert code == 0, output
+    rows = {row["row"]: row for row in report["rows"]}
+    assert list(rows) == ["fabric x1", "fabric x2"] and rows["fabric x2"]["verdict"] == "equivalent"
+    assert rows["fabric x2"]["samples_per_s"] > 0 and report["fastest"] in rows

@@ -1,0 +1,52 @@
+"""The findings that need no reference, from rank records as the watcher writes them."""
+
+from __future__ import annotations
+
+from rankwise.tools.watch.findings import findings
+
+
+def _pass(loader=0, samples=0, trained=0, first=(), size=None, distributed=False, shuffle=None, epoch=None,
+          complete=True):
+    return {"loader": loader, "dataset_size": size, "batch_size": 8, "sampler": "DistributedSampler" if distributed
+            else "SequentialSampler", "distributed_sampler": distributed, "shuffle": shuffle, "epoch": epoch,
+            "samples": samples, "trained": trained, "first": list(first), "complete": complete}
+
+
+def _record(rank, passes, world=2, **extra):
+    return {"rank": rank, "world_size": world, "steps": 4, "passes": passes, "set_epoch_calls": 0,
+            "collectives": {}, "saves": [], "replicas_differ": [], "unscaled": [], "step_seconds": [0.1] * 4,
+            "step_collective_seconds": [0.0] * 4, "framework_world_size": None, **extra}
+
+
+def test_distributed_sampler_padding_is_counted_twice_with_the_counts():
+    # 41 samples over 2 ranks: the sampler pads one so each rank takes 21.
+    records = [_record(r, [_pass(loader=1, samples=21, size=41, distributed=True, shuffle=False)]) for r in (0, 1)]
+    (finding,) = findings(records, 2)
+    assert finding.level == "error" and "42 predictions over the 2 ranks for a 41-sample set" in finding.text
+    assert "pads 1 samples" in finding.text and "gather_for_metrics" in finding.text
+
+
+def test_an_evaluation_sharded_without_padding_is_not_a_finding():
+    records = [_record(r, [_pass(loader=1, samples=20, size=40, distributed=True, shuffle=False)]) for r in (0, 1)]
+    assert findings(records, 2) == []
+
+
+def test_set_epoch_is_needed_only_where_the_sampler_shuffles_and_the_order_repeats():
+    def passes(first, shuffle=True):
+        return [_pass(trained=16, first=first, distributed=True, shuffle=shuffle, epoch=0) for _ in range(2)]
+
+    repeated = [_record(0, passes("aceg")), _record(1, passes("bdfh"))]
+    assert [f.text.split(":")[0] for f in findings(repeated, 2)] == [
+        "the training loader's DistributedSampler shuffles, but set_epoch was never called"]
+    unshuffled = [_record(0, passes("aceg", False)), _record(1, passes("bdfh", False))]
+    assert findings(unshuffled, 2) == []
+    called = [_record(0, passes("aceg"), set_epoch_calls=2), _record(1, passes("bdfh"), set_epoch_calls=2)]
+    assert findings(called, 2) == []
+
+
+def test_every_rank_training_on_the_same_samples_is_an_unsharded_loader():
+    records = [_record(r, [_pass(trained=16, first="abcdefgh")]) for r in (0, 1)]
+    (finding,) = findings(records, 2)
+    assert finding.level == "error" and "not sharded" in finding.text and "DistributedSampler" in finding.text
+    sharded = [_record(0, [_pass(trained=16, first="aceg")]), _record(1, [_pass(trained=16, first="bdfh")])]
+    assert findings(sharded, 2) == []

@@ -1,0 +1,45 @@
+"""Which framework a script trains with, and the scripts refused before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankwise.errors import ConfigError
+from rankwise.tools.watch.frameworks import detect, framework
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import torch\nimport torch.distributed as dist\n", "torch"),
+    ("from accelerate import Accelerator\n", "accelerate"),
+    ("import accelerate\n", "accelerate"),
+    ("from transformers import Trainer, TrainingArguments\ntrainer = Trainer(model=m)\n", "trainer"),
+    ("from transformers import AutoModel\n", "torch"),  # a model from transformers, trained in a plain loop
+    ("from lightning.fabric import Fabric\n", "fabric"),
+    ("import lightning as L\n", "fabric"),
+    ("import rankwise\nrt = rankwise.setup()\n", "rankwise"),
+    ("# accelerate is not imported here\nimport torch\n", "torch"),
+])
+def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert detect(script) == expected
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", "DeepSpeed engine"),
+    ("import horovod.torch as hvd\n", "horovodrun"),
+])
+def test_scripts_the_probe_cannot_follow_are_refused_with_the_reason(tmp_path, source, reason):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    with pytest.raises(ConfigError, match=reason):
+        detect(script)
+
+
+def test_accelerate_starts_in_its_cpu_mode_only_without_a_gpu(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    cpu = framework("accelerate")
+    assert cpu.environment == {"ACCELERATE_USE_CPU": "true"} and "DDP only" in cpu.note
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    gpu = framework("accelerate")
+    assert gpu.environment == {} and gpu.note is None

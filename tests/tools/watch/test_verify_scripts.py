@@ -1,0 +1,120 @@
+"""`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer.
+
+Every case is a real `rankwise verify` of a script in scripts/ (2 ranks over gloo, then one process following
+them), unchanged; each script has a correct and a defective form.  Library defaults throughout (AdamW's
+own settings, dropout on as modules, Trainer's TrainingArguments).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPTS = Path(__file__).with_name("scripts")
+
+
+def _verify(out: Path, script: str, *script_args: str, flags: tuple[str, ...] = (), steps: int = 6):
+    """`rankwise verify SCRIPT` in this process (its runs are fresh processes): exit code, output, report."""
+    from rankwise import cli
+
+    out_text, err_text = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_text), contextlib.redirect_stderr(err_text):
+        code = cli.main(["verify", str(SCRIPTS / script), "--steps", str(steps), "--out", str(out), *flags,
+                         "--", *script_args])
+    report = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
+    return SimpleNamespace(returncode=code, stdout=out_text.getvalue(), stderr=err_text.getvalue()), report
+
+
+def _errors(report: dict) -> list[str]:
+    return [finding["text"] for finding in report["findings"] if finding["level"] == "error"]
+
+
+def _warnings(report: dict) -> list[str]:
+    return [finding["text"] for finding in report["findings"] if finding["level"] == "warning"]
+
+
+def test_a_correct_plain_ddp_script_is_equivalent_with_no_finding(tmp_path):
+    proc, report = _verify(tmp_path / "ok", "plain_ddp.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and report["framework"]["name"] == "torch"
+    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6  # epoch 2 begins at step 5
+    assert report["findings"] == []
+    assert "dropout: switched off in both runs" in proc.stdout and "Dropout p=0.1" in proc.stdout
+    assert "each training DataLoader taking 2x its batch" in report["reference_made"]
+    assert "script: torch, started as torchrun would start it" in proc.stdout
+
+
+def test_the_source_documents_mistakes_in_a_plain_ddp_script_are_each_found(tmp_path):
+    proc, report = _verify(tmp_path / "bad", "plain_ddp.py", "--defective")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent"  # it computes what one process would; what it reports is wrong
+    errors, warnings = _errors(report), _warnings(report)
+    assert any("set_epoch was never called" in text and "2 passes" in text for text in errors), errors
+    assert any("80 predictions" in text and "40-sample set" in text and "each of the 2 ranks evaluated the whole"
+               in text for text in errors), errors
+    assert any("'module.'" in text and "plain_ddp.py:76" in text for text in warnings), warnings
+    assert any("2 ranks wrote one checkpoint file" in text for text in warnings), warnings
+    assert any(text.startswith("barrier at plain_ddp.py:62 runs every step") for text in warnings), warnings
+    assert any(text.startswith("all_reduce at plain_ddp.py:64 runs every step") for text in warnings), warnings
+    assert "findings that change results: exit 1" in proc.stdout
+
+
+def test_fsdp2_with_a_global_token_mean_is_equivalent_and_a_per_micro_batch_mean_is_not(tmp_path):
+    proc, report = _verify(tmp_path / "ok", "plain_fsdp2.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent"
+    assert all(line["gradient_diff"] < 1e-6 for line in report["steps"][1:])
+    proc, report = _verify(tmp_path / "bad", "plain_fsdp2.py", "--per-micro-batch-mean", steps=2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["first_difference"]["step"] == 1 and report["first_difference"]["data"] == "same"
+    assert "not a mean over the global batch" in report["diagnosis"][0]
+    assert "dist.all_reduce" in report["diagnosis"][0] and "rt." not in report["diagnosis"][0]
+
+
+def test_accelerates_quick_tour_is_equivalent_and_batch_norm_is_diagnosed(tmp_path):
+    proc, report = _verify(tmp_path / "ok", "accelerate_tour.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["framework"]["name"] == "accelerate" and "ACCELERATE_USE_CPU=true" in report["framework"]["launch"]
+    assert report["verdict"] == "equivalent" and report["findings"] == []
+    proc, report = _verify(tmp_path / "bn", "accelerate_tour.py", "--batch-norm", steps=2)
+    assert proc.returncode == 1 and report["first_difference"]["step"] == 1
+    assert "BatchNorm1d" in report["diagnosis"][0]
+
+
+def test_an_accelerate_script_started_without_its_cpu_mode_is_found_training_alone(tmp_path):
+    proc, report = _verify(tmp_path / "alone", "accelerate_tour.py", flags=("--framework", "torch"), steps=2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    errors = _errors(report)
+    assert any("2 of the 2 processes never joined a process group (Accelerate's num_processes 1)" in text
+               for text in errors), errors
+    assert any("every one of the 2 ranks trained on the same samples" in text for text in errors), errors
+    assert report["verdict"] == "not equivalent"
+    assert "each of the 2 ranks saw the same 8 samples" in report["first_difference"]["data_detail"]
+
+
+def test_trainers_default_loss_scaling_is_caught_and_its_setting_fixes_it(tmp_path):
+    proc, report = _verify(tmp_path / "default", "hf_trainer.py", steps=3)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["framework"]["name"] == "trainer"
+    first = report["first_difference"]
+    assert first["step"] == 1 and first["data"] == "same" and first["loss_candidate"] == pytest.approx(
+        2 * first["loss_reference"], rel=1e-5)
+    assert 1.05 < first["gradient_scale"] <= 2.0  # doubled, then capped by Trainer's max_grad_norm=1.0
+    assert "average_tokens_across_devices" in report["diagnosis"][0], report["diagnosis"]
+    proc, report = _verify(tmp_path / "fixed", "hf_trainer.py", "--no-average-tokens", steps=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent"
+
+
+def test_a_lightning_fabric_loop_is_equivalent_and_batch_norm_is_flagged(tmp_path):
+    proc, report = _verify(tmp_path / "ok", "fabric_loop.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["framework"]["name"] == "fabric" and report["verdict"] == "equivalent"
+    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6
+    proc, report = _verify(tmp_path / "bn", "fabric_loop.py", "--batch-norm", steps=2)
+    assert proc.returncode == 1 and "BatchNorm1d" in report["diagnosis"][0]
