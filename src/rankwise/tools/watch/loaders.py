@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from rankwise.tools.watch.ranks import call_site, patch
-from rankwise.trace import sample_digests, token_count
+from rankwise.trace import batch_rows, sample_digests, token_count
 
 RANK_RECORD = "watch-rank{rank}.json"
 
@@ -54,8 +54,9 @@ class _Pass:
 
 
 class LoaderWatch:
-    def __init__(self, *, scale: int = 1, follow: Path | None = None, on_batch: Callable[[], None] = lambda: None):
-        self.scale, self.on_batch = scale, on_batch
+    def __init__(self, *, scale: int = 1, follow: Path | None = None, on_batch: Callable[[], None] = lambda: None,
+                 digest_all: bool = True):
+        self.scale, self.on_batch, self.digest_all = scale, on_batch, digest_all
         self.loaders: dict[int, int] = {}
         self.passes: list[_Pass] = []
         self.active: dict[int, _Pass] = {}
@@ -161,7 +162,10 @@ class LoaderWatch:
         try:
             for batch in batches:
                 current.indices.append(current.fetching.popleft() if current.fetching else None)
-                digests = sample_digests(batch)
+                # Every sample's digest for a trace; for a benchmark only the first few (the sharding check), the
+                # rest counted.
+                digests = sample_digests(batch) if self.digest_all or len(current.record["first"]) < 8 else \
+                    [""] * batch_rows(batch)
                 current.record["samples"] += len(digests)
                 if len(current.record["first"]) < 8:
                     current.record["first"] += digests[: 8 - len(current.record["first"])]
