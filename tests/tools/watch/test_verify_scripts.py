@@ -57,10 +57,10 @@ def test_the_source_documents_mistakes_in_a_plain_ddp_script_are_each_found(tmp_
     assert any("set_epoch was never called" in text and "2 passes" in text for text in errors), errors
     assert any("80 predictions" in text and "40-sample set" in text and "each of the 2 ranks evaluated the whole"
                in text for text in errors), errors
-    assert any("'module.'" in text and "plain_ddp.py:76" in text for text in warnings), warnings
+    assert any("'module.'" in text and "plain_ddp.py:80" in text for text in warnings), warnings
     assert any("2 ranks wrote one checkpoint file" in text for text in warnings), warnings
-    assert any(text.startswith("barrier at plain_ddp.py:62 runs every step") for text in warnings), warnings
-    assert any(text.startswith("all_reduce at plain_ddp.py:64 runs every step") for text in warnings), warnings
+    assert any(text.startswith("barrier at plain_ddp.py:66 runs every step") for text in warnings), warnings
+    assert any(text.startswith("all_reduce at plain_ddp.py:68 runs every step") for text in warnings), warnings
     assert "findings that change results: exit 1" in proc.stdout
 
 
@@ -118,3 +118,14 @@ def test_a_lightning_fabric_loop_is_equivalent_and_batch_norm_is_flagged(tmp_pat
     assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6
     proc, report = _verify(tmp_path / "bn", "fabric_loop.py", "--batch-norm", steps=2)
     assert proc.returncode == 1 and "BatchNorm1d" in report["diagnosis"][0]
+
+
+def test_a_batching_the_reference_cannot_scale_is_named_and_reference_args_fix_it(tmp_path):
+    proc, report = _verify(tmp_path / "unscaled", "plain_ddp.py", "--batch-sampler")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "not scaled" in report["reference_made"] and "its own batch_sampler" in report["reference_made"]
+    assert report["first_difference"]["step"] == 5  # the reference's first pass runs twice as many batches
+    proc, report = _verify(tmp_path / "given", "plain_ddp.py", "--batch-sampler",
+                           flags=("--reference-args=--batch-sampler --batch-size 16",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and "--reference-args" in report["reference_made"]

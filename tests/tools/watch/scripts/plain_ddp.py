@@ -12,12 +12,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--defective", action="store_true")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=8, help="per rank")
+parser.add_argument("--batch-sampler", action="store_true", help="batch with a BatchSampler of the script's own")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -45,7 +46,10 @@ class Classifier(nn.Module):
 model = DDP(Classifier())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 sampler = DistributedSampler(train_set, shuffle=True, seed=0)
-loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+if args.batch_sampler:
+    loader = DataLoader(train_set, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False))
+else:
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 test_sampler = None if args.defective else DistributedSampler(test_set, shuffle=False)
 test_loader = DataLoader(test_set, batch_size=10, sampler=test_sampler)
 
