@@ -155,7 +155,13 @@ def test_help_reads_like_a_manual(capsys):
     text = capsys.readouterr().out
     assert "ddp" in text and "optim.lr" in text and "Outputs" in text
     assert cli.main(["launch", "--help"]) == 0
-    assert "--nproc-per-node" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "--nproc-per-node" in text
+    listed = {line.split()[0] for line in text.split("Strategies:")[1].split("torchrun's flags")[0].splitlines()
+              if line.startswith("  ") and not line.strip().startswith("not started")}
+    assert "ddp" in listed and "fsdp" in listed and not listed & {"ddp-spawn", "horovod"}
+    assert "not started by `rankwise launch`: ddp-spawn (spawn)" in text and "horovod (horovodrun)" in text
+    assert "dp " in text and "(one process: --nproc-per-node 1)" in text
 
 
 def test_train_refuses_to_run_inside_a_launched_worker(monkeypatch, capsys):

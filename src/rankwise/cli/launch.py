@@ -45,7 +45,19 @@ torchrun's flags:
 
 
 def strategies_help() -> str:
-    return "\n".join(f"  {name:<18} {lookup(name).description}" for name in strategy_names())
+    """The strategies `rankwise launch` starts (a strategy with a launcher of its own is named apart)."""
+    lines, elsewhere = [], []
+    for name in strategy_names():
+        variant = lookup(name)
+        launcher = variant.settings.get("launch.launcher") or variant.cls.launcher or "torchrun"
+        if launcher != "torchrun":
+            elsewhere.append(f"{name} ({launcher})")
+            continue
+        one = "" if variant.cls.multiprocess else " (one process: --nproc-per-node 1)"
+        lines.append(f"  {name:<18} {variant.description}{one}")
+    if elsewhere:
+        lines.append(f"  not started by `rankwise launch`: {', '.join(elsewhere)}")
+    return "\n".join(lines)
 
 
 def command_line_parser() -> argparse.ArgumentParser:
