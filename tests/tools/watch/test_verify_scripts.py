@@ -129,3 +129,12 @@ def test_a_batching_the_reference_cannot_scale_is_named_and_reference_args_fix_i
                            flags=("--reference-args=--batch-sampler --batch-size 16",))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and "--reference-args" in report["reference_made"]
+
+
+def test_more_steps_than_the_script_trains_says_how_many_it_ran(tmp_path):
+    from rankwise.tools.watch.frameworks import framework
+    from rankwise.tools.watch.runs import watched_run
+
+    result = watched_run(SCRIPTS / "plain_ddp.py", ["--epochs", "1"], framework("torch"), 2, tmp_path / "run",
+                         steps=6, trace=False, timeout_s=120)
+    assert result["ended_early"] and "the script ended after 4 optimizer steps, before the 6 asked" in result["error"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rankwise.tools.harness import run_measured
 from rankwise.tools.watch.bootstrap import DIRECTORY, DROPOUT, FOLLOW, SCALE, STEPS, TRACE, WARMUP
+from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
 
 
@@ -26,6 +27,8 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
     if result.get("no_result"):
-        return {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"],
-                "ended_early": True}
+        records = load_records(run_dir)
+        ran = f" after {records[0]['steps']} optimizer steps" if records else ""
+        return {"error": f"the script ended{ran}, before the {steps} asked (pass fewer steps, or script arguments "
+                         "that train longer)", "wall_s": result["wall_s"], "ended_early": True}
     return result
