@@ -106,9 +106,10 @@ class LoaderWatch:
                 if watcher.scaled.get(id(dataset)) != batch_size:  # a framework re-creating a scaled loader keeps it
                     arguments["batch_size"] = batch_size * watcher.scale
                     watcher.scaled[id(dataset)] = batch_size * watcher.scale
-            elif watcher.scale > 1 and arguments.get("batch_sampler") is not None \
-                    and id(dataset) not in watcher.scaled and call_site() != "?":
-                watcher.unscaled.append(f"{call_site()}: a DataLoader with its own batch_sampler")
+            elif watcher.scale > 1 and arguments.get("batch_sampler") is not None and id(dataset) not in watcher.scaled:
+                site = call_site()
+                if site != "?":  # built by the script, not re-created by a framework
+                    watcher.unscaled.append(f"{site}: a DataLoader with its own batch_sampler")
             return original(*bound.args, **bound.kwargs)
         return init
 

@@ -98,7 +98,8 @@ class Watcher:
         self.calls.install()
 
     def _batch_yielded(self) -> None:
-        self._state = _generator_state()  # did the forward draw random numbers? (compared at its backward)
+        if self.trace:
+            self._state = _generator_state()  # did the forward draw random numbers? (compared at its backward)
 
     # -- forward, backward -------------------------------------------------------------------------------------
 
@@ -159,6 +160,14 @@ class Watcher:
         return backward
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
+        consumed = self.data.consume()
+        if consumed:
+            digests, tokens = consumed
+            self.record.samples += digests
+            if tokens is not None:
+                self.record.tokens.append(tokens)
+        if not self.trace:  # a benchmark counts samples only: no loss read back (a device sync) on its clock
+            return
         if self._random is not None:
             self._random.__exit__(None, None, None)
             for key, count in self._random.found.items():
@@ -170,12 +179,6 @@ class Watcher:
             self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, _generator_state(),
                                                                             strict=True))
             self._state = None
-        consumed = self.data.consume()
-        if consumed:
-            digests, tokens = consumed
-            self.record.samples += digests
-            if tokens is not None:
-                self.record.tokens.append(tokens)
 
     # -- optimizer steps ---------------------------------------------------------------------------------------
 
@@ -185,12 +188,8 @@ class Watcher:
         return isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
 
     def _parameters(self, optimizer) -> list[tuple[str, torch.Tensor]]:
-        named, index = [], 0
-        for g, group in enumerate(optimizer.param_groups):
-            for i, parameter in enumerate(group["params"]):
-                named.append((self.names.get(id(parameter), f"group{g}.param{i}"), parameter))
-                index += 1
-        return named
+        return [(self.names.get(id(parameter), f"group{g}.param{i}"), parameter)
+                for g, group in enumerate(optimizer.param_groups) for i, parameter in enumerate(group["params"])]
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self._is_wrapper(optimizer):
