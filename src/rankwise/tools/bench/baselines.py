@@ -41,7 +41,7 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
     from rankwise.data.prepare import PreparedData
     from rankwise.memory import peak_rss_megabytes
     from rankwise.models import build_model, reads_ngrams
-    from rankwise.process import backend_for, device_for
+    from rankwise.process import backend_for, destroy_process_group, device_for
     from rankwise.throughput import SteadyThroughput, count_tokens
     from rankwise.train.config import TrainConfig
     from rankwise.train.optim import lr_lambda, make_optimizer
@@ -134,11 +134,14 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
                   "samples_per_s": round(done * cfg.batch_size / train_s, 2), **timer.rates(int(all_tokens)),
                   "peak_rss_mb": peaks, **evaluation}
         Path(out_dir, "result.json").write_text(json.dumps(result), encoding="utf-8")
-    del model, optimizer
-    dist.barrier()  # Why: rank 0 evaluates alone; the others must not tear the group down under it.
+    # The DDP module must be gone before the group is (torch 2.13 on gloo aborts at exit otherwise): the last
+    # step's output and loss reach it through their autograd graph, so they go too.
+    del model, optimizer, scheduler, output, logits, loss
     if accelerator is None:
-        dist.destroy_process_group()
+        # Why a barrier inside: rank 0 evaluates alone; the others must not tear the group down under it.
+        destroy_process_group(clean=True)
     else:
+        dist.barrier()  # Why: as above, rank 0 evaluates alone.
         accelerator.end_training()  # Accelerate's own teardown of the group it joined
 
 
