@@ -54,15 +54,13 @@ def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spell
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / (2 * STEPS))
         loader = rt.loader(dataset(), GLOBAL_BATCH // GRAD_ACCUM, shuffle=True)
         checkpoints = Path(out) / "checkpoints"
-        start = 0
         if phase == "resume":
-            start = rt.load_state(checkpoints, model, optimizer, scheduler)["step"]
+            assert rt.load_state(checkpoints, model, optimizer, scheduler)["step"] == SAVE_AT
         norms = []
         last_step = SAVE_AT if phase == "first" else STEPS
         rt.set_epoch(loader, 0)
-        for micro_index, last, (features, labels) in rankwise.iterate_steps(loader, GRAD_ACCUM):
-            if micro_index < start * GRAD_ACCUM:
-                continue  # micro-batches of the steps the checkpoint already holds
+        # After load_state the loader continues where the checkpoint stood: no skip of the loop's own.
+        for _, last, (features, labels) in rankwise.iterate_steps(loader, GRAD_ACCUM):
             features, labels = rt.to_device((features, labels))
             with rt.no_sync(model, enabled=not last):  # the backward pass too: that is where syncing happens
                 with rt.autocast():

@@ -63,14 +63,72 @@ def rank_sampler(dataset: Dataset, batch_size: int, world_size: int, rank: int, 
     """This rank's sampler of a loader whose global batch is ``batch_size``: rank-strided, the same order at
     every world size; with ``lengths``, global batches of similar length (``group_size``: samples per group)."""
     if lengths is None:
-        return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
-                                  drop_last=drop_last)
+        return ShardSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                            drop_last=drop_last)
     if not (shuffle and drop_last):
         raise ValueError("lengths group a shuffled training loader (shuffle=True, drop_last=True)")
     group_size = group_size or batch_size
     if group_size % batch_size:
         raise ValueError(f"group_size {group_size} is not a multiple of the batch size {batch_size}")
     return LengthGroupedSampler(dataset, lengths, group_size, num_replicas=world_size, rank=rank, seed=seed)
+
+
+class ShardSampler(DistributedSampler):
+    """A DistributedSampler that can begin a pass part-way through its epoch's order: after a resume
+    (:mod:`rankwise.position`), it passes over the samples a checkpoint's run had already trained.
+
+    ``resume_at(epoch, position, at_end)``: the next pass continues ``epoch`` after the first ``position`` samples of
+    its global order (a multiple of the world size).  The loop's own ``set_epoch`` before that pass decides how:
+    the same epoch continues it; the next one, when the checkpoint had finished its epoch, starts that one from
+    its first sample; any other is overruled (the checkpoint's position wins) and recorded in ``overruled``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start = 0
+        """This rank's samples to pass over at the next pass (set by a resume, cleared when the pass begins)."""
+        self.pending: tuple[int, int, bool] | None = None
+        """(epoch, position, at_end) of a resume whose pass has not begun."""
+        self.overruled: int | None = None
+        """The epoch the loop asked for where the resume's position overruled it."""
+        self.pass_indices: list[int] = []
+        """This rank's indices of the pass under way, from its first (after a resume: the first not passed over)."""
+
+    def resume_at(self, epoch: int, position: int, at_end: bool) -> None:
+        self.pending = (epoch, position, at_end)
+        self.overruled = None
+        self._place(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.pending is None:
+            super().set_epoch(epoch)
+        else:
+            self._place(epoch)
+
+    def _place(self, asked: int) -> None:
+        epoch, position, at_end = self.pending
+        if asked == epoch:  # the loop restarts the checkpoint's epoch: continue it (all of it passed over at its end)
+            super().set_epoch(epoch)
+            self.start = position // self.num_replicas
+        elif at_end and asked == epoch + 1:  # the loop moved on, as the checkpoint's run did
+            super().set_epoch(asked)
+            self.start = 0
+        else:  # another epoch: the checkpoint's position wins, so no sample is trained twice or skipped
+            self.overruled = asked
+            super().set_epoch(epoch + 1 if at_end else epoch)
+            self.start = 0 if at_end else position // self.num_replicas
+
+    def _indices(self) -> list[int]:
+        """This rank's indices of the whole epoch (DistributedSampler's)."""
+        return list(super().__iter__())
+
+    def __iter__(self) -> Iterator[int]:
+        start, self.start, self.pending = self.start, 0, None
+        self.pass_indices = self._indices()[start:]
+        return iter(self.pass_indices)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
 
 
 class OrderedShardSampler(Sampler[int]):
@@ -100,7 +158,7 @@ GROUP_BATCHES = 32
 """Global batches per sorting window: large enough for homogeneous lengths, small enough to stay random."""
 
 
-class LengthGroupedSampler(DistributedSampler):
+class LengthGroupedSampler(ShardSampler):
     """Shuffled, length-grouped, rank-strided indices; drops the last incomplete global batch.
 
     Each epoch: a seeded permutation of all samples is cut into windows of
@@ -135,11 +193,8 @@ class LengthGroupedSampler(DistributedSampler):
         shuffled = torch.randperm(len(batches), generator=generator).tolist()
         return torch.cat([batches[i] for i in shuffled]).tolist() if batches else []
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.global_order()[self.rank:self.total_size:self.num_replicas])
-
-    def __len__(self) -> int:
-        return self.num_samples
+    def _indices(self) -> list[int]:
+        return self.global_order()[self.rank:self.total_size:self.num_replicas]
 
 
 def global_order(sampler: DistributedSampler) -> list[int]:

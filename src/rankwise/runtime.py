@@ -41,6 +41,7 @@ import contextlib
 import gc
 import os
 import random
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from rankwise import dist, hangs, state
 from rankwise.agreement import agree_with_rank0
 from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
+from rankwise.position import ResumableLoader
 from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
 from rankwise.sharding import ShardingCheck
@@ -107,6 +109,10 @@ class Runtime:
         self._prepared: list[nn.Module] = []
         self._stepped_by_clip: torch.optim.Optimizer | None = None
         self._closed = False
+        self._grad_accum = 1
+        self._loaders: list[weakref.ref[ResumableLoader]] = []
+        self._positions: list[dict] = []
+        """Loader positions a checkpoint holds for loaders not built yet (rt.load_state before rt.loader)."""
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -160,6 +166,7 @@ class Runtime:
             agree_with_rank0(model, self.device)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
         self._prepared.append(wrapped)
+        self._grad_accum = grad_accum
         return wrapped, optimizer
 
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool | None = None,
@@ -190,9 +197,15 @@ class Runtime:
             check_enough_samples(len(dataset), batch_size)
         # A private generator: iterating the loader must not consume the global RNG (dropout's),
         # or a resumed run would draw different dropout masks than an uninterrupted one.
-        return DataLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
-                          collate_fn=collate_fn, num_workers=num_workers, pin_memory=self.device.type == "cuda",
-                          generator=torch.Generator().manual_seed(seed))
+        loader = ResumableLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
+                                 collate_fn=collate_fn, num_workers=num_workers, pin_memory=self.device.type == "cuda",
+                                 generator=torch.Generator().manual_seed(seed), gather=self.all_gather_object,
+                                 say=self.print, world_size=self.world_size,
+                                 name=f"rt.loader #{len(self._loaders) + 1}" if self._loaders else "rt.loader")
+        self._loaders.append(weakref.ref(loader))
+        if self._positions:  # load_state ran before this loader was built: it continues too
+            self._resume_loader(loader, self._positions.pop(0))
+        return loader
 
     @staticmethod
     def set_epoch(loader: DataLoader, epoch: int) -> None:
@@ -253,6 +266,9 @@ class Runtime:
             norm = self._take_step(optimizer, model, max_norm)
         self.steps += 1
         self._sharding.stepped()  # once, at the first step: did every rank train on its own share?
+        for loader in self.loaders():
+            if loader.resumed is not None:  # the first step after a resume: did the data continue?
+                loader.check_first_step(self._grad_accum, self.strategy_name)
         if self.probe:
             self.probe.stepped(self, model)
         return norm
@@ -329,6 +345,23 @@ class Runtime:
         """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
         ``extra`` with ``step`` added.  See :func:`rankwise.state.load_state`."""
         return state.load_state(self, path, model, optimizer, scheduler, strict=strict)
+
+    def loaders(self) -> list[ResumableLoader]:
+        """The loaders :meth:`loader` made that are still alive, in the order they were made."""
+        return [loader for loader in (ref() for ref in self._loaders) if loader is not None]
+
+    def resume_loaders(self, positions: list[dict]) -> None:
+        """Continue this run's loaders, in the order they were made, where a checkpoint's stood (``positions``); a
+        loader made later continues the next one left."""
+        positions = list(positions)
+        for loader in self.loaders():
+            if not positions:
+                break
+            self._resume_loader(loader, positions.pop(0))
+        self._positions = positions
+
+    def _resume_loader(self, loader: ResumableLoader, recorded: dict) -> None:
+        loader.resume(recorded, step_samples=loader.global_micro_batch * self._grad_accum)
 
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self, clean: bool = True) -> None:

@@ -3,8 +3,8 @@
 ``Runtime.save_state`` / ``Runtime.load_state`` are these functions (``rt``: the calling Runtime).
 A checkpoint holds the full weights (rank 0), the optimizer state as the strategy keeps it
 (whole, FSDP shards, DeepSpeed partitions), the scheduler, the precision scaler, every rank's
-RNG and the caller's ``extra``; it is staged, checksummed and renamed into place only when
-every rank's share is written.
+RNG, where each ``rt.loader`` stands in its epoch (:mod:`rankwise.position`) and the caller's
+``extra``; it is staged, checksummed and renamed into place only when every rank's share is written.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: to
     step = rt.steps if step is None else step
     weights = rt.state_dict(model)  # a collective for sharded strategies
     rng = rt.all_gather_object(ckpt.rng_state())  # every rank's RNG differs (dropout masks)
+    # Where each rt.loader stands in its epoch, the same on every rank (global positions): a mid-epoch resume
+    # continues after the last batch the loop was handed.
+    loaders = [{**loader.position(), "strategy": rt.strategy_name, "world_size": rt.world_size}
+               for loader in rt.loaders()]
     staging = ckpt.staging_dir(root, step)
     began = None
     if rt.is_main:
@@ -58,7 +62,7 @@ def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: to
     if rt.is_main and not errors:
         state = {"step": step, "extra": extra or {}, "scheduler": scheduler.state_dict() if scheduler else None,
                  "precision": rt.strategy.precision.state_dict(), "rng": rng, "world_size": rt.world_size,
-                 "strategy": rt.strategy_name}
+                 "strategy": rt.strategy_name, "loaders": loaders}
         facts = {**(meta or {}), "world_size": rt.world_size, "strategy": rt.strategy_name, "step": step}
         written, error = ckpt.checked_write(rt.rank, staging, ckpt.commit_checkpoint, root, step, weights=weights,
                                              training_state=state, files=files, keep=keep, meta=facts)
@@ -115,4 +119,5 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
               "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
               "stated tolerance", file=sys.stderr, flush=True)
     rt.steps = state["step"]
+    rt.resume_loaders(state.get("loaders", []))
     return {**state.get("extra", {}), "step": state["step"]}

@@ -87,6 +87,7 @@ class Trainer:
         lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
         self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
                                 collate_fn=collate, lengths=lengths, group_size=cfg.batch_size)
+        self.loader.say = None  # after a resume this loop prints its own, fuller continuity record
         self.steps_per_epoch = len(self.loader) // cfg.grad_accum  # >= 1: the loader refuses fewer samples
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
@@ -221,13 +222,10 @@ class Trainer:
         train_time = 0.0
         epoch = self.step // self.steps_per_epoch
         while self.step < self.total_steps:
-            rt.set_epoch(self.loader, epoch)
-            skip = self.step - epoch * self.steps_per_epoch  # steps of this epoch done before a resume
+            rt.set_epoch(self.loader, epoch)  # after a resume, the loader continues where the checkpoint stood
             started = time.perf_counter()
             self.throughput.restart()
-            for micro, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
-                if micro < skip * cfg.grad_accum:
-                    continue
+            for _, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
                 step_tokens += count_tokens(batch)
                 step_shapes.append((rows(batch), padded_length(batch)))
                 if self.flop_template is None:
