@@ -47,7 +47,17 @@ class LaunchError(RuntimeError):
     def from_ranks(cls, failures: list, note: str = "") -> LaunchError:
         """From :class:`~rankwise.launch.failures.RankFailure` records: causes before victims, earliest first."""
         ordered = sorted(failures, key=lambda f: (f.victim, f.timestamp, f.rank))
-        return cls([f.describe(first=i == 0) for i, f in enumerate(ordered)], note)
+        if not ordered:
+            return cls([], note)
+        first = ordered[0]
+        # One mistake, one message: ranks that failed with the first one's error are named, not repeated.
+        same = [f for f in ordered[1:] if first.error and f.error == first.error]
+        lines = [first.describe(first=True)]
+        if same:
+            ranks = ", ".join(str(f.rank) for f in same)
+            lines.append(f"rank{'s' if len(same) > 1 else ''} {ranks} failed the same way")
+        lines += [f.describe(first=False) for f in ordered[1:] if f not in same]
+        return cls(lines, note)
 
 
 class MasterUnreachable(LaunchError):

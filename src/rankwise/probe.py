@@ -5,7 +5,9 @@ directory, ``RANKWISE_PROBE_STEPS``: K, ``RANKWISE_PROBE_WARMUP``: W).  The Runt
 the samples of each optimizer step (its loader's global batch x the accumulation ``prepare`` was
 told), times the steps after W, and after step K writes ``probe.json`` (throughput, peak memory per
 rank, what the model holds that can make ranks differ) from rank 0, and ends the script: the bench
-caps the run at its own step count.  Nothing in the script changes, and nothing here runs unless the
+caps the run at its own step count.  A benchmark whose timed window lasted under
+``throughput.MIN_WINDOW_S`` runs on until it has (one decision, rank 0's, at step K); a script that ends
+first reports the window it had.  Nothing in the script changes, and nothing here runs unless the
 variables are set.  ``rankwise verify`` (and the bench's equivalence column) adds a step-by-step
 trace (:mod:`rankwise.trace`).
 """
@@ -22,9 +24,12 @@ from torch import nn
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.memory import peak_rss_megabytes
+from rankwise.throughput import WINDOW_DECISIONS, window_end
 from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, batch_rows, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
+ENDED_FILE = "ended.json"
+"""Written by rank 0 when the script ended before the probe's last step: how many steps it took."""
 
 
 class ProbeDone(SystemExit):
@@ -44,6 +49,9 @@ class Probe:
         self.facts: dict = {}
         self.started: float | None = None
         self.timed_from = 0
+        self.end = steps
+        self.decisions = 0
+        """The step the probe ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.trace: StepTrace | None = None
         """What ``rankwise verify`` compares step by step; ``None`` for a benchmark."""
 
@@ -90,8 +98,27 @@ class Probe:
             self.started, self.rows, self.timed_from = time.perf_counter(), 0, rt.steps
         if self.trace:
             self.trace.stepped(rt, model)
-        if rt.steps < self.steps:
+        if rt.steps < self.end:
             return
+        if self.trace is None and self.decisions < WINDOW_DECISIONS and rt.steps > self.timed_from:
+            _synchronize(rt.device)
+            self.decisions += 1
+            # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
+            self.end = rt.broadcast_object(window_end(rt.steps, self.timed_from, time.perf_counter() - self.started))
+            if rt.steps < self.end:
+                return
+        self._report(rt)
+        raise ProbeDone()
+
+    def script_ended(self, rt) -> None:
+        """The script's loop ended on its own, before the probe's last step (every rank, from ``Runtime.__exit__``):
+        a benchmark past its asked steps still reports the window it measured; else rank 0 notes how far it got."""
+        if self.trace is None and self.started is not None and rt.steps >= self.steps:
+            self._report(rt, script_ended=True)
+        elif rt.is_main:
+            write_text_atomic(self.directory / ENDED_FILE, json.dumps({"steps": rt.steps}))
+
+    def _report(self, rt, script_ended: bool = False) -> None:
         _synchronize(rt.device)
         seconds = time.perf_counter() - self.started
         cuda = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
@@ -99,7 +126,7 @@ class Probe:
         gathered = rt.all_gather_object((peak_rss_megabytes(), cuda, self.rows))
         memory = [(rss, device) for rss, device, _ in gathered]
         if rt.is_main:
-            timed_steps = self.steps - self.timed_from
+            timed_steps = rt.steps - self.timed_from
             seen = sum(rows for _, _, rows in gathered)
             # What went through the model (rt.to_device) counts; else what the loader says a step holds.
             counted_by = "rt.to_device" if seen else ("rt.loader" if self.global_batch else None)
@@ -108,13 +135,12 @@ class Probe:
             write_text_atomic(self.directory / "probe.json", json.dumps({
                 "strategy": rt.strategy_name, "precision": rt.strategy.precision.name, "world_size": rt.world_size,
                 "device": rt.device.type,
-                "steps": self.steps, "warmup_steps": self.warmup, "samples_per_step": per_step,
-                "samples_counted_by": counted_by,
-                "steady_s": round(seconds, 4),
+                "steps": rt.steps, "warmup_steps": self.timed_from, "timed_steps": timed_steps,
+                "samples_per_step": per_step, "samples_counted_by": counted_by,
+                "steady_s": round(seconds, 4), "script_ended": script_ended,
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds > 0 else None,
                 "peak_rss_mb": [rss for rss, _ in memory], "cuda_max_allocated_mb": [c for _, c in memory],
                 "model": self.facts}, indent=2))
-        raise ProbeDone()
 
 
 def _synchronize(device: torch.device) -> None:

@@ -378,6 +378,8 @@ class Runtime:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         done = exc_type is None or issubclass(exc_type, ProbeDone)  # the probe ends every rank at one step
+        if exc_type is None and self.probe:
+            self.probe.script_ended(self)  # the loop ended before the probe's last step
         explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
         self.teardown(clean=done)
         if not done and "TORCHELASTIC_ERROR_FILE" in os.environ:

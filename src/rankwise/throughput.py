@@ -56,3 +56,25 @@ class SteadyThroughput:
             return {"steady_steps": 0, "steady_samples_per_s": None, "tokens_per_s": None}
         return {"steady_steps": self.steps, "steady_samples_per_s": round(self.samples / self.seconds, 2),
                 "tokens_per_s": round(tokens / self.seconds, 1) if tokens else None}
+
+
+MIN_WINDOW_S = 2.0
+"""A benchmark's timed window lasts at least this long where the script trains long enough: a 10 ms window of a fast
+script reads throughputs 20 % apart from one run to the next."""
+MAX_WINDOW_STEPS = 5000
+"""...and takes at most this many timed steps to get there."""
+
+
+WINDOW_DECISIONS = 3
+"""How often a benchmark may push its window's end further (the pace of the first steps can mislead)."""
+
+
+def window_end(step: int, warmup: int, elapsed_s: float) -> int:
+    """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup`` timed steps that
+    took ``elapsed_s``): ``step`` when the window lasted ``MIN_WINDOW_S`` already, else the step at which it will
+    have at the pace measured so far (at most ``MAX_WINDOW_STEPS`` timed steps)."""
+    timed = step - warmup
+    if timed < 1 or elapsed_s >= MIN_WINDOW_S or timed >= MAX_WINDOW_STEPS:
+        return step
+    per_step = max(elapsed_s / timed, 1e-6)
+    return warmup + max(timed + 1, min(MAX_WINDOW_STEPS, int(1.05 * MIN_WINDOW_S / per_step) + 1))

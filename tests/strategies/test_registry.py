@@ -38,7 +38,7 @@ def test_a_variant_fixes_its_settings_in_the_config_and_the_runtime_options():
 def test_an_unknown_option_names_the_one_it_resembles_or_lists_them_all():
     from rankwise.strategies import resolve_options
 
-    with pytest.raises(ConfigError, match=r"ddp.bucket_cap: .*; did you mean ddp.bucket_cap_mb\?"):
+    with pytest.raises(ConfigError, match=r"ddp.bucket_cap: no such option .*; did you mean ddp.bucket_cap_mb\?"):
         resolve_options(lookup("ddp"), {"bucket_cap": 1})
     with pytest.raises(ConfigError, match="deepspeed takes zero_stage, "):
         resolve_options(lookup("deepspeed"), {"zzz": 1})

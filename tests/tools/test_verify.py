@@ -86,7 +86,7 @@ def test_compressed_gradients_are_named_as_the_compression_they_are(tmp_path):
 
 def test_a_parameter_without_gradient_fails_ddp_and_is_named(tmp_path):
     proc, report = _verify(tmp_path / "unused", "unused")
-    assert proc.returncode == 1
+    assert proc.returncode == 4 and report["verdict"] == "could not run"  # the ddp run crashed
     assert "Expected to have finished reduction" in report["failure"]["candidate"]
     assert "spare.bias, spare.weight got no gradient" in report["diagnosis"][0]
     assert "--set ddp.find_unused_parameters=true" in report["diagnosis"][0]
@@ -219,3 +219,19 @@ def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch)
         code = e.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_that_crashed_could_not_run_exit_4_with_its_error_once(tmp_path):
+    from rankwise import cli
+
+    out, stdout, stderr = tmp_path / "crash", io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["verify", str(CASES), "--strategy", "ddp", "--steps", "2", "--out", str(out), "--",
+                         "--batch-size", "15", "--grad-accum", "1"])  # 15 does not split over 2 ranks
+    output = stdout.getvalue() + stderr.getvalue()
+    assert code == 4, output
+    assert "verdict: could not run: a run crashed, so nothing was compared (exit 4)" in output
+    assert output.replace("\n  ", " ").count("batch_size=15 is not divisible by world_size (2)") == 1, output
+    assert "where:" in output and "verify_cases.py, line 81" in output.replace("\n  ", " ")
+    assert "NOT equivalent" not in output
+    assert json.loads((out / "verify.json").read_text())["verdict"] == "could not run"

@@ -38,9 +38,10 @@ once, replicas whose weights differ, checkpoints written by every rank or with D
 rankwise.setup() is checked under --strategy instead.
 
 Dropout modules are switched off (p=0) in both runs, so random masks cannot hide the
-verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, a run failed,
-or a finding that changes results; 3: not comparable (random ops rankwise cannot switch
-off, such as F.dropout).
+verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, or a finding
+that changes results; 3: not comparable (random ops rankwise cannot switch off, such as
+F.dropout); 4: could not run (a run crashed: its error, once, and where the script made
+the call).
 Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
   rankwise verify my_ddp_script.py -- --epochs 1

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from rankwise import process
+from rankwise.launch.failures import record_for_launcher
 
 
 def run_as_main(path: str | Path, args: list[str]) -> None:
@@ -31,7 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print("usage: python -m rankwise.launch.script SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
-    run_as_main(argv[0], argv[1:])
+    try:
+        run_as_main(argv[0], argv[1:])
+    except Exception as error:
+        if not record_for_launcher(error):
+            raise
+        # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
+        process.destroy_process_group(clean=False)
+        return 1
     process.destroy_process_group(clean=True)
     return 0
 

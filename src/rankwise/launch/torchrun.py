@@ -11,6 +11,7 @@ them to checkpoint (``rankwise.train.preemption``) and exit; it surfaces here as
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -108,6 +109,7 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
+    _quiet_worker_failure_lines()
     try:
         run(args)
     except ChildFailedError as e:
@@ -120,6 +122,19 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
     except SignalException as e:
         # torchrun sent the signal on to the workers and gave them time to checkpoint and exit.
         raise Stopped(int(e.sigval)) from None
+
+
+def _quiet_worker_failure_lines() -> None:
+    """Drop torchrun's own line for each failed worker ("failed (exitcode: 1) local_rank: 0 ..."): the failure
+    summary says it, with the error, once."""
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _WorkerFailureLine) for f in log.filters):
+        log.addFilter(_WorkerFailureLine())
+
+
+class _WorkerFailureLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed (exitcode")
 
 
 def _rendezvous_endpoint(args) -> tuple[str, int]:
@@ -143,8 +158,8 @@ def _rank_failure(rank: int, failure) -> RankFailure:
     message = failure.message
     error, trace = "", ""
     if isinstance(message, dict):
-        error = str(message.get("message", "")).strip().splitlines()[-1:] or [""]
-        error = error[0]
+        # "Type: message": its first line names the error (a multi-line message goes on with advice).
+        error = (str(message.get("message", "")).strip().splitlines() or [""])[0]
         trace = message.get("extraInfo", {}).get("py_callstack", "")
     elif message and message != "<N/A>" and not message.startswith("To enable traceback"):
         error = message.strip()

@@ -148,7 +148,8 @@ def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | Non
     try:
         merged = cls.options_cls.model_validate({**base, **fixed})
     except ValidationError as e:
-        problems = "; ".join(f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+        problems = "; ".join(f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: "
+                             + ("no such option" if err["type"] == "extra_forbidden" else err["msg"])
                              + (f" (got {err['input']!r})" if "input" in err else "")
                              + _did_you_mean(err, cls.options_section, list(cls.options_cls.model_fields))
                              for err in e.errors())

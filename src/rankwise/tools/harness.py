@@ -32,6 +32,7 @@ import torch
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.launch.hosts import layout_from_slurm
+from rankwise.probe import ENDED_FILE, STEPS
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -208,7 +209,10 @@ def run_script(script: Path, script_args: list[str], strategy: str, processes: i
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
     if result.get("no_result"):  # it exited successfully, its loop shorter than the probe's steps
-        return {"error": "the script ended before the probe's last step", "wall_s": result["wall_s"],
+        ended = run_dir / ENDED_FILE
+        ran = f" after {json.loads(ended.read_text())['steps']} optimizer steps" if ended.exists() else ""
+        return {"error": f"the script ended{ran}, before the {probe_env.get(STEPS, '?')} asked (pass fewer "
+                         "steps, or script arguments that train longer)", "wall_s": result["wall_s"],
                 "ended_early": True}
     return result
 
@@ -217,7 +221,13 @@ def failure_reason(log: Path, returncode: int) -> str:
     """Why a failed run failed, from its log: the failing rank (or an error line, else the last line), and the
     exception a rank raised when the log has one."""
     tail = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    reason = next((line.strip() for line in reversed(tail) if "failed first" in line or "error" in line.lower()),
+    first = next((i for i in range(len(tail) - 1, -1, -1) if "failed first" in tail[i]), None)
+    if first is not None:  # the launcher's summary: the rank that failed first, and where its script made the call
+        reason = tail[first].strip()
+        where = next((line.strip() for line in tail[first + 1:first + 12]
+                      if line.strip().startswith(("where:", "in your code:"))), None)
+        return reason[:400] + (f"; {where}" if where else "")
+    reason = next((line.strip() for line in reversed(tail) if "error" in line.lower()),
                   tail[-1].strip() if tail else f"exit code {returncode}")
     raised = next((match.group(2) for line in reversed(tail) if (match := EXCEPTION.match(line))), None)
     if raised and raised not in reason:
@@ -227,3 +237,8 @@ def failure_reason(log: Path, returncode: int) -> str:
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?((?:\w+\.)*\w*(?:Error|Exception): .*)$")
 """A traceback's last line (``RuntimeError: ...``), as torchrun's ``[rankN]:`` prefix may carry it."""
+
+
+def crashed(result: dict) -> bool:
+    """Whether a run of :func:`run_script` (or a watched run) failed, rather than only ending before its last step."""
+    return "error" in result and not result.get("ended_early")

@@ -99,3 +99,58 @@ def test_bad_script_flags_fail_before_anything_runs(argv, message, capsys, monke
     monkeypatch.setattr("rankwise.tools.bench.script.run_bench", lambda *a, **k: pytest.fail("something ran"))
     assert cli.main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_table(tmp_path):
+    proc = _bench(tmp_path / "crash", "tests/tools/verify_cases.py", "single,ddp", "--batch-size", "15",
+                  "--grad-accum", "1")  # 15 does not split over 2 ranks: ddp crashes, single runs
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 4, output[-3000:]
+    shown = "\n".join(proc.stdout.splitlines()[:-1]) + proc.stderr  # what a reader sees (--json's line aside)
+    assert shown.count("batch_size=15 is not divisible by world_size (2)") == 1, output
+    assert "| ddp | 2 | | | | | | could not run |" in proc.stdout
+    assert "bench [2/2] ddp (repeat 1/1):" in proc.stderr and "could not run (why: under the table)" in proc.stderr
+    rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    assert rows["ddp"]["status"] == "could not run" and "verify_cases.py, line 81" in rows["ddp"]["reason"]
+
+
+def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_repeats(tmp_path):
+    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
+                           "--steps", "10", "--repeats", "2", "--verify-steps", "2", "--out", str(tmp_path / "fast"),
+                           "--json", "--", "--epochs", "40"], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(proc.stdout)
+    rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    for name in ("single", "ddp"):
+        row = rows[name]
+        # 10 steps of about a millisecond would be a 10 ms window; the bench ran on until it lasted 2 s.
+        assert row["window_s"] >= 2.0 and row["timed_steps"] > 100 and not row["window_short"], row
+        assert row["spread"] is not None and 0 <= row["spread"] < 1, row
+    assert "throughput window per run (median): single " in proc.stdout and " ±" in proc.stdout
+
+
+def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):
+    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
+                           "--steps", "50", "--out", str(tmp_path / "short"), "--", "--epochs", "1", "--samples",
+                           "320"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 4, output[-3000:]
+    assert "the script ended after 10 optimizer steps, before the 50 asked" in output, output[-3000:]
+
+
+def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(tmp_path):
+    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
+                           "--steps", "10", "--verify-steps", "2", "--out", str(tmp_path / "pooled"), "--json", "--",
+                           "--epochs", "1", "--samples", "1024"], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    ddp = rows["ddp"]
+    assert ddp["script_ended"] and ddp["pooled_runs"] > 1, ddp  # 32 steps a run: far from 2 s
+    assert ddp["timed_steps"] > 32 and ddp["samples_per_s"] > 0, ddp
+    assert "runs of the script pooled" in proc.stdout
+    assert (ddp["window_s"] >= 2.0) != ("ddp: the script ended before a 2 s window" in proc.stdout)

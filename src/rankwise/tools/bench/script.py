@@ -31,8 +31,9 @@ from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
+from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import median, run_line
-from rankwise.tools.harness import run_script
+from rankwise.tools.harness import crashed, run_script
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.tools.watch.runs import watched_run
@@ -91,16 +92,26 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
     for repeat in range(repeats):
         for row in (runnable if repeat % 2 == 0 else runnable[::-1]):
             run_dir = out / "runs" / f"{row.name.replace(' ', '-')}-{repeat}"
-            if row.framework is None:
-                env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: str(warmup)}
-                result = run_script(script, script_args, row.strategy, row.processes, run_dir, probe_env=env,
-                                    precision=precision, timeout_s=timeout_s)
-            else:
-                result = watched_run(script, script_args, row.framework, row.processes, run_dir, steps=steps,
-                                     warmup=warmup, trace=False, keep_dropout=True, timeout_s=timeout_s)
+            measured = []
+            # A script shorter than the window runs again, and its steady windows are pooled (the script's epochs
+            # repeated, each run's warm-up left out).
+            while not measured or _runs_again(measured):
+                part = run_dir if not measured else run_dir.with_name(f"{run_dir.name}-again{len(measured)}")
+                if row.framework is None:
+                    env = {DIRECTORY: str(part.resolve()), STEPS: str(steps), WARMUP: str(warmup)}
+                    measured.append(run_script(script, script_args, row.strategy, row.processes, part,
+                                               probe_env=env, precision=precision, timeout_s=timeout_s))
+                else:
+                    measured.append(watched_run(script, script_args, row.framework, row.processes, part,
+                                                steps=steps, warmup=warmup, trace=False, keep_dropout=True,
+                                                timeout_s=timeout_s))
+            result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1
-            print(run_line(done, total, row.name, repeat, repeats, result), file=sys.stderr, flush=True)
+            line = run_line(done, total, row.name, repeat, repeats, result)
+            if crashed(result):  # its error once, under the table
+                line = f"{line.split(', failed: ')[0]}, could not run (why: under the table)"
+            print(line, file=sys.stderr, flush=True)
     verdicts = {}
     for row in runnable:
         if row.reference or not any("error" not in run for run in runs[row.name]):
@@ -117,6 +128,30 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
     return summarize(rows, runs, verdicts)
 
 
+MAX_POOLED_RUNS = 5
+"""At most this many runs of a short script make one measurement."""
+
+
+def _runs_again(measured: list[dict]) -> bool:
+    """Whether a script that ended before its window lasted ``MIN_WINDOW_S`` should run once more."""
+    last = measured[-1]
+    return ("error" not in last and last.get("script_ended") and len(measured) < MAX_POOLED_RUNS
+            and sum(run.get("steady_s") or 0 for run in measured) < MIN_WINDOW_S)
+
+
+def _pooled(measured: list[dict]) -> dict:
+    """One measurement from the steady windows of several runs of a short script: their samples over their
+    seconds."""
+    if len(measured) == 1 or any("error" in run for run in measured):
+        return next((run for run in measured if "error" in run), measured[0])
+    seconds = sum(run["steady_s"] for run in measured)
+    samples = sum((run.get("steady_samples_per_s") or 0) * run["steady_s"] for run in measured)
+    return {**measured[0], "steady_s": round(seconds, 4), "steady_samples_per_s": round(samples / seconds, 2)
+            if samples and seconds else None, "timed_steps": sum(run.get("timed_steps") or 0 for run in measured),
+            "wall_s": round(sum(run["wall_s"] for run in measured), 2), "pooled_runs": len(measured),
+            "peak_rss_mb": [max(values) for values in zip(*(run["peak_rss_mb"] for run in measured), strict=True)]}
+
+
 def _equivalence(report: dict) -> dict:
     """A row's equivalence columns from ``rankwise verify``'s report of it."""
     lines = [line for line in report["steps"] if line["step"]]
@@ -126,8 +161,8 @@ def _equivalence(report: dict) -> dict:
     errors = [finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"]
     verdict = "not equivalent" if errors and report["verdict"] == "equivalent" else report["verdict"]
     reason = reason or (errors[0] if errors else None)
-    if verdict == "failed":
-        reason = "its verify run failed: " + "; ".join(report["failure"].values())
+    if verdict == "could not run":
+        reason = "its verify run could not run: " + "; ".join(report["failure"].values())
     elif lines and all(line.get("data") == "unseen" for line in lines):
         verdict, reason = "unchecked", ("no batch went through rt.to_device, so nothing showed which samples each "
                                         "rank trained on (a plain DataLoader gives every rank all of them): move "
@@ -152,15 +187,16 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             lines.append({**line, "status": f"not installed: {missing}"})
             continue
         good = ok[row.name]
-        if not good:
-            lines.append({**line, "status": f"failed: {runs[row.name][0]['error']}"})
+        if not good:  # the error once, in the notes under the table
+            lines.append({**line, "status": "could not run", "reason": runs[row.name][0]["error"]})
             continue
         first = good[0]
         speed = median(good, "steady_samples_per_s")
         line |= {"status": "ok", "precision": first.get("precision"), "samples_per_s": speed,
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
                  "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first.get("cuda_max_allocated_mb"),
-                 "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None}
+                 "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None,
+                 **_window(good)}
         if row.reference:
             line["verdict"] = "reference"
         elif row.name in verdicts:
@@ -177,8 +213,23 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             "fastest": fastest["row"] if fastest else None}
 
 
+def _window(good: list[dict]) -> dict:
+    """How the row's throughput was timed: the window per run (median), its steps, and the spread over repeats
+    ((fastest - slowest) / median, ``None`` with one run)."""
+    speeds = [run["steady_samples_per_s"] for run in good if run.get("steady_samples_per_s")]
+    middle = median(good, "steady_samples_per_s")
+    return {"window_s": median(good, "steady_s", 3), "timed_steps": median(good, "timed_steps", 0),
+            "script_ended": any(run.get("script_ended") for run in good),
+            "pooled_runs": max(run.get("pooled_runs", 1) for run in good),
+            "window_short": any((run.get("steady_s") or 0) < MIN_WINDOW_S for run in good),
+            "spread": round((max(speeds) - min(speeds)) / middle, 4) if len(speeds) > 1 and middle else None}
+
+
+EXIT_COULD_NOT_RUN = 4
+"""``bench --script``'s exit code when a row crashed and none failed the equivalence check (which exits 1)."""
+
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
-                 "failed": "FAIL (verify run failed)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
+                 "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
 
 
 def _difference(value: float | None, limit: float | None) -> str:
@@ -195,6 +246,8 @@ def table(summary: dict) -> str:
         verdict = VERDICT_CELLS.get(line["verdict"], "—")
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         speed = "—" if line["samples_per_s"] is None else f"{line['samples_per_s']:,.0f}"
+        if line["samples_per_s"] is not None and line.get("spread") is not None:
+            speed += f" ±{line['spread'] / 2:.0%}"  # half the spread over the repeats
         out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | "
                    f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{_difference(line.get('max_gradient_diff'), line.get('gradient_tolerance'))} | "
@@ -205,11 +258,31 @@ def table(summary: dict) -> str:
         notes.append(f"throughput: the script as written; equivalence: `rankwise verify` of each row, "
                      f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process following "
                      "the row in lockstep (its weights before each step, its gradient applied)")
+    notes += _window_notes(summary["rows"])
     notes += [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
     notes += [f"- {note}" for note in summary.get("notes", [])]
     if summary.get("fastest"):
         notes.append(f"fastest row that passes: {summary['fastest']}")
     return "\n".join(out + ([""] + notes if notes else []))
+
+
+def _window_notes(rows: list[dict]) -> list[str]:
+    timed = [line for line in rows if line.get("window_s")]
+    if not timed:
+        return []
+    notes = ["throughput window per run (median): " + ", ".join(
+        f"{line['row']} {line['window_s']:.2f} s over {line['timed_steps']:.0f} steps"
+        + (f" ({line['pooled_runs']} runs of the script pooled)" if line["pooled_runs"] > 1 else "")
+        for line in timed)
+        + f"; at least {MIN_WINDOW_S:g} s where the script trains that long"
+        + ("; ± is half the spread over the repeats" if any(line.get("spread") is not None for line in timed)
+           else "; one run per row: --repeats 3 shows the spread")]
+    notes += [f"- {line['row']}: " + ("the script ended before" if line["script_ended"] else "timed over less than")
+              + f" a {MIN_WINDOW_S:g} s window ({line['window_s']:.2f} s over {line['timed_steps']:.0f} steps"
+              + (f", {line['pooled_runs']} runs" if line["pooled_runs"] > 1 else "") + "): its samples/s is noisy"
+              + ("; script arguments that train longer give a steadier figure" if line["script_ended"] else "")
+              for line in timed if line["window_short"]]
+    return notes
 
 
 def write(summary: dict, meta: dict, out: Path) -> dict[str, Path]:
@@ -224,7 +297,7 @@ def write(summary: dict, meta: dict, out: Path) -> dict[str, Path]:
     measured = [line for line in summary["rows"] if line["status"] == "ok"]
     figure, axis = plt.subplots(figsize=(7, 3.5))
     axis.bar([line["row"] for line in measured], [line["samples_per_s"] or 0 for line in measured],
-             color=[{"not equivalent": "tab:red", "failed": "tab:red", "not comparable": "tab:gray"}.get(
+             color=[{"not equivalent": "tab:red", "could not run": "tab:red", "not comparable": "tab:gray"}.get(
                  line.get("verdict"), "tab:green") for line in measured])
     axis.set_ylabel("samples/s (steady)")
     axis.set_title(f"{Path(meta['script']).name}: red = not equivalent to single, grey = not comparable")
@@ -276,10 +349,12 @@ def bench(args) -> int:
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
     if args.json:
         print(json.dumps({"rows": summary["rows"]}, default=str))
-    failed = [line["row"] for line in summary["rows"]
-              if line["status"].startswith("failed") or line.get("verdict") in ("not equivalent", "failed", "unchecked")
+    failed = [line["row"] for line in summary["rows"] if line.get("verdict") in ("not equivalent", "unchecked")
               or (line["status"] == "ok" and line["samples_per_s"] is None)]
+    crashed_rows = [line["row"] for line in summary["rows"]
+                    if "could not run" in (line["status"], line.get("verdict"))]
     if failed:
-        print(f"rankwise bench: {', '.join(failed)} failed a run or the equivalence check (see the table)",
-              file=sys.stderr)
-    return 1 if failed else 0
+        print(f"rankwise bench: {', '.join(failed)} failed the equivalence check (see the table)", file=sys.stderr)
+    if crashed_rows:
+        print(f"rankwise bench: {', '.join(crashed_rows)} could not run (why: under the table)", file=sys.stderr)
+    return 1 if failed else EXIT_COULD_NOT_RUN if crashed_rows else 0

@@ -27,7 +27,7 @@ from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
-from rankwise.tools.harness import run_script
+from rankwise.tools.harness import crashed, run_script
 from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
@@ -36,7 +36,7 @@ from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.trace import DROPOUT, FOLLOW, TRACE
 
-EXIT = {"equivalent": 0, "not equivalent": 1, "failed": 1, "not comparable": 3}
+EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4}
 """``rankwise verify``'s exit code for each verdict."""
 
 
@@ -93,7 +93,7 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
                                    precision=precision, settings=name_settings, timeout_s=timeout_s)
         if log:
             log(f"{name_strategy} on {count} process(es): {results[name]['wall_s']} s, "
-                f"{results[name].get('error', 'ok')}")
+                f"{'failed (why: below)' if crashed(results[name]) else results[name].get('error', 'ok')}")
     report = build(out, results, strategy, processes, steps)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
                       "set": list(settings), "keep_dropout": keep_dropout}
@@ -168,17 +168,17 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     facts = candidate.facts or reference.facts
     precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
     limit, gradient_limit = tolerance(precision), gradient_tolerance(precision, bool(facts.get("tf32")))
-    failure = {name: result["error"] for name, result in results.items()
-               if "error" in result and not result.get("ended_early")}
-    lines = compare(reference, candidate, limit, gradient_limit) if "reference" not in failure else []
+    failure = {name: result["error"] for name, result in results.items() if crashed(result)}
+    lines = compare(reference, candidate, limit, gradient_limit) if not failure else []
     first = first_difference(lines)
+    # A crashed N-rank run is still explained against the one process where it can be (a parameter without gradient).
     diagnosis = [] if "reference" in failure else diagnose(
         reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
         steps_asked=steps_asked, framework=framework)
     random = random_ops(reference)
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
     if failure:
-        verdict = "failed"
+        verdict = "could not run"  # a run crashed: nothing was compared, so nothing is claimed either way
     elif first is None and not diagnosis and len(lines) > 1:
         verdict = "equivalent"
     elif draws and diagnosis and all(finding.startswith(RANDOM_OPS) for finding in diagnosis):

@@ -77,17 +77,18 @@ def first_difference(first: dict, limit: float, gradient_limit: float) -> list[s
 
 def render(report: dict) -> str:
     processes = report["processes"]
-    out = [f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one process, "
-           f"{report['precision'] or '32-true'}", _dropout(report),
+    title = (f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one "
+             f"process, {report['precision'] or '32-true'}")
+    if report["verdict"] == "could not run":  # nothing was compared: what failed, and why where it is known
+        return "\n".join([title, "", *_failures(report), *_diagnosis(report), "", VERDICTS["could not run"]])
+    out = [title, _dropout(report),
            *textwrap.wrap(CRITERION.format(n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]),
                           width=110)]
     if report.get("framework"):
         out += textwrap.wrap(f"script: {report['framework']['name']}, started {report['framework']['launch']}; "
                              f"{report['reference_made']}", width=110)
     out.append("")
-    for name, error in report["failure"].items():
-        who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
-        out.append(f"{who} failed: {error}")
+    out += _failures(report)
     if report["steps"]:
         out += step_table(report)
     if evolution(report):
@@ -96,10 +97,7 @@ def render(report: dict) -> str:
         out += [""] + first_difference(report["first_difference"], report["tolerance"], report["gradient_tolerance"])
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
-    if report["diagnosis"]:
-        out += ["", "diagnosis (likeliest first):"]
-        for number, finding in enumerate(report["diagnosis"], 1):
-            out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
+    out += _diagnosis(report)
     if report.get("findings"):
         out += ["", "findings in the distributed run (need no reference):"]
         for finding in report["findings"]:
@@ -115,9 +113,26 @@ def render(report: dict) -> str:
     return "\n".join(out)
 
 
+def _diagnosis(report: dict) -> list[str]:
+    if not report["diagnosis"]:
+        return []
+    out = ["", "diagnosis (likeliest first):"]
+    for number, finding in enumerate(report["diagnosis"], 1):
+        out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
+    return out
+
+
+def _failures(report: dict) -> list[str]:
+    out = []
+    for name, error in report["failure"].items():
+        who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
+        out += textwrap.wrap(f"{who} failed: {error}", width=110, subsequent_indent="  ")
+    return out
+
+
 VERDICTS = {"equivalent": "verdict: equivalent over {steps} steps (exit 0)",
             "not equivalent": "verdict: NOT equivalent (exit 1)",
-            "failed": "verdict: a run failed, so nothing was proven (exit 1)",
+            "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
             "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)"}
 
 

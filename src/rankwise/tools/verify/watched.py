@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rankwise.tools.harness import crashed
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.runs import watched_run
@@ -37,7 +38,7 @@ def watched_runs(script: Path, script_args: list[str], framework: Framework, pro
             scale=processes if reference and reference_args is None else 1)
         if log:
             log(f"{name}: {framework.name} script on {count} process(es): {results[name]['wall_s']} s, "
-                f"{results[name].get('error', 'ok')}")
+                f"{'failed (why: below)' if crashed(results[name]) else results[name].get('error', 'ok')}")
     found = findings(load_records(out / "candidate"), processes)
     reference_records = load_records(out / "reference")
     unscaled = sorted({note for record in reference_records for note in record.get("unscaled", [])})

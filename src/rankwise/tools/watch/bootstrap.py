@@ -13,6 +13,7 @@ import os
 import sys
 
 from rankwise import process
+from rankwise.launch.failures import record_for_launcher
 from rankwise.launch.script import run_as_main
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
@@ -41,6 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         run_as_main(argv[0], argv[1:])
     except WatchDone:
         pass  # the watcher's last step: the script's work here is done
+    except Exception as error:
+        if not record_for_launcher(error):
+            raise
+        # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
+        process.destroy_process_group(clean=False)
+        return 1
+    else:
+        if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
+            watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
     watcher.write_rank_record()
     process.destroy_process_group(clean=True)
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 import weakref
@@ -30,6 +31,7 @@ from torch import nn
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
+from rankwise.throughput import WINDOW_DECISIONS, window_end
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.watch.calls import CallWatch
 from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
@@ -81,6 +83,10 @@ class Watcher:
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
         self.timed_samples = 0
+        self.end = steps
+        """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
+        self.reported = False
+        self.decisions = 0
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -257,24 +263,39 @@ class Watcher:
                     if name in theirs:
                         assign(parameter, theirs[name])
         self._reset_step()
-        if self.step >= self.steps:
-            self._finish(records)
-            raise WatchDone()
+        if self.step < self.end:
+            return
+        if not self.trace and self.decisions < WINDOW_DECISIONS and self.started is not None \
+                and self.step > self.warmup:
+            self.decisions += 1
+            # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
+            self.end = gather(window_end(self.step, self.warmup, now - self.started))[0]
+            if self.step < self.end:
+                return
+        self.finish()
+        raise WatchDone()
 
-    def _finish(self, records: list[dict]) -> None:
+    def finish(self, script_ended: bool = False) -> None:
+        """Report the timed window (every rank; rank 0 writes ``probe.json``).  ``script_ended``: the script's loop
+        ended after the steps asked, before the window's end: the window it had."""
+        self.reported = True
         rank, world = rank_and_world()
         seconds = time.perf_counter() - self.started if self.started else None
         cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
             torch.cuda.is_initialized() else None
         # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
         gathered = gather((peak_rss_megabytes(), self.timed_samples, cuda))
+        launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
+        if world == 1 < launched:  # the script left its process group already: the ranks trained alike
+            world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
         if rank == 0:
-            samples = sum(count for _, count, _ in gathered)
-            timed = self.steps - self.warmup
+            samples = sum(count for _, count, _ in gathered) * ranks
+            timed = self.step - self.warmup
             write_text_atomic(self.directory / "probe.json", json.dumps({
-                "strategy": "script", "world_size": world, "device": self.facts["device"], "steps": self.steps,
-                "warmup_steps": self.warmup, "samples_per_step": samples / timed if timed else None,
-                "samples_counted_by": "DataLoader" if samples else None,
+                "strategy": "script", "world_size": world, "device": self.facts["device"], "steps": self.step,
+                "warmup_steps": self.warmup, "timed_steps": timed, "script_ended": script_ended,
+                "samples_per_step": samples / timed if timed else None,
+                "samples_counted_by": counted_by if samples else None,
                 "steady_s": round(seconds, 4) if seconds else None,
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
                 "precision": "as written", "peak_rss_mb": [rss for rss, _, _ in gathered],
