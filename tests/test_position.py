@@ -126,3 +126,34 @@ def test_another_order_is_refused_at_load(tmp_path):
         with pytest.raises(ConfigError, match=r"rt.loader: the checkpoint stood at sample 480 of epoch 0 in an "
                                               r"order this run's loader does not have \(epoch_samples, order"):
             rt.load_state(tmp_path, model, optimizer)
+
+
+def loop_with_validation(checkpoints: str, phase: str) -> list[int]:
+    """One epoch with a validation loader of rt.loader's too, evaluated at step 40 (before a save at 45) and after
+    the epoch; returns the samples each evaluation saw."""
+    seen = []
+    with rankwise.setup(seed=0) as rt:
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4))
+        model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters()))
+        loader = rt.loader(dataset(), GLOBAL_BATCH)
+        validation = rt.loader(dataset(), GLOBAL_BATCH, shuffle=False)
+        if phase == "resume":
+            rt.load_state(checkpoints, model, optimizer)
+        for features, labels in loader:
+            features, labels = rt.to_device((features, labels))
+            rt.backward(nn.functional.cross_entropy(model(features), labels), model)
+            rt.step(optimizer, model)
+            rt.zero_grad(optimizer)
+            if rt.steps == 40:
+                seen.append(sum(len(batch[0]) for batch in validation))
+            if phase == "first" and rt.steps == 45:
+                rt.save_state(checkpoints, model, optimizer, extra={"epoch": 0})
+                return seen
+        seen.append(sum(len(batch[0]) for batch in validation))
+    return seen
+
+
+def test_a_loader_whose_pass_had_finished_starts_its_next_pass_whole_after_a_resume(tmp_path):
+    # The validation pass at step 40 had finished when the training loader's position was saved at step 45.
+    assert loop_with_validation(str(tmp_path), "first") == [SAMPLES]
+    assert loop_with_validation(str(tmp_path), "resume") == [SAMPLES]

@@ -50,6 +50,8 @@ class ResumableLoader(DataLoader):
         self._epoch = self.sampler.epoch
         self._handed = 0
         """Samples of the epoch's global order handed to the loop in the pass under way (or the last one)."""
+        self._finished = False
+        """Whether that pass ran to its end (the loop's ``for`` over it finished)."""
         self.resumed: Resumed | None = None
         self.continuity: dict | None = None
         """The record of the last resume, once its first step was checked."""
@@ -60,13 +62,14 @@ class ResumableLoader(DataLoader):
 
     def __iter__(self):
         sampler = self.sampler
-        self._epoch, self._handed = sampler.epoch, sampler.start * self._world
+        self._epoch, self._handed, self._finished = sampler.epoch, sampler.start * self._world, False
         for k, batch in enumerate(super().__iter__()):
             # Counted as it is handed out: a batch the loop received is trained (or deliberately passed over).
             self._handed += self.global_micro_batch
             if self.resumed is not None:
                 self.resumed.handed.append(sampler.pass_indices[k * self.batch_size:(k + 1) * self.batch_size])
             yield batch
+        self._finished = True
 
     # -- the position a checkpoint records -------------------------------------------------
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -80,15 +83,24 @@ class ResumableLoader(DataLoader):
     def position(self) -> dict:
         """Where the loop stands: the epoch of the pass under way (or the last), the samples of its order handed
         out, and digests of that order and of the samples before the position."""
-        order = self._epoch_order(self._epoch)
-        handed = min(self._handed, len(order))
-        return {"epoch": self._epoch, "position": handed, "epoch_samples": len(order), "order": order_digest(order),
-                "consumed": order_digest(sorted(order[:handed])), "global_micro_batch": self.global_micro_batch}
+        epoch, handed, finished = self._epoch, self._handed, self._finished
+        if self.sampler.pending is not None:  # resumed, its pass not begun: still where the checkpoint stood
+            epoch, handed, _ = self.sampler.pending
+            finished = False
+        order = self._epoch_order(epoch)
+        handed = min(handed, len(order))
+        return {"epoch": epoch, "position": handed, "epoch_samples": len(order), "order": order_digest(order),
+                "consumed": order_digest(sorted(order[:handed])), "global_micro_batch": self.global_micro_batch,
+                "finished": finished}
 
     # -- a resume ----------------------------------------------------------------------------
     def resume(self, recorded: dict, step_samples: int) -> None:
         """Continue after ``recorded`` (a checkpoint's :meth:`position`); ``step_samples``: the samples of one
         optimizer step (global batch), to tell a finished epoch from one with a step left."""
+        if recorded.get("finished") and not self.sampler.shuffle:
+            # An unshuffled loader (an evaluation set, say) whose last pass ran to its end: the next pass starts
+            # whole, as it would have.  (A shuffled one at the end of its epoch continues as any other position.)
+            return
         epoch, position = recorded["epoch"], recorded["position"]
         order = self._epoch_order(epoch)
         mine = {"epoch_samples": len(order), "order": order_digest(order),
