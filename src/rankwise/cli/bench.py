@@ -21,8 +21,8 @@ after the first K steps are compared with `single`'s against the row's stated to
 repeats alternate the order and the report takes medians.
 
 Writes report.md, report.json (every number) and report.png to --out, and prints the table.
---script exits 0 when every row ran and passed, 1 when a row failed the equivalence check,
-4 when a row could not run (its error once, under the table, with the script's line).
+Exit 0 when every row ran and passed, 1 when a row failed a check (equivalence, evaluation
+count), 4 when a row could not run (its error once, under the table, with the script's line).
 """
 
 from __future__ import annotations

@@ -132,9 +132,9 @@ def test_a_log_gets_one_progress_line_per_run_not_per_update(tmp_path, monkeypat
     run_all(the_plan, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["bench [1/4] single (repeat 1/2): 3.0 s, 500.0 samples/s",
-                     "bench [2/4] ddp (repeat 1/2): 1.0 s, failed: boom",
+                     "bench [2/4] ddp (repeat 1/2): 1.0 s, could not run (why: under the table)",
                      "bench [3/4] ddp (repeat 2/2): 3.0 s, 500.0 samples/s",
-                     "bench [4/4] single (repeat 2/2): 1.0 s, failed: boom"]
+                     "bench [4/4] single (repeat 2/2): 1.0 s, could not run (why: under the table)"]
 
 
 def test_a_ratio_from_one_pair_says_so():
@@ -145,3 +145,16 @@ def test_a_ratio_from_one_pair_says_so():
 
     assert "from one pair only" in report.reading_text(summary([1.05]))
     assert "median of 3 alternating pair(s): 1.0, 1.05, 0.98" in report.reading_text(summary([1.0, 1.05, 0.98]))
+
+
+def test_a_row_that_could_not_run_shows_its_error_once_under_the_table():
+    error = "rank 0 (host vm, local rank 0, pid 1) failed first, with exit code 1: ConfigError: boom"
+    records = [{"row": "ddp", "about": "x", "processes": 2, "threads": 1, "tolerance": 1e-5, "missing": None,
+                "runs": [{"error": error, "wall_s": 1.0}]}]
+    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 8, "batch_size": 32, "nproc": 2,
+            "repeats": 1, "equivalence_step": 5, "libraries": {}, "cpu": "test", "cores": 2, "cuda": None,
+            "torch": "x", "python": "y"}
+    summary = report.summarize(records, meta)
+    text = report.table(summary)
+    assert summary["rows"][0]["status"] == "could not run" and "| could not run |" in text
+    assert text.count("ConfigError: boom") == 1 and f"- ddp: {error}" in text

@@ -12,6 +12,10 @@ ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
 
 
+EXIT_COULD_NOT_RUN = 4
+"""``rankwise bench``'s exit code when a row crashed and none failed a check (which exits 1)."""
+
+
 def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
     """The median of ``key`` over the runs that have it (rounded), or None."""
     values = [run[key] for run in runs if run.get(key) is not None]
@@ -38,7 +42,9 @@ def summarize(records: list[dict], meta: dict) -> dict:
         if record["missing"]:
             line["status"] = f"not installed: {record['missing']}"
         elif not runs:
-            line["status"] = f"failed: {record['runs'][0]['error']}" if record["runs"] else "not run"
+            line["status"] = "could not run" if record["runs"] else "not run"
+            if record["runs"]:  # the error once, under the table
+                line["reason"] = record["runs"][0]["error"]
         else:
             first = runs[0]
             speed = median(runs, "steady_samples_per_s")
@@ -130,7 +136,8 @@ def table(summary: dict) -> str:
                    f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
                    f"{_check(line['equivalent'])} |")
-    return "\n".join(out)
+    crashed = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line["status"] == "could not run"]
+    return "\n".join(out + ([""] + crashed if crashed else []))
 
 
 def _flops(line: dict) -> str:

@@ -32,7 +32,7 @@ from rankwise.launch.choice import Choice
 from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
-from rankwise.tools.bench.report import median, run_line
+from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.harness import crashed, run_script
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework
@@ -224,9 +224,6 @@ def _window(good: list[dict]) -> dict:
             "window_short": any((run.get("steady_s") or 0) < MIN_WINDOW_S for run in good),
             "spread": round((max(speeds) - min(speeds)) / middle, 4) if len(speeds) > 1 and middle else None}
 
-
-EXIT_COULD_NOT_RUN = 4
-"""``bench --script``'s exit code when a row crashed and none failed the equivalence check (which exits 1)."""
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
                  "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}

@@ -102,8 +102,10 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
             bar.update(1)
             done += 1
             if progress and not live:
-                print(report.run_line(done, bar.total, row.name, repeat, plan.repeats, run), file=sys.stderr,
-                      flush=True)
+                line = report.run_line(done, bar.total, row.name, repeat, plan.repeats, run)
+                if "error" in run:  # its error once, under the table
+                    line = f"{line.split(', failed: ')[0]}, could not run (why: under the table)"
+                print(line, file=sys.stderr, flush=True)
     bar.close()
     reference = _equivalence_weights(records.get("single"), plan)
     for row in plan.rows:
@@ -203,8 +205,10 @@ def bench(rows: list[Row], args) -> int:
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
     if args.json:
         print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
-    failed = summary["reading"]["failing"] + [line["row"] for line in summary["rows"]
-                                              if line["status"].startswith("failed")]
+    failed = summary["reading"]["failing"]
+    crashed = [line["row"] for line in summary["rows"] if line["status"] == "could not run"]
     if failed:
-        print(f"rankwise bench: {', '.join(failed)} failed a run or a check (see the table)", file=sys.stderr)
-    return 1 if failed else 0
+        print(f"rankwise bench: {', '.join(failed)} failed a check (see the table)", file=sys.stderr)
+    if crashed:
+        print(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)", file=sys.stderr)
+    return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0
