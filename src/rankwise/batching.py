@@ -19,6 +19,7 @@ with the same seed and global batch, whatever the world size or accumulation.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -206,6 +207,15 @@ def global_order(sampler: DistributedSampler) -> list[int]:
         return list(range(len(sampler.dataset)))
     generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)  # DistributedSampler's own draw
     return torch.randperm(len(sampler.dataset), generator=generator).tolist()
+
+
+def epoch_order(sampler: DistributedSampler, epoch: int, samples: int | None = None) -> list[int]:
+    """The global order of ``sampler``'s ``epoch`` (its first ``samples``), leaving the sampler, and a resume it
+    holds, as they are."""
+    at = copy.copy(sampler)  # the loader's own sampler keeps the epoch it is iterating
+    at.pending = None  # a ShardSampler's resume would overrule the epoch asked for
+    at.set_epoch(epoch)
+    return global_order(at)[:samples]
 
 
 def order_digest(indices: Sequence[int]) -> str:

@@ -17,12 +17,11 @@ number valid at any world size: how many samples of the epoch's order the batche
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from torch.utils.data import DataLoader
 
-from rankwise.batching import ShardSampler, global_order, order_digest
+from rankwise.batching import ShardSampler, epoch_order, global_order, order_digest
 from rankwise.errors import ConfigError
 
 
@@ -74,11 +73,8 @@ class ResumableLoader(DataLoader):
     # -- the position a checkpoint records -------------------------------------------------
     def _epoch_order(self, epoch: int) -> list[int]:
         """The samples a pass of ``epoch`` hands out, in the global order (whole batches only)."""
-        at = copy.copy(self.sampler)
-        at.pending = None
-        at.set_epoch(epoch)
-        whole = at.num_samples // self.batch_size * self.global_micro_batch if self.drop_last else None
-        return global_order(at)[:whole]
+        whole = self.sampler.num_samples // self.batch_size * self.global_micro_batch if self.drop_last else None
+        return epoch_order(self.sampler, epoch, whole)
 
     def position(self) -> dict:
         """Where the loop stands: the epoch of the pass under way (or the last), the samples of its order handed

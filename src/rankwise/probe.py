@@ -50,8 +50,8 @@ class Probe:
         self.started: float | None = None
         self.timed_from = 0
         self.end = steps
-        self.decisions = 0
         """The step the probe ends the script at: ``steps``, then (a benchmark) later if the window was short."""
+        self.decisions = 0
         self.trace: StepTrace | None = None
         """What ``rankwise verify`` compares step by step; ``None`` for a benchmark."""
 

@@ -56,6 +56,7 @@ from rankwise import dist, hangs, state
 from rankwise.agreement import agree_with_rank0
 from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
+from rankwise.launch.failures import record_for_launcher
 from rankwise.position import ResumableLoader
 from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
@@ -382,13 +383,10 @@ class Runtime:
             self.probe.script_ended(self)  # the loop ended before the probe's last step
         explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
         self.teardown(clean=done)
-        if not done and "TORCHELASTIC_ERROR_FILE" in os.environ:
+        if not done:
             # Under torchrun's agent (rankwise launch): the failure summary then names what happened, not only
             # an exit code, for a user's script too (rankwise train's worker records it itself, with @record).
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            with contextlib.suppress(OSError):  # the record is a help: never hide the real failure
-                ErrorHandler().record_exception(explained or exc)
+            record_for_launcher(explained or exc)
         if explained is not None:
             raise explained from exc
 

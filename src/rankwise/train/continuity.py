@@ -17,13 +17,12 @@ before the position, a digest of the training data, the learning rate and the la
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 from torch.utils.data import DistributedSampler
 
-from rankwise.batching import global_order, order_digest, rank_sampler
+from rankwise.batching import epoch_order, global_order, order_digest, rank_sampler
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 
@@ -35,9 +34,7 @@ def position(sampler: DistributedSampler, steps_per_epoch: int, batch_size: int,
     """Where ``step`` optimizer steps leave the data: its epoch, the position in that epoch's global order, and
     digests of the order and of the samples before the position (``sampler``: the training loader's)."""
     epoch = step // steps_per_epoch
-    at = copy.copy(sampler)  # the loader's own sampler keeps the epoch it is iterating
-    at.set_epoch(epoch)
-    used = global_order(at)[:steps_per_epoch * batch_size]  # the trailing incomplete batch is dropped
+    used = epoch_order(sampler, epoch, steps_per_epoch * batch_size)  # the trailing incomplete batch is dropped
     offset = (step - epoch * steps_per_epoch) * batch_size
     return {"epoch": epoch, "position": offset, "epoch_samples": len(used), "order": order_digest(used),
             "consumed": order_digest(sorted(used[:offset]))}

@@ -23,8 +23,9 @@ def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
 
 
 def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
-    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``."""
-    outcome = f"failed: {run['error']}" if "error" in run else \
+    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``; a run that
+    could not run points to the table's notes, which carry its error once."""
+    outcome = "could not run (why: under the table)" if "error" in run else \
         f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
     return f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
 

@@ -33,7 +33,7 @@ from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
-from rankwise.tools.harness import crashed, run_script
+from rankwise.tools.harness import run_script
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.tools.watch.runs import watched_run
@@ -108,10 +108,7 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
             result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1
-            line = run_line(done, total, row.name, repeat, repeats, result)
-            if crashed(result):  # its error once, under the table
-                line = f"{line.split(', failed: ')[0]}, could not run (why: under the table)"
-            print(line, file=sys.stderr, flush=True)
+            print(run_line(done, total, row.name, repeat, repeats, result), file=sys.stderr, flush=True)
     verdicts = {}
     for row in runnable:
         if row.reference or not any("error" not in run for run in runs[row.name]):
