@@ -64,6 +64,25 @@ def test_spawn_failure_names_the_rank():
         rankwise.spawn(_fail_on_rank_one, 2)
 
 
+def _victim_first(local_rank: int) -> None:
+    import time
+
+    if local_rank == 0:  # what a peer of a crashed rank reports, here before the crash itself is known
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:6313")
+    time.sleep(0.5)
+    raise ValueError("the real cause")
+
+
+def test_spawn_names_the_cause_even_when_a_victim_exits_first():
+    # join() reports whichever process it sees exit first: here the victim, every time.
+    with pytest.raises(LaunchError) as failed:
+        rankwise.spawn(_victim_first, 2)
+    summary = str(failed.value)
+    assert re.search(r"rank 1 \(host \S+, local rank 1, pid \d+\) failed first, with an exception: "
+                     r"ValueError: the real cause", summary), summary
+    assert re.search(r"rank 0 .* also failed, with an exception: RuntimeError: Connection closed by peer", summary)
+
+
 def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    raise RuntimeError('rank one broke')\n")

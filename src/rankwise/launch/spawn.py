@@ -8,6 +8,7 @@ the group exactly as under torchrun.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -23,6 +24,9 @@ from rankwise.launch.failures import RankFailure
 from rankwise.launch.network import choose_interface, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
 from rankwise.process import ProcessEnv
+
+PEER_GRACE_S = 5.0
+"""How long the other ranks of a node get to exit by themselves after one failed, before they are terminated."""
 
 
 def _entry(local_rank: int, fn: Callable, nprocs: int, nnodes: int, node_rank: int, master_addr: str,
@@ -78,21 +82,41 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not context.join():
+        # A failed rank's peers usually fail on their own within moments (their connection to it closed): the
+        # grace period lets them write their errors, so the summary can tell the cause from its victims.
+        while not context.join(grace_period=PEER_GRACE_S):
             pass
-    except mp.ProcessRaisedException as e:
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        raise LaunchError.from_ranks([RankFailure(node_rank * nprocs + e.error_index, e.error_index, e.error_pid,
-                                                  "an exception", lines[-1], str(e), socket.gethostname(),
-                                                  time.time())]) from None
     except mp.ProcessExitedException as e:
         if received and e.exit_code == 128 + received[0]:
             raise Stopped(received[0]) from None  # the workers checkpointed and exited as asked
-        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        raise LaunchError.from_ranks([RankFailure(node_rank * nprocs + e.error_index, e.error_index, e.error_pid,
-                                                  how, "", "", socket.gethostname(), time.time())]) from None
+        raise LaunchError.from_ranks(_failures(context, e, node_rank, nprocs)) from None
+    except mp.ProcessRaisedException as e:
+        raise LaunchError.from_ranks(_failures(context, e, node_rank, nprocs)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
         raise Stopped(received[0])
+
+
+def _failures(context, first: Exception, node_rank: int,
+              nprocs: int) -> list[RankFailure]:
+    """Every failed rank of this node: the one ``join`` reported and each other that wrote an error (the first
+    to be reported is not always the cause: a peer that lost its connection to the cause may exit sooner)."""
+    host = socket.gethostname()
+    failures = []
+    for index, process in enumerate(context.processes):
+        error_file = context.error_files[index]
+        if os.path.exists(error_file) and os.path.getsize(error_file):
+            with open(error_file, "rb") as handle:
+                trace = pickle.load(handle)
+            lines = [line for line in trace.strip().splitlines() if line.strip()]
+            failures.append(RankFailure(node_rank * nprocs + index, index, process.pid, "an exception",
+                                        lines[-1] if lines else "", trace, host, os.path.getmtime(error_file)))
+        elif index == first.error_index:
+            exit_code = getattr(first, "exit_code", process.exitcode)
+            name = getattr(first, "signal_name", None)
+            how = f"signal {name}" if name else f"exit code {exit_code}"
+            failures.append(RankFailure(node_rank * nprocs + index, index, process.pid, how, "", "", host,
+                                        time.time()))
+    return failures
