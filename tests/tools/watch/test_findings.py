@@ -50,3 +50,14 @@ def test_every_rank_training_on_the_same_samples_is_an_unsharded_loader():
     assert finding.level == "error" and "not sharded" in finding.text and "DistributedSampler" in finding.text
     sharded = [_record(0, [_pass(trained=16, first="aceg")]), _record(1, [_pass(trained=16, first="bdfh")])]
     assert findings(sharded, 2) == []
+
+
+def test_a_value_read_back_every_step_is_a_sync_point_and_one_read_now_and_then_is_not():
+    every = {".item() at train.py:12": {"calls": 4, "seconds": 0.004, "steps": 4}}
+    (finding,) = findings([_record(0, [], reads=every, device="cuda"), _record(1, [], reads=every)], 2)
+    assert finding.level == "warning" and finding.text.startswith(".item() at train.py:12 runs every step")
+    assert "1.0% of the step time on rank 0" in finding.text and "total += loss.detach()" in finding.text
+    (on_cpu,) = findings([_record(0, [], reads=every, device="cpu")], 1)
+    assert "on the CPU, where it costs nothing; on a GPU each call waits" in on_cpu.text
+    seldom = {".item() at train.py:12": {"calls": 1, "seconds": 0.001, "steps": 1}}
+    assert findings([_record(0, [], reads=seldom, device="cuda")], 1) == []

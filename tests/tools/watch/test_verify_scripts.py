@@ -57,10 +57,12 @@ def test_the_source_documents_mistakes_in_a_plain_ddp_script_are_each_found(tmp_
     assert any("set_epoch was never called" in text and "2 passes" in text for text in errors), errors
     assert any("80 predictions" in text and "40-sample set" in text and "each of the 2 ranks evaluated the whole"
                in text for text in errors), errors
-    assert any("'module.'" in text and "plain_ddp.py:80" in text for text in warnings), warnings
+    assert any("'module.'" in text and "plain_ddp.py:81" in text for text in warnings), warnings
     assert any("2 ranks wrote one checkpoint file" in text for text in warnings), warnings
     assert any(text.startswith("barrier at plain_ddp.py:66 runs every step") for text in warnings), warnings
     assert any(text.startswith("all_reduce at plain_ddp.py:68 runs every step") for text in warnings), warnings
+    assert any(text.startswith(".item() at plain_ddp.py:69 runs every step") and "on a GPU each call waits" in text
+               for text in warnings), warnings
     assert "findings that change results: exit 1" in proc.stdout
 
 

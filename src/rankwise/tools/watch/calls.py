@@ -1,9 +1,11 @@
-"""What a script does around its steps: the collectives it calls itself (by call site, timed), ``torch.save``, and
-the DDP communication hook it registers."""
+"""What a script does around its steps: the collectives it calls itself (by call site, timed), the values it reads
+back to Python (``.item()``: on a GPU each waits for the device), ``torch.save``, and the DDP communication hook it
+registers."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,9 @@ COLLECTIVES = ("all_reduce", "barrier", "all_gather", "all_gather_object", "all_
                "gather_object", "all_to_all", "all_to_all_single", "monitored_barrier")
 """The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among them)."""
 
+NOT_THE_SCRIPT = (str(Path(__file__).resolve().parents[2]), "<")
+"""Callers whose ``.item()`` is not the script's own line: rankwise itself, and code without a file."""
+
 
 class CallWatch:
     def __init__(self, step: Callable[[], int]):
@@ -28,9 +33,12 @@ class CallWatch:
         self.comm_hook = "none"
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
+        self.reads: dict[str, dict] = {}
+        """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on a GPU."""
 
     def install(self) -> None:
         patch(torch, "save", self._save)
+        patch(torch.Tensor, "item", self._item)
         for name in COLLECTIVES:
             if hasattr(dist, name):
                 patch(dist, name, self._collective(name))
@@ -38,8 +46,24 @@ class CallWatch:
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
 
     def records(self) -> dict:
-        return {site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
-                for site, v in self.collectives.items()}
+        return _summarised(self.collectives)
+
+    def read_records(self) -> dict:
+        return _summarised(self.reads)
+
+    def _item(self, original):
+        watcher = self
+
+        def item(tensor):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(NOT_THE_SCRIPT) or "site-packages" in caller or "/torch/" in caller:
+                return original(tensor)  # torch's, a framework's or rankwise's own read: not the script's line
+            started = time.perf_counter()
+            try:
+                return original(tensor)
+            finally:
+                _count(watcher.reads, f".item() at {call_site()}", time.perf_counter() - started, watcher.step())
+        return item
 
     def _collective(self, name: str):
         watcher = self
@@ -52,10 +76,7 @@ class CallWatch:
                     return original(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - started
-                    entry = watcher.collectives.setdefault(site, {"calls": 0, "seconds": 0.0, "steps": set()})
-                    entry["calls"] += 1
-                    entry["seconds"] += spent
-                    entry["steps"].add(watcher.step())
+                    _count(watcher.collectives, site, spent, watcher.step())
                     watcher.collective_seconds += spent
             return call
         return make
@@ -80,3 +101,15 @@ class CallWatch:
                                   "site": call_site(), "module_prefix": prefixed, "step": watcher.step()})
             return original(obj, f, *args, **kwargs)
         return save
+
+
+def _count(sites: dict[str, dict], site: str, seconds: float, step: int) -> None:
+    entry = sites.setdefault(site, {"calls": 0, "seconds": 0.0, "steps": set()})
+    entry["calls"] += 1
+    entry["seconds"] += seconds
+    entry["steps"].add(step)
+
+
+def _summarised(sites: dict[str, dict]) -> dict:
+    return {site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
+            for site, v in sites.items()}

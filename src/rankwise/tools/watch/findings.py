@@ -143,17 +143,22 @@ def _saves(records: list[dict]) -> list[Finding]:
     return out
 
 
-def _sync_points(records: list[dict]) -> list[Finding]:
-    record = records[0]
+def _every_step(record: dict, sites: dict) -> list[tuple[str, dict, float]]:
+    """The call sites in ``sites`` that ran in every step (the first may be warm-up), with their share of the step
+    time, costliest first."""
     steps = record["steps"]
     if steps < 2:
         return []
     total = sum(record["step_seconds"]) or 1.0
-    out = []
-    for site, entry in sorted(record["collectives"].items(), key=lambda item: -item[1]["seconds"]):
-        if entry["steps"] < steps - 1 or entry["calls"] < steps - 1:
-            continue
-        share = entry["seconds"] / total
+    return [(site, entry, entry["seconds"] / total)
+            for site, entry in sorted(sites.items(), key=lambda item: -item[1]["seconds"])
+            if entry["steps"] >= steps - 1 and entry["calls"] >= steps - 1]
+
+
+def _sync_points(records: list[dict]) -> list[Finding]:
+    record, out = records[0], []
+    steps = record["steps"]
+    for site, entry, share in _every_step(record, record["collectives"]):
         head = f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of the step time on " \
                "rank 0: every rank waits for the slowest there"
         if "(via " in site:  # the framework's own, made from the script's call
@@ -164,4 +169,13 @@ def _sync_points(records: list[dict]) -> list[Finding]:
                                           "synchronise the gradients); a value reduced only for logging can be "
                                           "reduced every N steps; a count the loss needs (its tokens over the "
                                           "ranks) is worth its cost"))
+    on_gpu = record.get("device") == "cuda"
+    for site, entry, share in _every_step(record, record.get("reads", {})):
+        cost = f"{share:.1%} of the step time on rank 0" if on_gpu else \
+            f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a GPU each call waits for " \
+            "the device"
+        out.append(Finding("warning", f"{site} runs every step ({entry['calls']} calls in {steps} steps), {cost}: "
+                                      "the CPU cannot queue the next step's work until the device has finished "
+                                      "this one's. Read the value every N steps, or add it up on the device "
+                                      "(total += loss.detach()) and read it once"))
     return out

@@ -309,7 +309,7 @@ class Watcher:
         """What this rank saw, for the findings that need no reference (written at the end by every rank)."""
         return {"rank": rank_and_world()[0], "world_size": rank_and_world()[1], "steps": self.step,
                 "passes": self.data.records(), "set_epoch_calls": self.data.set_epoch_calls,
-                "collectives": self.calls.records(),
+                "collectives": self.calls.records(), "reads": self.calls.read_records(), "device": self.facts["device"],
                 "saves": self.calls.saves, "replicas_differ": self.replicas_differ, "unscaled": self.data.unscaled,
                 "step_seconds": [round(s, 6) for s in self.step_seconds],
                 "step_collective_seconds": [round(s, 6) for s in self.step_collective_seconds],

@@ -66,6 +66,7 @@ for epoch in range(args.epochs):
             dist.barrier()
             reported = loss.detach().clone()
             dist.all_reduce(reported)
+            logged = reported.item() / world  # the source documents log the mean loss every step
     model.eval()
     predictions = []
     with torch.no_grad():
