@@ -58,3 +58,10 @@ def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
     rows = {row["row"]: row for row in report["rows"]}
     assert list(rows) == ["fabric x1", "fabric x2"] and rows["fabric x2"]["verdict"] == "equivalent"
     assert rows["fabric x2"]["samples_per_s"] > 0 and report["fastest"] in rows
+    # The model's FLOPs, counted in the first step: Linear(16, 32) and Linear(32, 2), 2 FLOPs a multiply-add;
+    # forward 1,152 a sample, the weights' gradients as many, the input gradient of the second layer 128.
+    for row in rows.values():
+        assert row["flops_counted"] == "first step"
+        assert abs(row["tflops_per_s"] * 1e12 / row["samples_per_s"] - 2432) < 1, row
+        assert 0 < row["mfu"] < 1, row
+    assert "TFLOP/s: the model FLOPs torch's counter saw" in output

@@ -193,7 +193,7 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
                  "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first.get("cuda_max_allocated_mb"),
                  "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None,
-                 **_window(good)}
+                 **_window(good), **_utilisation(first, speed)}
         if row.reference:
             line["verdict"] = "reference"
         elif row.name in verdicts:
@@ -208,6 +208,18 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
     fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)
     return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()},
             "fastest": fastest["row"] if fastest else None}
+
+
+def _utilisation(run: dict, samples_per_s: float | None) -> dict:
+    """The row's TFLOP/s (its FLOPs per sample, counted by the watcher, times its samples/s) and MFU against the peak
+    its ranks measured (and the datasheet's, for a known GPU); ``None`` where the FLOPs were not counted."""
+    per_sample = run.get("flops_per_sample")
+    if not per_sample or not samples_per_s:
+        return {"tflops_per_s": None, "mfu": None, "mfu_datasheet": None, "flops_counted": run.get("flops_counted")}
+    achieved = per_sample * samples_per_s
+    peak, sheet = run.get("peak_flops_per_s"), run.get("datasheet_flops_per_s")
+    return {"tflops_per_s": float(f"{achieved / 1e12:.4g}"), "mfu": float(f"{achieved / peak:.4g}") if peak else None,
+            "mfu_datasheet": round(achieved / sheet, 4) if sheet else None, "flops_counted": run["flops_counted"]}
 
 
 def _window(good: list[dict]) -> dict:
@@ -226,23 +238,37 @@ VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable
                  "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
 
 
+def _tflops(line: dict) -> str:
+    value = line.get("tflops_per_s")
+    return "—" if value is None else f"{value:.3g}"
+
+
+def _mfu(line: dict) -> str:
+    """Of the measured peak, then (a known GPU) of the datasheet's."""
+    if line.get("mfu") is None:
+        return "—"
+    if line["mfu"] < 0.001:
+        return "<0.1%"  # a toy model on a CPU
+    return f"{line['mfu']:.1%}" + (f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else "")
+
+
 def _difference(value: float | None, limit: float | None) -> str:
     return "—" if value is None else f"{value:.1e} ({limit:.0e})"
 
 
 def table(summary: dict) -> str:
-    out = ["| row | procs | samples/s | speedup | peak RSS MB/rank | Δgradient (tol) | Δweights (tol) | equivalent |",
-           "|---|---:|---:|---:|---|---|---|---|"]
+    out = ["| row | procs | samples/s | speedup | TFLOP/s | MFU | peak RSS MB/rank | Δgradient (tol) | Δweights (tol) "
+           "| equivalent |", "|---|---:|---:|---:|---:|---:|---|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} | | | | | | {line['status']} |")
+            out.append(f"| {line['row']} | {line['processes']} | | | | | | | | {line['status']} |")
             continue
         verdict = VERDICT_CELLS.get(line["verdict"], "—")
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         speed = "—" if line["samples_per_s"] is None else f"{line['samples_per_s']:,.0f}"
         if line["samples_per_s"] is not None and line.get("spread") is not None:
             speed += f" ±{line['spread'] / 2:.0%}"  # half the spread over the repeats
-        out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | "
+        out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | {_tflops(line)} | {_mfu(line)} | "
                    f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{_difference(line.get('max_gradient_diff'), line.get('gradient_tolerance'))} | "
                    f"{_difference(line.get('max_param_diff'), line.get('tolerance'))} | {verdict} |")
@@ -253,6 +279,13 @@ def table(summary: dict) -> str:
                      f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process following "
                      "the row in lockstep (its weights before each step, its gradient applied)")
     notes += _window_notes(summary["rows"])
+    if any(line.get("tflops_per_s") for line in summary["rows"]):
+        notes.append("TFLOP/s: the model FLOPs torch's counter saw in each row's first step (forward and backward, a "
+                     "warm-up step), per sample, times samples/s; MFU: that over the matrix-product peak the row's "
+                     "ranks measured after their window at the step's dtype (and / the datasheet's, on a known GPU)")
+    uncounted = sorted({line["flops_counted"] for line in summary["rows"] if line.get("flops_counted")
+                        and line["flops_counted"] != "first step"})
+    notes += [f"no TFLOP/s: {why}" for why in uncounted]
     notes += [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
     notes += [f"- {note}" for note in summary.get("notes", [])]
     if summary.get("fastest"):

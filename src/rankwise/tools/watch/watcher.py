@@ -34,6 +34,7 @@ from rankwise.memory import peak_rss_megabytes
 from rankwise.throughput import WINDOW_DECISIONS, window_end
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.watch.calls import CallWatch
+from rankwise.tools.watch.flops import StepFlops, utilisation
 from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
 from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
 from rankwise.trace import (
@@ -71,6 +72,9 @@ class Watcher:
         self.names: dict[int, str] = {}
         self.data = LoaderWatch(scale=scale, follow=self.follow, on_batch=self._batch_yielded, digest_all=trace)
         self.calls = CallWatch(lambda: self.step)
+        self.flops = StepFlops()
+        """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
+        self.flops_samples = 0
         self.replicas_differ: list[int] = []
         self.facts = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
                       "precision": "32-true", "device": "cpu", "comm_hook": "none", "tf32": False,
@@ -115,6 +119,8 @@ class Watcher:
             return
         if not any(ref() is module for ref in self.models):
             self._new_model(module)
+        if not self.trace and not self.step and torch.is_grad_enabled():
+            self.flops.start(module, self.facts["device"])
         if self.follow is not None and not self.step and self._random is None and torch.is_grad_enabled() \
                 and not hasattr(module.forward, "_torchdynamo_orig_callable"):
             self._random = RandomOps(module)
@@ -200,6 +206,8 @@ class Watcher:
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self._is_wrapper(optimizer):
             return
+        if not self.step:
+            self.flops.stop()
         self.record.learning_rates = learning_rates(optimizer)
         named = self._parameters(optimizer)
         if rank_and_world()[1] == 1:
@@ -230,6 +238,8 @@ class Watcher:
         self.step_seconds.append(now - self.step_started)
         self.step_collective_seconds.append(self.calls.collective_seconds)
         self.step_started, self.calls.collective_seconds = now, 0.0
+        if self.step == 1:
+            self.flops_samples = len(self.record.samples)
         if self.step == self.warmup:
             self.started, self.timed_samples = now, 0
         elif self.started is not None:
@@ -285,6 +295,11 @@ class Watcher:
             torch.cuda.is_initialized() else None
         # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
         gathered = gather((peak_rss_megabytes(), self.timed_samples, cuda))
+        # Why: every rank measures its matrix-product peak at once (sharing the machine as in training), after the
+        # gather above has brought them to the same point.
+        device = torch.device("cuda", torch.cuda.current_device()) if self.facts["device"] == "cuda" else \
+            torch.device(self.facts["device"])
+        counted = gather((self.flops.flops, self.flops_samples, self.flops.peak(device)))
         launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
         if world == 1 < launched:  # the script left its process group already: the ranks trained alike
             world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
@@ -299,7 +314,9 @@ class Watcher:
                 "steady_s": round(seconds, 4) if seconds else None,
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
                 "precision": "as written", "peak_rss_mb": [rss for rss, _, _ in gathered],
-                "cuda_max_allocated_mb": [c for _, _, c in gathered], "model": {
+                "cuda_max_allocated_mb": [c for _, _, c in gathered],
+                **utilisation(*map(list, zip(*counted, strict=True)), device, self.flops.dtype, ranks),
+                "flops_counted": "first step" if self.flops.flops else self.flops.skipped or None, "model": {
                     "batch_dependent": self.facts["batch_dependent"],
                     "dropout": sorted({d["type"] for d in self.facts["dropout"]})}}, indent=2))
 
