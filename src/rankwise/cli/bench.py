@@ -45,7 +45,10 @@ def add_parser(commands) -> None:
     p.add_argument("--strategies", metavar="ROW,ROW", help="rows to run (single is always added as the "
                    f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves "
                    f"out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
-                   f"{', '.join(row.name for row in ROWS if row.opt_in)}")
+                   f"{', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise strategies for a "
+                   "script on rankwise.setup(); the launcher's own strategy names for a Lightning Fabric script "
+                   "(fabric run --strategy: ddp, fsdp, deepspeed, ...) or an Accelerate one (ddp, fsdp, deepspeed), "
+                   "each a row at the largest --nproc-per-node")
     p.add_argument("--nproc", "--nproc-per-node", type=_world_sizes, default=[2], metavar="N[,N...]",
                    help="processes of each multi-process row (default 2); --script on a script not on "
                         "rankwise.setup(): a row per world size, e.g. 1,2 (one process is always the first row)")

@@ -65,3 +65,45 @@ def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
         assert abs(row["tflops_per_s"] * 1e12 / row["samples_per_s"] - 2432) < 1, row
         assert 0 < row["mfu"] < 1, row
     assert "TFLOP/s: the model FLOPs torch's counter saw" in output
+
+
+def test_fabric_strategies_are_rows_through_its_launch_setting_and_one_it_cannot_run_here_says_why(tmp_path):
+    code, output, report = _bench(tmp_path, "fabric_loop.py", "--strategies", "ddp,fsdp")
+    rows = {row["row"]: row for row in report["rows"]}
+    assert list(rows) == ["fabric x1", "fabric ddp x2", "fabric fsdp x2"], output
+    assert rows["fabric ddp x2"]["verdict"] == "equivalent" and rows["fabric ddp x2"]["strategy"] == "Fabric's ddp"
+    # Fabric's own refusal, from the run (this machine has no GPU), not a rankwise guess.
+    fsdp = rows["fabric fsdp x2"]
+    assert fsdp["status"] == "could not run" and "FSDP is only available on GPU" in fsdp["reason"], fsdp
+    assert code == 4 and report["fastest"] in ("fabric x1", "fabric ddp x2")
+
+
+def test_framework_strategy_names_are_checked_before_anything_runs(tmp_path, capsys):
+    from rankwise import cli
+
+    code = cli.main(["bench", "--script", str(SCRIPTS / "fabric_loop.py"), "--strategies", "zero9", "--out",
+                     str(tmp_path)])
+    assert code == 2 and "not a strategy `fabric run --strategy` takes here; one of ddp" in capsys.readouterr().err
+    code = cli.main(["bench", "--script", str(SCRIPTS / "plain_ddp.py"), "--strategies", "ddp", "--out",
+                     str(tmp_path)])
+    assert code == 2 and "chooses its strategy in its own code" not in capsys.readouterr().err  # refused earlier
+    assert not (tmp_path / "runs").exists()
+
+
+def test_accelerate_strategies_on_a_machine_without_a_gpu_are_rows_that_say_why_they_did_not_run(monkeypatch):
+    import torch
+
+    from rankwise.tools.bench.script import summarize, watched_rows
+    from rankwise.tools.watch.frameworks import framework
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rows = watched_rows(framework("accelerate"), [2], ["ddp", "fsdp", "deepspeed"])
+    assert [row.name for row in rows] == ["accelerate x1", "accelerate ddp x2", "accelerate fsdp x2",
+                                          "accelerate deepspeed x2"]
+    assert [row.missing() is None for row in rows] == [True, True, False, False]
+    assert rows[2].framework.environment == {"ACCELERATE_USE_CPU": "true", "ACCELERATE_USE_FSDP": "true",
+                                             "FSDP_VERSION": "2"}
+    summary = summarize(rows[2:], {row.name: [] for row in rows[2:]}, {})  # the rows that do not run
+    fsdp, deepspeed = summary["rows"]
+    assert deepspeed["status"] == "not available here" and "Accelerate runs DDP only" in deepspeed["reason"]
+    assert fsdp["status"] == "not available here" and "Accelerate runs DDP only" in fsdp["reason"]

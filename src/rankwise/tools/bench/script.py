@@ -50,20 +50,33 @@ class ScriptRow:
 
     @property
     def name(self) -> str:
-        return self.strategy if self.framework is None else f"{self.framework.name} x{self.processes}"
+        return self.strategy if self.framework is None else f"{self.framework.label} x{self.processes}"
 
     @property
     def reference(self) -> bool:
         return self.strategy == "single" if self.framework is None else self.processes == 1
 
     def missing(self) -> str | None:
-        return None if self.framework else unavailable(self.strategy)
+        """Why this row cannot run here: a strategy's package not installed, a framework strategy this machine
+        rules out."""
+        if self.framework is not None:
+            return self.framework.unavailable
+        reason = unavailable(self.strategy)
+        return f"not installed: {reason}" if reason else None
 
 
-def watched_rows(framework: Framework, world_sizes: list[int]) -> list[ScriptRow]:
-    """One row per world size, one process first (the reference)."""
-    sizes = sorted(set([1, *world_sizes]))
-    return [ScriptRow(framework.strategy_at(n), n, framework) for n in sizes]
+def watched_rows(framework: Framework, world_sizes: list[int], strategies: list[str] = ()) -> list[ScriptRow]:
+    """One row per world size, one process first (the reference); with ``strategies`` (the framework's launcher's
+    own names), the reference and one row per strategy at the largest world size."""
+    if not strategies:
+        sizes = sorted(set([1, *world_sizes]))
+        return [ScriptRow(framework.strategy_at(n), n, framework) for n in sizes]
+    processes = max(world_sizes)
+    if processes < 2:
+        raise ConfigError("--strategies: the strategies' rows need several processes (--nproc-per-node 2)")
+    chosen = [framework.with_strategy(name) for name in dict.fromkeys(strategies)]
+    return [ScriptRow(framework.strategy_at(1), 1, framework),
+            *(ScriptRow(choice.strategy_at(processes), processes, choice) for choice in chosen)]
 
 
 def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
@@ -181,7 +194,8 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
         line = {"row": row.name, "processes": row.processes, "strategy": row.strategy}
         missing = row.missing()
         if missing:
-            lines.append({**line, "status": f"not installed: {missing}"})
+            lines.append({**line, "status": missing} if row.framework is None else
+                         {**line, "status": "not available here", "reason": missing})
             continue
         good = ok[row.name]
         if not good:  # the error once, in the notes under the table
@@ -354,11 +368,14 @@ def bench(args) -> int:
             list(DEFAULT_STRATEGIES)
         rows = rows_for(strategies, args.nproc[0])
     else:
-        if args.strategies or args.precision:
-            raise ConfigError(f"--strategies/--precision: {script} is a {name} script, which sets its own strategy "
-                              "and precision; its rows are world sizes (--nproc-per-node 1,2)")
+        if args.precision:
+            raise ConfigError(f"--precision: {script} is a {name} script, which sets its own precision")
+        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else []
+        if strategies and name not in ("fabric", "accelerate"):
+            raise ConfigError(f"--strategies: {script} is a {name} script, which sets its own strategy in its code; "
+                              "its rows are world sizes (--nproc-per-node 1,2)")
         watched = framework(name)
-        rows = watched_rows(watched, args.nproc)
+        rows = watched_rows(watched, args.nproc, strategies)
         notes = [f"{name} script, started {watched.launch}; each row runs it unchanged"]
         if watched.note:
             notes.append(watched.note)

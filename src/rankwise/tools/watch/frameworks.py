@@ -20,7 +20,7 @@ Horovod's ranks start under ``horovodrun``, not torchrun.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,15 +40,72 @@ class Framework:
     """The strategy the script runs on several processes here, in words."""
     note: str | None = None
     """What this machine rules out for the framework (a bench row cannot be made for it)."""
+    choice: str | None = None
+    """The strategy asked of the framework's launcher (``bench --strategies``); ``None``: the script's default."""
+    unavailable: str | None = None
+    """Why that strategy cannot run here (the row says so instead of running)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.choice}" if self.choice else self.name
 
     def strategy_at(self, processes: int) -> str:
         return "one process" if processes == 1 else self.strategy
+
+    def with_strategy(self, name: str) -> Framework:
+        """The framework started with its launcher's strategy setting ``name``, as ``fabric run --strategy NAME`` or
+        ``accelerate launch --use_fsdp`` would: the script is not edited.  ``ConfigError`` for a framework that
+        chooses its strategy in code, or a name its launcher does not take."""
+        if self.name == "fabric":
+            names = fabric_strategies()
+            if name not in names:
+                raise ConfigError(f"--strategies {name}: not a strategy `fabric run --strategy` takes here; one of "
+                                  f"{', '.join(names)}")
+            return replace(self, environment={**self.environment, "LT_STRATEGY": name}, choice=name,
+                           strategy=f"Fabric's {name}")
+        if self.name == "accelerate":
+            if name not in ACCELERATE_STRATEGIES:
+                raise ConfigError(f"--strategies {name}: `accelerate launch` switches between "
+                                  f"{', '.join(ACCELERATE_STRATEGIES)}")
+            gpu = torch.cuda.is_available()
+            why = None
+            if name != "ddp" and not gpu:
+                why = self.note
+            elif name == "deepspeed":
+                why = ("the DeepSpeed engine steps its own flattened, partitioned fp32 copy of the weights, which "
+                       "the watcher's optimizer hooks cannot name parameter by parameter")
+            return replace(self, environment={**self.environment, **ACCELERATE_STRATEGIES[name]}, choice=name,
+                           strategy=f"Accelerate's {name}" + ("" if gpu else " (CPU)"), unavailable=why)
+        raise ConfigError(f"--strategies: a {self.name} script chooses its strategy in its own code; its rows are "
+                          "world sizes (--nproc-per-node 1,2)")
 
     def environment_for(self, processes: int) -> dict[str, str]:
         """What its launcher sets for ``processes`` ranks on this node (besides torchrun's own variables)."""
         if self.name == "fabric":  # what `fabric run --devices N` hands the script's Fabric(...)
             return {**self.environment, "LT_DEVICES": str(processes), "LT_NUM_NODES": "1"}
         return dict(self.environment)
+
+
+ACCELERATE_STRATEGIES = {
+    "ddp": {},
+    "fsdp": {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"},  # `accelerate launch --use_fsdp --fsdp_version 2`
+    "deepspeed": {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+}
+"""What ``accelerate launch`` sets for each of its strategies (its FSDP as FSDP2: parameters the watcher gathers)."""
+
+
+def fabric_strategies() -> list[str]:
+    """The strategies ``fabric run --strategy`` takes: Fabric's registry without the ones that start processes
+    themselves (spawn, fork, notebook) or need TPUs."""
+    try:
+        from lightning_fabric.strategies import STRATEGY_REGISTRY
+    except ImportError:
+        try:
+            from lightning.fabric.strategies import STRATEGY_REGISTRY
+        except ImportError:
+            return ["ddp", "fsdp", "deepspeed", "dp"]
+    return [name for name in STRATEGY_REGISTRY.available_strategies()
+            if not re.search(r"spawn|fork|notebook|xla|tpu", name)]
 
 
 def _imports(text: str, *modules: str) -> bool:
