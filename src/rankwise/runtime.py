@@ -52,13 +52,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
-from rankwise import dist, hangs, state
+from rankwise import dist, hangs, observers, state
 from rankwise.agreement import agree_with_rank0
 from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
 from rankwise.launch.failures import record_for_launcher
 from rankwise.position import ResumableLoader
-from rankwise.probe import Probe, ProbeDone
 from rankwise.process import ProcessEnv
 from rankwise.sharding import ShardingCheck
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
@@ -103,8 +102,8 @@ class Runtime:
         if seed is not None:
             seed_everything(seed)
         self._sharding = ShardingCheck(self.env.world_size)
-        self.probe = Probe.from_environment()
-        """Measurements a benchmark asked for (``rankwise bench --script``); ``None`` otherwise."""
+        self.observers = observers.registered()
+        """What a tool watches in this run (``rankwise verify``, ``bench --script``); empty otherwise."""
         self.steps = 0
         """Optimizer steps taken through :meth:`step` (restored by :meth:`load_state`)."""
         self._prepared: list[nn.Module] = []
@@ -161,8 +160,8 @@ class Runtime:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size, compile=compile,
                           activation_checkpointing=activation_checkpointing)
-        if self.probe:
-            self.probe.prepared(self, model, grad_accum)
+        for observer in self.observers:
+            observer.prepared(self, model, grad_accum)
         if self.strategy.multiprocess:
             agree_with_rank0(model, self.device)
         wrapped, optimizer = self.strategy.setup(model, optimizer, facts)
@@ -187,8 +186,8 @@ class Runtime:
         """
         micro_batch_size(batch_size, self.world_size)
         drop_last = shuffle if drop_last is None else drop_last
-        if self.probe and shuffle:
-            self.probe.loader(batch_size)
+        for observer in self.observers:
+            observer.loader(self, batch_size, shuffle)
         if seed is None:
             seed = self.seed or 0
         sampler = rank_sampler(dataset, batch_size, self.world_size, self.rank, shuffle=shuffle, drop_last=drop_last,
@@ -216,8 +215,8 @@ class Runtime:
 
     def to_device(self, batch: Any) -> Any:
         """Tensors of ``batch`` (nested in dicts, lists and tuples) on this rank's device."""
-        if self.probe:
-            self.probe.batch(batch, self.device)
+        for observer in self.observers:
+            observer.batch(self, batch)
         if self._sharding.pending:
             self._sharding.batch(batch)
         return _to_device(batch, self.device)
@@ -247,8 +246,8 @@ class Runtime:
         return self.strategy.no_sync(model) if enabled else contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
-        if self.probe:
-            self.probe.backward(loss, self.device)
+        for observer in self.observers:
+            observer.backward(self, loss)
         self.strategy.backward(loss, model)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
@@ -270,8 +269,8 @@ class Runtime:
         for loader in self.loaders():
             if loader.resumed is not None:  # the first step after a resume: did the data continue?
                 loader.check_first_step(self._grad_accum, self.strategy_name)
-        if self.probe:
-            self.probe.stepped(self, model)
+        for observer in self.observers:
+            observer.stepped(self, model)
         return norm
 
     def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -283,8 +282,8 @@ class Runtime:
         return norm
 
     def _take_step(self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None):
-        if self.probe:
-            self.probe.before_step(self, model, optimizer)
+        for observer in self.observers:
+            observer.before_step(self, model, optimizer)
         return self.strategy.step(optimizer, model, max_norm)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
@@ -378,9 +377,10 @@ class Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        done = exc_type is None or issubclass(exc_type, ProbeDone)  # the probe ends every rank at one step
-        if exc_type is None and self.probe:
-            self.probe.script_ended(self)  # the loop ended before the probe's last step
+        done = exc_type is None or issubclass(exc_type, observers.Finished)  # an observer ends every rank at once
+        if exc_type is None:
+            for observer in self.observers:
+                observer.ended(self)
         explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
         self.teardown(clean=done)
         if not done:

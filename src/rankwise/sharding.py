@@ -15,7 +15,7 @@ import torch
 import torch.distributed as torch_dist
 
 from rankwise import dist
-from rankwise.trace import sample_digests
+from rankwise.samples import sample_digests
 
 log = logging.getLogger("rankwise")
 

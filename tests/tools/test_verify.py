@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rankwise.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
-from rankwise.trace import sample_digests, token_count
 
 ROOT = Path(__file__).parents[2]
 CASES = Path(__file__).with_name("verify_cases.py")
@@ -172,7 +172,7 @@ def test_only_a_strategy_that_shards_the_optimizer_is_told_its_sharded_step_diff
 def test_instance_norm_depends_on_the_batch_only_through_running_statistics():
     from torch import nn
 
-    from rankwise.trace import model_facts
+    from rankwise.tools.trace import model_facts
 
     assert model_facts(nn.InstanceNorm1d(4))["batch_dependent"] == []
     assert model_facts(nn.InstanceNorm1d(4, track_running_stats=True))["batch_dependent"] == ["InstanceNorm1d"]

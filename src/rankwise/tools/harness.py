@@ -32,7 +32,7 @@ import torch
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.launch.hosts import layout_from_slurm
-from rankwise.probe import ENDED_FILE, STEPS
+from rankwise.tools.probe import ENDED_FILE, STEPS
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -194,18 +194,20 @@ def run_script(script: Path, script_args: list[str], strategy: str, processes: i
                probe_env: dict[str, str], precision: str | None = None, settings: tuple[str, ...] = (),
                timeout_s: float = 900.0) -> dict:
     """``rankwise launch --nproc-per-node PROCESSES --strategy STRATEGY SCRIPT ARGS`` with the probe's variables
-    ``probe_env`` (:mod:`rankwise.probe`), in ``RUN_DIR/scratch`` (the script's own outputs land there): the
+    ``probe_env`` (:mod:`rankwise.tools.probe`), in ``RUN_DIR/scratch`` (the script's own outputs land there): the
     probe's ``probe.json`` with ``wall_s``, or ``{"error": ...}``."""
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     env = dict(probe_env)
+    # Each rank starts through the probe's bootstrap, which registers the probe with the script's Runtime.
+    probed = ["-m", "rankwise.tools.probe", str(script.resolve()), *script_args]
     if processes == 1:  # one process needs no launcher: the choice goes to it as a launcher would hand it over
-        command = [sys.executable, str(script.resolve()), *script_args]
+        command = [sys.executable, *probed]
         env |= Choice.from_flags(strategy, precision, list(settings), world_size=1).environment()
     else:
         command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
                    "--strategy", strategy, *(["--precision", precision] if precision else []),
-                   *[f"--set={setting}" for setting in settings], str(script.resolve()), *script_args]
+                   *[f"--set={setting}" for setting in settings], *probed]
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
     if result.get("no_result"):  # it exited successfully, its loop shorter than the probe's steps

@@ -9,7 +9,7 @@ machine without one runs DDP only), which the table says.
 
 A script on ``rankwise.setup()``: each row runs ``rankwise launch --strategy NAME SCRIPT ARGS`` in fresh
 processes, in a scratch directory (the script's own outputs land there), with the Runtime's probe switched on
-(:mod:`rankwise.probe`): the script stops after ``--steps`` optimizer steps, having reported its
+(:mod:`rankwise.tools.probe`): the script stops after ``--steps`` optimizer steps, having reported its
 steady throughput and every rank's peak memory.  Those runs measure the script as written,
 dropout and all.  The equivalence column is ``rankwise verify``'s judgement of the row
 (:mod:`rankwise.tools.verify.command`): the row's strategy traced for ``--verify-steps`` steps with
@@ -29,11 +29,11 @@ from pathlib import Path
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
-from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.harness import run_script
+from rankwise.tools.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.tools.watch.runs import watched_run

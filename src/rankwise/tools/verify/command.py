@@ -4,7 +4,7 @@ part, and why.
 A script as its user wrote it (plain torch, Accelerate, Trainer, Fabric) runs under the watcher
 (:mod:`rankwise.tools.verify.watched`).  A script on ``rankwise.setup()`` runs twice as
 ``rankwise launch --strategy`` with the Runtime's probe and
-trace on (:mod:`rankwise.trace`): the same seed and global batches, dropout modules switched off
+trace on (:mod:`rankwise.tools.trace`): the same seed and global batches, dropout modules switched off
 (unless ``--keep-dropout``), stopped after ``--steps`` optimizer steps.  The N-rank run goes first and
 records, every step, the gradient its optimizer received and the weights after it; the one-process
 run then starts each step from those weights, compares its own gradient there and steps with the
@@ -24,17 +24,17 @@ from pathlib import Path
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
-from rankwise.probe import DIRECTORY, STEPS, WARMUP
 from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import crashed, run_script
+from rankwise.tools.probe import DIRECTORY, STEPS, WARMUP
+from rankwise.tools.trace import DROPOUT, FOLLOW, TRACE
 from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.frameworks import Framework, detect, framework
-from rankwise.trace import DROPOUT, FOLLOW, TRACE
 
 EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4}
 """``rankwise verify``'s exit code for each verdict."""

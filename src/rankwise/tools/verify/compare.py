@@ -1,4 +1,4 @@
-"""Two traced runs of one script (:mod:`rankwise.trace`), compared step by step.
+"""Two traced runs of one script (:mod:`rankwise.tools.trace`), compared step by step.
 
 The one-process run followed the N-rank run in lockstep: each step started from the N-rank run's
 weights and applied the N-rank gradient.  For every step both runs reached: the samples (the N
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import tensor_differences
-from rankwise.trace import FACTS_FILE, TRACE_FILE, weights_file
+from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, weights_file
 
 TOP_TENSORS = 3
 

@@ -1,6 +1,6 @@
 """Why N ranks computed something else than one process, from what the two traced runs show.
 
-Each rule looks at evidence the runs recorded (:mod:`rankwise.trace`) and, when it applies, says
+Each rule looks at evidence the runs recorded (:mod:`rankwise.tools.trace`) and, when it applies, says
 what it saw and what to change.  The rules run most specific first; the first that applies is
 the likeliest cause, the others are listed after it.  ``rankwise bench --script`` words its
 reasons with the same functions.

@@ -17,8 +17,8 @@ from pathlib import Path
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from rankwise.samples import batch_rows, sample_digests, token_count
 from rankwise.tools.watch.ranks import call_site, patch
-from rankwise.trace import batch_rows, sample_digests, token_count
 
 RANK_RECORD = "watch-rank{rank}.json"
 

@@ -12,7 +12,7 @@ What it watches, and how:
 
 Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
 A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep exactly as
-:class:`rankwise.trace.StepTrace` does, on the N ranks' samples (``scale``: N).
+:class:`rankwise.tools.trace.StepTrace` does, on the N ranks' samples (``scale``: N).
 """
 
 from __future__ import annotations
@@ -33,11 +33,7 @@ from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
 from rankwise.throughput import WINDOW_DECISIONS, window_end
 from rankwise.tolerance import gradient_difference
-from rankwise.tools.watch.calls import CallWatch
-from rankwise.tools.watch.flops import StepFlops, utilisation
-from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
-from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
-from rankwise.trace import (
+from rankwise.tools.trace import (
     FACTS_FILE,
     TRACE_FILE,
     RandomOps,
@@ -49,6 +45,10 @@ from rankwise.trace import (
     uses_tf32,
     weights_file,
 )
+from rankwise.tools.watch.calls import CallWatch
+from rankwise.tools.watch.flops import StepFlops, utilisation
+from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
+from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_module.")
 """What wrappers (DDP, torch.compile, Fabric, FSDP1) put in front of a parameter's name."""

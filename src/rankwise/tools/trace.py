@@ -1,6 +1,6 @@
 """What the Runtime records step by step when ``rankwise verify`` asks where N ranks and one process part.
 
-Switched on with the probe (:mod:`rankwise.probe`) and ``RANKWISE_PROBE_TRACE=1``.  For every
+Switched on with the probe (:mod:`rankwise.tools.probe`) and ``RANKWISE_PROBE_TRACE=1``.  For every
 optimizer step each rank keeps:
 
 * one digest per sample of every batch the script passes through ``rt.to_device`` while
@@ -26,10 +26,8 @@ one-process run also records which random operations its forward ran, and in whi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,12 +36,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
+from rankwise.samples import sample_digests, token_count
 from rankwise.tolerance import gradient_difference
 
 TRACE, DROPOUT, FOLLOW = "RANKWISE_PROBE_TRACE", "RANKWISE_PROBE_DROPOUT", "RANKWISE_PROBE_FOLLOW"
 TRACE_FILE, FACTS_FILE = "trace.jsonl", "trace-facts.json"
-PADDING = (0, -100)
-"""Values trimmed from the end of a sample without an attention mask (pad id 0, ignored label -100)."""
 
 
 def _batch_dependent(module: nn.Module) -> bool:
@@ -78,68 +75,6 @@ def weights_file(directory: Path, step: int) -> Path:
 
 def gradients_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"grad-{step:05d}.safetensors"
-
-
-def _tensors(batch) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for value in batch.values() for t in _tensors(value)]
-    if isinstance(batch, (list, tuple)):
-        return [t for value in batch for t in _tensors(value)]
-    return []
-
-
-def _raw_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
-    if keep is not None:
-        row = row[keep]
-    elif row.dim() and row.dtype in (torch.int64, torch.int32, torch.int16):
-        padding = torch.isin(row.reshape(-1), torch.tensor(PADDING, dtype=row.dtype))
-        real = (~padding).nonzero()
-        row = row.reshape(-1)[: int(real[-1]) + 1 if len(real) else 0]
-    return _raw_bytes(row)
-
-
-def batch_rows(batch) -> int:
-    """Samples in a batch: the first dimension most of its tensors share (0 for a batch without tensors)."""
-    firsts = [t.shape[0] for t in _tensors(batch) if t.dim() > 0]
-    return max(set(firsts), key=firsts.count) if firsts else 0
-
-
-def sample_digests(batch) -> list[str]:
-    """One short digest per sample (row) of a batch: every tensor's row, padding left out."""
-    tensors = [t.detach().cpu() for t in _tensors(batch) if t.dim() > 0]
-    if not tensors:
-        return []
-    firsts = [t.shape[0] for t in tensors]
-    rows = max(set(firsts), key=firsts.count)  # the batch dimension: the one most tensors share
-    tensors = [t for t in tensors if t.shape[0] == rows]
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    mask = mask.detach().cpu().bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-    digests = []
-    for i in range(rows):
-        digest = hashlib.blake2b(digest_size=8)
-        for t in tensors:
-            keep = mask[i] if mask is not None and t.shape[:2] == mask.shape else None
-            digest.update(str(t.dtype).encode() + _row_bytes(t[i], keep))
-        digests.append(digest.hexdigest())
-    return digests
-
-
-def token_count(batch) -> int | None:
-    """Tokens a loss averages over, where the batch says it: labels not -100, else the attention mask."""
-    if not isinstance(batch, Mapping):
-        return None
-    labels, mask = batch.get("labels"), batch.get("attention_mask")
-    if isinstance(labels, torch.Tensor) and labels.dim() > 1 and bool((labels == -100).any()):
-        return int((labels != -100).sum())
-    if isinstance(mask, torch.Tensor):
-        return int(mask.sum())
-    return None
 
 
 def _generator_state(device: torch.device) -> list[torch.Tensor]:

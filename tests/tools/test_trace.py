@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankwise.trace import RandomOps
+from rankwise.tools.trace import RandomOps
 
 
 class Block(nn.Module):

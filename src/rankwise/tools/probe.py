@@ -1,45 +1,48 @@
-"""What the Runtime measures when a benchmark asks: ``rankwise bench --script`` runs a user's script unchanged.
+"""What a benchmark measures in a script on ``rankwise.setup()``: ``rankwise bench --script`` runs it unchanged.
 
-Switched on by the environment the bench gives the script's processes (``RANKWISE_PROBE``: a
-directory, ``RANKWISE_PROBE_STEPS``: K, ``RANKWISE_PROBE_WARMUP``: W).  The Runtime then counts
+Each rank starts as ``python -m rankwise.tools.probe SCRIPT [ARGS]`` (under ``rankwise launch --strategy``),
+which registers the :class:`Probe` as an observer of the script's Runtime (:mod:`rankwise.observers`) with the
+settings the bench gives the processes (``RANKWISE_PROBE``: a directory, ``RANKWISE_PROBE_STEPS``: K,
+``RANKWISE_PROBE_WARMUP``: W), then runs the script as ``__main__``.  The probe counts
 the samples of each optimizer step (its loader's global batch x the accumulation ``prepare`` was
 told), times the steps after W, and after step K writes ``probe.json`` (throughput, peak memory per
 rank, what the model holds that can make ranks differ) from rank 0, and ends the script: the bench
 caps the run at its own step count.  A benchmark whose timed window lasted under
 ``throughput.MIN_WINDOW_S`` runs on until it has (one decision, rank 0's, at step K); a script that ends
-first reports the window it had.  Nothing in the script changes, and nothing here runs unless the
-variables are set.  ``rankwise verify`` (and the bench's equivalence column) adds a step-by-step
-trace (:mod:`rankwise.trace`).
+first reports the window it had.  Nothing in the script changes.  ``rankwise verify`` (and the bench's
+equivalence column) adds a step-by-step trace (:mod:`rankwise.tools.trace`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from rankwise import observers, process
 from rankwise.checkpoint import write_text_atomic
+from rankwise.launch.failures import record_for_launcher
+from rankwise.launch.script import run_as_main
 from rankwise.memory import peak_rss_megabytes
+from rankwise.samples import batch_rows
 from rankwise.throughput import WINDOW_DECISIONS, window_end
-from rankwise.trace import DROPOUT, FOLLOW, TRACE, StepTrace, batch_rows, model_facts
+from rankwise.tools.trace import DROPOUT, FOLLOW, TRACE, StepTrace, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
 ENDED_FILE = "ended.json"
 """Written by rank 0 when the script ended before the probe's last step: how many steps it took."""
 
 
-class ProbeDone(SystemExit):
+class ProbeDone(observers.Finished):
     """The probe measured its last step: the script ends here, successfully, on every rank."""
 
-    def __init__(self):
-        super().__init__(0)
 
-
-class Probe:
+class Probe(observers.Observer):
     def __init__(self, directory: str, steps: int, warmup: int):
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
         self.global_batch: int | None = None
@@ -74,22 +77,23 @@ class Probe:
         if self.trace:
             self.trace.prepared(rt, model)
 
-    def batch(self, batch, device: torch.device) -> None:
+    def batch(self, rt, batch) -> None:
         if self.started is not None and torch.is_grad_enabled():
             self.rows += batch_rows(batch)
         if self.trace:
-            self.trace.batch(batch, device)
+            self.trace.batch(batch, rt.device)
 
-    def backward(self, loss: torch.Tensor, device: torch.device) -> None:
+    def backward(self, rt, loss: torch.Tensor) -> None:
         if self.trace:
-            self.trace.backward(loss, device)
+            self.trace.backward(loss, rt.device)
 
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         if self.trace:
             self.trace.before_step(rt, model, optimizer)
 
-    def loader(self, global_batch: int) -> None:
-        self.global_batch = global_batch
+    def loader(self, rt, global_batch: int, shuffle: bool) -> None:
+        if shuffle:  # a training loader: its global batch is a step's samples (without accumulation)
+            self.global_batch = global_batch
 
     def stepped(self, rt, model: nn.Module) -> None:
         """After optimizer step ``rt.steps``; at the last one, report and end the script (every rank)."""
@@ -110,7 +114,7 @@ class Probe:
         self._report(rt)
         raise ProbeDone()
 
-    def script_ended(self, rt) -> None:
+    def ended(self, rt) -> None:
         """The script's loop ended on its own, before the probe's last step (every rank, from ``Runtime.__exit__``):
         a benchmark past its asked steps still reports the window it measured; else rank 0 notes how far it got."""
         if self.trace is None and self.started is not None and rt.steps >= self.steps:
@@ -146,3 +150,28 @@ class Probe:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # Why: the clock must see the device's work, not just its queue
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a measured script: ``RANKWISE_PROBE=DIR python -m rankwise.tools.probe SCRIPT.py [ARGS]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    probe = Probe.from_environment()
+    if not argv or probe is None:
+        print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.probe SCRIPT.py [ARGS]", file=sys.stderr)
+        return 2
+    observers.register(probe)
+    try:
+        run_as_main(argv[0], argv[1:])
+    except ProbeDone:
+        pass  # the probe's last step: the Runtime closed cleanly on its way out
+    except Exception as error:
+        if not record_for_launcher(error):
+            raise
+        # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
+        process.destroy_process_group(clean=False)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
