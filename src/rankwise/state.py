@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rankwise import checkpoint as ckpt
+from rankwise.checkpoint import loading
 from rankwise.strategies import portable
 
 
@@ -102,7 +103,7 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     if error:
         raise ckpt.CheckpointError(error)
     directory = Path(found)
-    state = torch.load(directory / ckpt.STATE, map_location="cpu", weights_only=False)
+    state = loading.load(directory / ckpt.STATE, "training-state")
     written_by = state.get("strategy", rt.strategy_name)
     ckpt.check_compatible(directory, state, rt.strategy_name, rt.world_size,
                           portable=portable(written_by, rt.strategy_name))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rankwise.checkpoint import loading
 from rankwise.errors import CheckpointError
 
 
@@ -68,7 +69,7 @@ def read_sharded(directory: Path) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="rankwise-unshard-") as tmp:
         dcp_to_torch_save(directory, Path(tmp) / "whole.pt")
-        return torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=False)
+        return loading.load(Path(tmp) / "whole.pt", "FSDP checkpoint")
 
 
 def read_deepspeed(folder: Path) -> dict:
@@ -89,6 +90,7 @@ def read_deepspeed(folder: Path) -> dict:
                                   num_merge_workers=1, keep_temp_folder=False, strict=True,
                                   inject_missing_state=True)  # rankwise's saves carry no Megatron metadata
         log = io.StringIO()
+        loading.check_safe(folder.glob("*.pt"), "DeepSpeed")  # DeepSpeed's conversion unpickles them fully
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 ds_to_universal.main(args)
@@ -96,14 +98,14 @@ def read_deepspeed(folder: Path) -> dict:
             raise CheckpointError(f"cannot regroup DeepSpeed's partitions in {folder} for another world size or "
                                   f"strategy: {type(e).__name__}: {e}\n{log.getvalue()[-2000:]}") from None
         zero = out / "zero"
-        common = torch.load(zero / "optimizer_state.pt", map_location="cpu", weights_only=False)
+        common = loading.load(zero / "optimizer_state.pt", "DeepSpeed optimizer-state")
         saved = common.get("optimizer_state_dict", common)  # ZeRO-3 nests the torch optimizer's own dict
         model, state = {}, {}
         for group_index, group_names in enumerate(names):
             group_step = saved.get("state", {}).get(group_index, {}).get("step")
             for name in group_names:
                 shape = shapes[group_index][name]  # ZeRO-3 writes flat tensors
-                tensors = {file.stem: _tensor(torch.load(file, map_location="cpu", weights_only=False), shape)
+                tensors = {file.stem: _tensor(loading.load(file, "DeepSpeed parameter-state"), shape)
                            for file in sorted((zero / name).glob("*.pt"))}
                 model[name] = tensors.pop("fp32").detach()
                 if "step" not in tensors and group_step is not None:
@@ -126,7 +128,7 @@ def _deepspeed_parameter_shapes(folder: Path) -> list[dict[str, torch.Size]]:
     files = sorted(folder.glob("*model_states.pt"))
     if not files:
         raise CheckpointError(f"{folder} holds no DeepSpeed model states (*model_states.pt)")
-    shapes = torch.load(files[0], map_location="cpu", weights_only=False).get("param_shapes")
+    shapes = loading.load(files[0], "DeepSpeed model-state").get("param_shapes")
     if not shapes:
         raise CheckpointError(f"{files[0]} records no parameter shapes: not a ZeRO checkpoint DeepSpeed can regroup")
     return [dict(group) for group in shapes]

@@ -51,6 +51,9 @@ def add_parser(commands) -> None:
     flag("--resume", key="resume", help="checkpoint directory, or 'latest' for <out>/checkpoints/latest")
     flag("--strict", key="strict", action="store_const", const=True,
          help="on resume, refuse a corrupt latest checkpoint instead of falling back to the previous one")
+    flag("--trust-checkpoint", key="trust_checkpoint", action="store_const", const=True,
+         help="on resume, load pickled files naming classes rankwise does not know (they could run code): only "
+              "for a checkpoint from someone you trust")
     flag("--nproc-per-node", "--nproc_per_node", key="launch.nproc_per_node", type=int)
     flag("--nnodes", key="launch.nnodes", metavar="N|MIN:MAX", help="nodes; MIN:MAX for an elastic c10d job")
     flag("--node-rank", "--node_rank", key="launch.node_rank", type=int)

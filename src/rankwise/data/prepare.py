@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rankwise.checkpoint import atomic_path, write_text_atomic
+from rankwise.checkpoint import atomic_path, loading, write_text_atomic
 from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
 from rankwise.data.files import read_file
 from rankwise.data.ngrams import CharNgrams
@@ -117,7 +117,7 @@ class PreparedData:
     @classmethod
     def load(cls, directory: str | Path) -> PreparedData:
         directory = Path(directory)
-        payload = torch.load(directory / PREPARED_FILE, weights_only=False)
+        payload = loading.load(directory / PREPARED_FILE, "prepared-data")
         encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
         return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
                    payload["features"], CharNgrams.from_dict(payload.get("ngrams")), payload.get("digests", {}),

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
 from rankwise.blocks import checkpoint_blocks
-from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
+from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.errors import ConfigError
@@ -273,12 +273,12 @@ def read_whole_state(directory: Path, module: nn.Module, optimizer,
         whole = read_deepspeed(deepspeed)
         return retie({**weights, **whole["model"]}, module), whole["optim"]
     if deepspeed.is_dir():  # ZeRO stage 0 saves the optimizer whole, beside the module
-        whole = torch.load(deepspeed / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        whole = loading.load(deepspeed / "mp_rank_00_model_states.pt", "DeepSpeed model-state")
         if "param_groups" not in whole["optimizer"]:  # 16-bit: DeepSpeed's own wrapper with fp32 masters
             raise CheckpointError(f"{directory}: DeepSpeed ZeRO stage 0 at 16-bit precision keeps its optimizer in "
                                   "DeepSpeed's own wrapper; continue it with the same strategy and world size")
         return weights, by_name(whole["optimizer"], names)
-    whole = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+    whole = loading.load(directory / OPTIMIZER_FILE, "optimizer-state")
     return weights, by_name(whole, names)
 
 

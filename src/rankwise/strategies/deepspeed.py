@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from rankwise import process
+from rankwise.checkpoint import loading
 from rankwise.checkpoint.convert import by_index, parameter_names
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.errors import ConfigError
@@ -378,6 +379,8 @@ class DeepSpeed(Strategy):
         the checkpoint is read whole (another world size's partitions regrouped, or another strategy's state)
         and this run's partitions are cut from it, master weights and optimizer moments alike."""
         if partitions_fit(directory / DEEPSPEED_DIR / DEEPSPEED_TAG, self.env.world_size, self.options.zero_stage):
+            # DeepSpeed unpickles its files fully: each is inspected first (nothing runs) for unknown globals.
+            loading.check_safe((directory / DEEPSPEED_DIR).rglob("*.pt"), "DeepSpeed")
             path, _ = model.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
                                             load_optimizer_states=True, load_lr_scheduler_states=False)
             if path is None:

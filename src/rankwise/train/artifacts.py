@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rankwise.checkpoint import STATE, WEIGHTS, atomic_path, read_weights, resolve, verify
+from rankwise.checkpoint import STATE, WEIGHTS, atomic_path, loading, read_weights, resolve, verify
 from rankwise.checkpoint.files import save_weights_file
 from rankwise.errors import CheckpointError
 
@@ -41,7 +41,7 @@ class Checkpoint:
     def training_state(self) -> dict:
         if not (self.path / STATE).is_file():
             raise CheckpointError(f"{self.path} holds weights only (an export), no training state to resume")
-        return torch.load(self.path / STATE, map_location="cpu", weights_only=False)
+        return loading.load(self.path / STATE, "training-state")
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

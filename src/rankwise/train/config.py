@@ -140,6 +140,9 @@ class TrainConfig(_Section):
     """Checkpoint directory to resume from (`latest` means <out>/checkpoints/latest)."""
     strict: bool = False
     """On resume, refuse a corrupt or truncated latest checkpoint instead of falling back to the previous one (with a warning)."""
+    trust_checkpoint: bool = False
+    """On resume, load pickled files that name classes rankwise does not know (which loading would import and run):
+    only for a checkpoint from someone you trust (sets RANKWISE_TRUST_CHECKPOINT for the workers)."""
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the newest checkpoints to keep under <out>/checkpoints."""
     eval_split: Literal["dev", "test"] = "test"

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
+from rankwise.checkpoint.loading import TRUST_ENV
 from rankwise.data.prepare import prepare_data
 from rankwise.errors import Stopped
 from rankwise.launch import Entry, launch
@@ -33,6 +34,8 @@ def train(cfg: TrainConfig, as_json: bool = False) -> int:
     """Check -> prepare -> launch -> report; returns the exit code (errors raise, see ``rankwise.errors``)."""
     started = time.perf_counter()
     preflight.before_launch(cfg)
+    if cfg.trust_checkpoint:  # the workers read the checkpoint: they inherit the user's word
+        os.environ[TRUST_ENV] = "1"
     cfg.out = str(default_run_dir(cfg))
     preflight.resumable(cfg)
     run_dir = prepare_run(cfg, quiet=as_json)
