@@ -1,4 +1,6 @@
+import inspect
 import os
+import re
 import shutil
 import subprocess
 
@@ -59,3 +61,57 @@ def two_hosts():
     _remove_hosts()
 
 
+
+
+# -- tiers ------------------------------------------------------------------------------------------------------
+# `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing installed, no root).
+TIERS = ("unit", "multiproc", "multinode", "slurm", "gpu")
+STARTS_PROCESSES = re.compile(
+    r"\b(run_ranks|subprocess|Popen|spawn|run_script|watched_run|watched_runs|verify_runs|run_train|run_measured|"
+    r"_bench|_verify|_launch|_run_cli|_train|run_all|horovodrun|torchrun|run_on_ranks|_phases)\b|\.main\(")
+"""A call in a test's (or its fixtures') source that starts processes: the test is at least ``multiproc``."""
+
+
+def _starts_processes(function, seen: set, depth: int = 0) -> bool:
+    """Whether ``function``'s source, or a test helper it calls (followed a few calls deep), starts processes."""
+    if depth > 4 or function in seen:
+        return False
+    seen.add(function)
+    try:
+        text = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    if STARTS_PROCESSES.search(text):
+        return True
+    names = getattr(function, "__globals__", {})
+    for called in set(re.findall(r"\b([A-Za-z_][\w.]*)\(", text)):
+        target = names.get(called.split(".")[0])
+        for attribute in called.split(".")[1:]:
+            target = getattr(target, attribute, None)
+        if callable(target) and str(getattr(target, "__module__", "")).startswith("tests") and \
+                _starts_processes(getattr(target, "__wrapped__", target), seen, depth + 1):
+            return True
+    return False
+
+
+def _tier(item) -> str:
+    path = str(item.fspath)
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "/tests/gpu/" in path:
+        return "gpu"
+    if "slurm" in path.rsplit("/", 1)[-1]:
+        return "slurm"
+    if "two_hosts" in fixtures or "multinode" in path.rsplit("/", 1)[-1]:
+        return "multinode"
+    functions = [item.function] + [definition.func for name in fixtures
+                                   for definition in item._fixtureinfo.name2fixturedefs.get(name, ())
+                                   if str(getattr(definition.func, "__module__", "")).startswith("tests")]
+    seen: set = set()
+    return "multiproc" if any(_starts_processes(function, seen) for function in functions) else "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its tier's marker (an explicit one wins): ``pytest -m unit`` is the fast tier."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(getattr(pytest.mark, _tier(item)))

@@ -1,12 +1,11 @@
 """``deepspeed``: ``deepspeed.initialize`` with a generated config; rankwise keeps the loop.
 
-ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-zero0`` ..
-``deepspeed-zero3``), optional CPU offload, optional user JSON merged on top.  Gradient
-accumulation is DeepSpeed's own (``gradient_accumulation_steps``, boundaries set by
-``no_sync``); precision maps onto its ``bf16`` / ``fp16`` sections instead of autocast.
-Clipping happens only when the loop asks (``rt.step(..., max_norm=...)``): under ZeRO, DeepSpeed
-clips inside its optimizer step, which then returns the norm DeepSpeed computed.  Runs
-under the torchrun-style launcher: no ``deepspeed`` launcher needed.
+ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-zero0`` .. ``deepspeed-zero3``),
+optional CPU offload, optional user JSON merged on top.  Gradient accumulation is DeepSpeed's own
+(``gradient_accumulation_steps``, boundaries set by ``no_sync``); precision maps onto its ``bf16`` / ``fp16``
+sections instead of autocast.  Clipping happens only when the loop asks (``rt.step(..., max_norm=...)``): under
+ZeRO, DeepSpeed clips inside its optimizer step, which then returns the norm DeepSpeed computed.  Runs under the
+torchrun-style launcher: no ``deepspeed`` launcher needed.
 """
 
 from __future__ import annotations
@@ -375,12 +374,10 @@ class DeepSpeed(Strategy):
                                       "(the previous checkpoint is intact)") from e
 
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
-        """DeepSpeed's own load where its partitions fit this run (same world size and ZeRO layout); otherwise
-        the checkpoint is read whole (another world size's partitions regrouped, or another strategy's state)
-        and this run's partitions are cut from it, master weights and optimizer moments alike."""
+        """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
+        checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
         if partitions_fit(directory / DEEPSPEED_DIR / DEEPSPEED_TAG, self.env.world_size, self.options.zero_stage):
-            # DeepSpeed unpickles its files fully: each is inspected first (nothing runs) for unknown globals.
-            loading.check_safe((directory / DEEPSPEED_DIR).rglob("*.pt"), "DeepSpeed")
+            loading.check_safe((directory / DEEPSPEED_DIR).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
             path, _ = model.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
                                             load_optimizer_states=True, load_lr_scheduler_states=False)
             if path is None:
