@@ -1,5 +1,5 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
-# make test   - same set-up, then the whole test suite
+# make test   - same set-up, then the whole test suite (make test-fast: the unit tier, about a minute)
 PYTHON     ?= python3
 VENV       ?= .venv
 # torch 2.13.0 installs from a local CPU build on the development machines; set e.g.
@@ -10,7 +10,7 @@ PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.rankwise-installed
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench gpu-wheels gpu-check clean
+.PHONY: install demo test test-fast bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -24,9 +24,15 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset quick --data sentiment --out runs/bench-demo
 
+# Tiers (markers, tests/conftest.py): unit, multiproc, multinode (root: network namespaces), slurm (root: installs
+# slurm-wlm with apt-get, only under `make test`), gpu.  `make test` runs them all; `make test-fast` the unit tier.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts
-	$(PY) -m pytest -q tests
+	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples scripts
+	$(PY) -m pytest -q -m unit tests
 
 bench: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync

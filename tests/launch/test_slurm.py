@@ -39,6 +39,9 @@ def slurm_env():
     """The environment a job is submitted with, while the cluster runs; `down` always follows."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("the Slurm cluster needs root and iproute2 (network namespaces, daemons)")
+    if shutil.which("slurmd") is None and os.environ.get("RANKWISE_TEST_INSTALL") != "1":
+        pytest.skip("Slurm is not installed here; `make test` (RANKWISE_TEST_INSTALL=1) installs slurm-wlm and munge "
+                    "with apt-get, nothing else does")
     try:
         up = _cluster("up", timeout=600)  # installs slurm-wlm and munge first on a fresh machine
         if up.returncode != 0:  # a broken cluster is a failure, with the daemons' logs, never a skip
