@@ -69,12 +69,12 @@ WINDOW_DECISIONS = 3
 """How often a benchmark may push its window's end further (the pace of the first steps can mislead)."""
 
 
-def window_end(step: int, warmup: int, elapsed_s: float) -> int:
+def window_end(step: int, warmup: int, elapsed_s: float, min_window_s: float = MIN_WINDOW_S) -> int:
     """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup`` timed steps that
-    took ``elapsed_s``): ``step`` when the window lasted ``MIN_WINDOW_S`` already, else the step at which it will
+    took ``elapsed_s``): ``step`` when the window lasted ``min_window_s`` already, else the step at which it will
     have at the pace measured so far (at most ``MAX_WINDOW_STEPS`` timed steps)."""
     timed = step - warmup
-    if timed < 1 or elapsed_s >= MIN_WINDOW_S or timed >= MAX_WINDOW_STEPS:
+    if timed < 1 or elapsed_s >= min_window_s or timed >= MAX_WINDOW_STEPS:
         return step
     per_step = max(elapsed_s / timed, 1e-6)
-    return warmup + max(timed + 1, min(MAX_WINDOW_STEPS, int(1.05 * MIN_WINDOW_S / per_step) + 1))
+    return warmup + max(timed + 1, min(MAX_WINDOW_STEPS, int(1.05 * min_window_s / per_step) + 1))

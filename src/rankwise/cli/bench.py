@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 
 from rankwise.errors import ConfigError
+from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite
 from rankwise.tools.bench.rows import ROWS, select
 from rankwise.tools.bench.suite import PRESETS
@@ -68,6 +69,10 @@ def add_parser(commands) -> None:
     p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
                    help="--script: how the script trains (default: from its imports)")
     p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each timed run (default 20)")
+    p.add_argument("--min-window", type=float, default=MIN_WINDOW_S, metavar="SECONDS",
+                   help="--script: the least a row's timed window lasts; a fast script runs on, a short one runs "
+                        f"again and its windows are pooled, until it has (default {MIN_WINDOW_S:g}; 0: the --steps "
+                        "as asked, once)")
     p.add_argument("--verify-steps", type=int, default=5,
                    help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
                         "(default 5)")

@@ -30,10 +30,12 @@ from rankwise.launch.failures import record_for_launcher
 from rankwise.launch.script import run_as_main
 from rankwise.memory import peak_rss_megabytes
 from rankwise.samples import batch_rows
-from rankwise.throughput import WINDOW_DECISIONS, window_end
+from rankwise.throughput import MIN_WINDOW_S, WINDOW_DECISIONS, window_end
 from rankwise.tools.trace import DROPOUT, FOLLOW, TRACE, StepTrace, model_facts
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_PROBE", "RANKWISE_PROBE_STEPS", "RANKWISE_PROBE_WARMUP"
+MIN_WINDOW = "RANKWISE_PROBE_MIN_WINDOW"
+"""Seconds the timed window lasts at least (``bench --min-window``; default ``throughput.MIN_WINDOW_S``)."""
 ENDED_FILE = "ended.json"
 """Written by rank 0 when the script ended before the probe's last step: how many steps it took."""
 
@@ -55,6 +57,7 @@ class Probe(observers.Observer):
         self.end = steps
         """The step the probe ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.decisions = 0
+        self.min_window_s = MIN_WINDOW_S
         self.trace: StepTrace | None = None
         """What ``rankwise verify`` compares step by step; ``None`` for a benchmark."""
 
@@ -65,6 +68,7 @@ class Probe(observers.Observer):
         steps = int(os.environ.get(STEPS, "20"))
         steps = max(1 if os.environ.get(TRACE) == "1" else 2, steps)  # timing needs a warm-up step, a trace not
         probe = cls(os.environ[DIRECTORY], steps, max(1, min(int(os.environ.get(WARMUP, "3")), steps - 1)))
+        probe.min_window_s = float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S))
         if os.environ.get(TRACE) == "1":
             probe.trace = StepTrace(probe.directory, keep_dropout=os.environ.get(DROPOUT) == "keep",
                                     follow=os.environ.get(FOLLOW) or None)
@@ -108,7 +112,8 @@ class Probe(observers.Observer):
             _synchronize(rt.device)
             self.decisions += 1
             # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
-            self.end = rt.broadcast_object(window_end(rt.steps, self.timed_from, time.perf_counter() - self.started))
+            self.end = rt.broadcast_object(window_end(rt.steps, self.timed_from, time.perf_counter() - self.started,
+                                                      self.min_window_s))
             if rt.steps < self.end:
                 return
         self._report(rt)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).parents[3]
 def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subprocess.CompletedProcess:
     path = ROOT / script if "/" in script else ROOT / "examples" / script
     return subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path),
-                           "--strategies", strategies, "--steps", "4", "--out", str(out), "--json", "--",
+                           "--strategies", strategies, "--steps", "4", "--min-window", "0", "--out", str(out), "--json",
+                           "--",
                            *script_args], capture_output=True, text=True, timeout=900, cwd=out.parent)
 
 
@@ -90,6 +91,7 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
     (["--script", "examples/causal_lm.py", "--strategies", "horovod"], "not started by `rankwise launch`"),
     (["--script", "examples/causal_lm.py", "--steps", "1"], "--steps must be at least 2"),
     (["--script", "examples/causal_lm.py", "--verify-steps", "0"], "--verify-steps must be at least 1"),
+    (["--script", "examples/causal_lm.py", "--min-window", "-1"], "--min-window must be 0 or more seconds"),
     (["extra"], "only --script takes arguments"),
 ])
 def test_bad_script_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch):

@@ -17,7 +17,7 @@ def _bench(out: Path, script: str, *flags: str) -> tuple[int, str, dict]:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.main(["bench", "--script", str(SCRIPTS / script), "--nproc-per-node", "1,2", "--steps", "6",
-                         "--verify-steps", "3", "--out", str(out), *flags])
+                         "--verify-steps", "3", "--min-window", "0", "--out", str(out), *flags])
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return code, stdout.getvalue() + stderr.getvalue()[-3000:], report
 
@@ -61,6 +61,7 @@ def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
     # The model's FLOPs, counted in the first step: Linear(16, 32) and Linear(32, 2), 2 FLOPs a multiply-add;
     # forward 1,152 a sample, the weights' gradients as many, the input gradient of the second layer 128.
     for row in rows.values():
+        assert row["pooled_runs"] == 1 and row["timed_steps"] == 5, row  # --min-window 0: the steps asked, once
         assert row["flops_counted"] == "first step"
         assert abs(row["tflops_per_s"] * 1e12 / row["samples_per_s"] - 2432) < 1, row
         assert 0 < row["mfu"] < 1, row

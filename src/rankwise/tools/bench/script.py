@@ -33,7 +33,7 @@ from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.harness import run_script
-from rankwise.tools.probe import DIRECTORY, STEPS, WARMUP
+from rankwise.tools.probe import DIRECTORY, MIN_WINDOW, STEPS, WARMUP
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework
 from rankwise.tools.watch.runs import watched_run
@@ -94,9 +94,11 @@ def rows_for(strategies: list[str], nproc: int) -> list[ScriptRow]:
 
 
 def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, steps: int, repeats: int,
-              precision: str | None, out: Path, timeout_s: float = 900.0, verify_steps: int = 5) -> dict:
+              precision: str | None, out: Path, timeout_s: float = 900.0, verify_steps: int = 5,
+              min_window_s: float = MIN_WINDOW_S) -> dict:
     """Every row ``repeats`` times (alternating the order), then each distributed row's equivalence (``rankwise
-    verify`` for ``verify_steps`` steps); the summary with one line per row."""
+    verify`` for ``verify_steps`` steps); the summary with one line per row.  ``min_window_s``: the least a row's
+    timed window lasts (a fast script runs on, a short one again, until it has)."""
     script = script.resolve()
     runs: dict[str, list[dict]] = {row.name: [] for row in rows}
     runnable = [row for row in rows if row.missing() is None]
@@ -108,16 +110,17 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
             measured = []
             # A script shorter than the window runs again, and its steady windows are pooled (the script's epochs
             # repeated, each run's warm-up left out).
-            while not measured or _runs_again(measured):
+            while not measured or _runs_again(measured, min_window_s):
                 part = run_dir if not measured else run_dir.with_name(f"{run_dir.name}-again{len(measured)}")
                 if row.framework is None:
-                    env = {DIRECTORY: str(part.resolve()), STEPS: str(steps), WARMUP: str(warmup)}
+                    env = {DIRECTORY: str(part.resolve()), STEPS: str(steps), WARMUP: str(warmup),
+                           MIN_WINDOW: str(min_window_s)}
                     measured.append(run_script(script, script_args, row.strategy, row.processes, part,
                                                probe_env=env, precision=precision, timeout_s=timeout_s))
                 else:
                     measured.append(watched_run(script, script_args, row.framework, row.processes, part,
                                                 steps=steps, warmup=warmup, trace=False, keep_dropout=True,
-                                                timeout_s=timeout_s))
+                                                timeout_s=timeout_s, min_window_s=min_window_s))
             result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1
@@ -135,18 +138,18 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
                                                 steps=verify_steps, timeout_s=timeout_s)
         print(f"equivalence of {row.name} (rankwise verify, {verify_steps} steps, dropout off): "
               f"{verdicts[row.name]['verdict']}", file=sys.stderr, flush=True)
-    return summarize(rows, runs, verdicts)
+    return summarize(rows, runs, verdicts, min_window_s)
 
 
 MAX_POOLED_RUNS = 5
 """At most this many runs of a short script make one measurement."""
 
 
-def _runs_again(measured: list[dict]) -> bool:
+def _runs_again(measured: list[dict], min_window_s: float = MIN_WINDOW_S) -> bool:
     """Whether a script that ended before its window lasted ``MIN_WINDOW_S`` should run once more."""
     last = measured[-1]
     return ("error" not in last and last.get("script_ended") and len(measured) < MAX_POOLED_RUNS
-            and sum(run.get("steady_s") or 0 for run in measured) < MIN_WINDOW_S)
+            and sum(run.get("steady_s") or 0 for run in measured) < min_window_s)
 
 
 def _pooled(measured: list[dict]) -> dict:
@@ -185,7 +188,8 @@ def _equivalence(report: dict) -> dict:
             "gradient_tolerance": report["gradient_tolerance"], "reason": reason}
 
 
-def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict]) -> dict:
+def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict],
+              min_window_s: float = MIN_WINDOW_S) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
     base_speed = median(ok.get(next((row.name for row in rows if row.reference), "single"), []),
                         "steady_samples_per_s")
@@ -207,7 +211,7 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
                  "speedup": round(speed / base_speed, 3) if speed and base_speed else None,
                  "peak_rss_mb": first["peak_rss_mb"], "cuda_max_allocated_mb": first.get("cuda_max_allocated_mb"),
                  "wall_s": median(good, "wall_s"), "equivalent": None, "verdict": None, "reason": None,
-                 **_window(good), **_utilisation(first, speed)}
+                 **_window(good, min_window_s), **_utilisation(first, speed)}
         if row.reference:
             line["verdict"] = "reference"
         elif row.name in verdicts:
@@ -221,7 +225,7 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
     passing = [line for line in lines if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]]
     fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)
     return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()},
-            "fastest": fastest["row"] if fastest else None}
+            "fastest": fastest["row"] if fastest else None, "min_window_s": min_window_s}
 
 
 def _utilisation(run: dict, samples_per_s: float | None) -> dict:
@@ -236,7 +240,7 @@ def _utilisation(run: dict, samples_per_s: float | None) -> dict:
             "mfu_datasheet": round(achieved / sheet, 4) if sheet else None, "flops_counted": run["flops_counted"]}
 
 
-def _window(good: list[dict]) -> dict:
+def _window(good: list[dict], min_window_s: float) -> dict:
     """How the row's throughput was timed: the window per run (median), its steps, and the spread over repeats
     ((fastest - slowest) / median, ``None`` with one run)."""
     speeds = [run["steady_samples_per_s"] for run in good if run.get("steady_samples_per_s")]
@@ -244,7 +248,7 @@ def _window(good: list[dict]) -> dict:
     return {"window_s": median(good, "steady_s", 3), "timed_steps": median(good, "timed_steps", 0),
             "script_ended": any(run.get("script_ended") for run in good),
             "pooled_runs": max(run.get("pooled_runs", 1) for run in good),
-            "window_short": any((run.get("steady_s") or 0) < MIN_WINDOW_S for run in good),
+            "window_short": any((run.get("steady_s") or 0) < min_window_s for run in good),
             "spread": round((max(speeds) - min(speeds)) / middle, 4) if len(speeds) > 1 and middle else None}
 
 
@@ -292,7 +296,7 @@ def table(summary: dict) -> str:
         notes.append(f"throughput: the script as written; equivalence: `rankwise verify` of each row, "
                      f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process following "
                      "the row in lockstep (its weights before each step, its gradient applied)")
-    notes += _window_notes(summary["rows"])
+    notes += _window_notes(summary["rows"], summary.get("min_window_s", MIN_WINDOW_S))
     if any(line.get("tflops_per_s") for line in summary["rows"]):
         notes.append("TFLOP/s: the model FLOPs torch's counter saw in each row's first step (forward and backward, a "
                      "warm-up step), per sample, times samples/s; MFU: that over the matrix-product peak the row's "
@@ -307,7 +311,7 @@ def table(summary: dict) -> str:
     return "\n".join(out + ([""] + notes if notes else []))
 
 
-def _window_notes(rows: list[dict]) -> list[str]:
+def _window_notes(rows: list[dict], min_window_s: float) -> list[str]:
     timed = [line for line in rows if line.get("window_s")]
     if not timed:
         return []
@@ -315,11 +319,12 @@ def _window_notes(rows: list[dict]) -> list[str]:
         f"{line['row']} {line['window_s']:.2f} s over {line['timed_steps']:.0f} steps"
         + (f" ({line['pooled_runs']} runs of the script pooled)" if line["pooled_runs"] > 1 else "")
         for line in timed)
-        + f"; at least {MIN_WINDOW_S:g} s where the script trains that long"
+        + (f"; at least {min_window_s:g} s where the script trains that long" if min_window_s > 0 else
+           "; no least window (--min-window 0)")
         + ("; ± is half the spread over the repeats" if any(line.get("spread") is not None for line in timed)
            else "; one run per row: --repeats 3 shows the spread")]
     notes += [f"- {line['row']}: " + ("the script ended before" if line["script_ended"] else "timed over less than")
-              + f" a {MIN_WINDOW_S:g} s window ({line['window_s']:.2f} s over {line['timed_steps']:.0f} steps"
+              + f" a {min_window_s:g} s window ({line['window_s']:.2f} s over {line['timed_steps']:.0f} steps"
               + (f", {line['pooled_runs']} runs" if line["pooled_runs"] > 1 else "") + "): its samples/s is noisy"
               + ("; script arguments that train longer give a steadier figure" if line["script_ended"] else "")
               for line in timed if line["window_short"]]
@@ -359,6 +364,8 @@ def bench(args) -> int:
         raise ConfigError("--steps must be at least 2 (a warm-up step and a measured one)")
     if args.verify_steps < 1:
         raise ConfigError("--verify-steps must be at least 1")
+    if args.min_window < 0:
+        raise ConfigError("--min-window must be 0 or more seconds")
     name = detect(script) if getattr(args, "framework", "auto") == "auto" else args.framework
     notes = []
     if name == "rankwise":
@@ -384,7 +391,8 @@ def bench(args) -> int:
     print(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} steps, "
           f"{','.join(map(str, args.nproc))} processes; writing to {out}", file=sys.stderr, flush=True)
     summary = run_bench(script, script_args, rows, steps=args.steps, repeats=args.repeats or 1,
-                        precision=args.precision, out=out, verify_steps=args.verify_steps)
+                        precision=args.precision, out=out, verify_steps=args.verify_steps,
+                        min_window_s=args.min_window)
     summary["notes"] = notes
     meta = {"script": str(script), "script_args": script_args, "steps": args.steps, "nproc": args.nproc,
             "framework": name, **machine()}

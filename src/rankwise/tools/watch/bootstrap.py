@@ -15,11 +15,13 @@ import sys
 from rankwise import process
 from rankwise.launch.failures import record_for_launcher
 from rankwise.launch.script import run_as_main
+from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
 TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
 FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
+MIN_WINDOW = "RANKWISE_WATCH_MIN_WINDOW"
 """The watcher's settings, as the tools hand them to each rank."""
 
 
@@ -28,7 +30,8 @@ def watcher_from_environment() -> Watcher:
     trace = os.environ.get(TRACE) == "1"
     return Watcher(os.environ[DIRECTORY], steps=steps, warmup=max(1, min(int(os.environ.get(WARMUP, "1")), steps - 1)),
                    follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
-                   keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace)
+                   keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace,
+                   min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.harness import run_measured
-from rankwise.tools.watch.bootstrap import DIRECTORY, DROPOUT, FOLLOW, SCALE, STEPS, TRACE, WARMUP
+from rankwise.tools.watch.bootstrap import DIRECTORY, DROPOUT, FOLLOW, MIN_WINDOW, SCALE, STEPS, TRACE, WARMUP
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
 
 
 def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,
                 steps: int, warmup: int = 1, trace: bool = True, follow: Path | None = None, scale: int = 1,
-                keep_dropout: bool = False, timeout_s: float = 900.0) -> dict:
+                keep_dropout: bool = False, timeout_s: float = 900.0, min_window_s: float = MIN_WINDOW_S) -> dict:
     """``rankwise launch --nproc-per-node PROCESSES`` of the watcher's bootstrap around ``script``, in
     ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
     ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps)."""
@@ -21,7 +22,7 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**framework.environment_for(processes), DIRECTORY: str(run_dir.resolve()), STEPS: str(steps),
            WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
-           SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else ""}
+           SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s)}
     command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
                "-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,

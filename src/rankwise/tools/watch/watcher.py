@@ -31,7 +31,7 @@ from torch import nn
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
-from rankwise.throughput import WINDOW_DECISIONS, window_end
+from rankwise.throughput import MIN_WINDOW_S, WINDOW_DECISIONS, window_end
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.trace import (
     FACTS_FILE,
@@ -63,10 +63,11 @@ class WatchDone(SystemExit):
 
 class Watcher:
     def __init__(self, directory: str | Path, *, steps: int, warmup: int = 1, follow: str | Path | None = None,
-                 scale: int = 1, keep_dropout: bool = False, trace: bool = True):
+                 scale: int = 1, keep_dropout: bool = False, trace: bool = True, min_window_s: float = MIN_WINDOW_S):
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
         self.follow = Path(follow) if follow else None
         self.scale, self.keep_dropout, self.trace = scale, keep_dropout, trace
+        self.min_window_s = min_window_s
         self.step = 0
         self.models: list[weakref.ref] = []
         self.names: dict[int, str] = {}
@@ -279,7 +280,7 @@ class Watcher:
                 and self.step > self.warmup:
             self.decisions += 1
             # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
-            self.end = gather(window_end(self.step, self.warmup, now - self.started))[0]
+            self.end = gather(window_end(self.step, self.warmup, now - self.started, self.min_window_s))[0]
             if self.step < self.end:
                 return
         self.finish()
