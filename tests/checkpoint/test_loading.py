@@ -3,6 +3,7 @@ user says they trust it; rankwise's and DeepSpeed's own files load under torch's
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_resuming_from_a_checkpoint_with_a_planted_training_state_is_refused(tmp
     manifest = ckpt.protocol._read_manifest(Path(saved))  # the attacker rewrites the checksums too
     manifest["files"][ckpt.STATE] = {"size": (Path(saved) / ckpt.STATE).stat().st_size,
                                      "sha256": ckpt.files.sha256_of(Path(saved) / ckpt.STATE)}
-    (Path(saved) / ckpt.MANIFEST).write_text(__import__("json").dumps(manifest))
+    (Path(saved) / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with rankwise.setup("single", seed=0) as rt:
         model = nn.Linear(4, 2)
         model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters()))

@@ -40,10 +40,6 @@ ENDED_FILE = "ended.json"
 """Written by rank 0 when the script ended before the probe's last step: how many steps it took."""
 
 
-class ProbeDone(observers.Finished):
-    """The probe measured its last step: the script ends here, successfully, on every rank."""
-
-
 class Probe(observers.Observer):
     def __init__(self, directory: str, steps: int, warmup: int):
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
@@ -117,7 +113,7 @@ class Probe(observers.Observer):
             if rt.steps < self.end:
                 return
         self._report(rt)
-        raise ProbeDone()
+        raise observers.Finished()  # the probe measured its last step: every rank ends here, successfully
 
     def ended(self, rt) -> None:
         """The script's loop ended on its own, before the probe's last step (every rank, from ``Runtime.__exit__``):
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     observers.register(probe)
     try:
         run_as_main(argv[0], argv[1:])
-    except ProbeDone:
+    except observers.Finished:
         pass  # the probe's last step: the Runtime closed cleanly on its way out
     except Exception as error:
         if not record_for_launcher(error):

@@ -133,7 +133,7 @@ def table(summary: dict) -> str:
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
         out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
                    f"{line['samples_per_s']:,.0f} | "
-                   f"{tokens} | {_flops(line)} | {_mfu(line)} | {speedup} | "
+                   f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
                    f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
                    f"{_check(line['equivalent'])} |")
@@ -141,15 +141,17 @@ def table(summary: dict) -> str:
     return "\n".join(out + ([""] + crashed if crashed else []))
 
 
-def _flops(line: dict) -> str:
+def tflops_cell(line: dict) -> str:
     value = line.get("tflops_per_s")
-    return f"{value:.3f}" if value else "—"
+    return f"{value:.3g}" if value else "—"
 
 
-def _mfu(line: dict) -> str:
+def mfu_cell(line: dict) -> str:
     """Against the peak measured in the run; the datasheet's after a slash on known GPUs."""
-    if not line.get("mfu"):
+    if line.get("mfu") is None:
         return "—"
+    if line["mfu"] < 0.001:
+        return "<0.1%"  # a toy model on a CPU
     sheet = f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else ""
     return f"{line['mfu']:.1%}{sheet}"
 

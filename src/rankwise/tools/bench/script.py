@@ -31,7 +31,7 @@ from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
-from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
+from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, mfu_cell, run_line, tflops_cell
 from rankwise.tools.harness import run_script
 from rankwise.tools.probe import DIRECTORY, MIN_WINDOW, STEPS, WARMUP
 from rankwise.tools.verify.command import verify_runs, verify_watched
@@ -237,7 +237,7 @@ def _utilisation(run: dict, samples_per_s: float | None) -> dict:
     achieved = per_sample * samples_per_s
     peak, sheet = run.get("peak_flops_per_s"), run.get("datasheet_flops_per_s")
     return {"tflops_per_s": float(f"{achieved / 1e12:.4g}"), "mfu": float(f"{achieved / peak:.4g}") if peak else None,
-            "mfu_datasheet": round(achieved / sheet, 4) if sheet else None, "flops_counted": run["flops_counted"]}
+            "mfu_datasheet": float(f"{achieved / sheet:.4g}") if sheet else None, "flops_counted": run["flops_counted"]}
 
 
 def _window(good: list[dict], min_window_s: float) -> dict:
@@ -256,20 +256,6 @@ VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable
                  "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
 
 
-def _tflops(line: dict) -> str:
-    value = line.get("tflops_per_s")
-    return "—" if value is None else f"{value:.3g}"
-
-
-def _mfu(line: dict) -> str:
-    """Of the measured peak, then (a known GPU) of the datasheet's."""
-    if line.get("mfu") is None:
-        return "—"
-    if line["mfu"] < 0.001:
-        return "<0.1%"  # a toy model on a CPU
-    return f"{line['mfu']:.1%}" + (f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else "")
-
-
 def _difference(value: float | None, limit: float | None) -> str:
     return "—" if value is None else f"{value:.1e} ({limit:.0e})"
 
@@ -286,8 +272,8 @@ def table(summary: dict) -> str:
         speed = "—" if line["samples_per_s"] is None else f"{line['samples_per_s']:,.0f}"
         if line["samples_per_s"] is not None and line.get("spread") is not None:
             speed += f" ±{line['spread'] / 2:.0%}"  # half the spread over the repeats
-        out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | {_tflops(line)} | {_mfu(line)} | "
-                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+        out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | {tflops_cell(line)} | "
+                   f"{mfu_cell(line)} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{_difference(line.get('max_gradient_diff'), line.get('gradient_tolerance'))} | "
                    f"{_difference(line.get('max_param_diff'), line.get('tolerance'))} | {verdict} |")
     compared = [line for line in summary["rows"] if line.get("compared")]

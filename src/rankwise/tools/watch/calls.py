@@ -13,16 +13,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rankwise.tools.watch.ranks import call_site, patch
+from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
 
 COLLECTIVES = ("all_reduce", "barrier", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
                "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
                "gather_object", "all_to_all", "all_to_all_single", "monitored_barrier")
 """The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among them)."""
-
-NOT_THE_SCRIPT = (str(Path(__file__).resolve().parents[2]), "<")
-"""Callers whose ``.item()`` is not the script's own line: rankwise itself, and code without a file."""
-
 
 class CallWatch:
     def __init__(self, step: Callable[[], int]):
@@ -56,7 +52,7 @@ class CallWatch:
 
         def item(tensor):
             caller = sys._getframe(1).f_code.co_filename
-            if caller.startswith(NOT_THE_SCRIPT) or "site-packages" in caller or "/torch/" in caller:
+            if outside_the_script(caller) or "site-packages" in caller:
                 return original(tensor)  # torch's, a framework's or rankwise's own read: not the script's line
             started = time.perf_counter()
             try:

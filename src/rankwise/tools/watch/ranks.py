@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rankwise.launch.failures import RANKWISE_DIR
+
 _all_gather_object = dist.all_gather_object
 """The watcher's own collective, kept from before it patches torch.distributed (its calls are not the script's)."""
 
@@ -49,13 +51,19 @@ def assign(target: torch.Tensor, whole: torch.Tensor) -> None:
         local.copy_(whole.reshape(local.shape).to(local.device, local.dtype))
 
 
+def outside_the_script(filename: str) -> bool:
+    """Whether a frame's file is neither the script's nor a framework's: torch, rankwise itself, code without a
+    file."""
+    return "/torch/" in filename or filename.startswith((RANKWISE_DIR, "<"))
+
+
 def call_site(via: bool = False) -> str:
     """The script's line that called into torch: the innermost frame outside torch, the frameworks and the watcher
     (with ``via``: and the framework's line that made the call, where a framework did)."""
     frame, framework = sys._getframe(2), None
     while frame is not None:
         name = frame.f_code.co_filename
-        ours = "/torch/" in name or "rankwise/tools/watch" in name or name.startswith("<")
+        ours = outside_the_script(name)
         if not ours and "site-packages" in name:
             framework = framework or f"{name.split('site-packages/')[-1]}:{frame.f_lineno}"
         elif not ours:
