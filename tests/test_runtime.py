@@ -131,6 +131,7 @@ def test_horovod_accumulation_without_grad_accum_is_refused_with_what_to_do():
         strategy.no_sync(torch.nn.Linear(1, 1))
 
 
+@pytest.mark.multiproc  # inductor compiles the graph in a compiler subprocess
 def test_prepare_compiles_the_model_in_place_and_dp_refuses():
     from torch._dynamo.utils import counters
 

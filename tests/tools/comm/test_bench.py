@@ -92,6 +92,7 @@ def test_bucket_advice_finds_the_knee():
     assert "too few to judge" in short["text"]
 
 
+@pytest.mark.multiproc  # the loopback ceiling starts a process to receive
 def test_the_loopback_and_memcpy_ceilings_are_measured():
     assert ceilings.tcp_loopback_GBps(False, total=16 * 2**20) > 0.01
     assert ceilings.tcp_loopback_GBps(True, total=16 * 2**20) > 0.01
