@@ -212,7 +212,7 @@ def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch)
     from rankwise import cli
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr("rankwise.tools.verify.command.run_script", lambda *a, **k: pytest.fail("something ran"))
+    monkeypatch.setattr("rankwise.tools.verify.command.watched_runs", lambda *a, **k: pytest.fail("something ran"))
     try:
         code = cli.main(["verify", *argv])
     except SystemExit as e:  # argparse's own usage errors

@@ -7,8 +7,6 @@ to run ``rankwise train`` as a measured subprocess.
   JSON-able result comes back to node 0 (other nodes get ``None``); every rank tears its group down.
 * :func:`run_train` / :func:`run_measured` — ``rankwise train ... --json`` (or a baseline loop) in fresh
   processes: its summary, or why it failed; killed with its workers past a timeout.
-* :func:`run_script` — a user's script under ``rankwise launch --strategy`` with the Runtime's probe on
-  (``bench --script``, ``verify``).
 """
 
 from __future__ import annotations
@@ -30,9 +28,7 @@ from typing import Any
 import torch
 
 from rankwise.errors import ConfigError
-from rankwise.launch.choice import Choice
 from rankwise.launch.hosts import layout_from_slurm
-from rankwise.tools.probe import ENDED_FILE, STEPS
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -190,35 +186,6 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
     return {**json.loads(text), "wall_s": wall}
 
 
-def run_script(script: Path, script_args: list[str], strategy: str, processes: int, run_dir: Path, *,
-               probe_env: dict[str, str], precision: str | None = None, settings: tuple[str, ...] = (),
-               timeout_s: float = 900.0) -> dict:
-    """``rankwise launch --nproc-per-node PROCESSES --strategy STRATEGY SCRIPT ARGS`` with the probe's variables
-    ``probe_env`` (:mod:`rankwise.tools.probe`), in ``RUN_DIR/scratch`` (the script's own outputs land there): the
-    probe's ``probe.json`` with ``wall_s``, or ``{"error": ...}``."""
-    scratch = run_dir / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    env = dict(probe_env)
-    # Each rank starts through the probe's bootstrap, which registers the probe with the script's Runtime.
-    probed = ["-m", "rankwise.tools.probe", str(script.resolve()), *script_args]
-    if processes == 1:  # one process needs no launcher: the choice goes to it as a launcher would hand it over
-        command = [sys.executable, *probed]
-        env |= Choice.from_flags(strategy, precision, list(settings), world_size=1).environment()
-    else:
-        command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
-                   "--strategy", strategy, *(["--precision", precision] if precision else []),
-                   *[f"--set={setting}" for setting in settings], *probed]
-    result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
-                          result_file=run_dir / "probe.json")
-    if result.get("no_result"):  # it exited successfully, its loop shorter than the probe's steps
-        ended = run_dir / ENDED_FILE
-        ran = f" after {json.loads(ended.read_text())['steps']} optimizer steps" if ended.exists() else ""
-        return {"error": f"the script ended{ran}, before the {probe_env.get(STEPS, '?')} asked (pass fewer "
-                         "steps, or script arguments that train longer)", "wall_s": result["wall_s"],
-                "ended_early": True}
-    return result
-
-
 def failure_reason(log: Path, returncode: int) -> str:
     """Why a failed run failed, from its log: the failing rank (or an error line, else the last line), and the
     exception a rank raised when the log has one."""
@@ -242,5 +209,6 @@ EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?((?:\w+\.)*\w*(?:Error|Exception): .
 
 
 def crashed(result: dict) -> bool:
-    """Whether a run of :func:`run_script` (or a watched run) failed, rather than only ending before its last step."""
+    """Whether a watched run (:func:`rankwise.tools.watch.runs.watched_run`) failed, rather than only ending before
+    its last step."""
     return "error" in result and not result.get("ended_early")

@@ -8,10 +8,10 @@ a framework that could switch it through its launch settings does so only on GPU
 machine without one runs DDP only), which the table says.
 
 A script on ``rankwise.setup()``: each row runs ``rankwise launch --strategy NAME SCRIPT ARGS`` in fresh
-processes, in a scratch directory (the script's own outputs land there), with the Runtime's probe switched on
-(:mod:`rankwise.tools.probe`): the script stops after ``--steps`` optimizer steps, having reported its
-steady throughput and every rank's peak memory.  Those runs measure the script as written,
-dropout and all.  The equivalence column is ``rankwise verify``'s judgement of the row
+processes, in a scratch directory (the script's own outputs land there), under the same watcher, which also
+follows the script's Runtime (:mod:`rankwise.tools.watch.runtime`): the script stops after ``--steps``
+optimizer steps, having reported its steady throughput and every rank's peak memory.  Those runs measure the
+script as written, dropout and all.  The equivalence column is ``rankwise verify``'s judgement of the row
 (:mod:`rankwise.tools.verify.command`): the row's strategy traced for ``--verify-steps`` steps with
 dropout modules switched off, one process following it in lockstep, and the first finding of its
 diagnosis when it is not equivalent.  Random operations rankwise cannot switch off make a row
@@ -32,10 +32,8 @@ from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, mfu_cell, run_line, tflops_cell
-from rankwise.tools.harness import run_script
-from rankwise.tools.probe import DIRECTORY, MIN_WINDOW, STEPS, WARMUP
 from rankwise.tools.verify.command import verify_runs, verify_watched
-from rankwise.tools.watch.frameworks import Framework, detect, framework
+from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
@@ -112,15 +110,10 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
             # repeated, each run's warm-up left out).
             while not measured or _runs_again(measured, min_window_s):
                 part = run_dir if not measured else run_dir.with_name(f"{run_dir.name}-again{len(measured)}")
-                if row.framework is None:
-                    env = {DIRECTORY: str(part.resolve()), STEPS: str(steps), WARMUP: str(warmup),
-                           MIN_WINDOW: str(min_window_s)}
-                    measured.append(run_script(script, script_args, row.strategy, row.processes, part,
-                                               probe_env=env, precision=precision, timeout_s=timeout_s))
-                else:
-                    measured.append(watched_run(script, script_args, row.framework, row.processes, part,
-                                                steps=steps, warmup=warmup, trace=False, keep_dropout=True,
-                                                timeout_s=timeout_s, min_window_s=min_window_s))
+                started_as = row.framework or rankwise_framework(row.strategy, precision)
+                measured.append(watched_run(script, script_args, started_as, row.processes, part, steps=steps,
+                                            warmup=warmup, trace=False, keep_dropout=True, timeout_s=timeout_s,
+                                            min_window_s=min_window_s))
             result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1

@@ -1,22 +1,21 @@
 """``rankwise verify``: the script on N ranks, then on one process in lockstep with it, traced; where they
 part, and why.
 
-A script as its user wrote it (plain torch, Accelerate, Trainer, Fabric) runs under the watcher
-(:mod:`rankwise.tools.verify.watched`).  A script on ``rankwise.setup()`` runs twice as
-``rankwise launch --strategy`` with the Runtime's probe and
-trace on (:mod:`rankwise.tools.trace`): the same seed and global batches, dropout modules switched off
-(unless ``--keep-dropout``), stopped after ``--steps`` optimizer steps.  The N-rank run goes first and
-records, every step, the gradient its optimizer received and the weights after it; the one-process
-run then starts each step from those weights, compares its own gradient there and steps with the
-N-rank gradient (:mod:`rankwise.tolerance` states the criterion).  The report is printed and
-written as ``verify.md``, ``verify.json`` and ``verify.png``; the per-step weights and gradients are
-deleted after the comparison unless ``--keep-weights``.
+Every script runs under the same probe, the watcher (:mod:`rankwise.tools.watch`): a script as its user wrote
+it (plain torch, Accelerate, Trainer, Fabric) started as its framework would start it
+(:mod:`rankwise.tools.verify.watched`), a script on ``rankwise.setup()`` as ``rankwise launch --strategy``
+starts it, its reference under ``--strategy single`` (:mod:`rankwise.tools.watch.runtime`).  Both runs have
+the same seed and global batches, dropout modules switched off (unless ``--keep-dropout``), and stop after
+``--steps`` optimizer steps.  The N-rank run goes first and records, every step, the gradient its optimizer
+received and the weights after it; the one-process run then starts each step from those weights, compares its
+own gradient there and steps with the N-rank gradient (:mod:`rankwise.tolerance` states the criterion).  The
+report is printed and written as ``verify.md``, ``verify.json`` and ``verify.png``; the per-step weights and
+gradients are deleted after the comparison unless ``--keep-weights``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,15 +25,13 @@ from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
-from rankwise.tools.harness import crashed, run_script
-from rankwise.tools.probe import DIRECTORY, STEPS, WARMUP
-from rankwise.tools.trace import DROPOUT, FOLLOW, TRACE
+from rankwise.tools.harness import crashed
 from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
 from rankwise.tools.verify.watched import watched_runs
-from rankwise.tools.watch.frameworks import Framework, detect, framework
+from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 
 EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4}
 """``rankwise verify``'s exit code for each verdict."""
@@ -79,22 +76,10 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
                 timeout_s: float = 600.0, keep_weights: bool = False, log=None) -> dict:
     """The two traced runs (the N-rank one first, then one process following it) and their report, written
     under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as it ends."""
-    results = {}
-    candidate_dir = (out / "candidate").resolve()
-    for name, name_strategy, count, name_settings in (("candidate", strategy, processes, settings),
-                                                       ("reference", "single", 1, ())):
-        run_dir = out / name
-        shutil.rmtree(run_dir, ignore_errors=True)  # a trace appends: start it empty
-        env = {DIRECTORY: str(run_dir.resolve()), STEPS: str(steps), WARMUP: "1", TRACE: "1",
-               DROPOUT: "keep" if keep_dropout else "off"}
-        if name == "reference":
-            env[FOLLOW] = str(candidate_dir)
-        results[name] = run_script(script, script_args, name_strategy, count, run_dir, probe_env=env,
-                                   precision=precision, settings=name_settings, timeout_s=timeout_s)
-        if log:
-            log(f"{name_strategy} on {count} process(es): {results[name]['wall_s']} s, "
-                f"{'failed (why: below)' if crashed(results[name]) else results[name].get('error', 'ok')}")
-    report = build(out, results, strategy, processes, steps)
+    results, extra = watched_runs(script, script_args, rankwise_framework(strategy, precision, settings), processes,
+                                  out, steps=steps, keep_dropout=keep_dropout, timeout_s=timeout_s,
+                                  reference_framework=rankwise_framework("single", precision), log=log)
+    report = build(out, results, strategy, processes, steps) | extra
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
                       "set": list(settings), "keep_dropout": keep_dropout}
     return _written(out, report, keep_weights)

@@ -22,27 +22,33 @@ from rankwise.tools.watch.runs import watched_run
 
 def watched_runs(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                  steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, reference_args=None,
-                 log=None) -> tuple[dict, dict]:
+                 reference_framework: Framework | None = None, log=None) -> tuple[dict, dict]:
     """The two watched runs (the N-rank one first); returns their results and what the report adds:
-    the framework, how the reference was made, the findings."""
+    the framework, how the reference was made, the findings.  ``reference_framework``: how the one process
+    starts, where not as the N ranks do (a script on ``rankwise.setup()``: under ``--strategy single``, whose
+    Runtime gives one process the N ranks' global batches itself)."""
     results = {}
     candidate_dir = (out / "candidate").resolve()
-    for name, count in (("candidate", processes), ("reference", 1)):
+    for name, count, run_framework in (("candidate", processes, framework),
+                                       ("reference", 1, reference_framework or framework)):
         run_dir = out / name
         shutil.rmtree(run_dir, ignore_errors=True)  # a trace appends: start it empty
         reference = name == "reference"
         own_args = reference_args if reference and reference_args is not None else script_args
+        scaled = reference and reference_args is None and reference_framework is None
         results[name] = watched_run(
-            script, own_args, framework, count, run_dir, steps=steps, keep_dropout=keep_dropout,
-            timeout_s=timeout_s, follow=candidate_dir if reference else None,
-            scale=processes if reference and reference_args is None else 1)
+            script, own_args, run_framework, count, run_dir, steps=steps, keep_dropout=keep_dropout,
+            timeout_s=timeout_s, follow=candidate_dir if reference else None, scale=processes if scaled else 1)
         if log:
-            log(f"{name}: {framework.name} script on {count} process(es): {results[name]['wall_s']} s, "
+            what = f"{run_framework.strategy}" if run_framework.launch_flags else f"{name}: {framework.name} script"
+            log(f"{what} on {count} process(es): {results[name]['wall_s']} s, "
                 f"{'failed (why: below)' if crashed(results[name]) else results[name].get('error', 'ok')}")
     found = findings(load_records(out / "candidate"), processes)
     reference_records = load_records(out / "reference")
     unscaled = sorted({note for record in reference_records for note in record.get("unscaled", [])})
     how = ("the one process ran the script with --reference-args" if reference_args is not None else
+           f"the one process ran the script unchanged, {reference_framework.launch}: rankwise's loaders give it the "
+           f"{processes} ranks' global batches" if reference_framework is not None else
            f"the one process ran the script unchanged, each training DataLoader taking {processes}x its batch and, "
            f"batch by batch, the dataset indices the {processes} ranks took together")
     if unscaled and reference_args is None:

@@ -2,7 +2,7 @@
 
 Detected from the script's imports (``--framework`` overrides):
 
-* ``rankwise``: a script on ``rankwise.setup()`` — ``rankwise launch --strategy``, the Runtime's probe;
+* ``rankwise``: a script on ``rankwise.setup()`` — ``rankwise launch --strategy`` (:func:`rankwise_framework`);
 * ``accelerate``: as ``accelerate launch`` would on this machine: torchrun's environment, and on a machine
   without a GPU its CPU mode (``ACCELERATE_USE_CPU=true``, what ``accelerate launch --cpu`` sets), without
   which Accelerate joins no process group and every process trains alone on all the data;
@@ -44,6 +44,8 @@ class Framework:
     """The strategy asked of the framework's launcher (``bench --strategies``); ``None``: the script's default."""
     unavailable: str | None = None
     """Why that strategy cannot run here (the row says so instead of running)."""
+    launch_flags: tuple[str, ...] = ()
+    """``rankwise launch``'s flags for the script (a script on ``rankwise.setup()``: its strategy's)."""
 
     @property
     def label(self) -> str:
@@ -132,6 +134,14 @@ def detect(script: Path) -> str:
     if _imports(text, "accelerate"):
         return "accelerate"
     return "torch"
+
+
+def rankwise_framework(strategy: str, precision: str | None = None, settings: tuple[str, ...] = ()) -> Framework:
+    """A script on ``rankwise.setup()``, started as ``rankwise launch --strategy STRATEGY`` starts it."""
+    flags = ("--strategy", strategy, *(("--precision", precision) if precision else ()),
+             *(f"--set={setting}" for setting in settings))
+    return Framework("rankwise", f"as `rankwise launch --strategy {strategy}` starts it", strategy=strategy,
+                     launch_flags=flags)
 
 
 def framework(name: str) -> Framework:

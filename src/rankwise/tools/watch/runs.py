@@ -15,7 +15,8 @@ from rankwise.tools.watch.frameworks import Framework
 def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,
                 steps: int, warmup: int = 1, trace: bool = True, follow: Path | None = None, scale: int = 1,
                 keep_dropout: bool = False, timeout_s: float = 900.0, min_window_s: float = MIN_WINDOW_S) -> dict:
-    """``rankwise launch --nproc-per-node PROCESSES`` of the watcher's bootstrap around ``script``, in
+    """``rankwise launch --nproc-per-node PROCESSES`` (with the framework's launch flags: a script on
+    ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
     ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
     ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps)."""
     scratch = run_dir / "scratch"
@@ -24,7 +25,7 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
            WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
            SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s)}
     command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
-               "-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
+               *framework.launch_flags, "-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
     if result.get("no_result"):

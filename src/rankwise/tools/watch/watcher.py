@@ -5,14 +5,16 @@ What it watches, and how:
 * every optimizer step: torch's global optimizer step hooks.  Before the step, the gradient every
   parameter holds (what the ranks' exchange left there, gathered whole where parameters are
   DTensors); after it, the weights.  Parameters are named from the models the script ran forward.
+  In a script on ``rankwise.setup()`` the Runtime's steps instead, with its strategy's whole gradients and
+  weights (:mod:`rankwise.tools.watch.runtime`).
 * every batch a ``DataLoader`` yields (:mod:`rankwise.tools.watch.loaders`): one digest per sample,
   assigned to the optimizer step whose backward consumed it.
 * every ``backward`` (the loss value) and whether the forward moved the random generator.
 * the collectives the script calls itself and ``torch.save`` (:mod:`rankwise.tools.watch.calls`).
 
 Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
-A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep exactly as
-:class:`rankwise.tools.trace.StepTrace` does, on the N ranks' samples (``scale``: N).
+A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep
+(:mod:`rankwise.tools.trace`), on the N ranks' samples (``scale``: N).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.optim.optimizer as optimizers
 from torch import nn
 
+from rankwise import observers
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
 from rankwise.throughput import MIN_WINDOW_S, WINDOW_DECISIONS, window_end
@@ -54,11 +58,9 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_
 """What wrappers (DDP, torch.compile, Fabric, FSDP1) put in front of a parameter's name."""
 
 
-class WatchDone(SystemExit):
-    """The watcher recorded its last step: the script ends here, successfully, on every rank."""
-
-    def __init__(self):
-        super().__init__(0)
+class WatchDone(observers.Finished):
+    """The watcher recorded its last step: the script ends here, successfully, on every rank (a Runtime, where the
+    script has one, closes as at the end of its loop)."""
 
 
 class Watcher:
@@ -92,6 +94,11 @@ class Watcher:
         """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.reported = False
         self.decisions = 0
+        self.joined: tuple[int, int] | None = None
+        """(rank, world size) while the script's process group was open (a script may close it before the end)."""
+        self.runtime = None
+        """The script's Runtime, where it runs on ``rankwise.setup()`` (:mod:`rankwise.tools.watch.runtime`): its
+        steps, and the strategy's whole gradients and weights, instead of torch's optimizer hooks."""
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -107,6 +114,8 @@ class Watcher:
         patch(torch.Tensor, "backward", self._backward)
         self.data.install()
         self.calls.install()
+        from rankwise.tools.watch.runtime import RuntimeSteps  # (it drives this watcher: imported here, not at the top)
+        observers.register(RuntimeSteps(self))
 
     def _batch_yielded(self) -> None:
         if self.trace:
@@ -119,18 +128,20 @@ class Watcher:
         if self._depth != 1:
             return
         if not any(ref() is module for ref in self.models):
-            self._new_model(module)
+            self.model_seen(module)
         if not self.trace and not self.step and torch.is_grad_enabled():
             self.flops.start(module, self.facts["device"])
         if self.follow is not None and not self.step and self._random is None and torch.is_grad_enabled() \
                 and not hasattr(module.forward, "_torchdynamo_orig_callable"):
             self._random = RandomOps(module)
             self._random.__enter__()
+            # (its module hooks start after this module's own pre-hooks ran: the model itself goes on by hand)
+            self._random.stack.append(self._random.names.get(id(module), ""))
 
     def _forward_done(self, module, args, output) -> None:
         self._depth = max(0, self._depth - 1)
 
-    def _new_model(self, model: nn.Module) -> None:
+    def model_seen(self, model: nn.Module) -> None:
         """A model's first forward (before it runs): dropout off, its facts, its parameters' names."""
         self.models.append(weakref.ref(model))
         facts = self.facts
@@ -186,7 +197,7 @@ class Watcher:
             for key, count in self._random.found.items():
                 self.record.random_ops[key] = self.record.random_ops.get(key, 0) + count
             self._random = None
-        if loss.numel() == 1:
+        if loss.numel() == 1 and self.runtime is None:  # (a Runtime reports the loss the script gave it)
             self.record.losses.append(float(loss.detach().float()))
         if self._state is not None:
             self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, _generator_state(),
@@ -205,23 +216,16 @@ class Watcher:
                 for g, group in enumerate(optimizer.param_groups) for i, parameter in enumerate(group["params"])]
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if self._is_wrapper(optimizer):
+        if self._is_wrapper(optimizer) or self.runtime is not None:
             return
-        if not self.step:
-            self.flops.stop()
-        self.record.learning_rates = learning_rates(optimizer)
         named = self._parameters(optimizer)
-        if rank_and_world()[1] == 1:
-            self.record.no_grad = [name for name, p in named if p.requires_grad and p.grad is None]
+        self.step_begins(optimizer, [name for name, p in named if p.requires_grad and p.grad is None])
         if not self.trace:
             return
         # Why: where parameters are sharded DTensors, each rank's part of the whole gradient.
-        gradients = {name: whole(p.grad) for name, p in named if p.grad is not None}
-        applied = exchange_gradients(self.directory, self.follow, self.step + 1, gradients, rank_and_world()[0] == 0)
-        if applied is None:  # the N-rank run itself, or it ended before this step: from here on this run goes alone
-            self.follow = None
+        applied = self.exchange({name: whole(p.grad) for name, p in named if p.grad is not None})
+        if applied is None:
             return
-        self.record.gradient = gradient_difference(applied, gradients)
         # This one process steps with the N-rank gradient, from the N-rank weights: the weights after the step
         # must match what the N-rank optimizer did with it (rounding aside).
         for name, parameter in named:
@@ -231,10 +235,45 @@ class Watcher:
                 assign(parameter.grad, applied[name])
         self.record.followed = True
 
+    def step_begins(self, optimizer, no_grad: list[str]) -> None:
+        """Between a step's last backward and its optimizer step: ``no_grad``, the trainable parameters without a
+        gradient (kept in a one-process run)."""
+        if not self.step:
+            self.flops.stop()
+        self.record.learning_rates = learning_rates(optimizer)
+        if rank_and_world()[1] == 1:
+            self.record.no_grad = no_grad
+
+    def exchange(self, gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """Lockstep: the N-rank run writes its whole gradient; a following run gets it back (to step with) and keeps
+        its own gradient's difference from it.  ``None`` where there is nothing to follow (any more)."""
+        applied = exchange_gradients(self.directory, self.follow, self.step + 1, gradients, rank_and_world()[0] == 0)
+        if applied is None:  # the N-rank run itself, or it ended before this step: from here on this run goes alone
+            self.follow = None
+            return None
+        self.record.gradient = gradient_difference(applied, gradients)
+        return applied
+
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if self._is_wrapper(optimizer):
+        if self._is_wrapper(optimizer) or self.runtime is not None:
             return
+        named = self._parameters(optimizer)
+
+        def follow(theirs: dict[str, torch.Tensor]) -> None:
+            for name, parameter in named:
+                if name in theirs:
+                    assign(parameter, theirs[name])
+        # (a collective for sharded parameters)
+        self.step_ends([p for _, p in named], lambda: {name: whole(p) for name, p in named}, follow)
+
+    def step_ends(self, parameters: list[torch.Tensor], weights: Callable[[], dict[str, torch.Tensor]],
+                  follow: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        """After an optimizer step (every rank): the step's record, the replicas compared, the weights written (a
+        trace), lockstep's weights taken, and at the last step the report.  ``weights()``: the whole weights by name
+        (every rank calls it); ``follow(theirs)``: start the next step from the N-rank run's weights."""
         self.step += 1
+        if rank_and_world()[1] > 1:
+            self.joined = rank_and_world()
         now = time.perf_counter()
         self.step_seconds.append(now - self.step_started)
         self.step_collective_seconds.append(self.calls.collective_seconds)
@@ -245,10 +284,9 @@ class Watcher:
             self.started, self.timed_samples = now, 0
         elif self.started is not None:
             self.timed_samples += len(self.record.samples)
-        named = self._parameters(optimizer)
         local = hashlib.blake2b(digest_size=8)
         if self.trace or self.step == 1:  # the replicas' weights, compared across ranks
-            for _, parameter in named:
+            for parameter in parameters:
                 if not hasattr(parameter, "full_tensor"):
                     local.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
                                  .tobytes())
@@ -260,19 +298,17 @@ class Watcher:
             self.replicas_differ.append(self.step)
         rank, _ = rank_and_world()
         if self.trace:
-            weights = {name: whole(p) for name, p in named}  # a collective for sharded parameters
+            whole_weights = weights()
             if rank == 0:
-                write_weights(weights, weights_file(self.directory, self.step))
+                write_weights(whole_weights, weights_file(self.directory, self.step))
                 with open(self.directory / TRACE_FILE, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps({"step": self.step, "ranks": records}) + "\n")
-                self.facts["comm_hook"] = self.calls.comm_hook
+                if self.runtime is None:  # (a Runtime's strategy named its hook as the user set it)
+                    self.facts["comm_hook"] = self.calls.comm_hook
                 write_text_atomic(self.directory / FACTS_FILE, json.dumps(self.facts, indent=2))
             if self.follow is not None and weights_file(self.follow, self.step).exists():
                 # Lockstep: the next step starts from the N-rank run's weights, so rounding never compounds.
-                theirs = read_weights(weights_file(self.follow, self.step))
-                for name, parameter in named:
-                    if name in theirs:
-                        assign(parameter, theirs[name])
+                follow(read_weights(weights_file(self.follow, self.step)))
         self._reset_step()
         if self.step < self.end:
             return
@@ -308,13 +344,15 @@ class Watcher:
             samples = sum(count for _, count, _ in gathered) * ranks
             timed = self.step - self.warmup
             write_text_atomic(self.directory / "probe.json", json.dumps({
-                "strategy": "script", "world_size": world, "device": self.facts["device"], "steps": self.step,
+                "strategy": self.facts.get("strategy", "script"), "world_size": world, "device": self.facts["device"],
+                "steps": self.step,
                 "warmup_steps": self.warmup, "timed_steps": timed, "script_ended": script_ended,
                 "samples_per_step": samples / timed if timed else None,
                 "samples_counted_by": counted_by if samples else None,
                 "steady_s": round(seconds, 4) if seconds else None,
                 "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
-                "precision": "as written", "peak_rss_mb": [rss for rss, _, _ in gathered],
+                "precision": self.facts["precision"] if self.runtime else "as written",
+                "peak_rss_mb": [rss for rss, _, _ in gathered],
                 "cuda_max_allocated_mb": [c for _, _, c in gathered],
                 **utilisation(*map(list, zip(*counted, strict=True)), device, self.flops.dtype, ranks),
                 "flops_counted": "first step" if self.flops.flops else self.flops.skipped or None, "model": {
@@ -325,7 +363,8 @@ class Watcher:
 
     def rank_record(self) -> dict:
         """What this rank saw, for the findings that need no reference (written at the end by every rank)."""
-        return {"rank": rank_and_world()[0], "world_size": rank_and_world()[1], "steps": self.step,
+        rank, world = self.joined or rank_and_world()
+        return {"rank": rank, "world_size": world, "steps": self.step,
                 "passes": self.data.records(), "set_epoch_calls": self.data.set_epoch_calls,
                 "collectives": self.calls.records(), "reads": self.calls.read_records(), "device": self.facts["device"],
                 "saves": self.calls.saves, "replicas_differ": self.replicas_differ, "unscaled": self.data.unscaled,
