@@ -1,4 +1,4 @@
-"""The small interface every strategy implements.
+"""The contract every strategy implements: :class:`Strategy`, an abstract base class.
 
 A strategy decides how a model and optimizer are wrapped, how the backward pass and
 the optimizer step run, how gradient synchronisation is skipped during accumulation,
@@ -6,10 +6,15 @@ how evaluation is sharded and gathered, and how training state is saved and load
 It gets its own options section and the loop facts it needs (``LoopFacts``), never the
 run configuration.  It never starts processes (that is :mod:`rankwise.launch`) and never
 contains a training loop (a user's, or the built-in task's :mod:`rankwise.train.loop`).
+
+What a strategy must decide for itself is abstract (``wrap``, ``unwrap``, ``no_sync``, ``library_world_size``);
+what most strategies share has a default here, which a strategy overrides where it differs.  Every override
+carries ``@override``, and ``tests/strategies/test_contract.py`` checks each registered strategy against this.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +57,15 @@ class LoopFacts:
     """Recompute each transformer layer's activations in the backward pass (:mod:`rankwise.blocks`)."""
 
 
-class Strategy:
+class Strategy(abc.ABC):
+    """How one process wraps, steps, evaluates and checkpoints under one data-parallel library.
+
+    The loop (a user's through :class:`rankwise.Runtime`, or :mod:`rankwise.train.loop`) calls, in order:
+    ``setup_environment`` once, ``setup`` once, then per step ``no_sync`` around all but the last micro-batch,
+    ``backward`` per micro-batch, ``step`` and ``zero_grad``; ``eval_loader`` / ``eval_gatherer`` to evaluate;
+    ``save_state`` / ``load_state`` to checkpoint; ``teardown`` once at the end, also after an error.
+    """
+
     name: ClassVar[str]
     """Name used with ``--strategy``."""
     multiprocess: ClassVar[bool] = True
@@ -93,6 +106,7 @@ class Strategy:
     @classmethod
     def check_options(cls, options: Options | None) -> None:
         """Raise ConfigError for options this strategy cannot run (called before any worker starts)."""
+        return None  # every value its options' type validates
 
     @classmethod
     def check_compile(cls) -> None:
@@ -122,6 +136,8 @@ class Strategy:
         process.init_process_group(self.env, self.device, self.timeout_s)
 
     def teardown(self, clean: bool = True) -> None:
+        """Leave the process group and release the library's process-wide state (called once, also after an
+        error; ``clean``: whether the other ranks are expected to leave too, so a barrier is safe)."""
         process.destroy_process_group(clean)
 
     # -- wrapping ----------------------------------------------------------------------------
@@ -147,24 +163,33 @@ class Strategy:
         compile_in_place(self.unwrap(model))
         return model
 
+    @abc.abstractmethod
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
-        """Move and wrap model and optimizer together (FSDP and DeepSpeed need both at once)."""
-        return self.wrap_module(model), optimizer
+        """``(model, optimizer)`` ready to train under this strategy: moved to this rank's device and wrapped
+        together (FSDP and DeepSpeed need both at once).  The loop uses only what this returns from then on;
+        the optimizer returned steps the returned model's parameters (``optimizer`` may be ``None``)."""
 
-    def wrap_module(self, model: nn.Module) -> nn.Module:
+    def place(self, model: nn.Module) -> nn.Module:
+        """``model`` on this rank's device, unless its builder already spread it over several (model.split_devices)."""
         if len({p.device for p in model.parameters()}) > 1:
-            return model  # already placed across devices by its builder (model.split_devices)
+            return model
         return model.to(self.device)
 
+    @abc.abstractmethod
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return model
+        """The user's module inside what :meth:`wrap` returned: its parameter names (no ``module.`` prefix) are
+        the names checkpoints, gradients and weights are keyed by."""
 
     # -- the step ----------------------------------------------------------------------------
+    @abc.abstractmethod
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Context in which backward passes do not synchronise gradients (accumulation)."""
-        return contextlib.nullcontext()
+        """Context around every micro-batch but a step's last, in which backward passes accumulate gradients
+        locally without synchronising them across ranks (the loop relies on the step's last backward, outside
+        it, to make every rank's gradients the same)."""
 
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        """Backward pass of one micro-batch's loss (already divided by the accumulation count), through the
+        precision's scaler."""
         self.precision.backward(loss)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
@@ -182,6 +207,7 @@ class Strategy:
         return norm
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop the gradients after a step, so the next step's first backward starts from none."""
         optimizer.zero_grad(set_to_none=True)
 
     @property
@@ -228,6 +254,7 @@ class Strategy:
         return cpu_copies(self.unwrap(model).state_dict())  # tied parameters stay one tensor
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load full weights by unwrapped name into the (wrapped) model, on every rank."""
         self.unwrap(model).load_state_dict(state)
 
     def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
@@ -250,9 +277,10 @@ class Strategy:
             optimizer.load_state_dict(by_index(optim, names))
 
     @property
+    @abc.abstractmethod
     def library_world_size(self) -> int:
-        """World size as the strategy's own library sees it (guards against ranks training alone)."""
-        return dist.world_size()
+        """World size as the strategy's own library sees it, asked of the library itself: the runtime compares
+        it with the launcher's to catch ranks that silently train alone (Accelerate without ``cpu=True``)."""
 
 
 def read_whole_state(directory: Path, module: nn.Module, optimizer,

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
-from pathlib import Path
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from rankwise import process
 from rankwise.checkpoint import loading
@@ -36,6 +35,7 @@ from rankwise.strategies.base import (
     compile_in_place,
     read_whole_state,
 )
+from rankwise.strategies.deepspeed_config import generated_config, read_user_config
 from rankwise.strategies.deepspeed_state import gathered_buckets, load_whole_optimizer, partitions_fit
 from rankwise.strategies.options import DeepSpeedOptions
 
@@ -92,30 +92,6 @@ def fp32_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.float() if tensor.is_floating_point() else tensor).cpu().clone()
 
 
-# DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
-OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-              "gradient_clipping", "bf16", "fp16"}
-
-
-def read_user_config(options: DeepSpeedOptions) -> dict:
-    """The JSON of ``deepspeed.config_file``; a ConfigError names the file for bad JSON or keys rankwise owns."""
-    path = options.config_file
-    try:
-        user = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"deepspeed.config_file={path!r}: {e}") from None
-    if not isinstance(user, dict):
-        raise ConfigError(f"deepspeed.config_file={path!r}: expected a JSON object, got {type(user).__name__}")
-    if user.get("zero_optimization", {}).get("compute_grad_norm") is False:
-        raise ConfigError(f"{path}: zero_optimization.compute_grad_norm=false leaves rt.step(max_norm=...) no norm to "
-                          "return; remove it")
-    clashes = sorted(OWNED_KEYS & user.keys())
-    if clashes:
-        raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
-                          "--grad-accum, clipping (rt.step's max_norm) and --precision; remove them from the JSON")
-    return user
-
-
 class EnginePrecision(Precision):
     """DeepSpeed's precision: the engine casts the model (its ``bf16`` / ``fp16`` sections) and keeps
     its loss scaler in its own checkpoint, so there is no autocast and no scaler of rankwise's."""
@@ -124,6 +100,7 @@ class EnginePrecision(Precision):
         super().__init__(name, device)
         self.scaler = None
 
+    @override
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # autocast would be a second, conflicting cast
 
@@ -146,10 +123,12 @@ class DeepSpeed(Strategy):
         self._stepping, self._backwards = False, 0  # inside rt.step; rt.backward calls since the last step
         self.group_names: list[list[str]] = []
 
+    @override
     def make_precision(self, name: str) -> Precision:
         return EnginePrecision(name, self.device)
 
     @classmethod
+    @override
     def check_options(cls, options: DeepSpeedOptions) -> None:
         if options.offload_param and options.zero_stage != 3:
             raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
@@ -157,43 +136,11 @@ class DeepSpeed(Strategy):
             read_user_config(options)
 
     def ds_config(self, facts: LoopFacts) -> dict:
-        ds = self.options
-        self.check_options(ds)
-        # DeepSpeed checks train_batch_size = micro x accumulation x world size; the loop's own
-        # loader decides the real batch, so an unknown micro-batch is counted as 1.
-        micro = facts.micro_batch_size or 1
-        zero: dict = {"stage": ds.zero_stage, "reduce_bucket_size": ds.bucket_size}
-        if ds.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu"}
-        if ds.offload_param:
-            zero["offload_param"] = {"device": "cpu"}
-        if ds.zero_stage == 3:
-            zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_prefetch_bucket_size=ds.bucket_size,
-                        stage3_max_live_parameters=ds.max_live_parameters,
-                        stage3_max_reuse_distance=ds.max_live_parameters,
-                        # The optimizer step flattens one sub-group's gradients into a fresh buffer at a
-                        # time; DeepSpeed's 1e9 makes that a second copy of the whole gradient partition.
-                        sub_group_size=ds.bucket_size)
-        config = {
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": facts.grad_accum,
-            "train_batch_size": micro * facts.grad_accum * self.env.world_size,
-            "gradient_clipping": 0.0,  # only when the loop steps with max_norm, for that step
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,
-            # The loop's own AdamW steps the offloaded partitions on the CPU (DeepSpeed otherwise
-            # insists on its JIT-compiled CPU Adam).
-            "zero_force_ds_cpu_optimizer": False,
-            "bf16": {"enabled": self.precision.dtype == torch.bfloat16},
-            "fp16": {"enabled": self.precision.dtype == torch.float16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        if ds.config_file:
-            user = read_user_config(ds)
-            config = {**config, **user, "zero_optimization": {**zero, **user.get("zero_optimization", {})}}
-        return config
+        """The DeepSpeed config this run passes to ``deepspeed.initialize``."""
+        self.check_options(self.options)
+        return generated_config(self.options, facts, self.env.world_size, self.precision.dtype)
 
+    @override
     def setup_environment(self) -> None:
         deepspeed = import_deepspeed()
         # DeepSpeed reads its device from LOCAL_RANK, which only launchers set: a one-process
@@ -211,6 +158,7 @@ class DeepSpeed(Strategy):
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         deepspeed = import_deepspeed()
         if optimizer is None:
@@ -237,6 +185,7 @@ class DeepSpeed(Strategy):
                                "the weights, with the gradients its backward reduced into them. Call "
                                "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)")
 
+    @override
     def compile(self, model: nn.Module) -> nn.Module:
         """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
         hooks in step), with the module compiled through a frame Dynamo traces (see :func:`compile_in_place`)."""
@@ -244,10 +193,12 @@ class DeepSpeed(Strategy):
         compile_in_place(model.module)
         return model
 
+    @override
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
     @contextlib.contextmanager
+    @override
     def no_sync(self, model: nn.Module):
         # Why: marks the micro-batch as inside an accumulation window, so DeepSpeed defers
         # the gradient reduction (stages 0-1) and the optimizer step to the last one.
@@ -257,6 +208,7 @@ class DeepSpeed(Strategy):
         finally:
             model.set_gradient_accumulation_boundary(True)
 
+    @override
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         # The loop already divided the loss by grad_accum: do not let DeepSpeed divide again.
         model.backward(loss, scale_wrt_gas=False)
@@ -264,6 +216,7 @@ class DeepSpeed(Strategy):
         if not model.is_gradient_accumulation_boundary():
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
+    @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         if not self._backwards:
             raise RuntimeError("rt.step under deepspeed, but no backward pass of this step went through "
@@ -300,12 +253,15 @@ class DeepSpeed(Strategy):
         return torch.tensor(float(model.get_global_grad_norm()))
 
     @property
+    @override
     def shards_optimizer_state(self) -> bool:
         return self.options.zero_stage >= 1
 
+    @override
     def gradient_scale(self) -> float:
         return float(getattr(self.engine.optimizer, "cur_scale", 1.0)) if self.precision.name == "16-mixed" else 1.0
 
+    @override
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a collective, ZeRO 1-3)."""
         from deepspeed.utils import safe_get_full_grad
@@ -314,11 +270,13 @@ class DeepSpeed(Strategy):
         scale = self.gradient_scale()  # every rank took part in each gather; rank 0 keeps the copies
         return {name: g.detach().float().cpu() / scale for name, g in pairs if g is not None and self.env.is_main}
 
+    @override
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the
         # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it once.
         return None
 
+    @override
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full fp32 weights on the CPU; under ZeRO-3 gathered from every rank (a collective) and
         complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
@@ -338,6 +296,7 @@ class DeepSpeed(Strategy):
             return {}
         return {k: full[id(v)] if id(v) in full else fp32_cpu_copy(v) for k, v in state.items()}
 
+    @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every rank)."""
         module = self.unwrap(model)
@@ -361,6 +320,7 @@ class DeepSpeed(Strategy):
                     for param in chunk:
                         param.copy_(state[names[id(param)]])
 
+    @override
     def save_state(self, directory, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
         # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
@@ -373,6 +333,7 @@ class DeepSpeed(Strategy):
                                       f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
                                       "(the previous checkpoint is intact)") from e
 
+    @override
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
         """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
         checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
@@ -396,11 +357,13 @@ class DeepSpeed(Strategy):
             load_whole_optimizer(self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device)
 
     @property
+    @override
     def library_world_size(self) -> int:
         import deepspeed.comm
 
         return deepspeed.comm.get_world_size()
 
+    @override
     def teardown(self, clean: bool = True) -> None:
         # ZeRO-3 registers hooks and buffers that abort the process at exit (SIGABRT) if the
         # process group goes first: destroy the engine, then leave the group.

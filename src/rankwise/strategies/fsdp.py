@@ -13,7 +13,9 @@ import contextlib
 
 import torch
 from torch import nn
+from typing_extensions import override
 
+from rankwise import dist
 from rankwise.blocks import transformer_blocks
 from rankwise.strategies import register
 from rankwise.strategies.base import SHARDED_DIR, Strategy, read_whole_state, retie
@@ -48,6 +50,7 @@ class FSDP(Strategy):
     reshards = True  # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
     shards_optimizer_state = True
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -62,7 +65,17 @@ class FSDP(Strategy):
             optimizer = rebind_optimizer(optimizer, model, names_by_id)
         return model, optimizer
 
+    @override
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard converts the module in place: its names stay the user's
+
+    @property
+    @override
+    def library_world_size(self) -> int:
+        return dist.world_size()  # FSDP2 shards over torch.distributed's own group
+
     @contextlib.contextmanager
+    @override
     def no_sync(self, model: nn.Module):
         # Why: without the reduce-scatter on all but the last micro-batch, gradients accumulate
         # unsharded locally and are reduced once per optimizer step.
@@ -72,6 +85,7 @@ class FSDP(Strategy):
         finally:
             model.set_requires_gradient_sync(True)
 
+    @override
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards (a collective: every rank must call it)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -80,6 +94,7 @@ class FSDP(Strategy):
         # The gather copies each key apart: tied parameters (an LM's output layer and embedding) become one again.
         return retie(get_model_state_dict(model, options=options), model)
 
+    @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -94,12 +109,14 @@ class FSDP(Strategy):
         model_state, optim_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optim": optim_state}
 
+    @override
     def save_state(self, directory, model: nn.Module, optimizer) -> None:
         """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDED_DIR))
 
+    @override
     def load_state(self, directory, model: nn.Module, optimizer) -> None:
         """Each rank reads its share back; DCP regroups shards written at another world size.  Another
         strategy's checkpoint (ddp's optimizer file, DeepSpeed's partitions) is read whole and sharded here."""
