@@ -28,7 +28,7 @@ from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
 from rankwise.blocks import checkpoint_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
-from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
+from rankwise.checkpoint.convert import by_index, by_name, parameter_names
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
@@ -36,11 +36,7 @@ from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
-"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
-SHARDED_DIR = "sharded"
-"""Where FSDP writes its per-rank shards (torch.distributed.checkpoint) inside a checkpoint."""
-DEEPSPEED_DIR, DEEPSPEED_TAG = "deepspeed", "state"
-"""Where DeepSpeed's ``save_checkpoint`` writes every rank's ZeRO partition: ``DEEPSPEED_DIR/DEEPSPEED_TAG``."""
+"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank (the base's format)."""
 
 
 @dataclass(frozen=True)
@@ -257,57 +253,63 @@ class Strategy(abc.ABC):
         """Load full weights by unwrapped name into the (wrapped) model, on every rank."""
         self.unwrap(model).load_state_dict(state)
 
-    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Write what this strategy needs beyond the full weights into ``directory`` (every rank calls it).
+    # -- checkpoint format: each strategy recognises, writes and reads back its own --------------
+    # Here the format of strategies whose optimizer state is whole on every rank: rank 0's optimizer file.
+    @classmethod
+    def claims(cls, directory: Path) -> bool:
+        """Whether checkpoint ``directory`` holds optimizer state in this strategy's format (as its
+        :meth:`save_state` writes it).  Resuming asks every registered strategy (the writer first) and reads the
+        checkpoint through the one that claims it (:func:`rankwise.strategies.format_owner`)."""
+        return (directory / OPTIMIZER_FILE).is_file()
 
-        Here: optimizer state is whole on every rank, so rank 0 writes it alone.  Sharded
-        strategies write each rank's share instead.
-        """
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        """Write what this strategy needs beyond the full weights (written by the checkpoint protocol) into
+        ``directory``; every rank calls it, so a sharded strategy's ranks each write their share."""
         if optimizer is not None and self.env.is_main:
             torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
-    def load_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Restore model and optimizer from a checkpoint directory (every rank calls it), whichever strategy
-        wrote it at whatever world size (:func:`read_whole_state`)."""
+    @classmethod
+    def read_whole_state(cls, directory: Path, module: nn.Module,
+                         names: list[list[str]] | None) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """A checkpoint in this strategy's format read back whole in this process, whatever world size wrote it:
+        full weights by name and optimizer state keyed by parameter name (``by_name``), the form every strategy's
+        :meth:`load_whole_state` takes.  ``module``: the loading run's unwrapped model; ``names``: its parameters'
+        names by optimizer group (``None``: the loading run has no optimizer, so only the weights are read)."""
+        weights = read_weights(directory / WEIGHTS)
+        if names is None:
+            return weights, None
+        if not cls.claims(directory):
+            raise CheckpointError(f"{directory} holds no optimizer state ({OPTIMIZER_FILE}): it was saved without "
+                                  "an optimizer; load its weights instead (model.init_weights)")
+        return weights, by_name(loading.load(directory / OPTIMIZER_FILE, "optimizer-state"), names)
+
+    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
+        """Restore model and optimizer from checkpoint ``directory`` (every rank calls it), whichever strategy
+        wrote it at whatever world size: ``writer`` (the strategy that claims it; default this one) reads it whole
+        (:meth:`read_whole_state`) and :meth:`load_whole_state` puts it in.  A strategy that loads its own format
+        faster (per-rank shards at the same world size) overrides this and falls back here for any other."""
         module = self.unwrap(model)
-        names = parameter_names(module, optimizer) if optimizer is not None else None
-        weights, optim = read_whole_state(directory, module, optimizer, names)
+        names = self.optimizer_names(module, optimizer)
+        weights, optim = (writer or type(self)).read_whole_state(directory, module, names)
+        self.load_whole_state(model, optimizer, weights, optim)
+
+    def optimizer_names(self, module: nn.Module, optimizer) -> list[list[str]] | None:
+        """The name of every parameter of each of ``optimizer``'s groups (``None`` without an optimizer)."""
+        return parameter_names(module, optimizer) if optimizer is not None else None
+
+    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                         optim: dict | None) -> None:
+        """Put a whole state (full weights, optimizer state keyed by parameter name or ``None``) into this run's
+        model and optimizer: how any strategy's checkpoint enters this one (every rank calls it)."""
         self.load_model_state_dict(model, weights)
         if optim is not None:
-            optimizer.load_state_dict(by_index(optim, names))
+            optimizer.load_state_dict(by_index(optim, self.optimizer_names(self.unwrap(model), optimizer)))
 
     @property
     @abc.abstractmethod
     def library_world_size(self) -> int:
         """World size as the strategy's own library sees it, asked of the library itself: the runtime compares
         it with the launcher's to catch ranks that silently train alone (Accelerate without ``cpu=True``)."""
-
-
-def read_whole_state(directory: Path, module: nn.Module, optimizer,
-                     names: list[list[str]] | None = None) -> tuple[dict[str, torch.Tensor], dict | None]:
-    """A checkpoint's full weights and its optimizer state keyed by parameter name (``None`` without an
-    optimizer), read whole in this process from whichever form its strategy wrote: one optimizer file, FSDP's
-    DCP shards or DeepSpeed's ZeRO partitions (whose fp32 master weights replace the saved weights: under
-    16-bit DeepSpeed those are the rounded copies).  ``module``: the unwrapped model the optimizer steps;
-    ``names``: its parameters' names by optimizer group, where the optimizer no longer lists them (ZeRO-3)."""
-    weights = read_weights(directory / WEIGHTS)
-    if optimizer is None:
-        return weights, None
-    if (directory / SHARDED_DIR).is_dir():
-        return weights, read_sharded(directory / SHARDED_DIR)["optim"]
-    names = names or parameter_names(module, optimizer)
-    deepspeed = directory / DEEPSPEED_DIR / DEEPSPEED_TAG
-    if deepspeed.is_dir() and any(deepspeed.glob("*optim_states.pt")):
-        whole = read_deepspeed(deepspeed)
-        return retie({**weights, **whole["model"]}, module), whole["optim"]
-    if deepspeed.is_dir():  # ZeRO stage 0 saves the optimizer whole, beside the module
-        whole = loading.load(deepspeed / "mp_rank_00_model_states.pt", "DeepSpeed model-state")
-        if "param_groups" not in whole["optimizer"]:  # 16-bit: DeepSpeed's own wrapper with fp32 masters
-            raise CheckpointError(f"{directory}: DeepSpeed ZeRO stage 0 at 16-bit precision keeps its optimizer in "
-                                  "DeepSpeed's own wrapper; continue it with the same strategy and world size")
-        return weights, by_name(whole["optimizer"], names)
-    whole = loading.load(directory / OPTIMIZER_FILE, "optimizer-state")
-    return weights, by_name(whole, names)
 
 
 def compile_in_place(model: nn.Module) -> None:

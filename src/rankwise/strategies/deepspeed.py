@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import logging
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -27,16 +28,16 @@ from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import (
-    DEEPSPEED_DIR,
-    DEEPSPEED_TAG,
-    LoopFacts,
-    Strategy,
-    compile_in_place,
-    read_whole_state,
-)
+from rankwise.strategies.base import LoopFacts, Strategy, compile_in_place, retie
 from rankwise.strategies.deepspeed_config import generated_config, read_user_config
-from rankwise.strategies.deepspeed_state import gathered_buckets, load_whole_optimizer, partitions_fit
+from rankwise.strategies.deepspeed_state import (
+    FOLDER,
+    TAG,
+    gathered_buckets,
+    load_whole_optimizer,
+    partitions_fit,
+    read_whole,
+)
 from rankwise.strategies.options import DeepSpeedOptions
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
@@ -320,36 +321,61 @@ class DeepSpeed(Strategy):
                     for param in chunk:
                         param.copy_(state[names[id(param)]])
 
+    # -- its checkpoint format: every rank's ZeRO partition, written by DeepSpeed into FOLDER/TAG ---------------
+    @classmethod
     @override
-    def save_state(self, directory, model: nn.Module, optimizer) -> None:
+    def claims(cls, directory: Path) -> bool:
+        return (directory / FOLDER / TAG).is_dir()
+
+    @override
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
         # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
         from rankwise.checkpoint import CollectiveSaveError
 
         try:
-            model.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG, save_latest=False)
+            model.save_checkpoint(str(directory / FOLDER), tag=TAG, save_latest=False)
         except OSError as e:
             raise CollectiveSaveError(f"rank {self.env.rank}: cannot write {e.filename or directory}: "
                                       f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
                                       "(the previous checkpoint is intact)") from e
 
+    @classmethod
     @override
-    def load_state(self, directory, model: nn.Module, optimizer) -> None:
+    def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
+        """The partitions regrouped whole; their fp32 master weights replace the saved (under 16-bit, rounded)
+        ones."""
+        weights, _ = super().read_whole_state(directory, module, None)
+        if names is None:
+            return weights, None
+        masters, optim = read_whole(directory, names)
+        return retie({**weights, **masters}, module), optim
+
+    @override
+    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
         """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
         checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
-        if partitions_fit(directory / DEEPSPEED_DIR / DEEPSPEED_TAG, self.env.world_size, self.options.zero_stage):
-            loading.check_safe((directory / DEEPSPEED_DIR).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
-            path, _ = model.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+        if partitions_fit(directory / FOLDER / TAG, self.env.world_size, self.options.zero_stage):
+            loading.check_safe((directory / FOLDER).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
+            path, _ = model.load_checkpoint(str(directory / FOLDER), tag=TAG,
                                             load_optimizer_states=True, load_lr_scheduler_states=False)
             if path is None:
-                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / DEEPSPEED_DIR}")
+                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / FOLDER}")
             return
         if self.options.zero_stage == 0 and self.precision.dtype != torch.float32:
             # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
             raise RuntimeError(f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
                                f"continue another strategy's or world size's checkpoint ({directory}); use "
                                "ZeRO stage 1-3, or 32-true at stage 0")
-        weights, optim = read_whole_state(directory, self.unwrap(model), optimizer, self.group_names)
+        super().load_state(directory, model, optimizer, writer)
+
+    @override
+    def optimizer_names(self, module: nn.Module, optimizer) -> list[list[str]] | None:
+        return self.group_names  # ZeRO-3 empties the optimizer's groups: the names kept at wrap time
+
+    @override
+    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                         optim: dict | None) -> None:
         self.load_model_state_dict(model, weights)
         if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
             optimizer.load_state_dict(by_index(optim, self.group_names))
