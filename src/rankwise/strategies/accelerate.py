@@ -19,6 +19,7 @@ from torch import nn
 from typing_extensions import override
 
 from rankwise import dist
+from rankwise.compat.accelerate_state import reset_accelerate_state
 from rankwise.precision import Precision
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
@@ -180,9 +181,4 @@ class Accelerate(Strategy):
             self.accelerator.free_memory()
             self.accelerator = None
         super().teardown(clean)
-        # Accelerate keeps process-wide singletons that outlive the process group; clear them
-        # so a later setup() in this process (a notebook, a second run) starts afresh.
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()  # a later setup() in this process (a notebook, a second run) starts afresh

@@ -30,6 +30,7 @@ from rankwise.blocks import checkpoint_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names
 from rankwise.checkpoint.files import cpu_copies
+from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
@@ -156,7 +157,7 @@ class Strategy(abc.ABC):
         once (its logger), and the module it calls then ran eagerly.  Compiled inside DDP's forward, the
         module's graph is split at the gradient buckets' boundaries (Dynamo's DDPOptimizer), so the
         all-reduces still overlap the backward pass."""
-        compile_in_place(self.unwrap(model))
+        compile_forward(self.unwrap(model))
         return model
 
     @abc.abstractmethod
@@ -310,20 +311,6 @@ class Strategy(abc.ABC):
     def library_world_size(self) -> int:
         """World size as the strategy's own library sees it, asked of the library itself: the runtime compares
         it with the launcher's to catch ranks that silently train alone (Accelerate without ``cpu=True``)."""
-
-
-def compile_in_place(model: nn.Module) -> None:
-    """``torch.compile`` the model's ``forward`` in place, through a first frame Dynamo traces.  Not
-    ``Module.compile``: in torch 2.13 it compiles ``Module._call_impl``, which Dynamo skips as torch's own code,
-    so a model whose ``forward`` is torch's too (``nn.Sequential``) ran eagerly, silently
-    (pytorch/pytorch#150915); and its frame holds the module's hooks, where FSDP's break the graph before the
-    forward begins.  The hooks stay eager, around the compiled forward."""
-    forward = model.forward  # bound: an instance's own forward (a wrapper's) is kept
-
-    def call(*args, **kwargs):
-        return forward(*args, **kwargs)
-
-    model.forward = torch.compile(call)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -24,11 +24,13 @@ from rankwise import process
 from rankwise.checkpoint import loading
 from rankwise.checkpoint.convert import by_index, parameter_names
 from rankwise.checkpoint.files import cpu_copies
+from rankwise.compat.deepspeed_zero import alias_fp32_masters, clipping_for_one_step, skip_shm_comm_build
+from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import LoopFacts, Strategy, compile_in_place, retie
+from rankwise.strategies.base import LoopFacts, Strategy, retie
 from rankwise.strategies.deepspeed_config import generated_config, read_user_config
 from rankwise.strategies.deepspeed_state import (
     FOLDER,
@@ -50,31 +52,6 @@ def import_deepspeed():
         raise ImportError(f"strategy deepspeed needs DeepSpeed: {INSTALL}  ({e})") from None
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return deepspeed
-
-
-def share_fp32_master_partitions(optimizer) -> int:
-    """Let ZeRO-3 update fp32 parameter partitions in place instead of through a master copy.
-
-    DeepSpeed 0.19 means to skip the fp32 master copy when the partitioned parameters are
-    already fp32 on the optimizer's device (stage3.py ``_create_fp32_partitions``), but it
-    compares a ``torch.device`` with a device *string*, which is never equal, so a fp32 run
-    keeps a second copy of its partition: 4/N bytes per parameter.  Pointing each master
-    tensor at its parameter partition is the aliasing DeepSpeed designed for that case (its
-    step then copies the partition onto itself).  Optimizer state stays keyed by the same
-    tensor objects.  Returns the number of elements no longer duplicated.
-    """
-    masters = getattr(optimizer, "fp32_partitioned_groups_flat", None)
-    partitions = getattr(optimizer, "fp16_partitioned_groups_flat", None)
-    if not masters or not partitions or getattr(optimizer, "offload_optimizer", False):
-        return 0
-    freed = 0
-    for master, partition in zip(masters, partitions):
-        if (partition is None or master is partition or master.dtype != partition.dtype
-                or master.device != partition.device or master.shape != partition.shape):
-            continue
-        master.data = partition.data
-        freed += partition.numel()
-    return freed
 
 
 def cast_floating_inputs(dtype: torch.dtype):
@@ -149,12 +126,7 @@ class DeepSpeed(Strategy):
         os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))
         super().setup_environment()
         if self.device.type == "cpu":
-            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce kernel when its
-            # communication layer starts (1-2 minutes on 2 cores, again for every new virtualenv);
-            # only inference tensor parallelism uses it, training reduces through torch.distributed.
-            import deepspeed.ops
-
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+            skip_shm_comm_build()  # a kernel only inference uses, JIT-compiled for minutes otherwise
         # DeepSpeed's communication layer attaches to the process group created above.
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
@@ -168,7 +140,7 @@ class DeepSpeed(Strategy):
         self.group_names = parameter_names(model, optimizer)
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
                                                     config=self.ds_config(self.facts), dist_init_required=False)
-        share_fp32_master_partitions(self.engine.optimizer)
+        alias_fp32_masters(self.engine.optimizer)  # fp32 ZeRO-3: no second copy of the partition
         if self.precision.dtype != torch.float32:
             # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
             # meet half-precision layers.  (Token ids and masks are integers and pass unchanged.)
@@ -189,9 +161,9 @@ class DeepSpeed(Strategy):
     @override
     def compile(self, model: nn.Module) -> nn.Module:
         """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
-        hooks in step), with the module compiled through a frame Dynamo traces (see :func:`compile_in_place`)."""
+        hooks in step), with the module compiled through a frame Dynamo traces (``compat.torch_compile``)."""
         model.compile()
-        compile_in_place(model.module)
+        compile_forward(model.module)
         return model
 
     @override
@@ -244,13 +216,8 @@ class DeepSpeed(Strategy):
             return None
         # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them inside
         # its step: take the step with this step's limit and return the norm it computed (before clipping).
-        zero_optimizer.clip_grad = max_norm
-        model._config.gradient_clipping = max_norm
-        try:
+        with clipping_for_one_step(model, zero_optimizer, max_norm):
             model.step()
-        finally:
-            zero_optimizer.clip_grad = 0.0
-            model._config.gradient_clipping = 0.0
         return torch.tensor(float(model.get_global_grad_norm()))
 
     @property

@@ -15,6 +15,7 @@ from torch import nn
 
 from rankwise.checkpoint import CheckpointError, loading
 from rankwise.checkpoint.convert import by_name
+from rankwise.compat.deepspeed_zero import set_zero3_partition
 
 FOLDER, TAG = "deepspeed", "state"
 """Where DeepSpeed's ``save_checkpoint`` writes every rank's ZeRO partition inside a checkpoint: ``FOLDER/TAG``."""
@@ -66,24 +67,13 @@ def load_whole_optimizer(zero, module: nn.Module, optimizer, weights: dict, opti
         for key in [None, *(keys & states.keys())]:  # None: the fp32 master weights
             value = (weights[name] if key is None else states[key]).to(device)
             if hasattr(parameter, "ds_id"):
-                _set_zero3_partition(zero, parameter, value, key)
+                set_zero3_partition(zero, parameter, value, key)
             elif key is None:
                 safe_set_full_fp32_param(parameter, value)
             else:
                 safe_set_full_optimizer_state(parameter, value, key)
     for group, saved in zip(optimizer.param_groups, optim["param_groups"], strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
-
-
-def _set_zero3_partition(zero, parameter: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
-    """This rank's slice of a full ZeRO-3 master weight (``key`` None) or optimizer state.  DeepSpeed's own
-    ``safe_set_full_*`` reads past the end of an unpadded value on the last rank of a parameter whose size does
-    not divide by the world size (0.19.8: "start (68) + length (34) exceeds dimension size (100)")."""
-    partition, _ = zero._get_fp32_opt_state_partition(parameter, release_swap_buffers=False, optim_state_key=key)
-    padded = value.new_zeros(partition.numel() * zero._get_param_partition_world_size(parameter))
-    padded[:value.numel()] = value.flatten()
-    rank = zero._get_param_partition_rank(parameter)
-    partition.data.copy_(padded.narrow(0, partition.numel() * rank, partition.numel()))
 
 
 def _allocate_optimizer_state(zero, keys: set[str], step: float | None) -> None:
