@@ -67,6 +67,15 @@ def test_the_layers_are_the_ones_the_design_names():
     assert "rankwise.train.loop" in GRAPH["rankwise.train.worker"]  # the graph sees imports at all
 
 
+def test_compat_is_library_code_that_depends_on_no_other_rankwise_module():
+    """Workarounds for other libraries sit in the library layer, at its bottom: every layer may use them, and
+    removing one touches its module and its call sites only."""
+    compat = [name for name in MODULES if name == "rankwise.compat" or name.startswith("rankwise.compat.")]
+    assert len(compat) > 1 and all(layer(name) == "library" for name in compat)
+    for name in compat:
+        assert all(imported.startswith("rankwise.compat") for imported in GRAPH[name]), (name, GRAPH[name])
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_one_way(module):
     wrong = sorted(imported for imported in GRAPH[module] if layer(imported) not in ALLOWED[layer(module)])

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from rankwise.compat.torch_elastic import store_for_this_attempt
+
 
 @dataclass(frozen=True)
 class ProcessEnv:
@@ -203,13 +205,9 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
         # Read once when torch.distributed is imported, often before the variable was set (launch.check_collectives).
         torch_dist.set_debug_level_from_env()
-    attempt = restart_count()
-    if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # torchrun's static rendezvous keeps one store across restarts of the worker group, so a
-        # restarted rank could read the address a dead peer published (gloo: "Connection refused").
-        # Each attempt gets its own key space on the agent's store.
-        store = torch_dist.PrefixStore(f"rankwise/attempt-{attempt}/", torch_dist.TCPStore(
-            env.master_addr, env.master_port, world_size=env.world_size, is_master=False, timeout=timeout))
+    # A restarted worker group gets a key space of its own on torchrun's agent store (rankwise.compat).
+    store = store_for_this_attempt(env.master_addr, env.master_port, env.world_size, restart_count(), timeout)
+    if store is not None:
         torch_dist.init_process_group(backend=backend_for(device), store=store, rank=env.rank,
                                       world_size=env.world_size, timeout=timeout)
         return

@@ -20,7 +20,7 @@ from torch import nn
 
 from rankwise import checkpoint as ckpt
 from rankwise.checkpoint import loading
-from rankwise.strategies import portable
+from rankwise.strategies import format_owner, portable
 
 
 def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -85,9 +85,11 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     checkpoint whose files match their checksums is used, with a warning for each newer one that
     does not (``strict``: an error instead).
 
-    A checkpoint of any strategy continues at any world size and under any other strategy: whole state as it is,
-    FSDP's shards regrouped by ``torch.distributed.checkpoint``, DeepSpeed's partitions by its universal
-    conversion (``Strategy.load_state``).  Each rank continues old rank (rank mod N)'s random streams.
+    A checkpoint of any strategy continues at any world size and under any other strategy: the strategy whose format
+    it holds (``Strategy.claims``) reads it back whole by parameter name (``Strategy.read_whole_state``: FSDP's
+    shards regrouped by ``torch.distributed.checkpoint``, DeepSpeed's partitions by its universal conversion), and
+    this run's strategy loads that (``Strategy.load_state``, its own format directly).  Each rank continues old
+    rank (rank mod N)'s random streams.
     """
     # Why: rank 0 chooses (verifying checksums once) and every rank loads the same checkpoint.
     found = error = None
@@ -107,7 +109,8 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     written_by = state.get("strategy", rt.strategy_name)
     ckpt.check_compatible(directory, state, rt.strategy_name, rt.world_size,
                           portable=portable(written_by, rt.strategy_name))
-    rt.strategy.load_state(directory, model, optimizer)
+    # Whichever strategy's format the checkpoint holds reads it; this run's strategy puts it in (its own way).
+    rt.strategy.load_state(directory, model, optimizer, writer=format_owner(directory, written_by))
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     rt.strategy.precision.load_state_dict(state["precision"])

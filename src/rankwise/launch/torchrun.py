@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import socket
 import sys
@@ -21,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from rankwise.compat.torch_elastic import publish_master_address_every_round
 from rankwise.errors import LaunchError, Stopped
 from rankwise.launch.config import LaunchConfig
 from rankwise.launch.entry import Entry
@@ -103,10 +103,7 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
             # c10d hands the workers node 0's name (often 'localhost') as MASTER_ADDR unless told its address.
             args.local_addr = interface.address
     if args.rdzv_backend not in ("", "static"):
-        # torch caches rank 0's master address from the first round of a dynamic rendezvous: a node joining a
-        # later round then waits for a key nobody writes (seen: node 1 rejoining an elastic job waited 60 s for
-        # .../MASTER_ADDR while node 0 waited for its role_info).  Publishing it every round avoids that.
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        publish_master_address_every_round()  # torch caches rank 0's address from a dynamic rendezvous's first round
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     _quiet_worker_failure_lines()

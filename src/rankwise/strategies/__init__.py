@@ -19,11 +19,12 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from rankwise.errors import ConfigError
+from rankwise.errors import CheckpointError, ConfigError
 from rankwise.strategies.base import LoopFacts, Strategy
 from rankwise.strategies.options import Options
 
@@ -108,12 +109,28 @@ def unavailable(name: str) -> str | None:
 def portable(written_by: str, resumed_by: str) -> bool:
     """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: each keeps
     whole state (one optimizer file) or shards that regroup on load (FSDP's DCP shards, DeepSpeed's ZeRO
-    partitions); all of them convert into each other by parameter name (:mod:`rankwise.checkpoint.convert`)."""
+    partitions); every strategy reads its own back into the whole state by parameter name
+    (``Strategy.read_whole_state``), which every strategy loads."""
     try:
         written, resumed = lookup(written_by).cls, lookup(resumed_by).cls
     except ValueError:  # a strategy this installation does not know wrote it
         return False
     return all(kind.whole_state or kind.reshards for kind in (written, resumed))
+
+
+def format_owner(directory: Path, written_by: str | None = None) -> type[Strategy]:
+    """The strategy whose checkpoint format ``directory`` holds, to read it back (``Strategy.read_whole_state``):
+    ``written_by`` (the name its manifest records) where that strategy claims it, else the first registered one
+    that does; a checkpoint saved without optimizer state, which none claims, is its writer's."""
+    _discover()
+    writer = _VARIANTS[written_by].cls if written_by in _VARIANTS else None
+    for cls in ([writer] if writer else []) + sorted(set(_REGISTRY.values()) - {writer}, key=lambda c: c.name):
+        if cls.claims(directory):
+            return cls
+    if writer is not None:
+        return writer
+    raise CheckpointError(f"{directory} was written by strategy {written_by!r}, which this installation does not "
+                          f"know, and no strategy it knows ({', '.join(sorted(_REGISTRY))}) reads its format")
 
 
 def check_world_size(variant: Variant, world_size: int) -> None:
@@ -171,5 +188,5 @@ def get_strategy(name: str) -> type[Strategy]:
     return lookup(name).cls
 
 
-__all__ = ["LoopFacts", "Strategy", "Variant", "check_world_size", "get_strategy", "lookup", "register",
+__all__ = ["LoopFacts", "Strategy", "Variant", "check_world_size", "format_owner", "get_strategy", "lookup", "register",
            "register_variant", "resolve_options", "strategy_names"]

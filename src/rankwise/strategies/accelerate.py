@@ -16,8 +16,10 @@ import contextlib
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from rankwise import dist
+from rankwise.compat.accelerate_state import reset_accelerate_state
 from rankwise.precision import Precision
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
@@ -35,26 +37,33 @@ class AcceleratePrecision(Precision):
         self.scaler = None  # Accelerate creates and drives its own
         self.strategy = strategy
 
+    @override
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # prepare() wrapped the model's forward in autocast already
 
+    @override
     def backward(self, loss: torch.Tensor) -> None:
         self.strategy.accelerator.backward(loss)
 
+    @override
     def unscale(self, optimizer) -> None:
         self.strategy.accelerator.unscale_gradients(optimizer)
 
+    @override
     def step(self, optimizer) -> None:
         optimizer.step()  # Accelerate's optimizer wrapper steps through its scaler
 
+    @override
     def loss_scale(self) -> float:
         scaler = self.strategy.accelerator.scaler
         return float(scaler.get_scale()) if scaler is not None else 1.0
 
+    @override
     def state_dict(self) -> dict:
         scaler = self.strategy.accelerator.scaler
         return {"scaler": scaler.state_dict()} if scaler is not None else {}
 
+    @override
     def load_state_dict(self, state: dict) -> None:
         scaler = self.strategy.accelerator.scaler
         if scaler is not None and "scaler" in state:
@@ -68,10 +77,12 @@ class AccelerateGather(dist.ExactGather):
         super().__init__(total)
         self.accelerator = accelerator
 
+    @override
     def add(self, index: torch.Tensor, *tensors: torch.Tensor) -> None:
         # Why: gather_for_metrics is a collective per batch; every rank needs every prediction.
         super().add(*self.accelerator.gather_for_metrics((index, *tensors)))
 
+    @override
     def result(self) -> tuple[torch.Tensor, ...]:
         rows = self.local()
         if rows[0].numel() != self.total:  # the library's promise, checked
@@ -94,9 +105,11 @@ class Accelerate(Strategy):
         self.accelerator = None
         super().__init__(*args, **kwargs)
 
+    @override
     def make_precision(self, name: str) -> Precision:
         return AcceleratePrecision(name, self.device, self)
 
+    @override
     def setup_environment(self) -> None:
         try:
             from accelerate import Accelerator
@@ -111,6 +124,7 @@ class Accelerate(Strategy):
         self.accelerator = Accelerator(cpu=self.device.type == "cpu", mixed_precision=MIXED[self.precision.name],
                                        kwargs_handlers=[ddp_kwargs])
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -126,13 +140,16 @@ class Accelerate(Strategy):
             prepared[0].forward_sync_buffers = every_forward
         return prepared
 
+    @override
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.accelerator.unwrap_model(model)
 
+    @override
     def no_sync(self, model: nn.Module):
         # Why: skip DDP's all-reduce on all but the last micro-batch of an accumulation window.
         return self.accelerator.no_sync(model)
 
+    @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         norm = None
         if max_norm is not None:
@@ -140,6 +157,7 @@ class Accelerate(Strategy):
         self.precision.step(optimizer)
         return norm
 
+    @override
     def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None):
         from torch.utils.data import DataLoader
 
@@ -148,21 +166,19 @@ class Accelerate(Strategy):
         loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=order, shuffle=False, collate_fn=collate_fn)
         return self.accelerator.prepare_data_loader(loader, device_placement=False)
 
+    @override
     def eval_gatherer(self, total: int) -> dist.ExactGather:
         return AccelerateGather(total, self.accelerator)
 
     @property
+    @override
     def library_world_size(self) -> int:
         return self.accelerator.num_processes
 
+    @override
     def teardown(self, clean: bool = True) -> None:
         if self.accelerator is not None:
             self.accelerator.free_memory()
             self.accelerator = None
         super().teardown(clean)
-        # Accelerate keeps process-wide singletons that outlive the process group; clear them
-        # so a later setup() in this process (a notebook, a second run) starts afresh.
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()  # a later setup() in this process (a notebook, a second run) starts afresh

@@ -1,4 +1,4 @@
-"""The small interface every strategy implements.
+"""The contract every strategy implements: :class:`Strategy`, an abstract base class.
 
 A strategy decides how a model and optimizer are wrapped, how the backward pass and
 the optimizer step run, how gradient synchronisation is skipped during accumulation,
@@ -6,10 +6,15 @@ how evaluation is sharded and gathered, and how training state is saved and load
 It gets its own options section and the loop facts it needs (``LoopFacts``), never the
 run configuration.  It never starts processes (that is :mod:`rankwise.launch`) and never
 contains a training loop (a user's, or the built-in task's :mod:`rankwise.train.loop`).
+
+What a strategy must decide for itself is abstract (``wrap``, ``unwrap``, ``no_sync``, ``library_world_size``);
+what most strategies share has a default here, which a strategy overrides where it differs.  Every override
+carries ``@override``, and ``tests/strategies/test_contract.py`` checks each registered strategy against this.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,19 +28,16 @@ from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
 from rankwise.blocks import checkpoint_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
-from rankwise.checkpoint.convert import by_index, by_name, parameter_names, read_deepspeed, read_sharded
+from rankwise.checkpoint.convert import by_index, by_name, parameter_names
 from rankwise.checkpoint.files import cpu_copies
+from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
-"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank."""
-SHARDED_DIR = "sharded"
-"""Where FSDP writes its per-rank shards (torch.distributed.checkpoint) inside a checkpoint."""
-DEEPSPEED_DIR, DEEPSPEED_TAG = "deepspeed", "state"
-"""Where DeepSpeed's ``save_checkpoint`` writes every rank's ZeRO partition: ``DEEPSPEED_DIR/DEEPSPEED_TAG``."""
+"""Full optimizer state in a checkpoint of a strategy that keeps it whole on every rank (the base's format)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,15 @@ class LoopFacts:
     """Recompute each transformer layer's activations in the backward pass (:mod:`rankwise.blocks`)."""
 
 
-class Strategy:
+class Strategy(abc.ABC):
+    """How one process wraps, steps, evaluates and checkpoints under one data-parallel library.
+
+    The loop (a user's through :class:`rankwise.Runtime`, or :mod:`rankwise.train.loop`) calls, in order:
+    ``setup_environment`` once, ``setup`` once, then per step ``no_sync`` around all but the last micro-batch,
+    ``backward`` per micro-batch, ``step`` and ``zero_grad``; ``eval_loader`` / ``eval_gatherer`` to evaluate;
+    ``save_state`` / ``load_state`` to checkpoint; ``teardown`` once at the end, also after an error.
+    """
+
     name: ClassVar[str]
     """Name used with ``--strategy``."""
     multiprocess: ClassVar[bool] = True
@@ -93,6 +103,7 @@ class Strategy:
     @classmethod
     def check_options(cls, options: Options | None) -> None:
         """Raise ConfigError for options this strategy cannot run (called before any worker starts)."""
+        return None  # every value its options' type validates
 
     @classmethod
     def check_compile(cls) -> None:
@@ -122,6 +133,8 @@ class Strategy:
         process.init_process_group(self.env, self.device, self.timeout_s)
 
     def teardown(self, clean: bool = True) -> None:
+        """Leave the process group and release the library's process-wide state (called once, also after an
+        error; ``clean``: whether the other ranks are expected to leave too, so a barrier is safe)."""
         process.destroy_process_group(clean)
 
     # -- wrapping ----------------------------------------------------------------------------
@@ -144,27 +157,36 @@ class Strategy:
         once (its logger), and the module it calls then ran eagerly.  Compiled inside DDP's forward, the
         module's graph is split at the gradient buckets' boundaries (Dynamo's DDPOptimizer), so the
         all-reduces still overlap the backward pass."""
-        compile_in_place(self.unwrap(model))
+        compile_forward(self.unwrap(model))
         return model
 
+    @abc.abstractmethod
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
-        """Move and wrap model and optimizer together (FSDP and DeepSpeed need both at once)."""
-        return self.wrap_module(model), optimizer
+        """``(model, optimizer)`` ready to train under this strategy: moved to this rank's device and wrapped
+        together (FSDP and DeepSpeed need both at once).  The loop uses only what this returns from then on;
+        the optimizer returned steps the returned model's parameters (``optimizer`` may be ``None``)."""
 
-    def wrap_module(self, model: nn.Module) -> nn.Module:
+    def place(self, model: nn.Module) -> nn.Module:
+        """``model`` on this rank's device, unless its builder already spread it over several (model.split_devices)."""
         if len({p.device for p in model.parameters()}) > 1:
-            return model  # already placed across devices by its builder (model.split_devices)
+            return model
         return model.to(self.device)
 
+    @abc.abstractmethod
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return model
+        """The user's module inside what :meth:`wrap` returned: its parameter names (no ``module.`` prefix) are
+        the names checkpoints, gradients and weights are keyed by."""
 
     # -- the step ----------------------------------------------------------------------------
+    @abc.abstractmethod
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Context in which backward passes do not synchronise gradients (accumulation)."""
-        return contextlib.nullcontext()
+        """Context around every micro-batch but a step's last, in which backward passes accumulate gradients
+        locally without synchronising them across ranks (the loop relies on the step's last backward, outside
+        it, to make every rank's gradients the same)."""
 
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        """Backward pass of one micro-batch's loss (already divided by the accumulation count), through the
+        precision's scaler."""
         self.precision.backward(loss)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
@@ -182,6 +204,7 @@ class Strategy:
         return norm
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop the gradients after a step, so the next step's first backward starts from none."""
         optimizer.zero_grad(set_to_none=True)
 
     @property
@@ -228,72 +251,66 @@ class Strategy:
         return cpu_copies(self.unwrap(model).state_dict())  # tied parameters stay one tensor
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load full weights by unwrapped name into the (wrapped) model, on every rank."""
         self.unwrap(model).load_state_dict(state)
 
-    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Write what this strategy needs beyond the full weights into ``directory`` (every rank calls it).
+    # -- checkpoint format: each strategy recognises, writes and reads back its own --------------
+    # Here the format of strategies whose optimizer state is whole on every rank: rank 0's optimizer file.
+    @classmethod
+    def claims(cls, directory: Path) -> bool:
+        """Whether checkpoint ``directory`` holds optimizer state in this strategy's format (as its
+        :meth:`save_state` writes it).  Resuming asks every registered strategy (the writer first) and reads the
+        checkpoint through the one that claims it (:func:`rankwise.strategies.format_owner`)."""
+        return (directory / OPTIMIZER_FILE).is_file()
 
-        Here: optimizer state is whole on every rank, so rank 0 writes it alone.  Sharded
-        strategies write each rank's share instead.
-        """
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+        """Write what this strategy needs beyond the full weights (written by the checkpoint protocol) into
+        ``directory``; every rank calls it, so a sharded strategy's ranks each write their share."""
         if optimizer is not None and self.env.is_main:
             torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
-    def load_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Restore model and optimizer from a checkpoint directory (every rank calls it), whichever strategy
-        wrote it at whatever world size (:func:`read_whole_state`)."""
+    @classmethod
+    def read_whole_state(cls, directory: Path, module: nn.Module,
+                         names: list[list[str]] | None) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """A checkpoint in this strategy's format read back whole in this process, whatever world size wrote it:
+        full weights by name and optimizer state keyed by parameter name (``by_name``), the form every strategy's
+        :meth:`load_whole_state` takes.  ``module``: the loading run's unwrapped model; ``names``: its parameters'
+        names by optimizer group (``None``: the loading run has no optimizer, so only the weights are read)."""
+        weights = read_weights(directory / WEIGHTS)
+        if names is None:
+            return weights, None
+        if not cls.claims(directory):
+            raise CheckpointError(f"{directory} holds no optimizer state ({OPTIMIZER_FILE}): it was saved without "
+                                  "an optimizer; load its weights instead (model.init_weights)")
+        return weights, by_name(loading.load(directory / OPTIMIZER_FILE, "optimizer-state"), names)
+
+    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
+        """Restore model and optimizer from checkpoint ``directory`` (every rank calls it), whichever strategy
+        wrote it at whatever world size: ``writer`` (the strategy that claims it; default this one) reads it whole
+        (:meth:`read_whole_state`) and :meth:`load_whole_state` puts it in.  A strategy that loads its own format
+        faster (per-rank shards at the same world size) overrides this and falls back here for any other."""
         module = self.unwrap(model)
-        names = parameter_names(module, optimizer) if optimizer is not None else None
-        weights, optim = read_whole_state(directory, module, optimizer, names)
+        names = self.optimizer_names(module, optimizer)
+        weights, optim = (writer or type(self)).read_whole_state(directory, module, names)
+        self.load_whole_state(model, optimizer, weights, optim)
+
+    def optimizer_names(self, module: nn.Module, optimizer) -> list[list[str]] | None:
+        """The name of every parameter of each of ``optimizer``'s groups (``None`` without an optimizer)."""
+        return parameter_names(module, optimizer) if optimizer is not None else None
+
+    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                         optim: dict | None) -> None:
+        """Put a whole state (full weights, optimizer state keyed by parameter name or ``None``) into this run's
+        model and optimizer: how any strategy's checkpoint enters this one (every rank calls it)."""
         self.load_model_state_dict(model, weights)
         if optim is not None:
-            optimizer.load_state_dict(by_index(optim, names))
+            optimizer.load_state_dict(by_index(optim, self.optimizer_names(self.unwrap(model), optimizer)))
 
     @property
+    @abc.abstractmethod
     def library_world_size(self) -> int:
-        """World size as the strategy's own library sees it (guards against ranks training alone)."""
-        return dist.world_size()
-
-
-def read_whole_state(directory: Path, module: nn.Module, optimizer,
-                     names: list[list[str]] | None = None) -> tuple[dict[str, torch.Tensor], dict | None]:
-    """A checkpoint's full weights and its optimizer state keyed by parameter name (``None`` without an
-    optimizer), read whole in this process from whichever form its strategy wrote: one optimizer file, FSDP's
-    DCP shards or DeepSpeed's ZeRO partitions (whose fp32 master weights replace the saved weights: under
-    16-bit DeepSpeed those are the rounded copies).  ``module``: the unwrapped model the optimizer steps;
-    ``names``: its parameters' names by optimizer group, where the optimizer no longer lists them (ZeRO-3)."""
-    weights = read_weights(directory / WEIGHTS)
-    if optimizer is None:
-        return weights, None
-    if (directory / SHARDED_DIR).is_dir():
-        return weights, read_sharded(directory / SHARDED_DIR)["optim"]
-    names = names or parameter_names(module, optimizer)
-    deepspeed = directory / DEEPSPEED_DIR / DEEPSPEED_TAG
-    if deepspeed.is_dir() and any(deepspeed.glob("*optim_states.pt")):
-        whole = read_deepspeed(deepspeed)
-        return retie({**weights, **whole["model"]}, module), whole["optim"]
-    if deepspeed.is_dir():  # ZeRO stage 0 saves the optimizer whole, beside the module
-        whole = loading.load(deepspeed / "mp_rank_00_model_states.pt", "DeepSpeed model-state")
-        if "param_groups" not in whole["optimizer"]:  # 16-bit: DeepSpeed's own wrapper with fp32 masters
-            raise CheckpointError(f"{directory}: DeepSpeed ZeRO stage 0 at 16-bit precision keeps its optimizer in "
-                                  "DeepSpeed's own wrapper; continue it with the same strategy and world size")
-        return weights, by_name(whole["optimizer"], names)
-    whole = loading.load(directory / OPTIMIZER_FILE, "optimizer-state")
-    return weights, by_name(whole, names)
-
-
-def compile_in_place(model: nn.Module) -> None:
-    """``torch.compile`` the model's ``forward`` in place, through a first frame Dynamo traces.  Not
-    ``Module.compile``: in torch 2.13 it compiles ``Module._call_impl``, which Dynamo skips as torch's own code,
-    so a model whose ``forward`` is torch's too (``nn.Sequential``) ran eagerly, silently
-    (pytorch/pytorch#150915); and its frame holds the module's hooks, where FSDP's break the graph before the
-    forward begins.  The hooks stay eager, around the compiled forward."""
-    forward = model.forward  # bound: an instance's own forward (a wrapper's) is kept
-
-    def call(*args, **kwargs):
-        return forward(*args, **kwargs)
-
-    model.forward = torch.compile(call)
+        """World size as the strategy's own library sees it, asked of the library itself: the runtime compares
+        it with the launcher's to catch ranks that silently train alone (Accelerate without ``cpu=True``)."""
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

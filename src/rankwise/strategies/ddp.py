@@ -12,7 +12,9 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
+from rankwise import dist
 from rankwise.strategies import register, register_variant
 from rankwise.strategies.base import Strategy
 from rankwise.strategies.options import DDPOptions
@@ -26,8 +28,9 @@ class DDP(Strategy):
     options_cls = DDPOptions
     options: DDPOptions
 
-    def wrap_module(self, model: nn.Module) -> nn.Module:
-        model = super().wrap_module(model)
+    @override
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        model = self.place(model)
         # device_ids only for a module on one CUDA device; CPU modules and modules split
         # across devices (ToyMpModel) must leave it unset.
         on_one_cuda_device = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
@@ -41,15 +44,22 @@ class DDP(Strategy):
             **buffer_sync(broadcast_buffers(model, self.options)),
         )
         register_comm_hook(wrapped, self.options)
-        return wrapped
+        return wrapped, optimizer
 
+    @override
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
+    @override
     def no_sync(self, model: nn.Module):
         # Why: skipping the all-reduce on all but the last micro-batch is what makes
         # accumulation cost one synchronisation per optimizer step.
         return model.no_sync()
+
+    @property
+    @override
+    def library_world_size(self) -> int:
+        return dist.world_size()  # DDP runs on torch.distributed's own group
 
 
 def changing_buffers(model: nn.Module) -> list[str]:

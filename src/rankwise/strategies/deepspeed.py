@@ -12,31 +12,34 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from rankwise import process
 from rankwise.checkpoint import loading
 from rankwise.checkpoint.convert import by_index, parameter_names
 from rankwise.checkpoint.files import cpu_copies
+from rankwise.compat.deepspeed_zero import alias_fp32_masters, clipping_for_one_step, skip_shm_comm_build
+from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import (
-    DEEPSPEED_DIR,
-    DEEPSPEED_TAG,
-    LoopFacts,
-    Strategy,
-    compile_in_place,
-    read_whole_state,
+from rankwise.strategies.base import LoopFacts, Strategy, retie
+from rankwise.strategies.deepspeed_config import generated_config, read_user_config
+from rankwise.strategies.deepspeed_state import (
+    FOLDER,
+    TAG,
+    gathered_buckets,
+    load_whole_optimizer,
+    partitions_fit,
+    read_whole,
 )
-from rankwise.strategies.deepspeed_state import gathered_buckets, load_whole_optimizer, partitions_fit
 from rankwise.strategies.options import DeepSpeedOptions
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
@@ -49,31 +52,6 @@ def import_deepspeed():
         raise ImportError(f"strategy deepspeed needs DeepSpeed: {INSTALL}  ({e})") from None
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return deepspeed
-
-
-def share_fp32_master_partitions(optimizer) -> int:
-    """Let ZeRO-3 update fp32 parameter partitions in place instead of through a master copy.
-
-    DeepSpeed 0.19 means to skip the fp32 master copy when the partitioned parameters are
-    already fp32 on the optimizer's device (stage3.py ``_create_fp32_partitions``), but it
-    compares a ``torch.device`` with a device *string*, which is never equal, so a fp32 run
-    keeps a second copy of its partition: 4/N bytes per parameter.  Pointing each master
-    tensor at its parameter partition is the aliasing DeepSpeed designed for that case (its
-    step then copies the partition onto itself).  Optimizer state stays keyed by the same
-    tensor objects.  Returns the number of elements no longer duplicated.
-    """
-    masters = getattr(optimizer, "fp32_partitioned_groups_flat", None)
-    partitions = getattr(optimizer, "fp16_partitioned_groups_flat", None)
-    if not masters or not partitions or getattr(optimizer, "offload_optimizer", False):
-        return 0
-    freed = 0
-    for master, partition in zip(masters, partitions):
-        if (partition is None or master is partition or master.dtype != partition.dtype
-                or master.device != partition.device or master.shape != partition.shape):
-            continue
-        master.data = partition.data
-        freed += partition.numel()
-    return freed
 
 
 def cast_floating_inputs(dtype: torch.dtype):
@@ -92,30 +70,6 @@ def fp32_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.float() if tensor.is_floating_point() else tensor).cpu().clone()
 
 
-# DeepSpeed keys that rankwise derives from its own flags; a user JSON must not set them.
-OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-              "gradient_clipping", "bf16", "fp16"}
-
-
-def read_user_config(options: DeepSpeedOptions) -> dict:
-    """The JSON of ``deepspeed.config_file``; a ConfigError names the file for bad JSON or keys rankwise owns."""
-    path = options.config_file
-    try:
-        user = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"deepspeed.config_file={path!r}: {e}") from None
-    if not isinstance(user, dict):
-        raise ConfigError(f"deepspeed.config_file={path!r}: expected a JSON object, got {type(user).__name__}")
-    if user.get("zero_optimization", {}).get("compute_grad_norm") is False:
-        raise ConfigError(f"{path}: zero_optimization.compute_grad_norm=false leaves rt.step(max_norm=...) no norm to "
-                          "return; remove it")
-    clashes = sorted(OWNED_KEYS & user.keys())
-    if clashes:
-        raise ConfigError(f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
-                          "--grad-accum, clipping (rt.step's max_norm) and --precision; remove them from the JSON")
-    return user
-
-
 class EnginePrecision(Precision):
     """DeepSpeed's precision: the engine casts the model (its ``bf16`` / ``fp16`` sections) and keeps
     its loss scaler in its own checkpoint, so there is no autocast and no scaler of rankwise's."""
@@ -124,6 +78,7 @@ class EnginePrecision(Precision):
         super().__init__(name, device)
         self.scaler = None
 
+    @override
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # autocast would be a second, conflicting cast
 
@@ -146,10 +101,12 @@ class DeepSpeed(Strategy):
         self._stepping, self._backwards = False, 0  # inside rt.step; rt.backward calls since the last step
         self.group_names: list[list[str]] = []
 
+    @override
     def make_precision(self, name: str) -> Precision:
         return EnginePrecision(name, self.device)
 
     @classmethod
+    @override
     def check_options(cls, options: DeepSpeedOptions) -> None:
         if options.offload_param and options.zero_stage != 3:
             raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
@@ -157,43 +114,11 @@ class DeepSpeed(Strategy):
             read_user_config(options)
 
     def ds_config(self, facts: LoopFacts) -> dict:
-        ds = self.options
-        self.check_options(ds)
-        # DeepSpeed checks train_batch_size = micro x accumulation x world size; the loop's own
-        # loader decides the real batch, so an unknown micro-batch is counted as 1.
-        micro = facts.micro_batch_size or 1
-        zero: dict = {"stage": ds.zero_stage, "reduce_bucket_size": ds.bucket_size}
-        if ds.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu"}
-        if ds.offload_param:
-            zero["offload_param"] = {"device": "cpu"}
-        if ds.zero_stage == 3:
-            zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_prefetch_bucket_size=ds.bucket_size,
-                        stage3_max_live_parameters=ds.max_live_parameters,
-                        stage3_max_reuse_distance=ds.max_live_parameters,
-                        # The optimizer step flattens one sub-group's gradients into a fresh buffer at a
-                        # time; DeepSpeed's 1e9 makes that a second copy of the whole gradient partition.
-                        sub_group_size=ds.bucket_size)
-        config = {
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": facts.grad_accum,
-            "train_batch_size": micro * facts.grad_accum * self.env.world_size,
-            "gradient_clipping": 0.0,  # only when the loop steps with max_norm, for that step
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,
-            # The loop's own AdamW steps the offloaded partitions on the CPU (DeepSpeed otherwise
-            # insists on its JIT-compiled CPU Adam).
-            "zero_force_ds_cpu_optimizer": False,
-            "bf16": {"enabled": self.precision.dtype == torch.bfloat16},
-            "fp16": {"enabled": self.precision.dtype == torch.float16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        if ds.config_file:
-            user = read_user_config(ds)
-            config = {**config, **user, "zero_optimization": {**zero, **user.get("zero_optimization", {})}}
-        return config
+        """The DeepSpeed config this run passes to ``deepspeed.initialize``."""
+        self.check_options(self.options)
+        return generated_config(self.options, facts, self.env.world_size, self.precision.dtype)
 
+    @override
     def setup_environment(self) -> None:
         deepspeed = import_deepspeed()
         # DeepSpeed reads its device from LOCAL_RANK, which only launchers set: a one-process
@@ -201,16 +126,12 @@ class DeepSpeed(Strategy):
         os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))
         super().setup_environment()
         if self.device.type == "cpu":
-            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce kernel when its
-            # communication layer starts (1-2 minutes on 2 cores, again for every new virtualenv);
-            # only inference tensor parallelism uses it, training reduces through torch.distributed.
-            import deepspeed.ops
-
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+            skip_shm_comm_build()  # a kernel only inference uses, JIT-compiled for minutes otherwise
         # DeepSpeed's communication layer attaches to the process group created above.
         deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(seconds=self.timeout_s))
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         deepspeed = import_deepspeed()
         if optimizer is None:
@@ -219,7 +140,7 @@ class DeepSpeed(Strategy):
         self.group_names = parameter_names(model, optimizer)
         self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
                                                     config=self.ds_config(self.facts), dist_init_required=False)
-        share_fp32_master_partitions(self.engine.optimizer)
+        alias_fp32_masters(self.engine.optimizer)  # fp32 ZeRO-3: no second copy of the partition
         if self.precision.dtype != torch.float32:
             # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
             # meet half-precision layers.  (Token ids and masks are integers and pass unchanged.)
@@ -237,17 +158,20 @@ class DeepSpeed(Strategy):
                                "the weights, with the gradients its backward reduced into them. Call "
                                "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)")
 
+    @override
     def compile(self, model: nn.Module) -> nn.Module:
         """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
-        hooks in step), with the module compiled through a frame Dynamo traces (see :func:`compile_in_place`)."""
+        hooks in step), with the module compiled through a frame Dynamo traces (``compat.torch_compile``)."""
         model.compile()
-        compile_in_place(model.module)
+        compile_forward(model.module)
         return model
 
+    @override
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
     @contextlib.contextmanager
+    @override
     def no_sync(self, model: nn.Module):
         # Why: marks the micro-batch as inside an accumulation window, so DeepSpeed defers
         # the gradient reduction (stages 0-1) and the optimizer step to the last one.
@@ -257,6 +181,7 @@ class DeepSpeed(Strategy):
         finally:
             model.set_gradient_accumulation_boundary(True)
 
+    @override
     def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         # The loop already divided the loss by grad_accum: do not let DeepSpeed divide again.
         model.backward(loss, scale_wrt_gas=False)
@@ -264,6 +189,7 @@ class DeepSpeed(Strategy):
         if not model.is_gradient_accumulation_boundary():
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
+    @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         if not self._backwards:
             raise RuntimeError("rt.step under deepspeed, but no backward pass of this step went through "
@@ -290,22 +216,20 @@ class DeepSpeed(Strategy):
             return None
         # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them inside
         # its step: take the step with this step's limit and return the norm it computed (before clipping).
-        zero_optimizer.clip_grad = max_norm
-        model._config.gradient_clipping = max_norm
-        try:
+        with clipping_for_one_step(model, zero_optimizer, max_norm):
             model.step()
-        finally:
-            zero_optimizer.clip_grad = 0.0
-            model._config.gradient_clipping = 0.0
         return torch.tensor(float(model.get_global_grad_norm()))
 
     @property
+    @override
     def shards_optimizer_state(self) -> bool:
         return self.options.zero_stage >= 1
 
+    @override
     def gradient_scale(self) -> float:
         return float(getattr(self.engine.optimizer, "cur_scale", 1.0)) if self.precision.name == "16-mixed" else 1.0
 
+    @override
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a collective, ZeRO 1-3)."""
         from deepspeed.utils import safe_get_full_grad
@@ -314,11 +238,13 @@ class DeepSpeed(Strategy):
         scale = self.gradient_scale()  # every rank took part in each gather; rank 0 keeps the copies
         return {name: g.detach().float().cpu() / scale for name, g in pairs if g is not None and self.env.is_main}
 
+    @override
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the
         # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it once.
         return None
 
+    @override
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full fp32 weights on the CPU; under ZeRO-3 gathered from every rank (a collective) and
         complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
@@ -338,6 +264,7 @@ class DeepSpeed(Strategy):
             return {}
         return {k: full[id(v)] if id(v) in full else fp32_cpu_copy(v) for k, v in state.items()}
 
+    @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every rank)."""
         module = self.unwrap(model)
@@ -361,34 +288,61 @@ class DeepSpeed(Strategy):
                     for param in chunk:
                         param.copy_(state[names[id(param)]])
 
-    def save_state(self, directory, model: nn.Module, optimizer) -> None:
+    # -- its checkpoint format: every rank's ZeRO partition, written by DeepSpeed into FOLDER/TAG ---------------
+    @classmethod
+    @override
+    def claims(cls, directory: Path) -> bool:
+        return (directory / FOLDER / TAG).is_dir()
+
+    @override
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
         # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
         from rankwise.checkpoint import CollectiveSaveError
 
         try:
-            model.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG, save_latest=False)
+            model.save_checkpoint(str(directory / FOLDER), tag=TAG, save_latest=False)
         except OSError as e:
             raise CollectiveSaveError(f"rank {self.env.rank}: cannot write {e.filename or directory}: "
                                       f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
                                       "(the previous checkpoint is intact)") from e
 
-    def load_state(self, directory, model: nn.Module, optimizer) -> None:
+    @classmethod
+    @override
+    def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
+        """The partitions regrouped whole; their fp32 master weights replace the saved (under 16-bit, rounded)
+        ones."""
+        weights, _ = super().read_whole_state(directory, module, None)
+        if names is None:
+            return weights, None
+        masters, optim = read_whole(directory, names)
+        return retie({**weights, **masters}, module), optim
+
+    @override
+    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
         """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
         checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
-        if partitions_fit(directory / DEEPSPEED_DIR / DEEPSPEED_TAG, self.env.world_size, self.options.zero_stage):
-            loading.check_safe((directory / DEEPSPEED_DIR).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
-            path, _ = model.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+        if partitions_fit(directory / FOLDER / TAG, self.env.world_size, self.options.zero_stage):
+            loading.check_safe((directory / FOLDER).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
+            path, _ = model.load_checkpoint(str(directory / FOLDER), tag=TAG,
                                             load_optimizer_states=True, load_lr_scheduler_states=False)
             if path is None:
-                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / DEEPSPEED_DIR}")
+                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / FOLDER}")
             return
         if self.options.zero_stage == 0 and self.precision.dtype != torch.float32:
             # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
             raise RuntimeError(f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
                                f"continue another strategy's or world size's checkpoint ({directory}); use "
                                "ZeRO stage 1-3, or 32-true at stage 0")
-        weights, optim = read_whole_state(directory, self.unwrap(model), optimizer, self.group_names)
+        super().load_state(directory, model, optimizer, writer)
+
+    @override
+    def optimizer_names(self, module: nn.Module, optimizer) -> list[list[str]] | None:
+        return self.group_names  # ZeRO-3 empties the optimizer's groups: the names kept at wrap time
+
+    @override
+    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                         optim: dict | None) -> None:
         self.load_model_state_dict(model, weights)
         if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
             optimizer.load_state_dict(by_index(optim, self.group_names))
@@ -396,11 +350,13 @@ class DeepSpeed(Strategy):
             load_whole_optimizer(self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device)
 
     @property
+    @override
     def library_world_size(self) -> int:
         import deepspeed.comm
 
         return deepspeed.comm.get_world_size()
 
+    @override
     def teardown(self, clean: bool = True) -> None:
         # ZeRO-3 registers hooks and buffers that abort the process at exit (SIGABRT) if the
         # process group goes first: destroy the engine, then leave the group.

@@ -1,13 +1,40 @@
-"""DeepSpeed ZeRO state cut from a whole checkpoint: another world size's partitions (regrouped by
-``checkpoint.convert.read_deepspeed``) or another strategy's state, keyed by parameter name; and ZeRO-3's
+"""DeepSpeed's checkpoint format: its partitions read back whole (at any world size, regrouped by DeepSpeed's
+universal conversion) and a whole state, keyed by parameter name, cut into this run's partitions; and ZeRO-3's
 parameters gathered a bucket at a time, to read or write them whole."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from rankwise.checkpoint import CheckpointError, loading
+from rankwise.checkpoint.convert import by_name
+from rankwise.compat.deepspeed_zero import set_zero3_partition
+
+FOLDER, TAG = "deepspeed", "state"
+"""Where DeepSpeed's ``save_checkpoint`` writes every rank's ZeRO partition inside a checkpoint: ``FOLDER/TAG``."""
+
+
+def read_whole(directory: Path, names: list[list[str]]) -> tuple[dict[str, torch.Tensor], dict]:
+    """The weights DeepSpeed's partitions hold (fp32 masters, which under 16-bit DeepSpeed are more precise than
+    the checkpoint's saved weights; ``{}`` at stage 0) and the optimizer state keyed by parameter name, read whole
+    from checkpoint ``directory`` in this process.  ``names``: the loading run's parameters by optimizer group."""
+    folder = directory / FOLDER / TAG
+    if any(folder.glob("*optim_states.pt")):
+        whole = read_partitions(folder)
+        return whole["model"], whole["optim"]
+    # ZeRO stage 0 saves the optimizer whole, beside the module.
+    whole = loading.load(folder / "mp_rank_00_model_states.pt", "DeepSpeed model-state")
+    if "param_groups" not in whole["optimizer"]:  # 16-bit: DeepSpeed's own wrapper with fp32 masters
+        raise CheckpointError(f"{directory}: DeepSpeed ZeRO stage 0 at 16-bit precision keeps its optimizer in "
+                              "DeepSpeed's own wrapper; continue it with the same strategy and world size")
+    return {}, by_name(whole["optimizer"], names)
 
 
 def partitions_fit(folder: Path, world_size: int, zero_stage: int) -> bool:
@@ -40,24 +67,13 @@ def load_whole_optimizer(zero, module: nn.Module, optimizer, weights: dict, opti
         for key in [None, *(keys & states.keys())]:  # None: the fp32 master weights
             value = (weights[name] if key is None else states[key]).to(device)
             if hasattr(parameter, "ds_id"):
-                _set_zero3_partition(zero, parameter, value, key)
+                set_zero3_partition(zero, parameter, value, key)
             elif key is None:
                 safe_set_full_fp32_param(parameter, value)
             else:
                 safe_set_full_optimizer_state(parameter, value, key)
     for group, saved in zip(optimizer.param_groups, optim["param_groups"], strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
-
-
-def _set_zero3_partition(zero, parameter: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
-    """This rank's slice of a full ZeRO-3 master weight (``key`` None) or optimizer state.  DeepSpeed's own
-    ``safe_set_full_*`` reads past the end of an unpadded value on the last rank of a parameter whose size does
-    not divide by the world size (0.19.8: "start (68) + length (34) exceeds dimension size (100)")."""
-    partition, _ = zero._get_fp32_opt_state_partition(parameter, release_swap_buffers=False, optim_state_key=key)
-    padded = value.new_zeros(partition.numel() * zero._get_param_partition_world_size(parameter))
-    padded[:value.numel()] = value.flatten()
-    rank = zero._get_param_partition_rank(parameter)
-    partition.data.copy_(padded.narrow(0, partition.numel() * rank, partition.numel()))
 
 
 def _allocate_optimizer_state(zero, keys: set[str], step: float | None) -> None:
@@ -103,3 +119,65 @@ def gathered_buckets(state: dict, elements: int, modifier_rank: int | None):
         # Why: one bucket at a time, so no rank ever holds the whole model gathered (the point of ZeRO-3).
         with deepspeed.zero.GatheredParameters(chunk, modifier_rank=modifier_rank):
             yield chunk
+
+
+def read_partitions(folder: Path) -> dict:
+    """A DeepSpeed ZeRO 1-3 checkpoint (``folder``: the tag folder ``save_checkpoint`` wrote, every rank's
+    partition) read back whole in this process: ``{"model": fp32 master weights by name, "optim": state keyed
+    by parameter name}``, whatever world size wrote it.
+
+    DeepSpeed's ``ds_to_universal`` does the regrouping (it knows each partition's padding and layout); it
+    runs here, in-process, into a temporary folder, and its per-parameter files are read back.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    shapes = _deepspeed_parameter_shapes(folder)
+    names = [list(group) for group in shapes]
+    with tempfile.TemporaryDirectory(prefix="rankwise-regroup-") as tmp:
+        out = Path(tmp) / "universal"
+        args = argparse.Namespace(input_folder=str(folder), output_folder=str(out), num_extract_workers=1,
+                                  num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                  inject_missing_state=True)  # rankwise's saves carry no Megatron metadata
+        log = io.StringIO()
+        loading.check_safe(folder.glob("*.pt"), "DeepSpeed")  # DeepSpeed's conversion unpickles them fully
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                ds_to_universal.main(args)
+        except Exception as e:  # noqa: BLE001 - any failure of the conversion is the checkpoint's to report
+            raise CheckpointError(f"cannot regroup DeepSpeed's partitions in {folder} for another world size or "
+                                  f"strategy: {type(e).__name__}: {e}\n{log.getvalue()[-2000:]}") from None
+        zero = out / "zero"
+        common = loading.load(zero / "optimizer_state.pt", "DeepSpeed optimizer-state")
+        saved = common.get("optimizer_state_dict", common)  # ZeRO-3 nests the torch optimizer's own dict
+        model, state = {}, {}
+        for group_index, group_names in enumerate(names):
+            group_step = saved.get("state", {}).get(group_index, {}).get("step")
+            for name in group_names:
+                shape = shapes[group_index][name]  # ZeRO-3 writes flat tensors
+                tensors = {file.stem: _tensor(loading.load(file, "DeepSpeed parameter-state"), shape)
+                           for file in sorted((zero / name).glob("*.pt"))}
+                model[name] = tensors.pop("fp32").detach()
+                if "step" not in tensors and group_step is not None:
+                    tensors["step"] = group_step
+                state[name] = tensors
+        groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(group_names)}
+                  for group, group_names in zip(saved["param_groups"], names, strict=True)]
+    return {"model": model, "optim": {"state": state, "param_groups": groups}}
+
+
+def _tensor(loaded, shape: torch.Size) -> torch.Tensor:
+    """A universal-checkpoint file's tensor in its parameter's shape (ZeRO 1-2 wrap it as ``{"param": tensor,
+    "cat_dim": ...}``); a scalar (the step) stays one."""
+    tensor = loaded["param"] if isinstance(loaded, dict) else loaded
+    return tensor.reshape(shape) if tensor.dim() else tensor
+
+
+def _deepspeed_parameter_shapes(folder: Path) -> list[dict[str, torch.Size]]:
+    """Each optimizer group's parameters (name -> shape), in DeepSpeed's order, from a model-states file."""
+    files = sorted(folder.glob("*model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{folder} holds no DeepSpeed model states (*model_states.pt)")
+    shapes = loading.load(files[0], "DeepSpeed model-state").get("param_shapes")
+    if not shapes:
+        raise CheckpointError(f"{files[0]} records no parameter shapes: not a ZeRO checkpoint DeepSpeed can regroup")
+    return [dict(group) for group in shapes]

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from rankwise.strategies import register
 from rankwise.strategies.single import SingleDevice
@@ -26,13 +27,15 @@ class DataParallel(SingleDevice):
     cannot_compile = ("DataParallel copies the module onto every GPU again at each forward, and torch.compile "
                       "does not follow the copies; use ddp (one process per GPU), which compiles")
 
-    def wrap_module(self, model: nn.Module) -> nn.Module:
-        model = super().wrap_module(model)
+    @override
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        model = self.place(model)
         if self.device.type != "cuda":
             warnings.warn("strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one process "
                           "(no parallelism); use ddp for multi-process CPU training", stacklevel=2)
-            return model
-        return nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
+            return model, optimizer
+        return nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count()))), optimizer
 
+    @override
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, nn.DataParallel) else model

@@ -10,13 +10,21 @@ unit.
 from __future__ import annotations
 
 import contextlib
+import tempfile
+from pathlib import Path
 
 import torch
 from torch import nn
+from typing_extensions import override
 
+from rankwise import dist
 from rankwise.blocks import transformer_blocks
+from rankwise.checkpoint import WEIGHTS, loading, read_weights
 from rankwise.strategies import register
-from rankwise.strategies.base import SHARDED_DIR, Strategy, read_whole_state, retie
+from rankwise.strategies.base import Strategy, retie
+
+SHARDS = "sharded"
+"""Where each rank writes its shards (torch.distributed.checkpoint) inside a checkpoint."""
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
@@ -48,6 +56,7 @@ class FSDP(Strategy):
     reshards = True  # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
     shards_optimizer_state = True
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -62,7 +71,17 @@ class FSDP(Strategy):
             optimizer = rebind_optimizer(optimizer, model, names_by_id)
         return model, optimizer
 
+    @override
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard converts the module in place: its names stay the user's
+
+    @property
+    @override
+    def library_world_size(self) -> int:
+        return dist.world_size()  # FSDP2 shards over torch.distributed's own group
+
     @contextlib.contextmanager
+    @override
     def no_sync(self, model: nn.Module):
         # Why: without the reduce-scatter on all but the last micro-batch, gradients accumulate
         # unsharded locally and are reduced once per optimizer step.
@@ -72,6 +91,7 @@ class FSDP(Strategy):
         finally:
             model.set_requires_gradient_sync(True)
 
+    @override
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards (a collective: every rank must call it)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -80,6 +100,7 @@ class FSDP(Strategy):
         # The gather copies each key apart: tied parameters (an LM's output layer and embedding) become one again.
         return retie(get_model_state_dict(model, options=options), model)
 
+    @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -94,29 +115,61 @@ class FSDP(Strategy):
         model_state, optim_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optim": optim_state}
 
-    def save_state(self, directory, model: nn.Module, optimizer) -> None:
+    # -- its checkpoint format: each rank's shards, written by torch.distributed.checkpoint into SHARDS --------
+    @classmethod
+    @override
+    def claims(cls, directory: Path) -> bool:
+        return (directory / SHARDS).is_dir()
+
+    @override
+    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
         """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDED_DIR))
+        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDS))
 
-    def load_state(self, directory, model: nn.Module, optimizer) -> None:
+    @classmethod
+    @override
+    def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
+        """The shards regrouped whole in this process by DCP; the optimizer state is keyed by name already."""
+        weights = read_weights(directory / WEIGHTS)
+        return weights, None if names is None else read_shards_whole(directory / SHARDS)["optim"]
+
+    @override
+    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
         """Each rank reads its share back; DCP regroups shards written at another world size.  Another
         strategy's checkpoint (ddp's optimizer file, DeepSpeed's partitions) is read whole and sharded here."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        if not (directory / SHARDED_DIR).is_dir():
-            weights, optim = read_whole_state(directory, model, optimizer)
-            if optimizer is None:
-                self.load_model_state_dict(model, weights)
-                return
-            set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
-                           options=StateDictOptions(full_state_dict=True))
+        if not self.claims(directory):
+            super().load_state(directory, model, optimizer, writer)
             return
         state = self._sharded_state(model, optimizer)
-        dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+        dcp.load(state, checkpoint_id=str(directory / SHARDS))
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    @override
+    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                         optim: dict | None) -> None:
+        """Every rank keeps its shard of the whole state (``set_state_dict`` of full state dicts)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        if optim is None:
+            self.load_model_state_dict(model, weights)
+            return
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+
+
+def read_shards_whole(directory: Path) -> dict:
+    """A DCP checkpoint (``directory``) read back whole in this process: ``{"model": ..., "optim": ...}`` with
+    full tensors, the optimizer keyed by parameter name."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="rankwise-unshard-") as tmp:
+        dcp_to_torch_save(directory, Path(tmp) / "whole.pt")
+        return loading.load(Path(tmp) / "whole.pt", "FSDP checkpoint")

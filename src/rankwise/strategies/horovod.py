@@ -13,6 +13,7 @@ import contextlib
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
@@ -44,11 +45,13 @@ class Horovod(Strategy):
         super().__init__(*args, **kwargs)
         self.hvd = None
 
+    @override
     def setup_environment(self) -> None:
         self.hvd = import_horovod()
         self.hvd.init()
         super().setup_environment()
 
+    @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         hvd = self.hvd
         model = model.to(self.device)
@@ -68,6 +71,11 @@ class Horovod(Strategy):
                                              backward_passes_per_step=self.facts.grad_accum)
         return model, optimizer
 
+    @override
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # Horovod wraps the optimizer, not the module
+
+    @override
     def no_sync(self, model: nn.Module):
         # Horovod counts backward passes itself (backward_passes_per_step) and reduces on the last;
         # it can only do so when prepare() was told how many micro-batches a step has.
@@ -76,6 +84,7 @@ class Horovod(Strategy):
                                "step up front: rt.prepare(model, optimizer, grad_accum=N)")
         return contextlib.nullcontext()
 
+    @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         # Why: wait for the averaged gradients here, not inside step(): clipping needs every rank's
         # gradients, and a GradScaler (fp16) reads them to unscale and check for overflow before stepping.
@@ -88,13 +97,16 @@ class Horovod(Strategy):
             self.precision.step(optimizer)
         return norm
 
+    @override
     def zero_grad(self, optimizer) -> None:
         optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch's default is already True)
 
     @property
+    @override
     def library_world_size(self) -> int:
         return self.hvd.size()
 
+    @override
     def teardown(self, clean: bool = True) -> None:
         super().teardown(clean)
         if self.hvd is not None:

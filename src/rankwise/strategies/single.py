@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+from torch import nn
+from typing_extensions import override
+
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
 
@@ -12,9 +18,23 @@ class SingleDevice(Strategy):
     multiprocess = False
     description = "one process on one device (the reference run)"
 
+    @override
     def setup_environment(self) -> None:
-        pass
+        pass  # no process group: one process
+
+    @override
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        return self.place(model), optimizer
+
+    @override
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    @override
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # nothing to synchronise
 
     @property
+    @override
     def library_world_size(self) -> int:
         return 1

@@ -1,0 +1,53 @@
+"""What every workaround records about itself, and the version check that decides whether it applies."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+_warned: set[str] = set()
+
+
+def installed(library: str) -> Version | None:
+    """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``), or ``None``."""
+    try:
+        return Version(importlib.metadata.version(library))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def series(version: Version) -> str:
+    """``major.minor`` of a release (``2.13.0+cpu`` -> ``2.13``): the granularity workarounds are checked at."""
+    return f"{version.major}.{version.minor}"
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """One workaround for another library's bug or missing API."""
+
+    name: str
+    """The function applying it, as ``module.function``."""
+    library: str
+    """The distribution whose behaviour it works around (``torch``, ``deepspeed``, ``accelerate``)."""
+    upstream: str
+    """The upstream issue, or, where none is filed, what was searched."""
+    seen_on: tuple[str, ...]
+    """Release series (``major.minor``) on which the bug was seen and the workaround checked."""
+    fixed_in: str | None = None
+    """The first release without the bug: from there the workaround is not applied.  ``None``: not fixed yet."""
+
+    def applies(self) -> bool:
+        """Whether to apply it: the library is installed at a release before ``fixed_in``.  On a release series it
+        was not checked on, it still applies, with one warning per process (its test says whether it is needed)."""
+        version = installed(self.library)
+        if version is None or (self.fixed_in is not None and version >= Version(self.fixed_in)):
+            return False
+        if series(version) not in self.seen_on and self.name not in _warned:
+            _warned.add(self.name)
+            warnings.warn(f"rankwise applies {self.name} (a workaround for {self.upstream}) to {self.library} "
+                          f"{version}, a release it was not checked on (checked: {', '.join(self.seen_on)}); "
+                          f"run tests/compat to see whether it is still needed", stacklevel=3)
+        return True
