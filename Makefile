@@ -37,7 +37,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync
 
-# The GPU pass (shared/GPU.md).  On a machine with a CUDA GPU and rankwise's dependencies,
+# The GPU pass (docs/gpu.md).  On a machine with a CUDA GPU and rankwise's dependencies,
 # `make gpu-check` runs scripts/gpu_check.sh: tests/gpu, then the speed script (GPU_STEPS to choose:
 # smoke tests speed scaling).  For a lent device machine without a package registry, fetch the
 # wheels it lacks here first (`make gpu-wheels`, into the git-ignored .whl/), then call the device

@@ -32,7 +32,8 @@ def names_in_python(text: str) -> set[str]:
 def used_names() -> dict[str, set[str]]:
     """Each ``RANKWISE_*`` name the repository uses -> the files that use it."""
     used: dict[str, set[str]] = {}
-    files = [(p, names_in_python) for top in ("src", "tests", "examples", "scripts") for p in (ROOT / top).rglob("*.py")]
+    python = [p for top in ("src", "tests", "examples", "scripts") for p in (ROOT / top).rglob("*.py")]
+    files = [(p, names_in_python) for p in python]
     files += [(p, lambda text: set(NAME.findall(text))) for pattern in SHELL_FILES for p in ROOT.glob(pattern)]
     for path, find in files:
         if path.resolve() in (Path(__file__).resolve(), REGISTRY):  # the registry and this test name them all
