@@ -20,9 +20,7 @@ from rankwise import errors  # noqa: E402
 from rankwise.cli import build_parser  # noqa: E402
 from rankwise.cli import launch as launch_command  # noqa: E402
 from rankwise.envvars import VARIABLES  # noqa: E402
-from rankwise.launch.config import LaunchConfig  # noqa: E402
 from rankwise.strategies import lookup, strategy_names  # noqa: E402
-from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions  # noqa: E402
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN  # noqa: E402
 from rankwise.tools.verify.command import EXIT as VERIFY_EXIT  # noqa: E402
 from rankwise.train.config import TrainConfig, describe_fields  # noqa: E402
@@ -87,12 +85,10 @@ def strategies_page() -> str:
         settings = ", ".join(f"`{k}={v}`" for k, v in variant.settings.items()) or "—"
         lines.append(f"| `{name}` | `{variant.strategy}` | {_cell(settings)} | {_cell(variant.description)} | "
                      f"{started} |")
-    options = [("ddp", DDPOptions), ("deepspeed", DeepSpeedOptions), ("horovod", HorovodOptions)]
-    lines.append("\n## Options\n")
-    for section, model in options:
-        lines.append(f"### `{section}`\n\n{_fields_table(describe_fields(model, section + '.'))}")
-    lines.append(f"## Launch\n\nThe `launch` section (`LaunchConfig`).\n\n"
-                 f"{_fields_table(describe_fields(LaunchConfig, 'launch.'))}")
+    sections = ", ".join(f"[`{section}`](config.md#{section})" for section in ("ddp", "deepspeed", "horovod"))
+    lines.append(f"\nEach strategy's options are its section of the configuration: {sections}; how processes start "
+                 "is the [`launch`](config.md#launch) section. In your own loop they are "
+                 "`rankwise.setup(name, options={...})`; under `rankwise launch`, `--set SECTION.KEY=VALUE`.\n")
     return "\n".join(lines)
 
 
