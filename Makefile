@@ -1,16 +1,20 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
-# make test   - same set-up, then the whole test suite (make test-fast: the unit tier, about a minute)
+# make test   - same set-up, then ruff, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
 PYTHON     ?= python3
 VENV       ?= .venv
 # torch 2.13.0 installs from a local CPU build on the development machines; set e.g.
 # TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" for CUDA.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= dev,deepspeed,accelerate
+EXTRAS     ?= dev,docs,deepspeed,accelerate
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.rankwise-installed
 export TOKENIZERS_PARALLELISM := false
+# mkdocs' plugins print a page-long notice about a future MkDocs 2 on every build; these switch it off
+export NO_MKDOCS_2_WARNING := 1
+export DISABLE_MKDOCS_2_WARNING := true
 
-.PHONY: install demo test test-fast bench gpu-wheels gpu-check clean
+.PHONY: install demo test test-fast docs docs-serve browser bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -26,18 +30,35 @@ demo: $(STAMP)
 
 # Tiers (markers, tests/conftest.py): unit, multiproc, multinode (root: network namespaces), slurm (root: installs
 # slurm-wlm with apt-get, only under `make test`), gpu.  `make test` runs them all; `make test-fast` the unit tier.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests examples scripts
+	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict mode counts
 	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q tests
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts
 	$(PY) -m pytest -q -m unit tests
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+# A headless Chromium for tests/docs/test_site.py: one already installed, else Playwright's own build where its
+# download server is reachable (it fails in about 9 s where not), else Debian's (apt-get, as root); without one
+# that test skips, saying why.
+browser: $(STAMP)
+	@command -v chromium >/dev/null || $(PY) -m playwright install chromium >/dev/null 2>&1 || \
+	  { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "no headless Chromium could be installed: tests/docs/test_site.py will skip"
+
 bench: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync
 
-# The GPU pass (shared/GPU.md).  On a machine with a CUDA GPU and rankwise's dependencies,
+# The GPU pass (docs/gpu.md).  On a machine with a CUDA GPU and rankwise's dependencies,
 # `make gpu-check` runs scripts/gpu_check.sh: tests/gpu, then the speed script (GPU_STEPS to choose:
 # smoke tests speed scaling).  For a lent device machine without a package registry, fetch the
 # wheels it lacks here first (`make gpu-wheels`, into the git-ignored .whl/), then call the device
@@ -61,4 +82,4 @@ gpu-check:
 	bash scripts/gpu_check.sh $(GPU_STEPS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU pass (shared/GPU.md): rankwise on a machine with a CUDA GPU, in one command.
+# The GPU pass (docs/gpu.md): rankwise on a machine with a CUDA GPU, in one command.
 #
 #   scripts/gpu_check.sh [STEP ...]      steps: smoke tests speed scaling (default: smoke tests speed)
 #

@@ -37,8 +37,8 @@ def test_zero3_fp32_updates_parameter_partitions_in_place_without_a_master_copy(
 
 @pytest.mark.parametrize("attempt", range(3))
 def test_zero3_processes_exit_cleanly(attempt):
-    """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (DESIGN.md); rankwise's teardown
-    (engine destroyed before the process group) must let every rank exit 0, every time."""
+    """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (docs/architecture.md, workarounds); rankwise's
+    teardown (engine destroyed before the process group) must let every rank exit 0, every time."""
     # fresh=True: dedicated processes that must exit with code 0 after returning their result.
     results = run_ranks(_zero3_partitions, 2, 1000, fresh=True, timeout=120)
     assert all(all(r["updated"]) for r in results), f"attempt {attempt}: ZeRO-3 did not train"

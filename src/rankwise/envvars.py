@@ -1,0 +1,130 @@
+"""Every environment variable rankwise reads or sets: one registry, the source of the docs' reference page.
+
+Environment variables cross layers (a tool sets one, a rank of the user's script reads it) and processes (a
+launcher sets one, the workers inherit it), so each is written down here once with who sets it, who reads it
+and what it means.  ``scripts/docs_reference.py`` renders :data:`VARIABLES` as the environment variables page, and
+``tests/test_envvars.py`` fails when the source reads a ``RANKWISE_*`` variable that is not registered here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable and its contract."""
+
+    name: str
+    """The variable's name (a trailing ``*`` stands for a family: ``LT_*``)."""
+    set_by: str
+    """Who sets it: the user, a rankwise command (and which module), or a test."""
+    read_by: str
+    """The module or script that reads it."""
+    meaning: str
+    """What it means, its values and its default."""
+    scope: str = "rankwise"
+    """``rankwise``: rankwise's own; ``foreign``: another library's variable that rankwise sets or reads;
+    ``development``: read only by the tests, the Makefile or the scripts in ``scripts/`` and ``examples/``."""
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    # rankwise's own: the launcher's strategy choice, read by rankwise.setup() in every rank
+    EnvVar("RANKWISE_STRATEGY", "`rankwise launch --strategy`, `bench --script`, `verify` (`launch/choice.py`)",
+         "`rankwise.setup()` (`launch/choice.py`)",
+         "The strategy a script on `rankwise.setup()` runs under when it names none; a script that names "
+         "another one is refused, naming both."),
+    EnvVar("RANKWISE_PRECISION", "`rankwise launch --precision`, `bench --script`, `verify` (`launch/choice.py`)",
+         "`rankwise.setup()` (`launch/choice.py`)",
+         "`32-true`, `bf16-mixed` or `16-mixed`, for a script that passes no precision to `setup()`."),
+    EnvVar("RANKWISE_OPTIONS", "`rankwise launch --set SECTION.KEY=V` (`launch/choice.py`)",
+         "`rankwise.setup()` (`launch/choice.py`)",
+         "The chosen strategy's options as JSON (`ddp.*`, `deepspeed.*`, `horovod.*` keys)."),
+    EnvVar("RANKWISE_TRUST_CHECKPOINT", "the user, or `rankwise train --trust-checkpoint` (`train/run.py`)",
+         "`checkpoint/loading.py`",
+         "`1`/`true`/`yes`: load a checkpoint `.pt` file that names Python globals outside the allowed list "
+         "(it can run code when unpickled). Only for a checkpoint from someone you trust."),
+    EnvVar("RANKWISE_LAUNCH_ID", "`rankwise train` (`train/run.py`), a fresh id per launching process",
+         "`train/loop.py`, `train/run.py`",
+         "Which launching process's workers wrote `result.json`: on a shared `--out` only the node whose "
+         "workers wrote it reports it."),
+    # the probe of `bench --script` and `verify` in a script on rankwise.setup()
+    EnvVar("RANKWISE_PROBE", "`bench --script`, `verify` (`tools/bench/script.py`, `tools/verify/command.py`)",
+         "`tools/probe.py`", "Directory the probe in each rank writes its measurements to; unset: no probe."),
+    EnvVar("RANKWISE_PROBE_STEPS", "`bench --script`, `verify`", "`tools/probe.py`",
+         "Optimizer steps the probe watches before it ends the script (default 20)."),
+    EnvVar("RANKWISE_PROBE_WARMUP", "`bench --script`, `verify`", "`tools/probe.py`",
+         "Steps left out of the timed window (default 3)."),
+    EnvVar("RANKWISE_PROBE_MIN_WINDOW", "`bench --script --min-window`", "`tools/probe.py`",
+         "The least seconds a timed window lasts (default 2; `0`: the steps as asked)."),
+    EnvVar("RANKWISE_PROBE_TRACE", "`verify` (`tools/verify/command.py`)", "`tools/probe.py`, `tools/trace.py`",
+         "`1`: record each step's samples, loss, gradient and weights for verify's comparison."),
+    EnvVar("RANKWISE_PROBE_DROPOUT", "`verify --keep-dropout`", "`tools/trace.py`",
+         "`keep`: leave dropout modules on while tracing (default: switched off, p = 0)."),
+    EnvVar("RANKWISE_PROBE_FOLLOW", "`verify`", "`tools/trace.py`",
+         "A traced N-rank run's directory: the one process follows that run in lockstep."),
+    # the watcher of `bench --script` and `verify` in any other script (plain torch, Accelerate, Trainer, Fabric)
+    EnvVar("RANKWISE_WATCH", "`verify`, `bench --script` (`tools/watch/runs.py`)", "`tools/watch/bootstrap.py`",
+         "Directory the watcher in each rank of a script not on `rankwise.setup()` writes to."),
+    EnvVar("RANKWISE_WATCH_STEPS", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
+         "Optimizer steps watched (default 20)."),
+    EnvVar("RANKWISE_WATCH_WARMUP", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
+         "Steps left out of the timed window (default 1)."),
+    EnvVar("RANKWISE_WATCH_MIN_WINDOW", "`bench --script --min-window`", "`tools/watch/bootstrap.py`",
+         "The least seconds a timed window lasts (default 2)."),
+    EnvVar("RANKWISE_WATCH_TRACE", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
+         "`1`: record every step for verify's comparison."),
+    EnvVar("RANKWISE_WATCH_DROPOUT", "`verify --keep-dropout`", "`tools/watch/bootstrap.py`",
+         "`keep`: leave dropout modules on."),
+    EnvVar("RANKWISE_WATCH_FOLLOW", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
+         "The watched N-rank run's directory: the one-process reference takes the same samples step by step."),
+    EnvVar("RANKWISE_WATCH_SCALE", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
+         "Factor by which the one-process reference scales each training loader's batch (the world size)."),
+    # test-only
+    EnvVar("RANKWISE_TEST_FAULT", "tests (`tests/launch/test_faults.py`)", "`testing/faults.py`, `tools/comm/demo.py`",
+         "Test-only fault injection, e.g. `raise:rank=1:step=3`, `kill:...`, `hang:...`, `term:...`, `int:...`."),
+    # development: tests, Makefile, scripts/ and examples/
+    EnvVar("RANKWISE_TEST_INSTALL", "`make test`", "`tests/launch/test_slurm.py`",
+         "`1`: the Slurm tests may install `slurm-wlm` with apt-get; otherwise they skip, saying so.",
+         "development"),
+    EnvVar("RANKWISE_SLURM_DIR", "the user", "`scripts/local_slurm.sh`",
+         "State directory of the local test cluster (default `/tmp/rankwise-slurm`).", "development"),
+    EnvVar("RANKWISE_SLURM_WAIT_S", "the user", "`scripts/local_slurm.sh`",
+         "Seconds to wait for the local cluster's nodes to come up (default 40).", "development"),
+    EnvVar("RANKWISE_WHEEL_CACHE", "the user", "`scripts/build_horovod.sh`",
+         "Where the patched Horovod wheel is cached (default `~/.cache/rankwise/wheels`).", "development"),
+    EnvVar("RANKWISE_ARGS", "the user (`sbatch`), `tests/launch/test_slurm.py`", "`examples/slurm.sbatch`",
+         "What to train (default `--data sentiment --strategy ddp`).", "development"),
+    EnvVar("RANKWISE_OUT", "the user (`sbatch`), `tests/launch/test_slurm.py`", "`examples/slurm.sbatch`",
+         "The run directory, on a filesystem every node sees (default `runs/slurm-<job id>`).", "development"),
+    # other libraries' variables that rankwise sets or reads
+    EnvVar("OMP_NUM_THREADS", "the user; else the launchers (`launch/ports.py`)", "torch; `process.py`, `doctor`",
+         "Threads per process; default usable cores / local processes.", "foreign"),
+    EnvVar("MALLOC_MMAP_THRESHOLD_", "the launchers (`launch/ports.py`), unless set", "glibc",
+         "Fixed at 1 MiB: FSDP and ZeRO-3 gather and free whole layers every step, and glibc's moving threshold "
+         "let a CPU rank's resident memory grow to twice what it used.", "foreign"),
+    EnvVar("GLOO_SOCKET_IFNAME", "the user; else `launch/network.py` (multi-node)", "gloo",
+         "Interface gloo advertises; rankwise picks the one that routes to the master unless set.", "foreign"),
+    EnvVar("NCCL_SOCKET_IFNAME", "the user; else `launch/network.py` (multi-node)", "NCCL",
+         "Interface NCCL uses; chosen like `GLOO_SOCKET_IFNAME`.", "foreign"),
+    EnvVar("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "`launch/torchrun.py` (c10d rendezvous), unless set",
+         "torch.distributed.elastic",
+         "`1`: torch would otherwise cache the first round's master address, and a node rejoining an elastic "
+         "job later waits for it forever.", "foreign"),
+    EnvVar("TORCH_DISTRIBUTED_DEBUG", "`rankwise train --set launch.check_collectives=true` (`train/run.py`)",
+         "torch.distributed; `process.py`",
+         "`DETAIL`: every collective's type and shapes are checked across ranks.", "foreign"),
+    EnvVar("TOKENIZERS_PARALLELISM", "the `rankwise` command, unless set", "tokenizers",
+         "`false`: no fork warning from HF tokenizers in worker processes.", "foreign"),
+    EnvVar("ACCELERATE_USE_CPU", "`verify`, `bench --script` on a machine without a GPU (`tools/watch/frameworks.py`)",
+         "Accelerate", "`true`: Accelerate's CPU mode; without it Accelerate joins no process group on a CPU.",
+         "foreign"),
+    EnvVar("LT_*", "`verify`, `bench --script` (`tools/watch/frameworks.py`)", "Lightning Fabric",
+         "`LT_DEVICES`, `LT_NUM_NODES`, `LT_ACCELERATOR`, `LT_STRATEGY`: what `fabric run` hands `Fabric()`.",
+         "foreign"),
+)
+
+
+def registered(name: str) -> EnvVar | None:
+    """The registry's entry for ``name``, or None."""
+    return next((var for var in VARIABLES if var.name == name), None)
