@@ -24,6 +24,7 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
 from rankwise.flops import devices, fake_counter, padded_length, rows
+from rankwise.logs import get_logger
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
 from rankwise.process import restart_count
@@ -38,6 +39,8 @@ from rankwise.train.preemption import StopRequest
 from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.schedule import Schedule
 from rankwise.train.utilisation import utilisation
+
+log = get_logger(__name__)
 
 
 def attention_for_varying_lengths(device: torch.device) -> None:
@@ -164,7 +167,7 @@ class Trainer:
             path = str(self.run_dir.latest)
         state = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)
         self.step = state["step"]
-        self.rt.print(f"resumed at step {self.step}")
+        log.info(f"resumed at step {self.step}")
         if state.get("continuity") and self.step < self.total_steps:
             # This run's own schedule at the step (its lambdas come from this run's configuration).
             lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](self.step)
@@ -180,7 +183,7 @@ class Trainer:
             loss=loss, data_digest=self.data_digest, resumed_from=f"the checkpoint of step {self.step - 1}")
         if self.rt.is_main:
             continuity.write(self.run_dir.root, record)
-            print(continuity.describe(record), flush=True)
+        log.info(continuity.describe(record))
         if not record["continuous"]:
             raise RuntimeError(f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample order "
                                f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
@@ -224,7 +227,7 @@ class Trainer:
             bar.close()
         if stopped_by:
             self.metrics.close()
-            rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
+            log.info(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
             return {"preempted": stopped_by, "steps": self.step, "checkpoint": str(self.checkpoint_path)}
         return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
 
