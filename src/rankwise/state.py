@@ -118,9 +118,9 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     ckpt.set_rng_state(rngs[rt.rank % len(rngs)])
     if len(rngs) != rt.world_size:
         log.info(f"note: {directory} was written by {len(rngs)} rank(s) ({written_by}), this run has {rt.world_size} "
-              f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random streams, so "
-              "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
-              "stated tolerance", stderr=True)
+                 f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random streams, so "
+                 "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
+                 "stated tolerance", stderr=True)
     rt.steps = state["step"]
     rt.resume_loaders(state.get("loaders", []))
     return {**state.get("extra", {}), "step": state["step"]}
