@@ -1,4 +1,5 @@
 import inspect
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,18 @@ def clean_distributed_state():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def rankwise_logger_restored():
+    """A command run in this process gives the ``rankwise`` logger its terminal handler (``logs.to_terminal``): no
+    later test inherits it, so each reads rankwise's messages the same way whatever ran before."""
+    logger = logging.getLogger("rankwise")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
 
 
 HOSTS = {"rw-node0": "10.213.8.1", "rw-node1": "10.213.8.2"}

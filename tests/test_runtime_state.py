@@ -4,6 +4,7 @@ one (``strict`` refuses), a crash or a full disk in the middle of a save leaves 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
@@ -46,8 +47,14 @@ def _load(root, strict: bool = False) -> tuple[dict, dict]:
         return extra, rt.state_dict(model)
 
 
+def _load_warnings(caplog) -> str:
+    """What load_state warned (through logging: on stderr for a program that configured none)."""
+    return "\n".join(record.getMessage() for record in caplog.records
+                     if record.name == "rankwise.state" and record.levelno == logging.WARNING)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_a_corrupt_latest_falls_back_to_the_previous_checkpoint(damage, tmp_path, capsys):
+def test_a_corrupt_latest_falls_back_to_the_previous_checkpoint(damage, tmp_path, caplog):
     first, _ = _saved_twice(tmp_path)
     latest = (tmp_path / "latest").resolve() / ckpt.WEIGHTS
     if damage == "truncate":
@@ -59,7 +66,7 @@ def test_a_corrupt_latest_falls_back_to_the_previous_checkpoint(damage, tmp_path
     extra, weights = _load(tmp_path)
     assert extra == {"note": 1, "step": 1}
     assert all(torch.equal(weights[k], first[k]) for k in first)
-    warning = capsys.readouterr().err
+    warning = _load_warnings(caplog)
     assert "step-00000002 is corrupt: model.safetensors" in warning and "resuming from" in warning
     with pytest.raises(ckpt.CheckpointError, match="step-00000002 is corrupt"):
         _load(tmp_path, strict=True)
@@ -130,14 +137,14 @@ def test_a_full_disk_names_rank_and_path_and_keeps_the_previous_checkpoint(tmp_p
     ckpt.verify((tmp_path / "latest").resolve())
 
 
-def test_a_dangling_latest_falls_back_to_the_step_directories(tmp_path, capsys):
+def test_a_dangling_latest_falls_back_to_the_step_directories(tmp_path, caplog):
     first, _ = _saved_twice(tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "step-00000002")  # latest now points at nothing
     extra, weights = _load(tmp_path)
     assert extra["step"] == 1 and all(torch.equal(weights[k], first[k]) for k in first)
-    assert "trying the checkpoints in" in capsys.readouterr().err
+    assert "trying the checkpoints in" in _load_warnings(caplog)
 
 
 def test_resuming_from_an_earlier_checkpoint_never_prunes_what_it_writes(tmp_path):

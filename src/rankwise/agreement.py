@@ -10,15 +10,14 @@ says so once, from rank 0.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as torch_dist
 from torch import nn
 
 from rankwise import dist
+from rankwise.logs import get_logger
 
-log = logging.getLogger("rankwise")
+log = get_logger(__name__)
 
 
 def _tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -62,9 +61,8 @@ def agree_with_rank0(model: nn.Module, device: torch.device) -> list[int]:
             whole = dist.broadcast(tensor.detach().to(device), src=0)
             if whole is not tensor:
                 tensor.copy_(whole)
-    if torch_dist.get_rank() == 0:
-        log.warning("rankwise: ranks %s built other initial weights than rank 0 (a model built before "
-                    "rankwise.setup(seed=...), or from an unseeded generator); every rank now starts from rank 0's. "
-                    "Build the model after setup() for the same weights without this broadcast.",
-                    ", ".join(map(str, others)))
+    log.warning("rankwise: ranks %s built other initial weights than rank 0 (a model built before "
+                "rankwise.setup(seed=...), or from an unseeded generator); every rank now starts from rank 0's. "
+                "Build the model after setup() for the same weights without this broadcast.",
+                ", ".join(map(str, others)))
     return others

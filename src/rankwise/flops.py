@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from rankwise.logs import get_logger
+
+log = get_logger(__name__)
 
 Batch = dict
 Forward = Callable[[nn.Module, Batch], torch.Tensor]
@@ -79,13 +82,13 @@ def rows(batch: Batch) -> int:
 
 
 def fake_counter(model: nn.Module, forward: Forward) -> FlopCounter | None:
-    """A :class:`FlopCounter` for ``model``, or None (with a warning) where it cannot be faked: FLOPs are a
-    report, never a reason for a run to fail."""
+    """A :class:`FlopCounter` for ``model``, or None where it cannot be faked: FLOPs are a report, never a reason
+    for a run to fail (said at debug level only: nothing the user can change makes torch's fake tensors copy it)."""
     try:
         return FlopCounter(model, forward)
     except Exception as e:  # noqa: BLE001 - any model torch's fake tensors cannot copy
-        warnings.warn(f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
-                      stacklevel=2)
+        log.debug(f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
+                  every_rank=True)
         return None
 
 

@@ -136,7 +136,8 @@ class Runtime:
         return self.strategy.device
 
     def print(self, *args, **kwargs) -> None:
-        """``print`` on rank 0 only."""
+        """``print`` on rank 0 only: your script's own output.  rankwise's messages go through :mod:`logging`
+        instead (``logging.getLogger("rankwise")``, rank-aware: :mod:`rankwise.logs`)."""
         if self.is_main:
             print(*args, **kwargs, flush=True)
 

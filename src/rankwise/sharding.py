@@ -9,15 +9,14 @@ every rank saw the very same samples rank 0 warns with the fix.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as torch_dist
 
 from rankwise import dist
+from rankwise.logs import get_logger
 from rankwise.samples import sample_digests
 
-log = logging.getLogger("rankwise")
+log = get_logger(__name__)
 
 
 class ShardingCheck:
@@ -43,7 +42,7 @@ class ShardingCheck:
         if not seen[0]:
             return None
         same = all(rank == seen[0] for rank in seen[1:])
-        if same and torch_dist.get_rank() == 0:
+        if same:
             log.warning("rankwise: all %d ranks trained on the same %d samples in the first step: the data loader is "
                         "not rank-sharded, so every rank repeats the others' work. Build it with "
                         "rt.loader(dataset, batch_size=GLOBAL_BATCH), which gives each rank its own share.",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,7 +19,10 @@ from torch import nn
 
 from rankwise import checkpoint as ckpt
 from rankwise.checkpoint import loading
+from rankwise.logs import get_logger
 from rankwise.strategies import format_owner, portable
+
+log = get_logger(__name__)
 
 
 def save_state(rt, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -98,7 +100,7 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
             chosen, warnings_ = ckpt.find_loadable(path, strict=strict)
             found = str(chosen)
             for warning in warnings_:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
+                log.warning(f"warning: {warning}")
         except Exception as e:  # noqa: BLE001 - any failure here must reach every rank, not leave them waiting
             error = str(e) if isinstance(e, ckpt.CheckpointError) else f"cannot read checkpoint {path}: {e}"
     found, error = rt.broadcast_object((found, error))
@@ -117,11 +119,11 @@ def load_state(rt, path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     rngs = state["rng"]
     # At another world size the per-rank random streams cannot all continue: rank r takes old rank r mod N's.
     ckpt.set_rng_state(rngs[rt.rank % len(rngs)])
-    if len(rngs) != rt.world_size and rt.is_main:
-        print(f"note: {directory} was written by {len(rngs)} rank(s) ({written_by}), this run has {rt.world_size} "
-              f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random streams, so "
-              "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
-              "stated tolerance", file=sys.stderr, flush=True)
+    if len(rngs) != rt.world_size:
+        log.info(f"note: {directory} was written by {len(rngs)} rank(s) ({written_by}), this run has {rt.world_size} "
+                 f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random streams, so "
+                 "dropout masks differ from an uninterrupted run; with dropout off the run continues within the "
+                 "stated tolerance", stderr=True)
     rt.steps = state["step"]
     rt.resume_loaders(state.get("loaders", []))
     return {**state.get("extra", {}), "step": state["step"]}

@@ -38,6 +38,7 @@ import sys
 
 from rankwise.cli import bench, comm, doctor, export, launch, predict, train, verify
 from rankwise.errors import USAGE, USER_ERRORS, exit_code
+from rankwise.logs import to_terminal
 
 COMMANDS = (train, launch, predict, export, doctor, bench, verify, comm)
 """One module per command: ``add_parser(commands)`` registers it with ``set_defaults(run=...)``."""
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    to_terminal()  # rankwise's messages (logging) printed as the commands always have
     if argv and argv[0] == "launch":  # torchrun's flags and the script's own arguments, parsed by torchrun
         command, run = "launch", lambda: launch.run_command_line(argv[1:])
     else:
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         code = exit_code(e)
         prefix = "error: " if code == USAGE else ""
+        # The command's own last word on stderr with its exit code, not a library message: a plain write.
         print(f"rankwise {command}: {prefix}{e}", file=sys.stderr)
         return code
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 
 from rankwise.errors import MasterUnreachable
+from rankwise.logs import get_logger
+
+log = get_logger(__name__)
 
 VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -107,8 +109,8 @@ def wait_for_master(host: str, port: int, timeout_s: float, node: str) -> None:
         if time.monotonic() >= deadline:
             break
         if not said:
-            print(f"rankwise: {node}: waiting for the master {host}:{port} (up to {timeout_s:g} s)",
-                  file=sys.stderr, flush=True)
+            log.info(f"rankwise: {node}: waiting for the master {host}:{port} (up to {timeout_s:g} s)", stderr=True,
+                     every_rank=True)
             said = True
         time.sleep(1.0)
     interface = route_to(host)

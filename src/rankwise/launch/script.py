@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rankwise import process
 from rankwise.launch.failures import record_for_launcher
+from rankwise.logs import to_terminal
 
 
 def run_as_main(path: str | Path, args: list[str]) -> None:
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print("usage: python -m rankwise.launch.script SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
+    # A rank of `rankwise launch`: rankwise's messages as the command prints them (the script can change that).
+    to_terminal()
     try:
         run_as_main(argv[0], argv[1:])
     except Exception as error:

@@ -11,7 +11,6 @@ import os
 import pickle
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 
@@ -23,7 +22,10 @@ from rankwise.launch.entry import Entry
 from rankwise.launch.failures import RankFailure
 from rankwise.launch.network import choose_interface, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
+from rankwise.logs import get_logger
 from rankwise.process import ProcessEnv
+
+log = get_logger(__name__)
 
 PEER_GRACE_S = 5.0
 """How long the other ranks of a node get to exit by themselves after one failed, before they are terminated."""
@@ -63,7 +65,7 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
     if nnodes > 1:
         note = choose_interface(master_addr, f"node {node_rank}")
         if note:
-            print(f"rankwise: {note}", file=sys.stderr, flush=True)
+            log.info(f"rankwise: {note}", stderr=True, every_rank=True)  # each node its own
         if node_rank != 0:
             wait_for_master(master_addr, master_port, rdzv_timeout_s, f"node {node_rank}")
     set_worker_environment(nprocs)

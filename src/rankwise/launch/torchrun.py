@@ -14,7 +14,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -27,6 +26,9 @@ from rankwise.launch.entry import Entry
 from rankwise.launch.failures import RankFailure
 from rankwise.launch.network import choose_interface, is_this_machine, route_to, wait_for_master
 from rankwise.launch.ports import free_port, set_worker_environment
+from rankwise.logs import get_logger
+
+log = get_logger(__name__)
 
 DEFAULT_C10D_PORT = 29400
 DEFAULT_RDZV_TIMEOUT_S = 600.0
@@ -91,7 +93,7 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
         node = f"node {args.node_rank}" if not args.rdzv_endpoint else "this node"
         note = choose_interface(host, node)
         if note:
-            print(f"rankwise: {note}", file=sys.stderr, flush=True)
+            log.info(f"rankwise: {note}", stderr=True, every_rank=True)  # each node its own
         if not is_this_machine(host):  # fail naming this node and the address, not after torchrun's long wait
             wait_for_master(host, port, _rendezvous_timeout(args), node)
         elif args.rdzv_endpoint and "is_host" not in (args.rdzv_conf or ""):
@@ -124,9 +126,9 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
 def _quiet_worker_failure_lines() -> None:
     """Drop torchrun's own line for each failed worker ("failed (exitcode: 1) local_rank: 0 ..."): the failure
     summary says it, with the error, once."""
-    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    if not any(isinstance(f, _WorkerFailureLine) for f in log.filters):
-        log.addFilter(_WorkerFailureLine())
+    elastic = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _WorkerFailureLine) for f in elastic.filters):
+        elastic.addFilter(_WorkerFailureLine())
 
 
 class _WorkerFailureLine(logging.Filter):

@@ -102,8 +102,10 @@ def join(local_rank: int, backend: str, timeout_s: float):
 
 
 def _rank_main(local_rank: int, fn: Callable, fn_args: tuple, backend: str, timeout_s: float, out_file: str) -> None:
+    from rankwise.logs import to_terminal
     from rankwise.process import destroy_process_group
 
+    to_terminal()  # a rank of a command: rankwise's messages as the command prints them
     env, device = join(local_rank, backend, timeout_s)
     try:
         result = fn(env, device, *fn_args)

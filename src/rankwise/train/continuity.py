@@ -18,6 +18,7 @@ before the position, a digest of the training data, the learning rate and the la
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch.utils.data import DistributedSampler
@@ -28,6 +29,20 @@ from rankwise.errors import ConfigError
 
 FILE = "continuity.json"
 """The record of the last resume, in the run directory."""
+
+
+@dataclass
+class PendingCheck:
+    """A resume's check, due when its first step has trained: the checkpoint's continuity facts, this run's
+    learning rate at the checkpoint's step, and the dataset indices of the micro-batches the step trains."""
+
+    facts: dict
+    lr: float
+    trained: list[int] = field(default_factory=list)
+
+    def saw(self, batch: dict) -> None:
+        """A micro-batch of the first resumed step is about to train."""
+        self.trained.extend(batch["index"].tolist())
 
 
 def position(sampler: DistributedSampler, steps_per_epoch: int, batch_size: int, step: int) -> dict:

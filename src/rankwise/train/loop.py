@@ -24,6 +24,7 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
 from rankwise.flops import devices, fake_counter, padded_length, rows
+from rankwise.logs import get_logger
 from rankwise.memory import peak_rss_megabytes
 from rankwise.models import build_model, reads_ngrams
 from rankwise.process import restart_count
@@ -36,7 +37,10 @@ from rankwise.train.metrics import MetricsLog
 from rankwise.train.optim import lr_lambda, make_optimizer
 from rankwise.train.preemption import StopRequest
 from rankwise.train.rundir import LAUNCH_ID, RunDir
+from rankwise.train.schedule import Schedule
 from rankwise.train.utilisation import utilisation
+
+log = get_logger(__name__)
 
 
 def attention_for_varying_lengths(device: torch.device) -> None:
@@ -52,6 +56,26 @@ def attention_for_varying_lengths(device: torch.device) -> None:
     """
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+class LossWindow:
+    """The training loss summed on the device since it was last logged: no sync per step."""
+
+    def __init__(self, device: torch.device):
+        self.sum = torch.zeros((), device=device)
+        self.steps = 0
+        """Optimizer steps in the sum."""
+
+    def add(self, micro_loss: torch.Tensor) -> None:
+        self.sum += micro_loss
+
+    def take_mean(self, rt: Runtime) -> float:
+        """The mean loss per step over every rank since the last call, then an empty window (a collective)."""
+        # Why: the only per-interval sync of the loop; .item() waits for the device.
+        mean = rt.all_reduce(self.sum / self.steps, "mean").item()
+        self.sum.zero_()
+        self.steps = 0
+        return mean
 
 
 class Trainer:
@@ -92,14 +116,20 @@ class Trainer:
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.schedule = Schedule.of(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
+                                    log_every=cfg.log_every, save_every=cfg.save_every,
+                                    save_at_steps=cfg.save_at_steps,
+                                    evaluate_dev="dev" in self.eval_sets and cfg.dev_each_epoch)
         warmup = int(cfg.optim.warmup_ratio * self.total_steps)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
         self.step = 0
         self.data_digest = data.digest("train")
         self.last_logged: dict | None = None
         """The last logged loss ({"step", "value"}), recorded in checkpoints for the continuity record."""
-        self.resumed: dict | None = None
-        """The checkpoint's continuity facts and this run's learning rate at its step, until the first step."""
+        self.continuity_check: continuity.PendingCheck | None = None
+        """After a resume, until its first step has trained and been checked."""
+        self.step_tokens, self.step_shapes = 0, []
+        """This rank's tokens and micro-batch shapes of the step in progress (for throughput and FLOPs)."""
         self.checkpoint_path: Path | None = None
         self.saved_step: int | None = None
         self.train_peak_rss_mb = 0.0
@@ -137,23 +167,23 @@ class Trainer:
             path = str(self.run_dir.latest)
         state = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)
         self.step = state["step"]
-        self.rt.print(f"resumed at step {self.step}")
+        log.info(f"resumed at step {self.step}")
         if state.get("continuity") and self.step < self.total_steps:
             # This run's own schedule at the step (its lambdas come from this run's configuration).
             lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](self.step)
-            self.resumed = {"facts": state["continuity"], "lr": lr, "trained": []}
+            self.continuity_check = continuity.PendingCheck(state["continuity"], lr)
 
     def report_continuity(self, loss_sum: torch.Tensor) -> None:
         """After the first resumed step: check and record that the data continued (a collective)."""
         loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()  # only this step's loss is in the sum
+        check, self.continuity_check = self.continuity_check, None
         record = continuity.first_step_record(
-            self.rt, self.loader, self.resumed["facts"], self.resumed["trained"], step=self.step - 1,
-            steps_per_epoch=self.steps_per_epoch, batch_size=self.cfg.batch_size, lr_resumed=self.resumed["lr"],
+            self.rt, self.loader, check.facts, check.trained, step=self.step - 1,
+            steps_per_epoch=self.steps_per_epoch, batch_size=self.cfg.batch_size, lr_resumed=check.lr,
             loss=loss, data_digest=self.data_digest, resumed_from=f"the checkpoint of step {self.step - 1}")
-        self.resumed = None
         if self.rt.is_main:
             continuity.write(self.run_dir.root, record)
-            print(continuity.describe(record), flush=True)
+        log.info(continuity.describe(record))
         if not record["continuous"]:
             raise RuntimeError(f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample order "
                                f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
@@ -197,7 +227,7 @@ class Trainer:
             bar.close()
         if stopped_by:
             self.metrics.close()
-            rt.print(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
+            log.info(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
             return {"preempted": stopped_by, "steps": self.step, "checkpoint": str(self.checkpoint_path)}
         return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
 
@@ -215,67 +245,76 @@ class Trainer:
 
     def train(self, bar, stop: StopRequest) -> tuple[float, int]:
         """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped for or 0)."""
-        cfg, rt = self.cfg, self.rt
-        loss_sum = torch.zeros((), device=rt.device)
-        loss_steps = step_tokens = 0
-        step_shapes = []
+        loss = LossWindow(self.rt.device)
         train_time = 0.0
-        epoch = self.step // self.steps_per_epoch
-        while self.step < self.total_steps:
-            rt.set_epoch(self.loader, epoch)  # after a resume, the loader continues where the checkpoint stood
+        epoch = self.schedule.epoch_of(self.step)
+        while not self.schedule.done(self.step):
+            self.rt.set_epoch(self.loader, epoch)  # after a resume, the loader continues where the checkpoint stood
             started = time.perf_counter()
             self.throughput.restart()
-            for _, sync, batch in iterate_steps(self.loader, cfg.grad_accum):
-                step_tokens += count_tokens(batch)
-                step_shapes.append((rows(batch), padded_length(batch)))
-                if self.flop_template is None:
-                    self.flop_template = batch
-                if self.resumed:  # the samples the first resumed step really trains, for its continuity check
-                    self.resumed["trained"].extend(batch["index"].tolist())
-                loss_sum += self.train_step(batch, sync) / cfg.grad_accum
+            for _, sync, batch in iterate_steps(self.loader, self.cfg.grad_accum):
+                self.about_to_train(batch)
+                loss.add(self.train_step(batch, sync) / self.cfg.grad_accum)
                 if not sync:
                     continue
                 self.optimizer_step()
-                if self.resumed:
-                    self.report_continuity(loss_sum)
-                self.throughput.step(cfg.batch_size, step_tokens, step_shapes)
-                step_tokens, step_shapes = 0, []
-                loss_steps += 1
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                    # Why: the only per-interval sync of the loop; .item() waits for the device.
-                    mean_loss = rt.all_reduce(loss_sum / loss_steps, "mean").item()
-                    lr = self.scheduler.get_last_lr()[0]
-                    self.metrics.log(self.step, epoch=epoch, loss=mean_loss, lr=lr)
-                    self.last_logged = {"step": self.step, "value": mean_loss}
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-                    loss_sum.zero_()
-                    loss_steps = 0
-                if cfg.save_every and self.step % cfg.save_every == 0 or self.step in cfg.save_at_steps:
-                    self.save(epoch)
-                    self.throughput.restart()
-                for hook in self.step_end_hooks:
-                    hook(rt.rank, self.step)
+                self.after_step(epoch, loss, bar)
                 signum = stop.agreed()
                 if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
                     train_time += time.perf_counter() - started
                     if self.saved_step != self.step:
                         self.save(epoch)
                     return train_time, signum
-                if self.step >= self.total_steps:
+                if self.schedule.done(self.step):
                     break
             train_time += time.perf_counter() - started
             self.train_peak_rss_mb = peak_rss_megabytes()  # before this epoch's evaluation and checkpoint
-            epoch_done = self.step % self.steps_per_epoch == 0 or self.step >= self.total_steps
-            if epoch_done:
-                if "dev" in self.eval_sets and cfg.dev_each_epoch:
-                    dev = self.evaluate("dev")
-                    self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
-                    if rt.is_main and cfg.progress:
-                        bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
-                self.save(epoch)
+            if self.schedule.epoch_ends(self.step):
+                self.end_epoch(epoch, bar)
             epoch += 1
         return train_time, 0
+
+    def about_to_train(self, batch: dict) -> None:
+        """A micro-batch is about to train: counted for throughput and FLOPs, and for a resume's check."""
+        self.step_tokens += count_tokens(batch)
+        self.step_shapes.append((rows(batch), padded_length(batch)))
+        if self.flop_template is None:
+            self.flop_template = batch
+        if self.continuity_check:  # the samples the first resumed step really trains
+            self.continuity_check.saw(batch)
+
+    def after_step(self, epoch: int, loss: LossWindow, bar) -> None:
+        """What follows each optimizer step, in this order: a resume's continuity check, throughput, the loss
+        log, a checkpoint, the step-end hooks (the tests' fault injection)."""
+        if self.continuity_check:
+            self.report_continuity(loss.sum)
+        self.throughput.step(self.cfg.batch_size, self.step_tokens, self.step_shapes)
+        self.step_tokens, self.step_shapes = 0, []
+        loss.steps += 1
+        bar.update(1)
+        if self.schedule.should_log(self.step):
+            self.log_loss(epoch, loss, bar)
+        if self.schedule.should_save(self.step):
+            self.save(epoch)
+            self.throughput.restart()
+        for hook in self.step_end_hooks:
+            hook(self.rt.rank, self.step)
+
+    def log_loss(self, epoch: int, loss: LossWindow, bar) -> None:
+        mean_loss = loss.take_mean(self.rt)
+        lr = self.scheduler.get_last_lr()[0]
+        self.metrics.log(self.step, epoch=epoch, loss=mean_loss, lr=lr)
+        self.last_logged = {"step": self.step, "value": mean_loss}
+        bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+
+    def end_epoch(self, epoch: int, bar) -> None:
+        """An epoch (or training) ended: evaluate the dev split if the schedule says so, then checkpoint."""
+        if self.schedule.should_evaluate(self.step):
+            dev = self.evaluate("dev")
+            self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
+            if self.rt.is_main and self.cfg.progress:
+                bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
+        self.save(epoch)
 
     def evaluate(self, split: str):
         dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split

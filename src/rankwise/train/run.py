@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,11 +19,14 @@ from rankwise.checkpoint.loading import TRUST_ENV
 from rankwise.data.prepare import prepare_data
 from rankwise.errors import Stopped
 from rankwise.launch import Entry, launch
+from rankwise.logs import get_logger
 from rankwise.strategies import get_strategy
 from rankwise.train import preflight
 from rankwise.train.config import TrainConfig
 from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.worker import train_from_run_dir
+
+log = get_logger(__name__)
 
 WORKER = "rankwise.train.worker"
 """The module every rank runs (``python -m rankwise.train.worker RUN_DIR``)."""
@@ -63,7 +65,7 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     """Read, validate, split and tokenize the data here, once: bad input fails before any worker starts."""
     run_dir = RunDir(cfg.out)
     if cfg.resume is None and run_dir.result.exists() and not quiet:
-        print(f"note: {run_dir.root} already holds a finished run; it will be overwritten", file=sys.stderr)
+        log.info(f"note: {run_dir.root} already holds a finished run; it will be overwritten", stderr=True)
     data = prepare_data(cfg.data)
     preflight.prepared_data(cfg, {split: data.size(split) for split in ("train", "dev", "test")})
     preflight.continues_the_data(cfg, data)
@@ -71,24 +73,24 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     if cfg.resume is None and run_dir.checkpoints.exists() and len(cfg.world_sizes) > 1:
         # An elastic job's nodes come and go with the same command: a node (re)joining must keep the live run's
         # checkpoints, which the workers continue from.
-        print(f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its latest checkpoint "
-              "(a new job needs a new --out)", file=sys.stderr)
+        log.info(f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its latest checkpoint "
+                 "(a new job needs a new --out)", stderr=True)
     elif cfg.resume is None and run_dir.checkpoints.exists():
         # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
         aside = run_dir.root / f"checkpoints-replaced-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             run_dir.checkpoints.rename(aside)
-            print(f"note: the earlier run's checkpoints were moved to {aside}", file=sys.stderr)
+            log.info(f"note: the earlier run's checkpoints were moved to {aside}", stderr=True)
         except FileNotFoundError:  # another node sharing this --out moved them first
             pass
     data.save(run_dir.data)
     write_text_atomic(run_dir.config, cfg.to_json())
     for warning in data.stats.get("warnings", []):
-        print(f"warning: {cfg.data.source}: {warning}", file=sys.stderr)
+        log.warning(f"warning: {cfg.data.source}: {warning}")
     if not quiet:
         counts = ", ".join(f"{s} {data.size(s)}" for s in ("train", "dev", "test"))
-        print(f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} duplicates and "
-              f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)", flush=True)
+        log.info(f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} duplicates and "
+                 f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)")
     return run_dir
 
 
@@ -110,10 +112,11 @@ def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) 
     summary = json.loads(run_dir.result.read_text(encoding="utf-8")) if run_dir.result.exists() else {}
     if summary.get("launch_id") != os.environ[LAUNCH_ID]:  # a node other than the one holding rank 0
         node = "this node" if cfg.launch.rdzv_backend else f"node {cfg.launch.node_rank}"
-        print(f"{node}: workers finished; rank 0's report is on the node that holds rank 0")
+        log.info(f"{node}: workers finished; rank 0's report is on the node that holds rank 0", every_rank=True)
         return 0
     summary["wall_s"] = round(wall_s, 2)
     write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
+    # The command's output (its report), not messages: printed whatever the logging level.
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
         return 0

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak
+from rankwise.logs import get_logger
 from rankwise.runtime import Runtime
 from rankwise.throughput import SteadyThroughput
+
+log = get_logger(__name__)
 
 TERA = 1e12
 
@@ -28,7 +30,8 @@ def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
         mine = LengthFlops(counter, template).total(throughput.shapes) if counter and template and throughput.steps \
             else 0
     except Exception as e:  # a model torch's counter cannot trace on fake tensors: no FLOP/s, the run goes on
-        warnings.warn(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", stacklevel=2)
+        # Debug only: the summary's FLOP/s are None, and nothing the user changes makes the counter trace it.
+        log.debug(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", every_rank=True)
         mine = math.nan  # the sum below is then nan on every rank
     dtype = rt.strategy.precision.dtype
     peak = 0.0
@@ -38,7 +41,7 @@ def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
         try:
             peak = matmul_peak(rt.device, dtype) * devices
         except (RuntimeError, MemoryError) as e:  # no memory left for the product: no MFU, the run's result stays
-            warnings.warn(f"rank {rt.rank}: the matrix-product peak was not measured ({e})", stacklevel=2)
+            log.debug(f"rank {rt.rank}: the matrix-product peak was not measured ({e})", every_rank=True)
             peak = math.nan
     flops, peaks, seconds = rt.all_reduce(torch.tensor([mine, peak, throughput.seconds], dtype=torch.float64,
                                                        device=rt.device), "sum").tolist()

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankwise.data.prepare import PreparedData
+from rankwise.logs import to_terminal
 from rankwise.testing import faults
 from rankwise.train.config import load_config_json
 from rankwise.train.loop import run_training
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m rankwise.train.worker RUN_DIR")
+    to_terminal()  # a rank of `rankwise train`: its messages on the terminal, as the command's own
     summary = train_from_run_dir(argv[0])
     if summary.get("preempted"):
         sys.exit(128 + summary["preempted"])  # after a clean teardown; the checkpoint is written

@@ -29,12 +29,15 @@ from pathlib import Path
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
+from rankwise.logs import get_logger
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, mfu_cell, run_line, tflops_cell
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
+
+log = get_logger(__name__)
 
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "deepspeed-zero2", "accelerate")
 
@@ -117,7 +120,7 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
             result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1
-            print(run_line(done, total, row.name, repeat, repeats, result), file=sys.stderr, flush=True)
+            print(run_line(done, total, row.name, repeat, repeats, result), file=sys.stderr, flush=True)  # as suite.py
     verdicts = {}
     for row in runnable:
         if row.reference or not any("error" not in run for run in runs[row.name]):
@@ -129,8 +132,8 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
         else:
             verdicts[row.name] = verify_watched(script, script_args, row.framework, row.processes, where,
                                                 steps=verify_steps, timeout_s=timeout_s)
-        print(f"equivalence of {row.name} (rankwise verify, {verify_steps} steps, dropout off): "
-              f"{verdicts[row.name]['verdict']}", file=sys.stderr, flush=True)
+        log.info(f"equivalence of {row.name} (rankwise verify, {verify_steps} steps, dropout off): "
+                 f"{verdicts[row.name]['verdict']}", stderr=True)
     return summarize(rows, runs, verdicts, min_window_s)
 
 
@@ -367,8 +370,8 @@ def bench(args) -> int:
             notes.append(watched.note)
     out = Path(args.out or f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    print(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} steps, "
-          f"{','.join(map(str, args.nproc))} processes; writing to {out}", file=sys.stderr, flush=True)
+    log.info(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} "
+             f"steps, {','.join(map(str, args.nproc))} processes; writing to {out}", stderr=True)
     summary = run_bench(script, script_args, rows, steps=args.steps, repeats=args.repeats or 1,
                         precision=args.precision, out=out, verify_steps=args.verify_steps,
                         min_window_s=args.min_window)
@@ -376,6 +379,7 @@ def bench(args) -> int:
     meta = {"script": str(script), "script_args": script_args, "steps": args.steps, "nproc": args.nproc,
             "framework": name, **machine()}
     paths = write(summary, meta, out)
+    # The command's output (the table, the files, the JSON): printed whatever the logging level.
     print(table(summary))
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
     if args.json:
@@ -385,7 +389,7 @@ def bench(args) -> int:
     crashed_rows = [line["row"] for line in summary["rows"]
                     if "could not run" in (line["status"], line.get("verdict"))]
     if failed:
-        print(f"rankwise bench: {', '.join(failed)} failed the equivalence check (see the table)", file=sys.stderr)
+        log.error(f"rankwise bench: {', '.join(failed)} failed the equivalence check (see the table)")
     if crashed_rows:
-        print(f"rankwise bench: {', '.join(crashed_rows)} could not run (why: under the table)", file=sys.stderr)
+        log.error(f"rankwise bench: {', '.join(crashed_rows)} could not run (why: under the table)")
     return 1 if failed else EXIT_COULD_NOT_RUN if crashed_rows else 0

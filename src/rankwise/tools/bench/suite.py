@@ -24,12 +24,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rankwise.checkpoint import read_weights
+from rankwise.logs import get_logger
 from rankwise.process import usable_cores
 from rankwise.tolerance import max_param_diff
 from rankwise.tools.bench import report
 from rankwise.tools.bench.rows import Row
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
+
+log = get_logger(__name__)
 
 PRESETS = {
     "quick": {"max_steps": 60, "repeats": 1},
@@ -102,6 +105,7 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
             bar.update(1)
             done += 1
             if progress and not live:
+                # The progress bar's stand-in where stderr is not a terminal: the command's display, like the bar.
                 print(report.run_line(done, bar.total, row.name, repeat, plan.repeats, run), file=sys.stderr,
                       flush=True)
     bar.close()
@@ -187,8 +191,8 @@ def bench(rows: list[Row], args) -> int:
     the_plan = plan(args.preset, rows, nproc=args.nproc, out=out, data=args.data, model=args.model,
                     extra=args.set, repeats=args.repeats)
     cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
-    print(f"rankwise bench ({args.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} steps "
-          f"each, {args.nproc} processes on {the_plan.cores} cores; writing to {out}", file=sys.stderr, flush=True)
+    log.info(f"rankwise bench ({args.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} "
+             f"steps each, {args.nproc} processes on {the_plan.cores} cores; writing to {out}", stderr=True)
     records = run_all(the_plan, progress=not args.no_progress)
     libraries = {k: v for k, v in versions().items() if k not in ("python", "torch")}
     meta = {"preset": args.preset, "data": cfg.data.source, "model": cfg.model.name, "steps": cfg.max_steps,
@@ -197,6 +201,7 @@ def bench(rows: list[Row], args) -> int:
             **machine()}
     summary = report.summarize(records, meta)
     paths = report.write(summary, out)
+    # The command's output (the table, its reading, the files, the JSON): printed whatever the logging level.
     print(report.table(summary))
     print()
     print(report.reading_text(summary))
@@ -206,7 +211,7 @@ def bench(rows: list[Row], args) -> int:
     failed = summary["reading"]["failing"]
     crashed = [line["row"] for line in summary["rows"] if line["status"] == "could not run"]
     if failed:
-        print(f"rankwise bench: {', '.join(failed)} failed a check (see the table)", file=sys.stderr)
+        log.error(f"rankwise bench: {', '.join(failed)} failed a check (see the table)")
     if crashed:
-        print(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)", file=sys.stderr)
+        log.error(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)")
     return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0

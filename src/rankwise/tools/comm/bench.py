@@ -33,7 +33,10 @@ import torch
 import torch.distributed as torch_dist
 
 from rankwise.errors import ConfigError
+from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import all_gather_tensor, reduce_scatter_tensor
+
+log = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
@@ -325,28 +328,30 @@ def run(args: argparse.Namespace, backend: str) -> int:
     limits = {}
     if not args.no_ceilings:  # before the ranks start, so nothing competes with the measurements
         if args.node_rank == 0:
-            print("measuring this machine's ceilings (loopback TCP, memcpy) ...", file=sys.stderr, flush=True)
+            log.info("measuring this machine's ceilings (loopback TCP, memcpy) ...", stderr=True, every_rank=True)
             limits = ceilings.measure()
         if args.nnodes > 1 and args.node_rank <= 1:
-            print("measuring TCP between node 0 and node 1 ...", file=sys.stderr, flush=True)
+            log.info("measuring TCP between node 0 and node 1 ...", stderr=True, every_rank=True)
             try:
                 limits |= ceilings.between_nodes(args.node_rank, args.master_addr, args.master_port + 1,
                                                  args.timeout)
             except (OSError, OverflowError) as e:  # the collectives can still run: go on without this ceiling
-                print(f"rankwise comm bench: node {args.node_rank}: no TCP ceiling between the nodes "
-                      f"(port {args.master_port + 1}): {e}", file=sys.stderr, flush=True)
+                log.warning(f"rankwise comm bench: node {args.node_rank}: no TCP ceiling between the nodes "
+                            f"(port {args.master_port + 1}): {e}", every_rank=True)
     measured = run_on_ranks(on_rank, (settings,), args, backend)
     if measured is None:
-        print(f"node {args.node_rank}: this node's ranks took part; node 0 printed and wrote the results")
+        log.info(f"node {args.node_rank}: this node's ranks took part; node 0 printed and wrote the results",
+                 every_rank=True)
         return 0
     result = {**measured, "settings": asdict(settings), "ceilings": limits, "machine": machine()}
     result["analysis"] = report.analyse(result)
     paths = report.write(result, out)
+    # The command's output (the table, the files, the JSON): printed whatever the logging level.
     print(report.table(result))
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     wrong = sum(row["wrong"] for row in result["results"])
     if args.json:
         print(json.dumps({"out": str(out), "wrong": wrong, **result["analysis"]}))
     if wrong:
-        print(f"rankwise comm bench: {wrong} element(s) came back wrong; see the #wrong column", file=sys.stderr)
+        log.error(f"rankwise comm bench: {wrong} element(s) came back wrong; see the #wrong column")
     return 1 if wrong else 0

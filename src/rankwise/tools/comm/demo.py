@@ -7,14 +7,16 @@ after; rank 0 prints the views in rank order (never interleaved) with PASS / FAI
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import LACKING, UNSUPPORTED, Ctx, Op
+
+log = get_logger(__name__)
 
 PASS, FAIL, UNAVAILABLE = "PASS", "FAIL", "n/a"
 
@@ -141,6 +143,7 @@ def on_rank(env, device: torch.device, names: list[str] | None, composed: bool, 
     from rankwise.tools.comm import ops as comm_ops
 
     ctx = Ctx(env.rank, env.world_size, device, backend, composed=composed)
+    # The demo's output (what each operation did), printed by the ranks whatever the logging level.
     if env.rank == 0:
         print(f"rankwise comm demo: {env.world_size} ranks on {backend} ({device.type}), "
               f"{env.world_size // env.local_world_size} node(s), torch {torch.__version__}\n", flush=True)
@@ -162,10 +165,9 @@ def run(args, backend: str) -> int:
         raise ConfigError(str(e)) from None
     results = run_on_ranks(on_rank, (args.op, args.composed, backend), args, backend)
     if results is None:
-        print(f"node {args.node_rank}: this node's ranks took part; node 0 printed the results")
+        log.info(f"node {args.node_rank}: this node's ranks took part; node 0 printed the results", every_rank=True)
         return 0
     failed = [r["name"] for r in results if r["status"] == FAIL]
     if failed:
-        print(f"rankwise comm demo: {len(failed)} operation(s) returned a wrong result: {', '.join(failed)}",
-              file=sys.stderr)
+        log.error(f"rankwise comm demo: {len(failed)} operation(s) returned a wrong result: {', '.join(failed)}")
     return 1 if failed else 0

@@ -16,13 +16,13 @@ gradients are deleted after the comparison unless ``--keep-weights``.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
+from rankwise.logs import get_logger
 from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import crashed
@@ -32,6 +32,8 @@ from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
+
+log = get_logger(__name__)
 
 EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4}
 """``rankwise verify``'s exit code for each verdict."""
@@ -121,23 +123,24 @@ def run(args) -> int:
     script, processes, watched = check(args)
     label = args.strategy or f"{watched.name}-script"
     out = Path(args.out or f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-    log = lambda text: print(f"verify: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    progress = lambda text: log.info(f"verify: {text}", stderr=True)  # noqa: E731
     if watched is None:
-        print(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in lockstep "
-              f"with it, {args.steps} steps; writing to {out}", file=sys.stderr, flush=True)
+        log.info(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in "
+                 f"lockstep with it, {args.steps} steps; writing to {out}", stderr=True)
         report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
                              precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
-                             timeout_s=args.timeout, keep_weights=args.keep_weights, log=log)
+                             timeout_s=args.timeout, keep_weights=args.keep_weights, log=progress)
     else:
-        print(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
-              f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
-              file=sys.stderr, flush=True)
+        log.info(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
+                 f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
+                 stderr=True)
         report = verify_watched(script, args.script_args, watched, processes, out, steps=args.steps,
                                 keep_dropout=args.keep_dropout, timeout_s=args.timeout,
-                                keep_weights=args.keep_weights, reference_args=args.reference_args, log=log)
+                                keep_weights=args.keep_weights, reference_args=args.reference_args, log=progress)
     text = render(report)
     write_text_atomic(out / "verify.md", f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"
                                          "\n![differences by step](verify.png)\n")
+    # The command's output (the report, the JSON): printed whatever the logging level.
     print(text)
     if args.json:
         print(json.dumps({key: report.get(key) for key in ("verdict", "equivalent", "first_difference", "diagnosis",
