@@ -48,24 +48,10 @@ VARIABLES: tuple[EnvVar, ...] = (
          "`train/loop.py`, `train/run.py`",
          "Which launching process's workers wrote `result.json`: on a shared `--out` only the node whose "
          "workers wrote it reports it."),
-    # the probe of `bench --script` and `verify` in a script on rankwise.setup()
-    EnvVar("RANKWISE_PROBE", "`bench --script`, `verify` (`tools/bench/script.py`, `tools/verify/command.py`)",
-         "`tools/probe.py`", "Directory the probe in each rank writes its measurements to; unset: no probe."),
-    EnvVar("RANKWISE_PROBE_STEPS", "`bench --script`, `verify`", "`tools/probe.py`",
-         "Optimizer steps the probe watches before it ends the script (default 20)."),
-    EnvVar("RANKWISE_PROBE_WARMUP", "`bench --script`, `verify`", "`tools/probe.py`",
-         "Steps left out of the timed window (default 3)."),
-    EnvVar("RANKWISE_PROBE_MIN_WINDOW", "`bench --script --min-window`", "`tools/probe.py`",
-         "The least seconds a timed window lasts (default 2; `0`: the steps as asked)."),
-    EnvVar("RANKWISE_PROBE_TRACE", "`verify` (`tools/verify/command.py`)", "`tools/probe.py`, `tools/trace.py`",
-         "`1`: record each step's samples, loss, gradient and weights for verify's comparison."),
-    EnvVar("RANKWISE_PROBE_DROPOUT", "`verify --keep-dropout`", "`tools/trace.py`",
-         "`keep`: leave dropout modules on while tracing (default: switched off, p = 0)."),
-    EnvVar("RANKWISE_PROBE_FOLLOW", "`verify`", "`tools/trace.py`",
-         "A traced N-rank run's directory: the one process follows that run in lockstep."),
-    # the watcher of `bench --script` and `verify` in any other script (plain torch, Accelerate, Trainer, Fabric)
+    # the watcher: the probe of `bench --script` and `verify` in every script (rankwise.setup(), plain torch,
+    # Accelerate, Trainer, Fabric)
     EnvVar("RANKWISE_WATCH", "`verify`, `bench --script` (`tools/watch/runs.py`)", "`tools/watch/bootstrap.py`",
-         "Directory the watcher in each rank of a script not on `rankwise.setup()` writes to."),
+         "Directory the watcher in each rank of the script writes its trace, record and measurements to."),
     EnvVar("RANKWISE_WATCH_STEPS", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",
          "Optimizer steps watched (default 20)."),
     EnvVar("RANKWISE_WATCH_WARMUP", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`",

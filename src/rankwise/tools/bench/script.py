@@ -173,9 +173,9 @@ def _equivalence(report: dict) -> dict:
     if verdict == "could not run":
         reason = "its verify run could not run: " + "; ".join(report["failure"].values())
     elif lines and all(line.get("data") == "unseen" for line in lines):
-        verdict, reason = "unchecked", ("no batch went through rt.to_device, so nothing showed which samples each "
-                                        "rank trained on (a plain DataLoader gives every rank all of them): move "
-                                        "batches with rt.to_device and build the loader with rt.loader")
+        verdict, reason = "unchecked", ("no training batch came from a DataLoader, so nothing showed which samples "
+                                        "each rank trained on: build the loader with rt.loader (or a DataLoader "
+                                        "with a DistributedSampler)")
     return {"equivalent": {"equivalent": True, "not equivalent": False}.get(verdict),
             "verdict": verdict, "compared_steps": len(lines),
             "compared": f"dropout off ({len(dropout)} modules)" if dropout else "as written (no dropout module)",
@@ -214,9 +214,8 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             line |= _equivalence(verdicts[row.name])
         if first.get("samples_counted_by") is None:
             line["samples_per_s"], line["speedup"] = None, None
-            line["reason"] = "; ".join(filter(None, [line.get("reason"), (
-                "samples/s unknown: no batch went through rt.to_device and no loader came from rt.loader"
-                if row.framework is None else "samples/s unknown: no training batch came from a DataLoader")]))
+            line["reason"] = "; ".join(filter(None, [line.get("reason"),
+                                                     "samples/s unknown: no training batch came from a DataLoader"]))
         lines.append(line)
     passing = [line for line in lines if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]]
     fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)

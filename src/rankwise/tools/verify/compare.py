@@ -53,7 +53,7 @@ class TracedRun:
         return max(self.records, default=0)
 
     def seen(self, what: str) -> bool:
-        """Whether any rank recorded ``samples`` (batches through rt.to_device) or ``losses`` (rt.backward)."""
+        """Whether any rank recorded ``samples`` (batches a DataLoader yielded, a backward consumed) or ``losses``."""
         return any(rank[what] for ranks in self.records.values() for rank in ranks)
 
     @property
@@ -80,7 +80,7 @@ def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, 
     ranks = [Counter(rank["samples"]) for rank in candidate]
     together = sum(ranks, Counter())
     if not one and not together:
-        return "unseen", "no batch went through rt.to_device"
+        return "unseen", "no training batch came from a DataLoader"
     n, seen, expected = len(ranks), sum(together.values()), sum(one.values())
     if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):  # (even when one process took them too)
         return "differs", (f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} together); "

@@ -60,7 +60,6 @@ PLAIN_SCRIPT_WORDS = {
     "(the script does not call rt.backward)": "(no backward of a scalar loss was seen)",
     "instead of rt.step": "outside the framework's step",
     "outside rt.step": "outside optimizer.step()",
-    "the batches do not go through rt.to_device": "the batches do not come from a DataLoader",
     "(rt.all_reduce(count, 'sum'))": "(dist.all_reduce(count))",
     "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count (the strategies":
         "then backward each micro-batch's summed token loss x the world size / that count (DDP and FSDP",
@@ -252,7 +251,7 @@ def _loss_scaled(first: dict, world_size: int, framework: str | None) -> str | N
 def _normalisation(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str:
     step = first["step"]
     random = ("and the forward drew no random numbers" if reference.seen("samples") else
-              "(random draws unknown: the batches do not go through rt.to_device)")
+              "(random draws unknown: the batches do not come from a DataLoader)")
     text = (f"the loss of step {step} differs (one process {first['loss_reference']:.6g}, {world_size} ranks "
             f"{first['loss_candidate']:.6g}) although the weights before it and the samples were the same, no layer "
             f"depends on the batch {random}: the loss is not a mean over the global batch. A loss averaged over "
