@@ -44,6 +44,12 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     assert "dropout: switched off in both runs" in proc.stdout and "drop: Dropout p=0.3" in proc.stdout
     assert "verdict: equivalent over 2 steps (exit 0)" in proc.stdout
     assert not list((tmp_path / "ok").glob("*/step-*.safetensors"))  # the per-step weights are not kept
+    # One probe for every script: the torch-level watcher ran both, following the script's Runtime, and found
+    # nothing wrong with a correct script.
+    assert report["framework"] == {"name": "rankwise", "launch": "as `rankwise launch --strategy fsdp` starts it"}
+    assert sorted(path.name for path in (tmp_path / "ok" / "candidate").glob("watch-rank*.json")) == \
+        ["watch-rank0.json", "watch-rank1.json"]
+    assert report["findings"] == [] and "single" in report["reference_made"]
 
 
 @pytest.mark.parametrize(("case", "expected"), [

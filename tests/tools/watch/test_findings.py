@@ -61,3 +61,34 @@ def test_a_value_read_back_every_step_is_a_sync_point_and_one_read_now_and_then_
     assert "on the CPU, where it costs nothing; on a GPU each call waits" in on_cpu.text
     seldom = {".item() at train.py:12": {"calls": 1, "seconds": 0.001, "steps": 1}}
     assert findings([_record(0, [], reads=seldom, device="cuda")], 1) == []
+
+
+def test_a_collective_in_one_step_of_two_is_no_pattern_and_one_in_both_is():
+    """A two-step verify: a call made once (the first step's checks) is not 'every step'; one made in both is."""
+    def record(steps_seen):
+        calls = len(steps_seen)
+        site = {"all_gather_object at train.py:9": {"calls": calls, "seconds": 0.01, "steps": calls}}
+        return _record(0, [], world=2, steps=2, step_seconds=[0.1, 0.1], collectives=site)
+
+    assert findings([record([0]), record([0])], 2) == []
+    (finding,) = findings([record([0, 1]), record([0, 1])], 2)
+    assert finding.text.startswith("all_gather_object at train.py:9 runs every step (2 calls in 2 steps)")
+
+
+def test_a_collective_rankwise_makes_for_the_script_is_named_as_the_framework_s():
+    """In a script on rankwise.setup(), a collective inside rt.step is rankwise's, made from the script's line (here
+    this test's), as a framework's in site-packages is: before, it counted as the script's own call."""
+    from rankwise import dist as library
+    from rankwise.tools.watch import calls
+    from rankwise.tools.watch.ranks import call_site
+
+    def patched_collective():  # the watcher's wrapper around a torch.distributed call
+        return call_site(via=True)
+
+    def in_the_library():  # rankwise.dist, as rt.step calls it
+        return patched_collective()
+
+    patched_collective.__code__ = patched_collective.__code__.replace(co_filename=calls.__file__)
+    in_the_library.__code__ = in_the_library.__code__.replace(co_filename=library.__file__)
+    site = in_the_library()
+    assert site.startswith("test_findings.py:") and "(via rankwise/dist.py:" in site, site

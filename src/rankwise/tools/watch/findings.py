@@ -144,15 +144,15 @@ def _saves(records: list[dict]) -> list[Finding]:
 
 
 def _every_step(record: dict, sites: dict) -> list[tuple[str, dict, float]]:
-    """The call sites in ``sites`` that ran in every step (the first may be warm-up), with their share of the step
-    time, costliest first."""
+    """The call sites in ``sites`` that ran in every step (the first may be warm-up; a call seen in one step only is
+    no pattern), with their share of the step time, costliest first."""
     steps = record["steps"]
     if steps < 2:
         return []
     total = sum(record["step_seconds"]) or 1.0
     return [(site, entry, entry["seconds"] / total)
             for site, entry in sorted(sites.items(), key=lambda item: -item[1]["seconds"])
-            if entry["steps"] >= steps - 1 and entry["calls"] >= steps - 1]
+            if entry["steps"] >= max(2, steps - 1) and entry["calls"] >= steps - 1]
 
 
 def _sync_points(records: list[dict]) -> list[Finding]:

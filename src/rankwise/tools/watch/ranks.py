@@ -57,15 +57,22 @@ def outside_the_script(filename: str) -> bool:
     return "/torch/" in filename or filename.startswith((RANKWISE_DIR, "<"))
 
 
+TOOLS_DIR = str(Path(RANKWISE_DIR) / "tools")
+"""rankwise's tools, the watcher among them: never a framework's line."""
+
+
 def call_site(via: bool = False) -> str:
     """The script's line that called into torch: the innermost frame outside torch, the frameworks and the watcher
-    (with ``via``: and the framework's line that made the call, where a framework did)."""
+    (with ``via``: and the framework's line that made the call, where a framework did: rankwise's own library, for
+    a script on ``rankwise.setup()``, is one)."""
     frame, framework = sys._getframe(2), None
     while frame is not None:
         name = frame.f_code.co_filename
         ours = outside_the_script(name)
         if not ours and "site-packages" in name:
             framework = framework or f"{name.split('site-packages/')[-1]}:{frame.f_lineno}"
+        elif name.startswith(RANKWISE_DIR) and not name.startswith(TOOLS_DIR):
+            framework = framework or f"rankwise/{Path(name).relative_to(RANKWISE_DIR)}:{frame.f_lineno}"
         elif not ours:
             site = f"{Path(name).name}:{frame.f_lineno}"
             return f"{site} (via {framework})" if via and framework else site
