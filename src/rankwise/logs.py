@@ -1,10 +1,12 @@
 """rankwise's messages, through :mod:`logging`: the ``rankwise`` logger and one child per module.
 
-A program that uses rankwise as a library controls them as it would any library's::
+A program that uses rankwise as a library controls them as it would any library's:
 
-    import logging
-    logging.getLogger("rankwise").setLevel(logging.WARNING)                   # only warnings and errors
-    logging.getLogger("rankwise").addHandler(logging.FileHandler("rank.log"))  # or keep them
+```python
+import logging
+logging.getLogger("rankwise").setLevel(logging.WARNING)                   # only warnings and errors
+logging.getLogger("rankwise").addHandler(logging.FileHandler("rank.log"))  # or keep them
+```
 
 rankwise installs no handler of its own: without one, Python shows warnings and errors on stderr (the bare text,
 its ``lastResort``) and drops the rest.  The ``rankwise`` commands, and the workers they start, call

@@ -15,6 +15,7 @@ import sys
 from rankwise import process
 from rankwise.launch.failures import record_for_launcher
 from rankwise.launch.script import run_as_main
+from rankwise.logs import to_terminal
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or DIRECTORY not in os.environ:
         print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
+    to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
     watcher = watcher_from_environment()
     watcher.install()
     try:
