@@ -173,7 +173,8 @@ def workarounds_page() -> str:
              "only before that release; on a release series it was not checked on it still applies, with one "
              "warning per process. `tests/compat/` holds a test per workaround that shows the upstream behaviour "
              "on the installed release, and fails when it changes, so that the workaround can go.\n",
-             "| workaround | library | what it does | upstream (the bug) | checked on | fixed in | called from | test |",
+             "| workaround | library | what it does | upstream (the bug) | checked on | fixed in | called from "
+             "| test |",
              "|---|---|---|---|---|---|---|---|"]
     for module_name, record in workarounds():
         module_path, _, function_name = record.name.rpartition(".")
