@@ -2,23 +2,30 @@
 
 Nothing here is written twice: the command reference is each parser's own ``--help``, the configuration
 reference the config models' field docstrings (``describe_fields``), the strategy table the registry's
-descriptions, the environment variables ``rankwise.envvars``, the exit codes ``rankwise.errors``.
+descriptions, the environment variables ``rankwise.envvars``, the exit codes ``rankwise.errors``, the workarounds
+for other libraries the ``Workaround`` records in ``rankwise.compat``.
 Run by ``mkdocs build``; ``python scripts/docs_reference.py OUT_DIR`` writes the same pages to a folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import os
+import pkgutil
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ["COLUMNS"] = "100"  # argparse wraps --help to the terminal: the same width on every build
 
+import rankwise.compat  # noqa: E402
 from rankwise import errors  # noqa: E402
 from rankwise.cli import build_parser  # noqa: E402
 from rankwise.cli import launch as launch_command  # noqa: E402
+from rankwise.compat.versions import Workaround  # noqa: E402
 from rankwise.envvars import VARIABLES  # noqa: E402
 from rankwise.strategies import lookup, strategy_names  # noqa: E402
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN  # noqa: E402
@@ -126,10 +133,68 @@ def exit_codes_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+SOURCE = Path(rankwise.compat.__file__).parents[1]
+"""``src/rankwise``: where the workarounds' call sites are looked up."""
+
+
+def workarounds() -> list[tuple[str, Workaround]]:
+    """Every ``Workaround`` record in ``rankwise.compat``, with the module holding it, in module order."""
+    found = []
+    for info in pkgutil.iter_modules(rankwise.compat.__path__):
+        if info.name == "versions":
+            continue
+        module = importlib.import_module(f"rankwise.compat.{info.name}")
+        found += [(info.name, value) for value in vars(module).values() if isinstance(value, Workaround)]
+    return found
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = re.search(r"\.(\s|$)", text)
+    return text[:end.start() + 1] if end else text
+
+
+def _callers(function: str) -> list[str]:
+    """The modules outside ``compat/`` that call ``function`` (by name, in their source)."""
+    pattern = re.compile(rf"\b{re.escape(function)}\b")
+    return sorted(str(path.relative_to(SOURCE)) for path in SOURCE.rglob("*.py")
+                  if "compat" not in path.relative_to(SOURCE).parts and pattern.search(path.read_text("utf-8")))
+
+
+def _upstream(text: str) -> str:
+    return _cell(re.sub(r"https://github\.com/([\w.-]+)/([\w.-]+)/issues/(\d+)", r"[\1/\2#\3](\g<0>)", text))
+
+
+def workarounds_page() -> str:
+    lines = [f"# Workarounds for other libraries\n\n{GENERATED}Every workaround rankwise carries for a bug or a "
+             "missing API of another library lives in `rankwise/compat/`, one function each, recorded as a "
+             "`Workaround` (`compat/versions.py`): the library, the upstream issue (or what was searched where none "
+             "is filed), the release series it was checked on, and the first release that fixes it. It is applied "
+             "only before that release; on a release series it was not checked on it still applies, with one "
+             "warning per process. `tests/compat/` holds a test per workaround that shows the upstream behaviour "
+             "on the installed release, and fails when it changes, so that the workaround can go.\n",
+             "| workaround | library | what it does | upstream (the bug) | checked on | fixed in | called from "
+             "| test |",
+             "|---|---|---|---|---|---|---|---|"]
+    for module_name, record in workarounds():
+        module_path, _, function_name = record.name.rpartition(".")
+        function = getattr(importlib.import_module(module_path), function_name)
+        test = f"tests/compat/test_{module_name}.py"
+        test_cell = f"`{test}`" if (SOURCE.parents[1] / test).is_file() else "—"
+        callers = ", ".join(f"`{caller}`" for caller in _callers(function_name)) or "—"
+        lines.append(f"| `compat/{module_name}.py` `{function_name}` | {record.library} | "
+                     f"{_cell(_first_sentence(inspect.getdoc(function) or ''))} | {_upstream(record.upstream)} | "
+                     f"{', '.join(record.seen_on)} | {record.fixed_in or 'not yet'} | {callers} | {test_cell} |")
+    lines.append("\nOther adaptations to the environment rankwise runs in (network addresses, glibc's allocator, "
+                 "teardown order, a Horovod build) are not version-checked and stay next to the code they protect: "
+                 "see [Architecture](../architecture.md#where-the-workarounds-for-other-libraries-live).\n")
+    return "\n".join(lines)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/commands.md": commands_page, "reference/config.md": config_page,
     "reference/strategies.md": strategies_page, "reference/environment.md": environment_page,
-    "reference/exit-codes.md": exit_codes_page,
+    "reference/exit-codes.md": exit_codes_page, "reference/workarounds.md": workarounds_page,
 }
 
 
