@@ -80,7 +80,7 @@ def two_hosts():
 # `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing installed, no root).
 TIERS = ("unit", "multiproc", "multinode", "slurm", "gpu")
 STARTS_PROCESSES = re.compile(
-    r"\b(run_ranks|subprocess|Popen|spawn|run_script|watched_run|watched_runs|verify_runs|run_train|run_measured|"
+    r"\b(run_ranks|subprocess|Popen|spawn|watched_run|watched_runs|verify_runs|run_train|run_measured|"
     r"_bench|_verify|_launch|_run_cli|_train|run_all|horovodrun|torchrun|run_on_ranks|_phases)\b|\.main\(")
 """A call in a test's (or its fixtures') source that starts processes: the test is at least ``multiproc``."""
 

@@ -37,7 +37,8 @@ def test_torch_connects_a_restarted_worker_to_the_agent_store_without_an_attempt
 
 def test_a_dynamic_rendezvous_still_shares_its_store_and_builds_the_address_once(monkeypatch):
     """When this fails, the knob is gone or the address is rebuilt every round: drop the workaround."""
-    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "")  # (recorded: the variable is restored after)
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     assert DynamicRendezvousHandler.use_agent_store.fget(None)  # shared by default
     assert "self._bootstrap_store_info is None" in inspect.getsource(DynamicRendezvousHandler.next_rendezvous)
     publish_master_address_every_round()

@@ -52,6 +52,15 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     assert report["findings"] == [] and "single" in report["reference_made"]
 
 
+def test_a_setup_script_stepping_with_plain_torch_calls_is_watched_and_equivalent(tmp_path):
+    """loss.backward() and optimizer.step() in a script on rankwise.setup() (ddp allows them): the watcher sees those
+    steps through torch's hooks; before, it listened to rt.step only and the runs 'ended after 0 steps'."""
+    proc, report = _verify(tmp_path / "plain", "plain-calls")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["equivalent"] is True and [line["step"] for line in report["steps"]] == [0, 1, 2]
+    assert all(line["loss_ok"] and line["data"] == "same" for line in report["steps"][1:])
+
+
 @pytest.mark.parametrize(("case", "expected"), [
     ("batch-norm", ["BatchNorm1d", "SyncBatchNorm", "does not run on the CPU"]),
     ("micro-mean", ["not a mean over the global batch", "tokens per micro-batch in step 1"]),

@@ -8,6 +8,7 @@
     --case functional-dropout  F.dropout in forward: rankwise cannot switch it off
     --case half                bfloat16 parameters: gradients accumulate in 16 bits
     --case unused              a layer that never gets a gradient
+    --case plain-calls         loss.backward() and optimizer.step() instead of rt.backward / rt.step (equivalent)
 """
 
 import argparse
@@ -91,10 +92,17 @@ def main():
                     loss = losses.sum() / (batch["labels"] != -100).sum()  # mean over this micro-batch's tokens
                 else:
                     loss = (losses.reshape(len(x), LENGTH).sum(1) / LENGTH).mean()  # per-sample mean: exact
-                rt.backward(loss / args.grad_accum, model)
+                if args.case == "plain-calls":
+                    (loss / args.grad_accum).backward()
+                else:
+                    rt.backward(loss / args.grad_accum, model)
             if last:
-                rt.step(optimizer, model)
-                rt.zero_grad(optimizer)
+                if args.case == "plain-calls":
+                    optimizer.step()
+                    optimizer.zero_grad()
+                else:
+                    rt.step(optimizer, model)
+                    rt.zero_grad(optimizer)
                 step += 1
                 if step == args.steps:
                     break

@@ -72,7 +72,9 @@ def clipping_for_one_step(engine, zero_optimizer, max_norm: float):
     ``gradient_clipping: 0``).  DeepSpeed fixes clipping at ``deepspeed.initialize``: under ZeRO its optimizer
     clips inside its step with ``clip_grad``, and the engine reads ``_config.gradient_clipping``; both are set for
     the block and restored after it."""
-    CLIP_FOR_ONE_STEP.applies()  # warns on a release it was not checked on; DeepSpeed offers no other way
+    # The record is for its version warning only: DeepSpeed has no per-step clipping API to switch to, so it has no
+    # fixed_in, and the attributes below are set on every release.
+    CLIP_FOR_ONE_STEP.applies()
     zero_optimizer.clip_grad = max_norm
     engine._config.gradient_clipping = max_norm
     try:

@@ -19,7 +19,9 @@ def compile_forward(model: nn.Module, **options) -> None:
     Not ``Module.compile``: it compiles ``Module._call_impl``, which Dynamo skips as torch's own code, so a model
     whose ``forward`` is torch's too (``nn.Sequential``) ran eagerly, silently (pytorch#150915).  Here the compiled
     frame is a function of ours that calls the bound ``forward`` (an instance's own, a wrapper's, is kept).  It
-    also leaves the module's hooks outside the graph, where FSDP's would break it before the forward begins."""
+    also leaves the module's hooks outside the graph, where FSDP's would break it before the forward begins: so
+    before giving the record a ``fixed_in``, check FSDP's and DeepSpeed's compiled runs on that release too (the
+    fallback ``Module.compile`` puts the hooks back in the graph)."""
     if not COMPILE_THROUGH_A_TRACED_FRAME.applies():
         model.compile(**options)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import warnings
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from packaging.version import Version
 _warned: set[str] = set()
 
 
+@functools.cache  # (a lookup in the package metadata each time: workarounds ask per parameter and per step)
 def installed(library: str) -> Version | None:
     """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``), or ``None``."""
     try:

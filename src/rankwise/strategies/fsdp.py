@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from rankwise import dist
 from rankwise.blocks import transformer_blocks
-from rankwise.checkpoint import WEIGHTS, loading, read_weights
+from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy, retie
 
@@ -133,7 +133,13 @@ class FSDP(Strategy):
     def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
         """The shards regrouped whole in this process by DCP; the optimizer state is keyed by name already."""
         weights = read_weights(directory / WEIGHTS)
-        return weights, None if names is None else read_shards_whole(directory / SHARDS)["optim"]
+        if names is None:
+            return weights, None
+        optimizer_state = read_shards_whole(directory / SHARDS).get("optim")
+        if optimizer_state is None:
+            raise CheckpointError(f"{directory / SHARDS} holds no optimizer state: it was saved without an optimizer; "
+                                  "load its weights instead (model.init_weights)")
+        return weights, optimizer_state
 
     @override
     def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:

@@ -314,7 +314,8 @@ class Trainer:
             self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
             if self.rt.is_main and self.cfg.progress:
                 bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
-        self.save(epoch)
+        if self.saved_step != self.step:  # (a periodic save may have written this very step already)
+            self.save(epoch)
 
     def evaluate(self, split: str):
         dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split

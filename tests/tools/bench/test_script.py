@@ -63,7 +63,7 @@ def test_a_plain_data_loader_is_counted_from_what_reached_the_model_and_never_pa
     proc = _bench(tmp_path / "plain", "tests/tools/verify_cases.py", "ddp", "--case", "plain-loader")
     assert proc.returncode == 1, proc.stderr[-3000:]
     single, ddp = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
-    assert single["samples_per_s"] > 0 and ddp["samples_per_s"] > 0  # counted through rt.to_device
+    assert single["samples_per_s"] > 0 and ddp["samples_per_s"] > 0  # counted from the batches a backward consumed
     assert ddp["verdict"] == "not equivalent" and "each of the 2 ranks saw the same 16 samples" in ddp["reason"]
     log = (tmp_path / "plain" / "runs" / "ddp-0" / "bench.log").read_text()
     assert log.count("all 2 ranks trained on the same 16 samples in the first step") == 1  # the Runtime's warning
@@ -73,7 +73,7 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
     from rankwise.tools.bench.script import ScriptRow, summarize, table
 
     run = {"steady_samples_per_s": 10.0, "wall_s": 1.0, "precision": "32-true", "peak_rss_mb": [1.0],
-           "cuda_max_allocated_mb": [None], "samples_counted_by": "rt.to_device"}
+           "cuda_max_allocated_mb": [None], "samples_counted_by": "DataLoader"}
     report = {"verdict": "not comparable", "steps": [{"step": 0, "max_param_diff": 0.0},
                                                     {"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.4}],
               "dropout": {"modules": []}, "diagnosis": ["the forward drew random numbers (dropout in Net)"],

@@ -92,3 +92,26 @@ def test_a_collective_rankwise_makes_for_the_script_is_named_as_the_framework_s(
     in_the_library.__code__ = in_the_library.__code__.replace(co_filename=library.__file__)
     site = in_the_library()
     assert site.startswith("test_findings.py:") and "(via rankwise/dist.py:" in site, site
+
+
+def test_the_scripts_own_rt_all_reduce_stays_the_scripts_call():
+    """``rt.all_reduce(loss)`` every step is the script's sync point (its fix is the script's), not rankwise's."""
+    from rankwise import dist as library
+    from rankwise import runtime
+    from rankwise.tools.watch import calls
+    from rankwise.tools.watch.ranks import call_site
+
+    def patched_collective():
+        return call_site(via=True)
+
+    def in_the_library():
+        return patched_collective()
+
+    def all_reduce():  # Runtime.all_reduce, as the script calls it
+        return in_the_library()
+
+    patched_collective.__code__ = patched_collective.__code__.replace(co_filename=calls.__file__)
+    in_the_library.__code__ = in_the_library.__code__.replace(co_filename=library.__file__)
+    all_reduce.__code__ = all_reduce.__code__.replace(co_filename=runtime.__file__)
+    site = all_reduce()
+    assert site.startswith("test_findings.py:") and "via" not in site, site

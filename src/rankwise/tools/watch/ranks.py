@@ -59,13 +59,16 @@ def outside_the_script(filename: str) -> bool:
 
 TOOLS_DIR = str(Path(RANKWISE_DIR) / "tools")
 """rankwise's tools, the watcher among them: never a framework's line."""
+RUNTIME_COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object",
+                                 "barrier"})
+"""The Runtime's collectives a script calls itself (``rt.all_reduce(loss)``): the script's call, not rankwise's."""
 
 
 def call_site(via: bool = False) -> str:
     """The script's line that called into torch: the innermost frame outside torch, the frameworks and the watcher
     (with ``via``: and the framework's line that made the call, where a framework did: rankwise's own library, for
     a script on ``rankwise.setup()``, is one)."""
-    frame, framework = sys._getframe(2), None
+    frame, framework, entered = sys._getframe(2), None, None
     while frame is not None:
         name = frame.f_code.co_filename
         ours = outside_the_script(name)
@@ -73,7 +76,10 @@ def call_site(via: bool = False) -> str:
             framework = framework or f"{name.split('site-packages/')[-1]}:{frame.f_lineno}"
         elif name.startswith(RANKWISE_DIR) and not name.startswith(TOOLS_DIR):
             framework = framework or f"rankwise/{Path(name).relative_to(RANKWISE_DIR)}:{frame.f_lineno}"
+            entered = (Path(name).name, frame.f_code.co_name)  # where the script entered rankwise
         elif not ours:
+            if entered is not None and entered[0] == "runtime.py" and entered[1] in RUNTIME_COLLECTIVES:
+                framework = None  # the script's own rt.all_reduce: its call, as a dist.all_reduce would be
             site = f"{Path(name).name}:{frame.f_lineno}"
             return f"{site} (via {framework})" if via and framework else site
         frame = frame.f_back

@@ -5,9 +5,11 @@ other (its DataLoaders, backward passes, collectives, ``torch.save``) and also l
 (:mod:`rankwise.observers`), because there torch's optimizer hooks are not the step: DeepSpeed steps an inner
 optimizer over flattened partitions, Horovod averages the gradients inside its optimizer's ``step``.  So here:
 
-* a step is ``rt.step``: the gradients are the strategy's whole ones (``full_gradients``: gathered where they
+* a step is ``rt.step`` (a plain ``optimizer.step()`` the strategy allows is watched as in any script): the
+  gradients are the strategy's whole ones (``full_gradients``: gathered where they
   are sharded, unscaled), the weights after it ``rt.state_dict`` (whole, by name, buffers included);
-* the loss is what the script gave ``rt.backward`` (a strategy may scale it before its own backward);
+* the loss is what the script gave ``rt.backward`` (a strategy may scale it before its own backward), or what
+  a plain ``loss.backward()`` ran on;
 * the model is seen as ``rt.prepare`` received it, before the strategy wraps it: dropout off, step 0's weights,
   and a following run's start from the N-rank run's;
 * the one-process reference takes its own samples: the Runtime gives it the N ranks' global batch already.
@@ -39,10 +41,12 @@ class RuntimeSteps(observers.Observer):
     def backward(self, rt, loss: torch.Tensor) -> None:
         if self.watcher.trace:
             self.watcher.record.losses.append(float(loss.detach().float().sum()))
+            self.watcher.runtime_loss = True
 
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         watcher = self.watcher
-        no_grad = [name.removeprefix("module.") for name, p in model.named_parameters()
+        watcher.in_runtime_step = True
+        no_grad = [name for name, p in rt.strategy.unwrap(model).named_parameters()
                    if p.requires_grad and p.grad is None]
         watcher.step_begins(optimizer, no_grad)
         if not watcher.trace:
@@ -60,6 +64,7 @@ class RuntimeSteps(observers.Observer):
         watcher.record.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:
+        self.watcher.in_runtime_step = False
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
             lambda: {k: v.detach().float().cpu() for k, v in rt.state_dict(model).items()},  # a collective if sharded

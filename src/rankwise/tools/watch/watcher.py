@@ -99,6 +99,10 @@ class Watcher:
         self.runtime = None
         """The script's Runtime, where it runs on ``rankwise.setup()`` (:mod:`rankwise.tools.watch.runtime`): its
         steps, and the strategy's whole gradients and weights, instead of torch's optimizer hooks."""
+        self.in_runtime_step = False
+        """Inside ``rt.step``: the Runtime reports this step (torch's hooks see the strategy's inner optimizer)."""
+        self.runtime_loss = False
+        """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy may scale it)."""
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -163,17 +167,14 @@ class Watcher:
             name = name.replace("._orig_mod.", ".").replace("._fsdp_wrapped_module.", ".")
             self.names.setdefault(id(parameter), name)
             named.append((name, parameter))
-        if self.trace and len(self.models) == 1 and not self.step:
+        if self.trace and len(self.models) == 1 and not self.step and not any(p.is_meta for _, p in named):
             # Step 0: the first model's weights as the script built them (a collective for sharded ones); a
-            # following run starts from the N-rank run's.
+            # following run starts from the N-rank run's.  (A model built on the meta device has none yet.)
             weights = {name: whole(p) for name, p in named}
             if rank_and_world()[0] == 0:
                 write_weights(weights, weights_file(self.directory, 0))
             if self.follow is not None and weights_file(self.follow, 0).exists():
-                theirs = read_weights(weights_file(self.follow, 0))
-                for name, parameter in named:
-                    if name in theirs:
-                        assign(parameter, theirs[name])
+                _take(named, read_weights(weights_file(self.follow, 0)))
 
     def _backward(self, original):
         watcher = self
@@ -197,8 +198,9 @@ class Watcher:
             for key, count in self._random.found.items():
                 self.record.random_ops[key] = self.record.random_ops.get(key, 0) + count
             self._random = None
-        if loss.numel() == 1 and self.runtime is None:  # (a Runtime reports the loss the script gave it)
+        if loss.numel() == 1 and not self.runtime_loss:  # (rt.backward reported the loss the script gave it)
             self.record.losses.append(float(loss.detach().float()))
+        self.runtime_loss = False
         if self._state is not None:
             self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, _generator_state(),
                                                                             strict=True))
@@ -216,7 +218,7 @@ class Watcher:
                 for g, group in enumerate(optimizer.param_groups) for i, parameter in enumerate(group["params"])]
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if self._is_wrapper(optimizer) or self.runtime is not None:
+        if self._is_wrapper(optimizer) or self.in_runtime_step:
             return
         named = self._parameters(optimizer)
         self.step_begins(optimizer, [name for name, p in named if p.requires_grad and p.grad is None])
@@ -255,16 +257,12 @@ class Watcher:
         return applied
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if self._is_wrapper(optimizer) or self.runtime is not None:
+        if self._is_wrapper(optimizer) or self.in_runtime_step:
             return
         named = self._parameters(optimizer)
-
-        def follow(theirs: dict[str, torch.Tensor]) -> None:
-            for name, parameter in named:
-                if name in theirs:
-                    assign(parameter, theirs[name])
         # (a collective for sharded parameters)
-        self.step_ends([p for _, p in named], lambda: {name: whole(p) for name, p in named}, follow)
+        self.step_ends([p for _, p in named], lambda: {name: whole(p) for name, p in named},
+                       lambda theirs: _take(named, theirs))
 
     def step_ends(self, parameters: list[torch.Tensor], weights: Callable[[], dict[str, torch.Tensor]],
                   follow: Callable[[dict[str, torch.Tensor]], None]) -> None:
@@ -376,6 +374,13 @@ class Watcher:
     def write_rank_record(self) -> None:
         record = self.rank_record()
         write_text_atomic(self.directory / RANK_RECORD.format(rank=record["rank"]), json.dumps(record, indent=2))
+
+
+def _take(named: list[tuple[str, torch.Tensor]], theirs: dict[str, torch.Tensor]) -> None:
+    """Lockstep: each named parameter takes the N-rank run's weights (those it has)."""
+    for name, parameter in named:
+        if name in theirs:
+            assign(parameter, theirs[name])
 
 
 def _generator_state() -> list[torch.Tensor]:
