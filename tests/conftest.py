@@ -128,3 +128,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(getattr(pytest.mark, _tier(item)))
+        if item.get_closest_marker("multinode") or item.get_closest_marker("slurm"):
+            # Under pytest-xdist (`--dist loadgroup`), one worker runs every test that builds the two hosts: their
+            # network namespaces and veth pair have fixed names.
+            item.add_marker(pytest.mark.xdist_group("two-hosts"))
