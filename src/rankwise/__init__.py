@@ -13,11 +13,25 @@ Public API for your own loop (see :mod:`rankwise.runtime` for a full example)::
 Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 """
 
+from typing import TYPE_CHECKING
+
 from rankwise.batching import iterate_steps
-from rankwise.launch.spawn import spawn
 from rankwise.process import ProcessEnv
 from rankwise.runtime import Runtime, seed_everything, setup
 from rankwise.strategies import Strategy, register, register_variant, strategy_names
+
+if TYPE_CHECKING:
+    from rankwise.launch.spawn import spawn
+
+
+def __getattr__(name: str):
+    # A rank started by a launcher never calls spawn: it loads (with the launchers' validated configuration) on use.
+    if name == "spawn":
+        from rankwise.launch.spawn import spawn
+
+        return spawn
+    raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
+
 
 __all__ = ["ProcessEnv", "Runtime", "Strategy", "iterate_steps", "register", "register_variant", "seed_everything",
            "setup", "spawn", "strategy_names"]

@@ -10,19 +10,33 @@ launcher the configuration names, ``LAUNCHERS[config.launcher](config, entry)``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from rankwise.launch import horovodrun, spawn, torchrun
-from rankwise.launch.config import LaunchConfig
-from rankwise.launch.entry import Entry
-from rankwise.launch.ports import free_port
+if TYPE_CHECKING:
+    from rankwise.launch.config import LaunchConfig
+    from rankwise.launch.entry import Entry
+    from rankwise.launch.ports import free_port
 
-LAUNCHERS: dict[str, Callable[[LaunchConfig, Entry], None]] = {
-    "torchrun": torchrun.launch,
-    "spawn": spawn.launch,
-    "horovodrun": horovodrun.launch,
-}
-"""Every way rankwise starts a job's workers, by ``launch.launcher`` name."""
+# Every rank imports something from this package (its failure records, its script runner): the launchers and the
+# validated configuration (pydantic) load on first use, so a rank does not pay for them when it starts.
+_LAUNCHER_MODULES = {"torchrun": "torchrun", "spawn": "spawn", "horovodrun": "horovodrun"}
+_EXPORTS = {"LaunchConfig": "config", "Entry": "entry", "free_port": "ports"}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"rankwise.launch.{_EXPORTS[name]}"), name)
+    if name == "LAUNCHERS":
+        return launchers()
+    raise AttributeError(f"module 'rankwise.launch' has no attribute {name!r}")
+
+
+def launchers() -> dict[str, Callable[[LaunchConfig, Entry], None]]:
+    """Every way rankwise starts a job's workers, by ``launch.launcher`` name."""
+    return {name: importlib.import_module(f"rankwise.launch.{module}").launch
+            for name, module in _LAUNCHER_MODULES.items()}
 
 
 def launch(config: LaunchConfig, entry: Entry) -> None:
@@ -31,7 +45,7 @@ def launch(config: LaunchConfig, entry: Entry) -> None:
     Raises :class:`~rankwise.errors.LaunchError` naming the failed rank(s), or
     :class:`~rankwise.errors.Stopped` when a signal stopped the job.
     """
-    LAUNCHERS[config.launcher](config, entry)
+    importlib.import_module(f"rankwise.launch.{_LAUNCHER_MODULES[config.launcher]}").launch(config, entry)
 
 
-__all__ = ["LAUNCHERS", "Entry", "LaunchConfig", "free_port", "launch"]
+__all__ = ["LAUNCHERS", "Entry", "LaunchConfig", "free_port", "launch", "launchers"]
