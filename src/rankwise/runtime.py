@@ -38,7 +38,6 @@ once (Accelerate through its own ``gather_for_metrics``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import random
 import weakref
@@ -369,9 +368,9 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        # Wrapped modules must be gone before the process group is destroyed (see env.destroy_process_group).
+        # Wrapped modules must be gone before the process group is destroyed: dropped here, collected by
+        # process.destroy_process_group right before it leaves the group.
         self._prepared.clear()
-        gc.collect()
         self.strategy.teardown(clean)
 
     def __enter__(self) -> Runtime:
