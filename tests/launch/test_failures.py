@@ -12,7 +12,7 @@ from rankwise.launch.failures import RankFailure, script_frame
 from tests.tools.test_verify import _loader_line
 
 ROOT = Path(__file__).parents[2]
-CASES = ROOT / "tests" / "tools" / "verify_cases.py"
+CASES = ROOT / "tests" / "support" / "tools" / "verify_cases.py"
 SENTENCE = "batch_size=15 is not divisible by world_size (2) x grad_accum (1) = 2"
 
 TRACEBACK = f"""Traceback (most recent call last):

@@ -1,6 +1,6 @@
 """`rankwise verify`: a script on N ranks against one process, step by step; one small script per way to differ.
 
-Each case is a real `rankwise verify` (one process, then 2 ranks over gloo) of tests/tools/verify_cases.py,
+Each case is a real `rankwise verify` (one process, then 2 ranks over gloo) of tests/support/tools/verify_cases.py,
 whose --case switches on one thing that breaks equivalence.
 """
 
@@ -20,7 +20,7 @@ from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
 
 ROOT = Path(__file__).parents[2]
-CASES = Path(__file__).with_name("verify_cases.py")
+CASES = ROOT / "tests" / "support" / "tools" / "verify_cases.py"
 
 
 def _loader_line() -> int:
@@ -222,12 +222,12 @@ def test_help_after_the_script_is_the_commands_help(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["missing.py", "--strategy", "ddp"], "missing.py: no such script"),
-    (["tests/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
-    (["tests/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
-    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
-    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"],
+    (["tests/support/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"],
      "did you mean ddp.bucket_cap_mb"),
-    (["tests/tools/verify_cases.py"], "--strategy"),
+    (["tests/support/tools/verify_cases.py"], "--strategy"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch):
     from rankwise import cli
