@@ -18,15 +18,9 @@ import torch
 from rankwise.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
+from tests.support.tools.verify import CASES, loader_line
 
 ROOT = Path(__file__).parents[2]
-CASES = ROOT / "tests" / "support" / "tools" / "verify_cases.py"
-
-
-def _loader_line() -> int:
-    """The line of verify_cases.py that builds its loader with rt.loader (where a bad batch size is reported)."""
-    return next(number for number, line in enumerate(CASES.read_text().splitlines(), 1)
-                if "loader = rt.loader(dataset, batch_size=micro_batch" in line)
 
 
 def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[SimpleNamespace, dict]:
@@ -253,6 +247,6 @@ def test_a_run_that_crashed_could_not_run_exit_4_with_its_error_once(tmp_path):
     assert code == 4, output
     assert "verdict: could not run: a run crashed, so nothing was compared (exit 4)" in output
     assert output.replace("\n  ", " ").count("batch_size=15 is not divisible by world_size (2)") == 1, output
-    assert "where:" in output and f"verify_cases.py, line {_loader_line()}" in output.replace("\n  ", " ")
+    assert "where:" in output and f"verify_cases.py, line {loader_line()}" in output.replace("\n  ", " ")
     assert "NOT equivalent" not in output
     assert json.loads((out / "verify.json").read_text())["verdict"] == "could not run"

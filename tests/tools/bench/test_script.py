@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_verify import _loader_line
+from tests.support.tools.verify import loader_line
 
 ROOT = Path(__file__).parents[3]
 
@@ -116,7 +116,7 @@ def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_t
     assert "bench [2/2] ddp (repeat 1/1):" in proc.stderr and "could not run (why: under the table)" in proc.stderr
     rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
     assert rows["ddp"]["status"] == "could not run"
-    assert f"verify_cases.py, line {_loader_line()}" in rows["ddp"]["reason"]
+    assert f"verify_cases.py, line {loader_line()}" in rows["ddp"]["reason"]
 
 
 def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_repeats(tmp_path):
