@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 STRATEGIES = ["ddp", "fsdp", "deepspeed-zero3"]
 

@@ -3,7 +3,7 @@ import torch
 
 import rankwise
 from rankwise import dist
-from tests.multiproc import RanksFailed, run_ranks
+from tests.support.multiproc import RanksFailed, run_ranks
 
 
 def test_collectives_are_noops_in_one_process(monkeypatch):

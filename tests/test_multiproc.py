@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.multiproc import RanksFailed, run_ranks
+from tests.support.multiproc import RanksFailed, run_ranks
 
 
 def _pid_env_and_sum() -> tuple[int, str | None, float]:

@@ -15,7 +15,7 @@ from torch import nn
 import rankwise
 from rankwise import tolerance
 from rankwise.errors import ConfigError
-from tests.multiproc import RanksFailed, run_ranks
+from tests.support.multiproc import RanksFailed, run_ranks
 
 SAMPLES, GLOBAL_BATCH, EPOCHS = 600, 12, 2
 STEPS_PER_EPOCH = SAMPLES // GLOBAL_BATCH  # 50

@@ -1,4 +1,4 @@
-"""The public API behaves the same under every strategy (a user's loop: ``tests/public_loop.py``).
+"""The public API behaves the same under every strategy (a user's loop: ``tests/support/public_loop.py``).
 
 For each strategy: accumulation 2, clipping that fires every step, a checkpoint after
 step 3 written with ``rt.save_state``; a fresh process group loads it with
@@ -15,8 +15,8 @@ import torch
 import rankwise
 from rankwise.errors import ConfigError
 from rankwise.tolerance import max_param_diff
-from tests import public_loop
-from tests.multiproc import run_ranks
+from tests.support import public_loop
+from tests.support.multiproc import run_ranks
 
 TOLERANCE = 1e-5
 """fp32, same global batch: summation order is all that differs (measured below 1e-7)."""
@@ -117,7 +117,7 @@ def test_horovod_public_loop(single, tmp_path):
     for phase, out in (("full", tmp_path / "full"), ("first", tmp_path / "cut"), ("resume", tmp_path / "cut")):
         out.mkdir(exist_ok=True)
         launch(LaunchConfig(nproc_per_node=2),
-               Entry("tests.public_loop", ("--strategy", "horovod", "--phase", phase, "--out", str(out))))
+               Entry("tests.support.public_loop", ("--strategy", "horovod", "--phase", phase, "--out", str(out))))
         phases[phase] = torch.load(out / f"result-{phase}.pt", weights_only=False)
     assert_same_as_single_and_resumes_bitwise(phases, single, "horovod")
 

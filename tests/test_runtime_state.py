@@ -13,7 +13,7 @@ from torch import nn
 
 import rankwise
 from rankwise import checkpoint as ckpt
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _model_and_optimizer(rt):

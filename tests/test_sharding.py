@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _one_step(loader: str) -> list[str]:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rankwise.cli import build_parser
 from rankwise.cli.launch import command_line_parser
 from rankwise.tolerance import max_param_diff
-from tests.docs.commands import ROOT, code_blocks, commands, rankwise_commands
+from tests.support.docs.commands import ROOT, code_blocks, commands, rankwise_commands
 
 README = ROOT / "README.md"
 FIRST_RUN = ROOT / "docs" / "getting-started" / "first-run.md"

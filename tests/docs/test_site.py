@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.commands import ROOT
+from tests.support.docs.commands import ROOT
 
 pytestmark = pytest.mark.multiproc  # mkdocs and the browser are processes of their own
 SCREENSHOTS = ROOT / "runs" / "docs-screenshots"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rankwise.compat import versions
-from tests.docs.commands import ROOT
+from tests.support.docs.commands import ROOT
 
 pytestmark = pytest.mark.multiproc  # the generator runs in a process of its own, as mkdocs runs it
 

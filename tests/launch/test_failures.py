@@ -9,10 +9,9 @@ from pathlib import Path
 
 from rankwise.errors import LaunchError
 from rankwise.launch.failures import RankFailure, script_frame
-from tests.tools.test_verify import _loader_line
+from tests.support.tools.verify import CASES, loader_line
 
 ROOT = Path(__file__).parents[2]
-CASES = ROOT / "tests" / "tools" / "verify_cases.py"
 SENTENCE = "batch_size=15 is not divisible by world_size (2) x grad_accum (1) = 2"
 
 TRACEBACK = f"""Traceback (most recent call last):
@@ -60,7 +59,7 @@ def test_a_mistake_every_rank_makes_is_printed_once_by_rankwise_launch(tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     assert output.count(SENTENCE) == 1 and "Traceback" not in output, output
-    assert f"where: {CASES}, line {_loader_line()}: loader = rt.loader(dataset, batch_size=micro_batch, shuffle=True)" \
+    assert f"where: {CASES}, line {loader_line()}: loader = rt.loader(dataset, batch_size=micro_batch, shuffle=True)" \
         in output
     # The other rank raised the same (named by number) or torchrun stopped it first, the group having failed.
     assert any(f"rank {r} failed the same way" in output or f"local rank {r}, pid" in output

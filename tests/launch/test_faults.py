@@ -122,7 +122,7 @@ def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
 
 
 def test_ranks_that_disagree_on_the_number_of_steps_are_told_what_differs():
-    from tests.multiproc import RanksFailed, run_ranks
+    from tests.support.multiproc import RanksFailed, run_ranks
 
     with pytest.raises(RanksFailed, match="ranks disagree on total steps: rank 0 has 8, rank 1 has 9"):
         run_ranks(_disagreeing_trainer, 2, timeout=60)

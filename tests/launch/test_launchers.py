@@ -12,10 +12,10 @@ from rankwise.errors import LaunchError
 from rankwise.launch import Entry, LaunchConfig
 from rankwise.launch.ports import free_port, port_in_use
 from rankwise.launch.torchrun import torchrun_args
-from tests.launch.rank_probe import main as probe
+from tests.support.launch.rank_probe import main as probe
 
 RANKWISE = [sys.executable, "-m", "rankwise.cli"]
-PROBE = str(Path(__file__).with_name("rank_probe.py"))
+PROBE = str(Path(__file__).parents[1] / "support" / "launch" / "rank_probe.py")
 
 
 def _read_ranks(out: Path) -> dict[int, dict]:

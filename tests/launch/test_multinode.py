@@ -102,7 +102,7 @@ def test_c10d_rendezvous_with_an_elastic_node_range_trains_like_one_host(two_hos
 def test_launch_with_c10d_rendezvous_across_two_hosts(two_hosts, tmp_path):
     rdzv = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{MASTER}:29632", "--rdzv-id", "job-2",
             "--rdzv-conf", "join_timeout=60")
-    nodes = [_in(namespace, "launch", *rdzv, "--nproc-per-node", "1", str(ROOT / "tests/launch/rank_probe.py"),
+    nodes = [_in(namespace, "launch", *rdzv, "--nproc-per-node", "1", str(ROOT / "tests/support/launch/rank_probe.py"),
                  str(tmp_path)) for namespace in HOSTS]
     for node in nodes:
         _, stderr = node.communicate(timeout=180)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).with_name("open_group_script.py")
+SCRIPT = Path(__file__).parents[1] / "support" / "launch" / "open_group_script.py"
 
 
 def test_a_script_runs_as_main_with_its_own_argv_and_directory(tmp_path):

@@ -25,7 +25,7 @@ from rankwise.tolerance import max_param_diff
 
 ROOT = Path(__file__).parents[2]
 CLUSTER = ROOT / "scripts" / "local_slurm.sh"
-PROBE = "tests/launch/slurm_probe.py"
+PROBE = "tests/support/launch/slurm_probe.py"
 NODES = {"rw-slurm0": "10.213.9.1", "rw-slurm1": "10.213.9.2"}
 JOB = ("--data", "sentiment", "--set", "data.limit=300", "--set", "data.max_length=32", "--set", "data.tokenizer=char",
        "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--set", "eval_batch_size=64",

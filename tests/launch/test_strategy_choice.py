@@ -13,7 +13,7 @@ from rankwise import cli
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice, settle
 
-PROBE = str(Path(__file__).with_name("strategy_probe.py"))
+PROBE = str(Path(__file__).parents[1] / "support" / "launch" / "strategy_probe.py")
 ROOT = Path(__file__).parents[2]
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from rankwise.strategies.ddp import broadcast_buffers, changing_buffers
 from rankwise.strategies.options import DDPOptions
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _count_bucket_syncs(strategy: str, grad_accum: int, steps: int) -> tuple[int, int, bool]:

@@ -3,7 +3,7 @@
 import pytest
 
 from rankwise.tolerance import max_param_diff
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _zero3_partitions(bucket_size: int) -> dict:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rankwise.tolerance import max_param_diff
-from tests.multiproc import run_ranks
 from tests.strategies.test_equivalence import CASES, _train, _weights, datasets  # noqa: F401
+from tests.support.multiproc import run_ranks
 
 
 def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):

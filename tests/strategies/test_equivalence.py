@@ -11,7 +11,7 @@ from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.tolerance import COMM_HOOK, max_param_diff
 from rankwise.train.config import DataConfig, build_config
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 TOLERANCE = 1e-5
 

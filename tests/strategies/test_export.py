@@ -10,7 +10,7 @@ from rankwise.models import model_from_spec, reads_ngrams
 from rankwise.train.artifacts import export, load_checkpoint
 from rankwise.train.config import DataConfig, build_config
 from rankwise.train.evaluate import gather_predictions
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _train(run_dir: str, data_dir: str, overrides: list[str]) -> None:

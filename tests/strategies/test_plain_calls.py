@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _plain(strategy: str, backward: str) -> tuple[list[float], str | None]:

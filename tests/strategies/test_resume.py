@@ -14,7 +14,7 @@ from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.tolerance import EXACT, max_param_diff
 from rankwise.train.config import DataConfig, build_config
-from tests.multiproc import RanksFailed, run_ranks
+from tests.support.multiproc import RanksFailed, run_ranks
 
 
 def _train(run_dir: str, data_dir: str, strategy: str, *extra: str) -> None:

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from rankwise.checkpoint import read_weights
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 TIED = ("lm_head.weight", "transformer.wte.weight")
 

@@ -20,9 +20,9 @@ from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
 from rankwise.checkpoint.convert import by_name
 from rankwise.strategies.ddp import DDP
 from rankwise.tolerance import EXACT, max_param_diff
-from tests.multiproc import run_ranks
 from tests.strategies.test_contract import overrides_of_nothing, unmarked_overrides
 from tests.strategies.test_resume import _train, cut_back, toy  # noqa: F401 - toy: the shared data fixture
+from tests.support.multiproc import run_ranks
 
 
 class ByNameDDP(DDP):

@@ -1,6 +1,6 @@
 """`rankwise verify`: a script on N ranks against one process, step by step; one small script per way to differ.
 
-Each case is a real `rankwise verify` (one process, then 2 ranks over gloo) of tests/tools/verify_cases.py,
+Each case is a real `rankwise verify` (one process, then 2 ranks over gloo) of tests/support/tools/verify_cases.py,
 whose --case switches on one thing that breaks equivalence.
 """
 
@@ -18,15 +18,9 @@ import torch
 from rankwise.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
+from tests.support.tools.verify import CASES, loader_line
 
 ROOT = Path(__file__).parents[2]
-CASES = Path(__file__).with_name("verify_cases.py")
-
-
-def _loader_line() -> int:
-    """The line of verify_cases.py that builds its loader with rt.loader (where a bad batch size is reported)."""
-    return next(number for number, line in enumerate(CASES.read_text().splitlines(), 1)
-                if "loader = rt.loader(dataset, batch_size=micro_batch" in line)
 
 
 def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[SimpleNamespace, dict]:
@@ -222,12 +216,12 @@ def test_help_after_the_script_is_the_commands_help(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["missing.py", "--strategy", "ddp"], "missing.py: no such script"),
-    (["tests/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
-    (["tests/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
-    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
-    (["tests/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"],
+    (["tests/support/tools/verify_cases.py", "--strategy", "nope"], "--strategy: unknown"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "horovod"], "not started by `rankwise launch`"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "ddp", "--nproc-per-node", "1"], "at least 2"),
+    (["tests/support/tools/verify_cases.py", "--strategy", "ddp", "--set", "ddp.bucket_cap=1"],
      "did you mean ddp.bucket_cap_mb"),
-    (["tests/tools/verify_cases.py"], "--strategy"),
+    (["tests/support/tools/verify_cases.py"], "--strategy"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch):
     from rankwise import cli
@@ -253,6 +247,6 @@ def test_a_run_that_crashed_could_not_run_exit_4_with_its_error_once(tmp_path):
     assert code == 4, output
     assert "verdict: could not run: a run crashed, so nothing was compared (exit 4)" in output
     assert output.replace("\n  ", " ").count("batch_size=15 is not divisible by world_size (2)") == 1, output
-    assert "where:" in output and f"verify_cases.py, line {_loader_line()}" in output.replace("\n  ", " ")
+    assert "where:" in output and f"verify_cases.py, line {loader_line()}" in output.replace("\n  ", " ")
     assert "NOT equivalent" not in output
     assert json.loads((out / "verify.json").read_text())["verdict"] == "could not run"

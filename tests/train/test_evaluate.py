@@ -5,7 +5,7 @@ from sklearn.metrics import classification_report
 from rankwise.data.datasets import FeatureDataset
 from rankwise.models.toy import LinearClassifier
 from rankwise.train.evaluate import evaluate
-from tests.multiproc import run_ranks
+from tests.support.multiproc import run_ranks
 
 
 def _dataset(n: int) -> FeatureDataset:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_verify import _loader_line
+from tests.support.tools.verify import loader_line
 
 ROOT = Path(__file__).parents[3]
 
@@ -62,7 +62,7 @@ def test_batch_norm_under_ddp_is_not_equivalent_and_the_row_says_why(tmp_path):
 
 def test_a_plain_data_loader_is_counted_from_what_reached_the_model_and_never_passes(tmp_path):
     """Each rank iterates every sample: before, the row read "None samples/s", 0 samples/s and `pass`."""
-    proc = _bench(tmp_path / "plain", "tests/tools/verify_cases.py", "ddp", "--case", "plain-loader")
+    proc = _bench(tmp_path / "plain", "tests/support/tools/verify_cases.py", "ddp", "--case", "plain-loader")
     assert proc.returncode == 1, proc.stderr[-3000:]
     single, ddp = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
     assert single["samples_per_s"] > 0 and ddp["samples_per_s"] > 0  # counted from the batches a backward consumed
@@ -106,7 +106,7 @@ def test_bad_script_flags_fail_before_anything_runs(argv, message, capsys, monke
 
 
 def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_table(tmp_path):
-    proc = _bench(tmp_path / "crash", "tests/tools/verify_cases.py", "single,ddp", "--batch-size", "15",
+    proc = _bench(tmp_path / "crash", "tests/support/tools/verify_cases.py", "single,ddp", "--batch-size", "15",
                   "--grad-accum", "1")  # 15 does not split over 2 ranks: ddp crashes, single runs
     output = proc.stdout + proc.stderr
     assert proc.returncode == 4, output[-3000:]
@@ -116,11 +116,11 @@ def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_t
     assert "bench [2/2] ddp (repeat 1/1):" in proc.stderr and "could not run (why: under the table)" in proc.stderr
     rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
     assert rows["ddp"]["status"] == "could not run"
-    assert f"verify_cases.py, line {_loader_line()}" in rows["ddp"]["reason"]
+    assert f"verify_cases.py, line {loader_line()}" in rows["ddp"]["reason"]
 
 
 def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_repeats(tmp_path):
-    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
                            "--steps", "10", "--repeats", "2", "--verify-steps", "2", "--out", str(tmp_path / "fast"),
                            "--json", "--", "--epochs", "40"], capture_output=True, text=True, timeout=600,
@@ -137,7 +137,7 @@ def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_re
 
 
 def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):
-    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
                            "--steps", "50", "--out", str(tmp_path / "short"), "--", "--epochs", "1", "--samples",
                            "320"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -147,7 +147,7 @@ def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):
 
 
 def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(tmp_path):
-    path = ROOT / "tests" / "tools" / "bench" / "fast_loop.py"
+    path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
                            "--steps", "10", "--verify-steps", "2", "--out", str(tmp_path / "pooled"), "--json", "--",
                            "--epochs", "1", "--samples", "1024"], capture_output=True, text=True, timeout=600,

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from rankwise.tools.comm import bench, ceilings, report
-from tests.multiproc import run_ranks
-from tests.tools.comm.patching import corrupting, replaced
+from tests.support.multiproc import run_ranks
+from tests.support.tools.comm.patching import corrupting, replaced
 
 SIZES = [4, 8, 64, 4096]
 

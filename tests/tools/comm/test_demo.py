@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from rankwise.tools.comm import ops
-from tests.multiproc import run_ranks
-from tests.tools.comm.patching import corrupting, replaced
+from tests.support.multiproc import run_ranks
+from tests.support.tools.comm.patching import corrupting, replaced
 
 COMPOSABLE = {"broadcast", "scatter", "scatter uneven", "gather", "gather uneven", "all_gather", "all_gather tensor",
               "reduce_scatter", "reduce_scatter tensor", "all_to_all", "all_to_all_single uneven", "barrier",

@@ -8,7 +8,7 @@ import io
 import json
 from pathlib import Path
 
-SCRIPTS = Path(__file__).with_name("scripts")
+SCRIPTS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "scripts"
 
 
 def _bench(out: Path, script: str, *flags: str) -> tuple[int, str, dict]:

@@ -1,8 +1,8 @@
 """`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer.
 
-Every case is a real `rankwise verify` of a script in scripts/ (2 ranks over gloo, then one process following
-them), unchanged; each script has a correct and a defective form.  Library defaults throughout (AdamW's
-own settings, dropout on as modules, Trainer's TrainingArguments).
+Every case is a real `rankwise verify` of a script in tests/support/tools/watch/scripts/ (2 ranks over gloo, then
+one process following them), unchanged; each script has a correct and a defective form.  Library defaults throughout
+(AdamW's own settings, dropout on as modules, Trainer's TrainingArguments).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPTS = Path(__file__).with_name("scripts")
+SCRIPTS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "scripts"
 
 
 def _verify(out: Path, script: str, *script_args: str, flags: tuple[str, ...] = (), steps: int = 6):

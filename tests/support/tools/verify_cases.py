@@ -1,6 +1,6 @@
 """A small training script on rankwise.setup() with one way (or none) to break equivalence, for `rankwise verify`.
 
-    python tests/tools/verify_cases.py --case ok          # every rank count computes the same
+    python tests/support/tools/verify_cases.py --case ok  # every rank count computes the same
     --case batch-norm          BatchNorm1d normalises over each rank's share of the batch
     --case micro-mean          a loss averaged over each micro-batch's tokens, whose count varies
     --case plain-loader        a torch DataLoader without a rank sampler: each rank sees every sample

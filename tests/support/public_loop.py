@@ -13,7 +13,7 @@ max_norm=...)`` reported at each step (``spelling="clip"``: the older ``rt.clip_
 followed by ``rt.step``).  Runs in a test's rank pool, or as a script
 under a launcher (horovodrun)::
 
-    python -m tests.public_loop --strategy horovod --phase full --out DIR
+    python -m tests.support.public_loop --strategy horovod --phase full --out DIR
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""What the tests use that is not a test: helpers, probes and scripts the tests import or launch."""
