@@ -11,8 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,24 +18,13 @@ import torch
 
 from rankwise.checkpoint import STATE, read_weights
 from rankwise.tolerance import tolerance
+from tests.support.gpu import STEPS, max_difference, rankwise, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")
 
-ROOT = Path(__file__).parents[2]
-STEPS = 8
 CUT = 4
 TEXTS = ["这本书很好看，值得一读", "质量太差了，再也不买了"]
-
-
-def rankwise(*args: str, cpu: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``rankwise ARGS`` in a fresh process (``cpu``: with CUDA hidden from it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    if cpu:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return subprocess.run([sys.executable, "-m", "rankwise.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 @pytest.fixture(scope="session")
@@ -45,26 +32,8 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
 
 
-def train(out: Path, data_cache: Path, *args: str, cpu: bool = False) -> dict:
-    """A small `rankwise train --json` on the built-in sentiment data; its summary (the last stdout line)."""
-    proc = rankwise("train", "--data", "sentiment", "--model", "tiny", "--max-steps", str(STEPS), "--batch-size", "16",
-                    "--out", str(out), "--json", "--no-progress", "--set", "data.limit=600",
-                    "--set", "data.max_length=48", "--set", "data.tokenizer=char", "--set", "eval_batch_size=128",
-                    "--set", "dev_each_epoch=false", "--set", f"data.cache_dir={json.dumps(str(data_cache))}",
-                    *args, cpu=cpu)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == STEPS and 0.0 <= summary["accuracy"] <= 1.0, summary
-    return summary
-
-
 def losses(out: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
-
-
-def max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def cut_back(checkpoints: Path, last: str, keep: str) -> None:

@@ -9,7 +9,7 @@ import torch
 from rankwise.checkpoint import read_weights
 from rankwise.flops import datasheet_peak
 from rankwise.tolerance import tolerance
-from tests.gpu.test_cuda import max_difference, train
+from tests.support.gpu import max_difference, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")

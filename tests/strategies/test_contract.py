@@ -9,37 +9,9 @@ import pytest
 
 from rankwise.strategies import lookup, strategy_names
 from rankwise.strategies.base import Strategy
+from tests.support.strategies import overrides_of_nothing, unmarked_overrides
 
 STRATEGIES = sorted({lookup(name).cls for name in strategy_names()}, key=lambda cls: cls.name)
-
-
-def _function(member):
-    """The function a class member's ``@override`` marks (a property's getter, a classmethod's function)."""
-    if isinstance(member, property):
-        return member.fget
-    if isinstance(member, (classmethod, staticmethod)):
-        return member.__func__
-    return member
-
-
-def redefined(cls: type) -> dict[str, object]:
-    """The methods and properties ``cls`` defines itself that one of its bases defines too."""
-    bases = cls.__mro__[1:]
-    return {name: member for name, member in vars(cls).items()
-            if inspect.isfunction(_function(member)) and not name.startswith("__")
-            and any(name in vars(base) for base in bases)}
-
-
-def unmarked_overrides(cls: type) -> list[str]:
-    return sorted(name for name, member in redefined(cls).items()
-                  if not getattr(_function(member), "__override__", False))
-
-
-def overrides_of_nothing(cls: type) -> list[str]:
-    """Members marked ``@override`` that no base defines."""
-    bases = cls.__mro__[1:]
-    return sorted(name for name, member in vars(cls).items()
-                  if getattr(_function(member), "__override__", False) and not any(name in vars(b) for b in bases))
 
 
 def test_the_contract_is_abstract_where_a_strategy_must_decide():

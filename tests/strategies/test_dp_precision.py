@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rankwise.tolerance import max_param_diff
-from tests.strategies.test_equivalence import CASES, _train, _weights, datasets  # noqa: F401
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import CASES, case_weights, train_case
 
 
 def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
@@ -22,12 +22,12 @@ def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
     assert any("no CUDA device" in str(w.message) for w in caught)
 
 
-def test_dp_matches_single(datasets, tmp_path):  # noqa: F811
+def test_dp_matches_single(datasets, tmp_path):
     _, model = CASES["toy-mlp"]
     for strategy in ("single", "dp"):
-        run_ranks(_train, 1, str(tmp_path / strategy), str(datasets / "toy"),
+        run_ranks(train_case, 1, str(tmp_path / strategy), str(datasets / "toy"),
                   [*model, "batch_size=16", f"strategy={strategy}"])
-    assert max_param_diff(_weights(tmp_path / "single"), _weights(tmp_path / "dp")) == 0.0
+    assert max_param_diff(case_weights(tmp_path / "single"), case_weights(tmp_path / "dp")) == 0.0
 
 
 BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
@@ -42,10 +42,10 @@ BF16_COMMON = [*CASES["tiny-bert"][1], "batch_size=16", "precision=bf16-mixed"]
 
 
 @pytest.fixture(scope="module")
-def single_bf16(datasets, tmp_path_factory):  # noqa: F811
+def single_bf16(datasets, tmp_path_factory):
     out = tmp_path_factory.mktemp("single-bf16")
-    run_ranks(_train, 1, str(out), str(datasets / "text"), [*BF16_COMMON, "strategy=single"])
-    return _weights(out)
+    run_ranks(train_case, 1, str(out), str(datasets / "text"), [*BF16_COMMON, "strategy=single"])
+    return case_weights(out)
 
 
 # Test id -> (ranks, overrides, tolerance).  Horovod's bf16 run is in test_horovod.py (it needs horovodrun).
@@ -60,11 +60,11 @@ BF16_RUNS = {
 
 
 @pytest.mark.parametrize("run", BF16_RUNS)
-def test_bf16_mixed_stays_close_to_single_bf16(run, datasets, single_bf16, tmp_path):  # noqa: F811
+def test_bf16_mixed_stays_close_to_single_bf16(run, datasets, single_bf16, tmp_path):
     ranks, overrides, tolerance = BF16_RUNS[run]
-    assert run_ranks(_train, ranks, str(tmp_path / run), str(datasets / "text"), [*BF16_COMMON, *overrides]) \
+    assert run_ranks(train_case, ranks, str(tmp_path / run), str(datasets / "text"), [*BF16_COMMON, *overrides]) \
         == [(6, ranks)] * ranks
-    difference = max_param_diff(single_bf16, _weights(tmp_path / run))
+    difference = max_param_diff(single_bf16, case_weights(tmp_path / run))
     print(f"bf16 {run}: max |single - {run}| = {difference:.2e}")
     assert difference < tolerance
 

@@ -7,32 +7,13 @@ and dropout off, parameters must agree to 1e-5 after several optimizer steps.
 
 import pytest
 
-from rankwise.checkpoint import read_weights
-from rankwise.data.prepare import PreparedData, prepare_data
+from rankwise.data.prepare import PreparedData
 from rankwise.tolerance import COMM_HOOK, max_param_diff
-from rankwise.train.config import DataConfig, build_config
+from rankwise.train.config import build_config
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import CASES, case_weights, train_case
 
 TOLERANCE = 1e-5
-
-
-def _train(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int]:
-    """Train on this rank; returns (optimizer steps, world size as the strategy's own library sees it)."""
-    from rankwise.train.loop import run_training
-
-    cfg = build_config(overrides=["seed=7", "max_steps=6", "log_every=2", "eval_batch_size=64", "progress=false",
-                                  "model.dropout=0.0", *overrides])
-    summary = run_training(cfg, PreparedData.load(data_dir), run_dir)
-    return summary["steps"], summary["library_world_size"]
-
-
-@pytest.fixture(scope="module")
-def datasets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    prepare_data(DataConfig(source="toy", toy_samples=1024)).save(root / "toy")
-    prepare_data(DataConfig(source="sentiment", tokenizer="char", vocab_size=3000, max_length=32, limit=400)).save(
-        root / "text")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +25,13 @@ def single_run(datasets, tmp_path_factory):
         if (case, batch, extra) not in cache:
             data, model = CASES[case]
             out = tmp_path_factory.mktemp(f"single-{case}-{batch}")
-            steps = run_ranks(_train, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
+            steps = run_ranks(train_case, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
                                                                           "strategy=single", *extra])
             assert steps == [(6, 1)]
-            cache[case, batch, extra] = _weights(out)
+            cache[case, batch, extra] = case_weights(out)
         return cache[case, batch, extra]
 
     return run
-
-
-def _weights(run_dir):
-    return read_weights(run_dir / "checkpoints" / "latest")
-
-
-CASES = {
-    "toy-mlp": ("toy", ["model.name=mlp", "data.source=toy"]),
-    "tiny-bert": ("text", ["model.name=tiny", "data.max_length=32"]),
-}
 
 
 # Registered names.  DeepSpeed's default is ZeRO-2; ZeRO-3 also shards (and here updates in place) the parameters.
@@ -71,11 +42,11 @@ STRATEGIES = ["ddp", "fsdp", "deepspeed", "deepspeed-zero3", "accelerate"]
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tmp_path):
     data, model = CASES[case]
-    results = run_ranks(_train, 2, str(tmp_path / strategy), str(datasets / data),
+    results = run_ranks(train_case, 2, str(tmp_path / strategy), str(datasets / data),
                         [*model, "batch_size=16", f"strategy={strategy}"])
     # Accelerate's num_processes, DeepSpeed's world size, ...: no rank trained alone.
     assert results == [(6, 2), (6, 2)]
-    single, distributed = single_run(case, 16), _weights(tmp_path / strategy)
+    single, distributed = single_run(case, 16), case_weights(tmp_path / strategy)
     print(f"{case}: max |single - {strategy}| = {max_param_diff(single, distributed):.2e}")
     assert max_param_diff(single, distributed) < TOLERANCE
     # The runs really trained: weights moved well beyond the tolerance from their initial values.
@@ -87,9 +58,9 @@ def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tm
 def test_ddp_comm_hooks_train_within_their_stated_tolerance(hook, datasets, single_run, tmp_path):
     data, model = CASES["tiny-bert"]
     options = [f"ddp.comm_hook={hook}", "ddp.powersgd_start_step=2"]  # PowerSGD compresses from step 2 of 6
-    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
+    assert run_ranks(train_case, 2, str(tmp_path), str(datasets / data),
                      [*model, "batch_size=16", "strategy=ddp", *options]) == [(6, 2), (6, 2)]
-    difference = max_param_diff(single_run("tiny-bert", 16), _weights(tmp_path))
+    difference = max_param_diff(single_run("tiny-bert", 16), case_weights(tmp_path))
     print(f"ddp.comm_hook={hook}: max |single - ddp| = {difference:.2e} (stated {COMM_HOOK[hook]:g})")
     assert difference < COMM_HOOK[hook]
     assert difference > TOLERANCE  # the hook really changed what was sent: not the exact fp32 average
@@ -98,19 +69,19 @@ def test_ddp_comm_hooks_train_within_their_stated_tolerance(hook, datasets, sing
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single_run, tmp_path):
     _, model = CASES["toy-mlp"]
-    run_ranks(_train, 2, str(tmp_path / "accum"), str(datasets / "toy"),
+    run_ranks(train_case, 2, str(tmp_path / "accum"), str(datasets / "toy"),
               [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
-    assert max_param_diff(single_run("toy-mlp", 32), _weights(tmp_path / "accum")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 32), case_weights(tmp_path / "accum")) < TOLERANCE
 
 
 @pytest.mark.parametrize("stage", [0, 1])
 def test_deepspeed_zero_stages_0_and_1_match_single_process(stage, datasets, single_run, tmp_path):
     """Stages 2 and 3 run in every test above; 0 (plain data parallel) and 1 (sharded optimizer state) here."""
     _, model = CASES["toy-mlp"]
-    results = run_ranks(_train, 2, str(tmp_path / "zero"), str(datasets / "toy"),
+    results = run_ranks(train_case, 2, str(tmp_path / "zero"), str(datasets / "toy"),
                         [*model, "batch_size=16", f"strategy=deepspeed-zero{stage}"])
     assert results == [(6, 2), (6, 2)]
-    assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "zero")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path / "zero")) < TOLERANCE
 
 
 # A norm limit far below the toy MLP's gradient norms, so every step is clipped.  AdamW divides
@@ -125,8 +96,8 @@ def test_gradient_clipping_matches_single_process(strategy, datasets, single_run
     _, model = CASES["toy-mlp"]
     overrides = [*model, "batch_size=16", *TIGHT_CLIPPING]
     single = single_run("toy-mlp", 16, extra=tuple(TIGHT_CLIPPING))
-    run_ranks(_train, 2, str(tmp_path / "clip"), str(datasets / "toy"), [*overrides, f"strategy={strategy}"])
-    assert max_param_diff(single, _weights(tmp_path / "clip")) < TOLERANCE
+    run_ranks(train_case, 2, str(tmp_path / "clip"), str(datasets / "toy"), [*overrides, f"strategy={strategy}"])
+    assert max_param_diff(single, case_weights(tmp_path / "clip")) < TOLERANCE
     # Guards the test: the tight limit changed the single run (clipping fired).
     assert max_param_diff(single, single_run("toy-mlp", 16)) > 100 * TOLERANCE
 
@@ -155,17 +126,17 @@ def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_pat
     """The source documents' ToyMpModel: each rank's MLP halves on two devices, DDP without device_ids.
     On a CPU both halves sit on the CPU; the run must equal the unsplit single-process one."""
     _, model = CASES["toy-mlp"]
-    run_ranks(_train, 2, str(tmp_path / "split"), str(datasets / "toy"),
+    run_ranks(train_case, 2, str(tmp_path / "split"), str(datasets / "toy"),
               [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"])
-    assert max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path / "split")) < TOLERANCE
+    assert max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path / "split")) < TOLERANCE
 
 
 def _train_compiled(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int, int]:
-    """``_train`` compiled; also how many graphs Dynamo captured in this rank."""
+    """``train_case`` compiled; also how many graphs Dynamo captured in this rank."""
     from torch._dynamo.utils import counters
 
     counters.clear()
-    return (*_train(run_dir, data_dir, [*overrides, "compile=true"]), counters["stats"]["unique_graphs"])
+    return (*train_case(run_dir, data_dir, [*overrides, "compile=true"]), counters["stats"]["unique_graphs"])
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -175,7 +146,7 @@ def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, singl
                         [*model, "batch_size=16", f"strategy={strategy}"])
     assert [(steps, world) for steps, world, _ in results] == [(6, 2)] * 2
     assert all(graphs >= 1 for _, _, graphs in results), results  # Dynamo really compiled, in every rank
-    difference = max_param_diff(single_run("toy-mlp", 16), _weights(tmp_path))
+    difference = max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path))
     print(f"toy-mlp: max |single (eager) - {strategy} (compiled)| = {difference:.2e}")
     assert difference < TOLERANCE
 
@@ -183,9 +154,9 @@ def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, singl
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3"])
 def test_activation_checkpointing_matches_the_single_process_without_it(strategy, datasets, single_run, tmp_path):
     data, model = CASES["tiny-bert"]
-    assert run_ranks(_train, 2, str(tmp_path), str(datasets / data),
+    assert run_ranks(train_case, 2, str(tmp_path), str(datasets / data),
                      [*model, "batch_size=16", f"strategy={strategy}", "model.activation_checkpointing=true"]
                      ) == [(6, 2)] * 2
-    difference = max_param_diff(single_run("tiny-bert", 16), _weights(tmp_path))
+    difference = max_param_diff(single_run("tiny-bert", 16), case_weights(tmp_path))
     print(f"tiny-bert: max |single - {strategy} with activation checkpointing| = {difference:.2e}")
     assert difference < TOLERANCE

@@ -20,7 +20,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import max_param_diff
-from tests.strategies.test_export import assert_export_reproduces_the_runs_predictions
+from tests.support.strategies import assert_export_reproduces_the_runs_predictions
 
 TOLERANCE = 1e-6
 SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate

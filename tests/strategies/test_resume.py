@@ -4,49 +4,21 @@ ZeRO partitions).  Whole state (one optimizer file) also continues at another wo
 another whole-state strategy, within the stated tolerance."""
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.data.prepare import PreparedData, prepare_data
 from rankwise.tolerance import EXACT, max_param_diff
-from rankwise.train.config import DataConfig, build_config
 from tests.support.multiproc import RanksFailed, run_ranks
-
-
-def _train(run_dir: str, data_dir: str, strategy: str, *extra: str) -> None:
-    from rankwise.train.loop import run_training
-
-    cfg = build_config(overrides=[f"strategy={strategy}", "model.name=mlp", "data.source=toy", "batch_size=16",
-                                  "max_steps=8", "save_every=4", "progress=false", "seed=5", *extra])
-    run_training(cfg, PreparedData.load(data_dir), run_dir)
-
-
-def cut_back(checkpoints: Path, last: str, keep: str) -> dict:
-    """Pretend the run died after checkpoint ``keep``: drop ``last`` (returning its weights), point latest back."""
-    final = read_weights(checkpoints / last)
-    shutil.rmtree(checkpoints / last)
-    os.remove(checkpoints / "latest")
-    os.symlink(keep, checkpoints / "latest")
-    return final
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("toy")
-    prepare_data(DataConfig(source="toy", toy_samples=800)).save(root)
-    return root
+from tests.support.strategies import cut_back, train_toy
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3", "accelerate"])
 def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path):
-    run_ranks(_train, 2, str(tmp_path), str(toy), strategy)
+    run_ranks(train_toy, 2, str(tmp_path), str(toy), strategy)
     checkpoints = tmp_path / "checkpoints"
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
-    run_ranks(_train, 2, str(tmp_path), str(toy), strategy, "resume=latest")
+    run_ranks(train_toy, 2, str(tmp_path), str(toy), strategy, "resume=latest")
     resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
     assert resumed.keys() == uninterrupted.keys()
     assert max_param_diff(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
@@ -63,10 +35,10 @@ def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path
 ])
 def test_a_checkpoint_continues_at_another_world_size_or_strategy(written_by, strategy, ranks, toy, tmp_path):
     """The global batch (24) is the same at 1, 2 and 3 ranks: steps 5-8 take the same global batches."""
-    run_ranks(_train, 2, str(tmp_path), str(toy), written_by, "batch_size=24", "model.dropout=0")
+    run_ranks(train_toy, 2, str(tmp_path), str(toy), written_by, "batch_size=24", "model.dropout=0")
     checkpoints = tmp_path / "checkpoints"
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
-    run_ranks(_train, ranks, str(tmp_path), str(toy), strategy, "batch_size=24", "model.dropout=0", "resume=latest")
+    run_ranks(train_toy, ranks, str(tmp_path), str(toy), strategy, "batch_size=24", "model.dropout=0", "resume=latest")
     resumed, at_the_cut = read_weights(checkpoints), read_weights(checkpoints / "step-00000004")
     assert max_param_diff(at_the_cut, resumed) > 0  # the resumed run really trained steps 5-8
     difference = max_param_diff(uninterrupted, resumed)
@@ -104,13 +76,13 @@ def test_deepspeed_at_bf16_continues_a_fp32_checkpoint_and_stage_0_says_it_canno
     tolerance of the fp32 run); stage 0's own 16-bit wrapper cannot take them, and says so."""
     from rankwise.tolerance import tolerance
 
-    run_ranks(_train, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
+    run_ranks(train_toy, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
     checkpoints = tmp_path / "checkpoints"
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
     with pytest.raises(RanksFailed, match="DeepSpeed ZeRO stage 0 at bf16-mixed cannot continue"):
-        run_ranks(_train, 2, str(tmp_path), str(toy), "deepspeed-zero0", "batch_size=24", "model.dropout=0",
+        run_ranks(train_toy, 2, str(tmp_path), str(toy), "deepspeed-zero0", "batch_size=24", "model.dropout=0",
                   "precision=bf16-mixed", "resume=latest")
-    run_ranks(_train, 2, str(tmp_path), str(toy), "deepspeed-zero2", "batch_size=24", "model.dropout=0",
+    run_ranks(train_toy, 2, str(tmp_path), str(toy), "deepspeed-zero2", "batch_size=24", "model.dropout=0",
               "precision=bf16-mixed", "resume=latest")
     difference = max_param_diff(uninterrupted, read_weights(checkpoints))
     print(f"ddp x2 (fp32) -> deepspeed-zero2 x2 (bf16-mixed): max |uninterrupted - resumed| = {difference:.2e}")

@@ -20,9 +20,8 @@ from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
 from rankwise.checkpoint.convert import by_name
 from rankwise.strategies.ddp import DDP
 from rankwise.tolerance import EXACT, max_param_diff
-from tests.strategies.test_contract import overrides_of_nothing, unmarked_overrides
-from tests.strategies.test_resume import _train, cut_back, toy  # noqa: F401 - toy: the shared data fixture
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import cut_back, overrides_of_nothing, train_toy, unmarked_overrides
 
 
 class ByNameDDP(DDP):
@@ -76,7 +75,7 @@ def registered(cls: type[strategies.Strategy]):
 
 def _train_with_toy(*args: str) -> None:
     with registered(ByNameDDP):
-        _train(*args)
+        train_toy(*args)
 
 
 def test_the_toy_strategy_satisfies_the_contract():
@@ -102,6 +101,6 @@ def _continue(written_by: str, strategy: str, data: Path, run: Path) -> float:
     return max_param_diff(uninterrupted, resumed)
 
 
-def test_the_toy_strategy_resumes_across_strategies(toy, tmp_path):  # noqa: F811 - the fixture
+def test_the_toy_strategy_resumes_across_strategies(toy, tmp_path):
     assert _continue("ddp-by-name", "fsdp", toy, tmp_path / "to-fsdp") <= EXACT
     assert _continue("fsdp", "ddp-by-name", toy, tmp_path / "from-fsdp") <= EXACT
