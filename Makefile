@@ -30,10 +30,13 @@ demo: $(STAMP)
 
 # Tiers (markers, tests/conftest.py): unit, multiproc, multinode (root: network namespaces), slurm (root: installs
 # slurm-wlm with apt-get, only under `make test`), gpu.  `make test` runs them all; `make test-fast` the unit tier.
+# TEST_WORKERS pytest-xdist workers share the tests (the two-host tests on one of them: --dist loadgroup); a test
+# that waits (a rendezvous, a timeout, a reference run on one process) leaves its cores to the others.
+TEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests examples scripts
 	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict mode counts
-	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q tests
+	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts
