@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 # Every rank imports something from this package (its failure records, its script runner): the launchers and the
 # validated configuration (pydantic) load on first use, so a rank does not pay for them when it starts.
-_LAUNCHER_MODULES = {"torchrun": "torchrun", "spawn": "spawn", "horovodrun": "horovodrun"}
+_LAUNCHER_MODULES = ("torchrun", "spawn", "horovodrun")
+"""Each launcher's module, named as ``launch.launcher`` names it (config.LAUNCHERS; a test keeps them alike)."""
 _EXPORTS = {"LaunchConfig": "config", "Entry": "entry", "free_port": "ports"}
 
 
@@ -35,8 +36,7 @@ def __getattr__(name: str):
 
 def launchers() -> dict[str, Callable[[LaunchConfig, Entry], None]]:
     """Every way rankwise starts a job's workers, by ``launch.launcher`` name."""
-    return {name: importlib.import_module(f"rankwise.launch.{module}").launch
-            for name, module in _LAUNCHER_MODULES.items()}
+    return {name: importlib.import_module(f"rankwise.launch.{name}").launch for name in _LAUNCHER_MODULES}
 
 
 def launch(config: LaunchConfig, entry: Entry) -> None:
@@ -45,7 +45,7 @@ def launch(config: LaunchConfig, entry: Entry) -> None:
     Raises :class:`~rankwise.errors.LaunchError` naming the failed rank(s), or
     :class:`~rankwise.errors.Stopped` when a signal stopped the job.
     """
-    importlib.import_module(f"rankwise.launch.{_LAUNCHER_MODULES[config.launcher]}").launch(config, entry)
+    importlib.import_module(f"rankwise.launch.{config.launcher}").launch(config, entry)
 
 
 __all__ = ["LAUNCHERS", "Entry", "LaunchConfig", "free_port", "launch", "launchers"]
