@@ -65,9 +65,6 @@ MAX_WINDOW_STEPS = 5000
 """...and takes at most this many timed steps to get there."""
 
 
-WINDOW_DECISIONS = 3
-"""How often a benchmark may push its window's end further (the pace of the first steps can mislead)."""
-
 
 def window_end(step: int, warmup: int, elapsed_s: float, min_window_s: float = MIN_WINDOW_S) -> int:
     """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup`` timed steps that

@@ -58,10 +58,38 @@ def slurm_env():
         assert down.returncode == 0, down.stderr
 
 
-def _srun(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``srun ARGS`` from this (the controller's) namespace; --immediate: a busy cluster fails, never queues."""
-    return subprocess.run(["srun", "--time=2", "--immediate=10", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+def _srun(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``srun ARGS`` from this (the controller's) namespace; --immediate: a busy cluster fails, never queues.  A job
+    still running after ``timeout`` s is cancelled and the test fails with all it printed: a hang never holds the
+    nodes for the next test (whose --immediate would then fail too)."""
+    name = _job_name()
+    srun = subprocess.Popen(["srun", "--time=2", "--immediate=10", f"--job-name={name}", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = srun.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _cancel(env, name)
+        stdout, stderr = srun.communicate(timeout=60)
+        pytest.fail(f"srun {' '.join(args)} still ran after {timeout:.0f} s; cancelled. It printed:\n{stdout}\n"
+                    f"{stderr[-6000:]}")
+    return subprocess.CompletedProcess(srun.args, srun.returncode, stdout, stderr)
+
+
+def _job_name() -> str:
+    """A name no other job of this session has: what :func:`_cancel` finds the job by."""
+    return f"rankwise-test-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _cancel(env: dict, name: str) -> None:
+    """Cancel the job called ``name`` and wait (up to 60 s) until Slurm has let go of its nodes."""
+    subprocess.run(["scancel", f"--name={name}"], env=env, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "--noheader", f"--name={name}"], env=env, capture_output=True, text=True,
+                                timeout=30)
+        if queued.returncode == 0 and not queued.stdout.strip():
+            return
+        time.sleep(0.5)
 
 
 def _per_node(command: str) -> tuple[str, ...]:
@@ -82,8 +110,15 @@ def test_the_sbatch_example_trains_two_nodes_like_one_host(slurm_env, tmp_path):
     # Command-line options override the #SBATCH lines: no GPUs here ("Invalid generic resource (gres)
     # specification" for --gpus-per-node=4) and fewer CPUs than 16 a task ("More processors requested than
     # permitted").
-    job = subprocess.run(["sbatch", "--wait", "--time=3", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={log}",
-                          "examples/slurm.sbatch"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    name = _job_name()
+    try:
+        job = subprocess.run(["sbatch", "--wait", "--time=3", "--gpus-per-node=0", "--cpus-per-task=1",
+                              f"--job-name={name}", f"--output={log}", "examples/slurm.sbatch"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        _cancel(env, name)
+        pytest.fail(f"the sbatch job still ran after 240 s; cancelled. Its output:\n"
+                    f"{log.read_text(encoding='utf-8')[-6000:] if log.exists() else '(none)'}")
     text = log.read_text(encoding="utf-8") if log.exists() else ""
     print(f"sbatch --wait: exit {job.returncode} after {time.monotonic() - started:.1f} s")
     assert job.returncode == 0, f"{job.stderr}\n{text[-4000:]}"
@@ -138,14 +173,17 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
     """rw-slurm1 loses power: its link goes down, then every process on it (slurmd, slurmstepd, the agent and
     its worker) is SIGKILLed.  The rank on rw-slurm0 gives up after its 4 s collective timeout and names the rank
     and node that never arrived, before Slurm (SlurmdTimeout=6) declares the node dead and ends the step."""
-    progress = tmp_path / "progress"
-    srun = subprocess.Popen(["srun", "--time=2", "--immediate=10", *_per_node(
+    progress, name = tmp_path / "progress", _job_name()
+    srun = subprocess.Popen(["srun", "--time=2", "--immediate=10", f"--job-name={name}", *_per_node(
         f"exec rankwise launch --nproc-per-node 1 {PROBE} --loop {progress} 4")],
         env=slurm_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while not (progress.exists() and progress.read_text().count("\n") >= 3):  # both ranks all-reduce
-            assert time.monotonic() < deadline and srun.poll() is None, "the job never looped"
+            if time.monotonic() > deadline or srun.poll() is not None:
+                _cancel(slurm_env, name)
+                srun.kill()
+                pytest.fail(f"the job never looped (srun exit {srun.wait()}):\n{srun.stderr.read()[-6000:]}")
             time.sleep(0.2)
         subprocess.run(["ip", "-n", "rw-slurm1", "link", "set", "rw-slurmn1", "down"], check=True, timeout=10)
         victims = subprocess.run(["ip", "netns", "pids", "rw-slurm1"], capture_output=True, text=True, check=True,
@@ -158,6 +196,7 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
     finally:
         srun.kill()
         srun.wait()
+        _cancel(slurm_env, name)  # the step that lost its node may still be ending: the next test needs both nodes
         revived = _cluster("up", timeout=120)  # the same two nodes again, for whatever runs next
         assert revived.returncode == 0, revived.stderr[-4000:]
     print(f"killed {len(victims)} processes on rw-slurm1; srun ended {ended:.1f} s later with {srun.returncode}")

@@ -35,7 +35,7 @@ from torch import nn
 from rankwise import observers
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.memory import peak_rss_megabytes
-from rankwise.throughput import MIN_WINDOW_S, WINDOW_DECISIONS, window_end
+from rankwise.throughput import MIN_WINDOW_S, window_end
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.trace import (
     FACTS_FILE,
@@ -93,7 +93,6 @@ class Watcher:
         self.end = steps
         """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.reported = False
-        self.decisions = 0
         self.joined: tuple[int, int] | None = None
         """(rank, world size) while the script's process group was open (a script may close it before the end)."""
         self.runtime = None
@@ -310,9 +309,10 @@ class Watcher:
         self._reset_step()
         if self.step < self.end:
             return
-        if not self.trace and self.decisions < WINDOW_DECISIONS and self.started is not None \
-                and self.step > self.warmup:
-            self.decisions += 1
+        if not self.trace and self.started is not None and self.step > self.warmup:
+            # The window's end is pushed on at the pace measured so far until it lasted min_window_s (or reached
+            # its most steps): under load a fast script's first steps are slower than its later ones, and a fixed
+            # number of decisions ended such windows at half their seconds.
             # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
             self.end = gather(window_end(self.step, self.warmup, now - self.started, self.min_window_s))[0]
             if self.step < self.end:

@@ -1,0 +1,29 @@
+"""The watcher's timed window (a benchmark's throughput), decided on one process with a clock the test drives."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rankwise.throughput import MIN_WINDOW_S
+from rankwise.tools.watch import watcher as watcher_module
+from rankwise.tools.watch.watcher import WatchDone, Watcher
+
+
+@pytest.mark.parametrize("first_step_s, speed_up", [(0.010, 0.985), (0.001, 1.0), (0.002, 1.0005)])
+def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(tmp_path, monkeypatch, first_step_s,
+                                                                         speed_up):
+    """Under load a fast script's first steps are slow and its later ones fast (or the other way round): the window
+    is pushed further until it lasted MIN_WINDOW_S, never cut short after a fixed number of decisions."""
+    now, step_s = [0.0], [first_step_s]
+    monkeypatch.setattr(watcher_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    watcher = Watcher(tmp_path, steps=10, warmup=1, trace=False)
+    with pytest.raises(WatchDone):
+        for _ in range(20_000):
+            now[0] += step_s[0]
+            step_s[0] = max(step_s[0] * speed_up, 1e-3)  # (at most MAX_WINDOW_STEPS fit in the window)
+            watcher.step_ends([], dict, lambda theirs: None)
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert MIN_WINDOW_S <= probe["steady_s"] < 1.5 * MIN_WINDOW_S, probe
