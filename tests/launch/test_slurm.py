@@ -58,12 +58,12 @@ def slurm_env():
         assert down.returncode == 0, down.stderr
 
 
-def _srun(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _srun(env: dict, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
     """``srun ARGS`` from this (the controller's) namespace; --immediate: a busy cluster fails, never queues.  A job
     still running after ``timeout`` s is cancelled and the test fails with all it printed: a hang never holds the
     nodes for the next test (whose --immediate would then fail too)."""
     name = _job_name()
-    srun = subprocess.Popen(["srun", "--time=2", "--immediate=10", f"--job-name={name}", *args], env=env, cwd=ROOT,
+    srun = subprocess.Popen(["srun", "--time=3", "--immediate=10", f"--job-name={name}", *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = srun.communicate(timeout=timeout)
@@ -160,7 +160,8 @@ def test_rankwise_launch_as_one_agent_per_node(slurm_env):
 
 
 def test_rankwise_doctor_checks_every_node_of_the_allocation(slurm_env):
-    job = _srun(slurm_env, *_per_node("exec rankwise doctor --nproc-per-node 1 --timeout 30"))
+    # The default --timeout (60 s): a node whose step starts late (its slurmd busy) still meets the other.
+    job = _srun(slurm_env, *_per_node("exec rankwise doctor --nproc-per-node 1"), timeout=200)
     assert job.returncode == 0, f"{job.stdout}\n{job.stderr[-3000:]}"
     for node, address in enumerate(NODES.values()):
         assert f"node {node}: every check passed" in job.stdout, job.stdout
