@@ -3,7 +3,7 @@
 scripts/local_slurm.sh starts it: two network namespaces (rw-slurm0, rw-slurm1) on a bridge, munged and
 slurmctld in the root namespace, one slurmd per node.  Jobs are submitted from here with SLURM_CONF set; the
 nodes share this filesystem, so a job runs the venv's python and rankwise from /work/main.  Each job has a time
-limit and each wait a timeout: a hang fails the test in seconds, not minutes.
+limit and each wait a timeout: a hang fails the test with what it printed, and its job is cancelled.
 """
 
 from __future__ import annotations
