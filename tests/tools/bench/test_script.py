@@ -133,8 +133,9 @@ def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_re
     runs = json.loads((tmp_path / "fast" / "report.json").read_text())["runs"]  # each repeat's measurement
     for name in ("single", "ddp"):
         row = rows[name]
-        # 10 steps of about a millisecond would be a 10 ms window; the bench ran on until it lasted 2 s.
-        assert row["window_s"] >= 2.0 and row["timed_steps"] > 100 and not row["window_short"], row
+        # 10 steps of about a millisecond would be a 10 ms window (8 timed after 2 of warm-up); the bench ran on until
+        # it lasted 2 s.  (How many steps that takes depends on the load: 76 for `single` beside another xdist worker.)
+        assert row["window_s"] >= 2.0 and row["timed_steps"] > 10 and not row["window_short"], row
         # The spread is the repeats' own: (fastest - slowest) / median of the two runs' samples/s.  (How large it is
         # says how busy the machine was: beside another test it reached 150 %.)
         speeds = sorted(run["steady_samples_per_s"] for run in runs[name])
