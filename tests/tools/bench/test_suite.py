@@ -41,7 +41,12 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
         assert len(line["peak_rss_mb"]) == line["processes"]
     assert rows["single"]["speedup"] == 1.0 and rows["single"]["max_param_diff"] == 0.0
     # rankwise rows count their FLOPs and measure a peak; the hand-written baseline loop does neither.
-    assert rows["single"]["tflops_per_s"] > 0 and 0 < rows["single"]["mfu"] < 1.5
+    single_run = next(record for record in result["runs"] if record["row"] == "single")["runs"][0]
+    assert rows["single"]["tflops_per_s"] > 0 and single_run["peak_tflops_per_s"] > 0
+    # MFU: the run's FLOP/s over the matrix-product peak its ranks measured beside it.  A ratio of two measurements,
+    # not a bound: with another test loading the cores while the peak was measured it read 271 %.
+    assert rows["single"]["mfu"] == pytest.approx(rows["single"]["tflops_per_s"] / single_run["peak_tflops_per_s"],
+                                                  rel=1e-2)
     assert rows["plain-ddp"]["tflops_per_s"] is None
     assert rows["plain-ddp"]["max_param_diff"] < rows["plain-ddp"]["tolerance"]
     saved = json.loads(paths["json"].read_text())
