@@ -65,7 +65,6 @@ MAX_WINDOW_STEPS = 5000
 """...and takes at most this many timed steps to get there."""
 
 
-
 def window_end(step: int, warmup: int, elapsed_s: float, min_window_s: float = MIN_WINDOW_S) -> int:
     """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup`` timed steps that
     took ``elapsed_s``): ``step`` when the window lasted ``min_window_s`` already, else the step at which it will

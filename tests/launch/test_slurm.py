@@ -181,8 +181,7 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
     try:
         deadline = time.monotonic() + 90
         while not (progress.exists() and progress.read_text().count("\n") >= 3):  # both ranks all-reduce
-            if time.monotonic() > deadline or srun.poll() is not None:
-                _cancel(slurm_env, name)
+            if time.monotonic() > deadline or srun.poll() is not None:  # (`finally` cancels its job)
                 srun.kill()
                 pytest.fail(f"the job never looped (srun exit {srun.wait()}):\n{srun.stderr.read()[-6000:]}")
             time.sleep(0.2)

@@ -310,9 +310,8 @@ class Watcher:
         if self.step < self.end:
             return
         if not self.trace and self.started is not None and self.step > self.warmup:
-            # The window's end is pushed on at the pace measured so far until it lasted min_window_s (or reached
-            # its most steps): under load a fast script's first steps are slower than its later ones, and a fixed
-            # number of decisions ended such windows at half their seconds.
+            # The end moves on, at the pace measured so far, until the window lasted min_window_s or reached its
+            # most steps (the pace changes under load).
             # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
             self.end = gather(window_end(self.step, self.warmup, now - self.started, self.min_window_s))[0]
             if self.step < self.end:
