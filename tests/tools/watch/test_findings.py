@@ -6,10 +6,11 @@ from rankwise.tools.watch.findings import findings
 
 
 def _pass(loader=0, samples=0, trained=0, first=(), size=None, distributed=False, shuffle=None, epoch=None,
-          complete=True):
+          complete=True, combined=1):
     return {"loader": loader, "dataset_size": size, "batch_size": 8, "sampler": "DistributedSampler" if distributed
             else "SequentialSampler", "distributed_sampler": distributed, "shuffle": shuffle, "epoch": epoch,
-            "samples": samples, "trained": trained, "first": list(first), "complete": complete}
+            "samples": samples, "trained": trained, "first": list(first), "complete": complete,
+            "collectives_after": combined}
 
 
 def _record(rank, passes, world=2, **extra):
@@ -29,6 +30,32 @@ def test_distributed_sampler_padding_is_counted_twice_with_the_counts():
 def test_an_evaluation_sharded_without_padding_is_not_a_finding():
     records = [_record(r, [_pass(loader=1, samples=20, size=40, distributed=True, shuffle=False)]) for r in (0, 1)]
     assert findings(records, 2) == []
+
+
+def test_an_evaluation_on_one_ranks_shard_with_nothing_combined_is_counted_less():
+    records = [_record(r, [_pass(loader=1, samples=32, size=64, distributed=True, shuffle=False, combined=0)])
+               for r in (0, 1)]
+    (finding,) = findings(records, 2)
+    assert finding.level == "error" and finding.text.startswith("rank 0 evaluated 32 of the 64 samples of loader 1")
+    assert "nothing was combined across the ranks" in finding.text
+    # Only rank 0 evaluates its shard (the others skip evaluation): the same.
+    (alone,) = findings([records[0], _record(1, [])], 2)
+    assert alone.text == finding.text
+    # A collective after the pass combined it; a loader that is not sharded evaluated the whole set.
+    combined = [_record(r, [_pass(loader=1, samples=32, size=64, distributed=True, combined=1)]) for r in (0, 1)]
+    assert findings(combined, 2) == []
+    whole = [_record(0, [_pass(loader=1, samples=64, size=64, combined=0)]), _record(1, [])]
+    assert findings(whole, 2) == []
+
+
+def test_set_epoch_advice_fits_the_script():
+    def passes(first):
+        return [_pass(trained=16, first=first, distributed=True, shuffle=True, epoch=0) for _ in range(2)]
+
+    plain = findings([_record(0, passes("aceg")), _record(1, passes("bdfh"))], 2)
+    assert "Call sampler.set_epoch(epoch) before" in plain[0].text
+    on_setup = findings([_record(0, passes("aceg"), api="rankwise"), _record(1, passes("bdfh"), api="rankwise")], 2)
+    assert "Call rt.set_epoch(loader, epoch) before" in on_setup[0].text and "sampler." not in on_setup[0].text
 
 
 def test_set_epoch_is_needed_only_where_the_sampler_shuffles_and_the_order_repeats():

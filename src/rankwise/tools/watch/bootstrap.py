@@ -22,7 +22,7 @@ from rankwise.tools.watch.watcher import WatchDone, Watcher
 DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
 TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
 FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
-MIN_WINDOW = "RANKWISE_WATCH_MIN_WINDOW"
+MIN_WINDOW, AFTER = "RANKWISE_WATCH_MIN_WINDOW", "RANKWISE_WATCH_AFTER"
 """The watcher's settings, as the tools hand them to each rank."""
 
 
@@ -32,7 +32,8 @@ def watcher_from_environment() -> Watcher:
     return Watcher(os.environ[DIRECTORY], steps=steps, warmup=max(1, min(int(os.environ.get(WARMUP, "1")), steps - 1)),
                    follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
                    keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace,
-                   min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)))
+                   min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)),
+                   after=os.environ.get(AFTER, "stop"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         process.destroy_process_group(clean=False)
         return 1
     else:
+        watcher.script_returned = True
         if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
             watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
     watcher.write_rank_record()

@@ -29,6 +29,10 @@ class CallWatch:
         self.comm_hook = "none"
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
+        self.calls = 0
+        """The script's own collectives so far."""
+        self.destroyed_group = False
+        """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
         self.reads: dict[str, dict] = {}
         """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on a GPU."""
 
@@ -38,6 +42,7 @@ class CallWatch:
         for name in COLLECTIVES:
             if hasattr(dist, name):
                 patch(dist, name, self._collective(name))
+        patch(dist, "destroy_process_group", self._destroy)
         from torch.nn.parallel import DistributedDataParallel
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
 
@@ -72,10 +77,20 @@ class CallWatch:
                     return original(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - started
+                    watcher.calls += 1
                     _count(watcher.collectives, site, spent, watcher.step())
                     watcher.collective_seconds += spent
             return call
         return make
+
+    def _destroy(self, original):
+        watcher = self
+
+        def destroy(*args, **kwargs):
+            if caller_is_the_script():
+                watcher.destroyed_group = True
+            return original(*args, **kwargs)
+        return destroy
 
     def _comm_hook(self, original):
         watcher = self
@@ -97,6 +112,11 @@ class CallWatch:
                                   "site": call_site(), "module_prefix": prefixed, "step": watcher.step()})
             return original(obj, f, *args, **kwargs)
         return save
+
+
+def caller_is_the_script() -> bool:
+    """Whether the function calling the patched one was called from the script's (or a framework's) code."""
+    return not outside_the_script(sys._getframe(2).f_code.co_filename)
 
 
 def _count(sites: dict[str, dict], site: str, seconds: float, step: int) -> None:

@@ -85,14 +85,42 @@ def _epochs(records: list[dict]) -> list[Finding]:
         epochs = {p["epoch"] for p in loader_passes}
         same = all(p["first"][:4] == loader_passes[0]["first"][:4] for p in loader_passes[1:])
         if len(epochs) == 1 and same:
+            fix = "rt.set_epoch(loader, epoch)" if record.get("api") == "rankwise" else "sampler.set_epoch(epoch)"
             return [Finding("error", f"the training loader's DistributedSampler shuffles, but set_epoch was never "
                                      f"called: its {len(loader_passes)} passes all began with the same samples "
                                      f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
-                                     "Call sampler.set_epoch(epoch) before each epoch's loop")]
+                                     f"Call {fix} before each epoch's loop")]
     return []
 
 
 def _evaluation(records: list[dict]) -> list[Finding]:
+    """Each evaluation pass (one that ran whole and trained nothing) counted exactly once: not more often (each rank
+    evaluating the whole set, or padding), and not less (one rank's shard taken for the whole set)."""
+    return [*_counted_more(records), *_counted_less(records)]
+
+
+def _counted_less(records: list[dict]) -> list[Finding]:
+    for record in records:
+        for p in _evaluations(record):
+            size = p["dataset_size"]
+            if size is None or p["samples"] >= size or not p["distributed_sampler"] or \
+                    p.get("collectives_after", 1) != 0:  # (combined, or not known)
+                continue
+            return [Finding("error", f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
+                                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was combined "
+                                     "across the ranks after it (no collective from the script before its next "
+                                     "pass): a metric computed from it describes one rank's shard, not the set. "
+                                     "Sum the counts over the ranks (dist.all_reduce of correct and total) or "
+                                     "gather the predictions before computing it; or evaluate the whole set on one "
+                                     "rank without a DistributedSampler")]
+    return []
+
+
+def _evaluations(record: dict) -> list[dict]:
+    return [p for p in record["passes"] if not p["trained"] and p["complete"]]
+
+
+def _counted_more(records: list[dict]) -> list[Finding]:
     out = []
     count = min(len([p for p in r["passes"] if not p["trained"] and p["complete"]]) for r in records)
     for index in range(count):

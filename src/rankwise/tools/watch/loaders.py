@@ -1,5 +1,10 @@
 """The watcher's view of the data: every DataLoader pass, each batch's samples and dataset indices, set_epoch calls.
 
+After ``rankwise verify``'s compared window the N-rank run goes on through the rest of the script; to get there in
+bounded time each training pass is cut short (:meth:`LoaderWatch.shorten`): a pass that trained yields at most a
+few more batches, then ends as if its data had run out, so the script walks through every epoch, its evaluation
+and its saves.  A pass that never trained (evaluation) runs whole.
+
 In the reference run (``scale`` > 1: one process standing in for N ranks) each training DataLoader the script
 builds takes N times its batch, and, batch by batch, the dataset indices the N ranks took together in the
 same step (from their records): so its step t trains on exactly the N ranks' step-t samples, whatever
@@ -41,7 +46,9 @@ class _Pass:
                        "distributed_sampler": distributed is not None,
                        "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
                        "epoch": getattr(distributed, "epoch", None) if distributed else None,
-                       "samples": 0, "trained": 0, "first": [], "complete": False, "site": None}
+                       "samples": 0, "trained": 0, "first": [], "complete": False, "site": None,
+                       "cut_after": None, "batches": _length(loader), "dataset": _described(loader.dataset),
+                       "collectives_at_start": 0, "collectives_after": None, "sample_indices": []}
         self.pending: deque[tuple[list[str], int | None]] = deque()
         """Batches yielded that no backward consumed yet: their digests and tokens."""
         self.last_yield = 0
@@ -51,6 +58,8 @@ class _Pass:
         """The dataset indices of the batches the loader's iterator asked for and has not yielded yet."""
         self.indices: list[list[int] | None] = []
         """Each yielded batch's dataset indices (map-style datasets), for the reference to take the same."""
+        self.cut_from = 0
+        """Batches the pass had yielded when the cutting began (0: it began after)."""
 
 
 class LoaderWatch:
@@ -70,6 +79,10 @@ class LoaderWatch:
         self._early: dict[tuple[int, int], deque] = {}
         self.given = trained_indices(follow) if follow is not None else {}
         """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained on together."""
+        self.keep: int | None = None
+        """After the compared window: the batches a training pass yields before it is cut (``None``: as written)."""
+        self.collectives: Callable[[], int] = lambda: 0
+        """The script's own collectives so far (each pass notes the count at its start: was evaluation combined?)."""
 
     def install(self) -> None:
         patch(DataLoader, "__init__", self._loader_init)
@@ -90,8 +103,20 @@ class LoaderWatch:
         current.record["trained_batches"] = current.record.get("trained_batches", 0) + 1
         return digests, tokens
 
+    def shorten(self, keep: int) -> None:
+        """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every rank calls this
+        at the same step, so every rank cuts at the same batch and no collective is left unmatched."""
+        self.keep = keep
+        for current in self.active.values():
+            current.cut_from = len(current.indices)
+
     def records(self) -> list[dict]:
-        return [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]} for p in self.passes]
+        passes = [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]} for p in self.passes]
+        for this, after in zip(passes, [*passes[1:], None], strict=True):
+            # The script's collectives from this pass's start to the next pass's (or the end): what it combined.
+            this["collectives_after"] = (after["collectives_at_start"] if after else self.collectives()) - \
+                this["collectives_at_start"]
+        return passes
 
     def _loader_init(self, original):
         signature = inspect.signature(original)
@@ -158,10 +183,21 @@ class LoaderWatch:
     def _batches(self, current: _Pass, key: tuple[int, int], batches):
         number = current.record["loader"]
         current.fetching.extend(self._early.pop(key, ()))
+        current.record["collectives_at_start"] = self.collectives()
+        batches = iter(batches)
         self.passes.append(current)
         self.active[number] = current
         try:
-            for batch in batches:
+            while True:
+                if self._cut(current):
+                    # Ends the pass here, as if its data had run out: every rank stops at the same batch.
+                    current.record["cut_after"] = len(current.indices)
+                    break
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    current.record["complete"] = True
+                    break
                 current.indices.append(current.fetching.popleft() if current.fetching else None)
                 # Every sample's digest for a trace; for a benchmark only the first few (the sharding check), the
                 # rest counted.
@@ -170,14 +206,21 @@ class LoaderWatch:
                 current.record["samples"] += len(digests)
                 if len(current.record["first"]) < 8:
                     current.record["first"] += digests[: 8 - len(current.record["first"])]
+                if len(current.record["sample_indices"]) < 8 and current.indices[-1] is not None:
+                    current.record["sample_indices"] += list(zip(current.indices[-1], digests, strict=False))[
+                        : 8 - len(current.record["sample_indices"])]
                 current.pending.append((digests, token_count(batch)))
                 self.yields += 1
                 current.last_yield = self.yields
                 self.on_batch()
                 yield batch
-            current.record["complete"] = True
         finally:
             current.done = True
+
+    def _cut(self, current: _Pass) -> bool:
+        """Whether a pass that trains has yielded its ``keep`` batches since the cutting began."""
+        return self.keep is not None and current.record["trained"] > 0 and \
+            len(current.indices) - current.cut_from >= self.keep
 
     def _set_epoch(self, original):
         watcher = self
@@ -186,6 +229,23 @@ class LoaderWatch:
             watcher.set_epoch_calls += 1
             return original(sampler, epoch)
         return set_epoch
+
+
+def _length(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an iterable dataset without a length
+        return None
+
+
+def _described(dataset) -> dict:
+    """The dataset's class and where it is defined (the script's own class: where its data is made)."""
+    kind = type(dataset)
+    try:
+        where = f"{Path(inspect.getsourcefile(kind)).name}:{inspect.getsourcelines(kind)[1]}"
+    except (TypeError, OSError):
+        where = None
+    return {"class": kind.__name__, "defined_at": where, "module": kind.__module__}
 
 
 def trained_indices(directory: Path) -> dict[tuple[int, int], list[list[int]]]:

@@ -49,7 +49,7 @@ class RuntimeSteps(observers.Observer):
         no_grad = [name for name, p in rt.strategy.unwrap(model).named_parameters()
                    if p.requires_grad and p.grad is None]
         watcher.step_begins(optimizer, no_grad)
-        if not watcher.trace:
+        if not watcher.tracing:
             return
         applied = watcher.exchange(rt.strategy.full_gradients(model))  # a collective where gradients are sharded
         if applied is None:

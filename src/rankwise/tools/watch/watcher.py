@@ -15,6 +15,12 @@ What it watches, and how:
 Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
 A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep
 (:mod:`rankwise.tools.trace`), on the N ranks' samples (``scale``: N).
+
+After its last traced step (``steps``) the watcher ends the script (``after="stop"``: a reference, a benchmark), or
+lets it go on through the rest of its work untraced: its later epochs, evaluation, saves and shutdown, which the
+findings that need no reference read.  ``after="shorten"`` cuts every later training pass to two optimizer steps'
+batches (:meth:`~rankwise.tools.watch.loaders.LoaderWatch.shorten`) so the rest takes bounded time;
+``after="as-written"`` runs it as the script wrote it.
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_
 """What wrappers (DDP, torch.compile, Fabric, FSDP1) put in front of a parameter's name."""
 
 
+AFTER_WINDOW = ("stop", "shorten", "as-written")
+"""What a watched run does after its last traced step (see the module's docstring)."""
+STEPS_KEPT = 2
+"""Optimizer steps' worth of batches each training pass keeps after the window (``after="shorten"``): two, so a
+pass still steps more than once (a defect of the step after an epoch's first shows)."""
+
+
 class WatchDone(observers.Finished):
     """The watcher recorded its last step: the script ends here, successfully, on every rank (a Runtime, where the
     script has one, closes as at the end of its loop)."""
@@ -65,16 +78,27 @@ class WatchDone(observers.Finished):
 
 class Watcher:
     def __init__(self, directory: str | Path, *, steps: int, warmup: int = 1, follow: str | Path | None = None,
-                 scale: int = 1, keep_dropout: bool = False, trace: bool = True, min_window_s: float = MIN_WINDOW_S):
+                 scale: int = 1, keep_dropout: bool = False, trace: bool = True, min_window_s: float = MIN_WINDOW_S,
+                 after: str = "stop"):
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
         self.follow = Path(follow) if follow else None
         self.scale, self.keep_dropout, self.trace = scale, keep_dropout, trace
         self.min_window_s = min_window_s
+        if after not in AFTER_WINDOW:
+            raise ValueError(f"after={after!r}: one of {', '.join(AFTER_WINDOW)}")
+        self.after = after
+        self.window_over = False
+        """The traced window is over and the script goes on (``after`` is not "stop")."""
+        self.consumed_batches = 0
+        """Batches a backward consumed (in the window: its micro-batches per step)."""
+        self.script_returned = False
+        """The script ran to its end (its ``__main__`` returned), rather than being ended by the watcher."""
         self.step = 0
         self.models: list[weakref.ref] = []
         self.names: dict[int, str] = {}
         self.data = LoaderWatch(scale=scale, follow=self.follow, on_batch=self._batch_yielded, digest_all=trace)
         self.calls = CallWatch(lambda: self.step)
+        self.data.collectives = lambda: self.calls.calls
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
         self.flops_samples = 0
@@ -103,6 +127,11 @@ class Watcher:
         self.runtime_loss = False
         """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy may scale it)."""
         self._reset_step()
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this step is traced: weights, gradients and lockstep (a trace, within its window)."""
+        return self.trace and not self.window_over
 
     def _reset_step(self) -> None:
         self.record = StepRecord()
@@ -186,6 +215,7 @@ class Watcher:
     def _backward_seen(self, loss: torch.Tensor) -> None:
         consumed = self.data.consume()
         if consumed:
+            self.consumed_batches += 1
             digests, tokens = consumed
             self.record.samples += digests
             if tokens is not None:
@@ -221,7 +251,7 @@ class Watcher:
             return
         named = self._parameters(optimizer)
         self.step_begins(optimizer, [name for name, p in named if p.requires_grad and p.grad is None])
-        if not self.trace:
+        if not self.tracing:
             return
         # Why: where parameters are sharded DTensors, each rank's part of the whole gradient.
         applied = self.exchange({name: whole(p.grad) for name, p in named if p.grad is not None})
@@ -294,7 +324,7 @@ class Watcher:
         if len({r["weights_digest"] for r in records}) > 1 and not self.facts["shards_optimizer_state"]:
             self.replicas_differ.append(self.step)
         rank, _ = rank_and_world()
-        if self.trace:
+        if self.tracing:
             whole_weights = weights()
             if rank == 0:
                 write_weights(whole_weights, weights_file(self.directory, self.step))
@@ -307,7 +337,7 @@ class Watcher:
                 # Lockstep: the next step starts from the N-rank run's weights, so rounding never compounds.
                 follow(read_weights(weights_file(self.follow, self.step)))
         self._reset_step()
-        if self.step < self.end:
+        if self.step < self.end or self.window_over:
             return
         if not self.trace and self.started is not None and self.step > self.warmup:
             # The end moves on, at the pace measured so far, until the window lasted min_window_s or reached its
@@ -317,6 +347,11 @@ class Watcher:
             if self.step < self.end:
                 return
         self.finish()
+        if self.trace and self.after != "stop":
+            self.window_over = True  # the script goes on, untraced, through the rest of its work
+            if self.after == "shorten":
+                self.data.shorten(STEPS_KEPT * max(1, round(self.consumed_batches / self.step)))
+            return
         raise WatchDone()
 
     def finish(self, script_ended: bool = False) -> None:
@@ -368,7 +403,10 @@ class Watcher:
                 "step_seconds": [round(s, 6) for s in self.step_seconds],
                 "step_collective_seconds": [round(s, 6) for s in self.step_collective_seconds],
                 "scale": self.scale, "dropout": self.facts["dropout"],
-                "framework_world_size": _framework_world_size()}
+                "framework_world_size": _framework_world_size(), "api": self.facts["api"],
+                "window_steps": self.end, "after_window": self.after, "keep_batches": self.data.keep,
+                "script_returned": self.script_returned, "destroyed_group": self.calls.destroyed_group,
+                "collectives_total": self.calls.calls}
 
     def write_rank_record(self) -> None:
         record = self.rank_record()
