@@ -61,7 +61,12 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they are")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=2,
                    help="ranks of the distributed run (default 2)")
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
+    p.add_argument("--steps", type=int, default=5,
+                   help="optimizer steps compared with one process (default 5); the distributed run then goes on "
+                        "through the rest of the script")
+    p.add_argument("--as-written", action="store_true",
+                   help="after the compared steps, run the rest of the script as written (default: each later "
+                        "training pass is cut to two optimizer steps' batches; evaluation runs whole)")
     p.add_argument("--precision", choices=PRECISIONS, help="the precision of both runs (default: the script's)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="an option of the strategy's section for the distributed run, e.g. "

@@ -26,16 +26,25 @@ from rankwise.logs import get_logger
 from rankwise.strategies import lookup
 from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import crashed
-from rankwise.tools.verify.compare import TracedRun, compare, first_difference, random_ops
+from rankwise.tools.verify.compare import (
+    TracedRun,
+    compare,
+    first_difference,
+    nothing_trained,
+    random_ops,
+    start_differs,
+)
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.report import render
+from rankwise.tools.verify.samples import unmatched_samples
 from rankwise.tools.verify.watched import watched_runs
+from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 
 log = get_logger(__name__)
 
-EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4}
+EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4, "vacuous": 5}
 """``rankwise verify``'s exit code for each verdict."""
 
 
@@ -75,13 +84,14 @@ def check(args) -> tuple[Path, int, Framework | None]:
 
 def verify_runs(script: Path, script_args: list[str], strategy: str, processes: int, out: Path, *, steps: int,
                 precision: str | None = None, settings: tuple[str, ...] = (), keep_dropout: bool = False,
-                timeout_s: float = 600.0, keep_weights: bool = False, log=None) -> dict:
+                timeout_s: float = 600.0, keep_weights: bool = False, as_written: bool = False, log=None) -> dict:
     """The two traced runs (the N-rank one first, then one process following it) and their report, written
     under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as it ends."""
     results, extra = watched_runs(script, script_args, rankwise_framework(strategy, precision, settings), processes,
                                   out, steps=steps, keep_dropout=keep_dropout, timeout_s=timeout_s,
-                                  reference_framework=rankwise_framework("single", precision), log=log)
-    report = build(out, results, strategy, processes, steps) | extra
+                                  reference_framework=rankwise_framework("single", precision), as_written=as_written,
+                                  log=log)
+    report = _merged(build(out, results, strategy, processes, steps), extra)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
                       "set": list(settings), "keep_dropout": keep_dropout}
     return _written(out, report, keep_weights)
@@ -89,16 +99,23 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
 
 def verify_watched(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                    steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, keep_weights: bool = False,
-                   reference_args: list[str] | None = None, log=None) -> dict:
+                   reference_args: list[str] | None = None, as_written: bool = False, log=None) -> dict:
     """A script as its user wrote it: the two watched runs, compared like :func:`verify_runs`'s, with the findings
     that need no reference."""
     results, extra = watched_runs(script, script_args, framework, processes, out, steps=steps,
                                   keep_dropout=keep_dropout, timeout_s=timeout_s, reference_args=reference_args,
-                                  log=log)
-    report = build(out, results, f"{framework.name} script", processes, steps, framework=framework.name) | extra
+                                  as_written=as_written, log=log)
+    report = _merged(build(out, results, f"{framework.name} script", processes, steps, framework=framework.name),
+                     extra)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps,
                       "keep_dropout": keep_dropout, "reference_args": reference_args}
     return _written(out, report, keep_weights)
+
+
+def _merged(report: dict, extra: dict) -> dict:
+    """The comparison's report with the distributed run's own findings, the comparison's first (errors first)."""
+    found = [*report.pop("comparison_findings"), *extra.pop("findings", [])]
+    return report | extra | {"findings": sorted(found, key=lambda finding: finding["level"] != "error")}
 
 
 def _written(out: Path, report: dict, keep_weights: bool) -> dict:
@@ -129,14 +146,17 @@ def run(args) -> int:
                  f"lockstep with it, {args.steps} steps; writing to {out}", stderr=True)
         report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
                              precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
-                             timeout_s=args.timeout, keep_weights=args.keep_weights, log=progress)
+                             timeout_s=args.timeout, keep_weights=args.keep_weights, as_written=args.as_written,
+                             log=progress)
     else:
         log.info(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
                  f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
                  stderr=True)
         report = verify_watched(script, args.script_args, watched, processes, out, steps=args.steps,
                                 keep_dropout=args.keep_dropout, timeout_s=args.timeout,
-                                keep_weights=args.keep_weights, reference_args=args.reference_args, log=progress)
+                                keep_weights=args.keep_weights, reference_args=args.reference_args,
+                                as_written=args.as_written, log=progress)
+    report["exit_code"] = exit_code(report)
     text = render(report)
     write_text_atomic(out / "verify.md", f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"
                                          "\n![differences by step](verify.png)\n")
@@ -157,16 +177,32 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
     limit, gradient_limit = tolerance(precision), gradient_tolerance(precision, bool(facts.get("tf32")))
     failure = {name: result["error"] for name, result in results.items() if crashed(result)}
+    noted = []
+    if "candidate" in failure and "reference" not in failure and candidate.reached >= steps_asked:
+        # The N-rank run failed after the compared window: the comparison stands, the failure is a finding.
+        shortened = any(record.get("cut_after") is not None for record in _passes(out / "candidate"))
+        noted.append({"level": "error", "text": f"after the {steps_asked} compared steps the distributed run failed: "
+                      f"{failure.pop('candidate')}" + (
+                          ". Its training passes were cut short after the compared steps: a script that cannot "
+                          "take a short pass (next() on an exhausted iterator) runs whole with --as-written"
+                          if shortened else "")})
     lines = compare(reference, candidate, limit, gradient_limit) if not failure else []
     first = first_difference(lines)
+    start = start_differs(lines)
+    if start:
+        noted.append({"level": "warning", "text": start})
+    vacuous = nothing_trained(candidate, lines) if lines else None
+    samples = unmatched_samples(load_records(out / "candidate"), load_records(out / "reference"))
     # A crashed N-rank run is still explained against the one process where it can be (a parameter without gradient).
     diagnosis = [] if "reference" in failure else diagnose(
         reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
-        steps_asked=steps_asked, framework=framework)
+        steps_asked=steps_asked, framework=framework, samples=samples)
     random = random_ops(reference)
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
     if failure:
         verdict = "could not run"  # a run crashed: nothing was compared, so nothing is claimed either way
+    elif vacuous:
+        verdict = "vacuous"  # nothing trained: agreement of zeros proves nothing, a difference in them little
     elif first is None and not diagnosis and len(lines) > 1:
         verdict = "equivalent"
     elif draws and diagnosis and all(finding.startswith(RANDOM_OPS) for finding in diagnosis):
@@ -179,4 +215,9 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
             "first_difference": first, "diagnosis": diagnosis, "failure": failure, "random_ops": random,
             "dropout": {"modules": reference.facts.get("dropout", []), "known": bool(reference.facts),
                         "kept": bool(reference.facts.get("dropout_kept"))},
-            "verdict": verdict, "equivalent": verdict == "equivalent"}
+            "verdict": verdict, "equivalent": verdict == "equivalent", "vacuous": vacuous,
+            "comparison_findings": noted}
+
+
+def _passes(directory: Path) -> list[dict]:
+    return [p for record in load_records(directory) for p in record["passes"]]

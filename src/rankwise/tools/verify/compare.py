@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import tensor_differences
-from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, weights_file
+from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
 
 TOP_TENSORS = 3
 
@@ -139,4 +139,45 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
 
 
 def first_difference(lines: list[dict]) -> dict | None:
-    return next((line for line in lines if not line["equivalent"]), None)
+    """The first optimizer step that differs.  Step 0 (the weights as built) is not one: the one process starts from
+    the N-rank run's weights whatever it built, so a script whose initialisation differs run to run is a
+    reproducibility warning (:func:`start_differs`), not something distribution changed."""
+    return next((line for line in lines if line["step"] and not line["equivalent"]), None)
+
+
+def start_differs(lines: list[dict]) -> str | None:
+    """A warning when the two runs built different weights (step 0), or ``None``."""
+    start = next((line for line in lines if line["step"] == 0), None)
+    if start is None or start["params_ok"]:
+        return None
+    name, difference = start["top"][0] if start["top"] else ("?", start["max_param_diff"])
+    followed = any(line.get("followed") for line in lines if line["step"])
+    return (f"two runs of this script start from different weights ({name} differs by {difference:.1e} as built): "
+            "its initialisation is not reproducible — the model is built before any seed is set, or with a seed "
+            "taken per rank or from the clock. " + (
+                "The reference started from the N-rank run's weights, so the steps above compare what distribution "
+                "changed; seed the script (torch.manual_seed before the model is built) to make runs repeatable"
+                if followed else "The reference could not start from the N-rank run's weights, so every step "
+                "compares different models: seed the script before the model is built"))
+
+
+def nothing_trained(candidate: TracedRun, lines: list[dict]) -> str | None:
+    """Why the compared steps prove nothing, or ``None``: every loss exactly 0, every gradient 0, or weights that never
+    changed.  Read before the per-step files are deleted."""
+    steps = [line["step"] for line in lines if line["step"]]
+    if not steps:
+        return None
+    losses = [candidate.loss(step) for step in steps]
+    gradients = [gradients_file(candidate.directory, step) for step in steps]
+    why = []
+    if losses and all(loss == 0.0 for loss in losses):
+        why.append("the loss was exactly 0 at every step")
+    if all(path.exists() for path in gradients) and all(
+            all(not tensor.any() for tensor in read_weights(path).values()) for path in gradients):
+        why.append("every gradient was 0")
+    weights = [step for step in [0, *steps] if weights_file(candidate.directory, step).exists()]
+    if len(weights) > 1 and all(
+            max(tensor_differences(candidate.weights(after), candidate.weights(before)).values(), default=0.0) == 0
+            for before, after in zip(weights, weights[1:], strict=False)):
+        why.append("the weights never changed")
+    return "; ".join(why) or None

@@ -69,71 +69,79 @@ PLAIN_SCRIPT_WORDS = {
 
 def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], first: dict | None, *, strategy: str,
              world_size: int, failure: str | None = None, steps_asked: int | None = None,
-             framework: str | None = None) -> list[str]:
-    """Causes that fit the evidence, likeliest first (empty when the runs are equivalent); ``framework``: the
-    script's, when it is not on rankwise.setup() (the fixes are then worded for it)."""
-    findings = _diagnose(reference, candidate, lines, first, strategy=strategy, world_size=world_size,
-                         failure=failure, steps_asked=steps_asked, framework=framework)
+             framework: str | None = None, samples: str | None = None) -> list[str]:
+    """Every cause that fits the evidence, likeliest first (empty when the runs are equivalent): the causes of the
+    first step that differs, then those that only a later differing step shows, each with the step it first shows
+    in.  ``framework``: the script's, when it is not on rankwise.setup() (the fixes are then worded for it);
+    ``samples``: what differs in the data, where the runs' records tell (:mod:`rankwise.tools.verify.samples`)."""
+    shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
+    if first is None and failure is None and not shorter:
+        return []
+    differing = [line for line in lines if line["step"] and not line["equivalent"]]
+    found: dict[str, str] = {}
+    for line in differing or [first]:
+        for kind, text in _diagnose(reference, candidate, line, strategy=strategy, world_size=world_size,
+                                    failure=failure, framework=framework, samples=samples):
+            if kind not in found:
+                later = line is not None and first is not None and line["step"] != first["step"]
+                found[kind] = text + (f" (first shows at step {line['step']})" if later else "")
+    findings = ([shorter] if shorter else []) + list(found.values())
     if framework:
         for ours, theirs in PLAIN_SCRIPT_WORDS.items():
             findings = [finding.replace(ours, theirs) for finding in findings]
     return findings
 
 
-def _diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], first: dict | None, *, strategy: str,
-              world_size: int, failure: str | None, steps_asked: int | None, framework: str | None) -> list[str]:
-    shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
-    if first is None and failure is None and not shorter:
-        return []
-    findings = []
+def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *, strategy: str, world_size: int,
+              failure: str | None, framework: str | None, samples: str | None) -> list[tuple[str, str]]:
+    """The causes that fit one differing step (``first``; ``None``: a run failed), as ``(kind, text)``."""
+    findings: list[tuple[str, str]] = []
     records = _first_ranks(reference)
     no_grad = sorted({name for record in records for name in record["no_grad"]})
     if failure and no_grad:
         names = ", ".join(no_grad[:5])
         if any(words in failure for words in UNUSED_PARAMETER_ERRORS):
-            findings.append(f"parameters {names} got no gradient in the one-process run; DDP waits for every "
-                            "parameter's gradient before it averages a bucket, so the run failed at the next step: "
-                            "freeze them (requires_grad=False) if they should not train, else "
-                            "--set ddp.find_unused_parameters=true")
+            findings.append(("no-grad", f"parameters {names} got no gradient in the one-process run; DDP waits for "
+                             "every parameter's gradient before it averages a bucket, so the run failed at the next "
+                             "step: freeze them (requires_grad=False) if they should not train, else "
+                             "--set ddp.find_unused_parameters=true"))
         else:
-            findings.append(f"parameters {names} got no gradient in the one-process run: a strategy that reduces "
-                            "gradients in buckets may wait for them; freeze them if they should not train")
-    if first is not None and first["step"] == 0:
-        findings.append("the runs start from different weights: the model's initialisation depends on the run — a "
-                        "seed set per rank or from the clock, numpy or Python random state rankwise.setup(seed=...) "
-                        "did not reach, or code that reads the rank or world size before the model is built")
+            findings.append(("no-grad", f"parameters {names} got no gradient in the one-process run: a strategy "
+                             "that reduces gradients in buckets may wait for them; freeze them if they should not "
+                             "train"))
     if first is not None and first["data"] in ("differs", "unmatched"):
-        findings.append(f"step {first['step']}'s samples differ: {first['data_detail']}. The data loader is not "
-                        "rankwise's rank-sharded one: build it with rt.loader(dataset, batch_size=GLOBAL), which "
-                        "gives each rank its share of the same global order at any world size")
+        findings.append(("samples", f"step {first['step']}'s samples differ: {first['data_detail']}. " + (
+            samples or "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, "
+            "batch_size=GLOBAL), which gives each rank its share of the same global order at any world size")))
     layers = candidate.facts.get("batch_dependent") or reference.facts.get("batch_dependent") or []
     if layers:
-        findings.append(batch_dependent(layers, world_size, candidate.facts.get("device", "cpu")))
+        findings.append(("batch-dependent", batch_dependent(layers, world_size, candidate.facts.get("device", "cpu"))))
     draws, micro = sum(r["random_draws"] for r in records), sum(len(r["losses"]) for r in records)
     if draws:
-        findings.append(random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size,
-                                   located_random_ops(reference)))
+        findings.append(("random", random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size,
+                                              located_random_ops(reference))))
     half = candidate.facts.get("half_params") or reference.facts.get("half_params")
     if half:
-        findings.append(f"the trainable parameters are {', '.join(half)}, and so are their gradients: accumulating "
-                        "micro-batches and averaging ranks round at every addition, in another order on "
-                        f"{world_size} ranks than in one process; keep fp32 parameters and compute in 16 bits with "
-                        "--precision bf16-mixed (autocast), whose gradients accumulate in fp32")
+        findings.append(("half", f"the trainable parameters are {', '.join(half)}, and so are their gradients: "
+                         "accumulating micro-batches and averaging ranks round at every addition, in another order "
+                         f"on {world_size} ranks than in one process; keep fp32 parameters and compute in 16 bits "
+                         "with --precision bf16-mixed (autocast), whose gradients accumulate in fp32"))
     if first is not None and first["step"] and not first["loss_ok"] and not findings:
-        findings.append(_loss_scaled(first, world_size, framework) or
-                        _normalisation(reference, candidate, first, world_size))
+        scaled = _loss_scaled(first, world_size, framework)
+        findings.append(("loss-scaled", scaled) if scaled else
+                        ("loss-mean", _normalisation(reference, candidate, first, world_size)))
     if no_grad and not failure:
-        findings.append(f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run")
+        findings.append(("no-grad", f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run"))
     hook = str(candidate.facts.get("comm_hook", "none"))
     if first is not None and first["step"] and not first.get("gradient_ok", True) and hook != "none":
         # The hook explains a gradient that is the exact one rounded, not one that is another multiple or
         # another sample's: then it is only listed after what does explain it.
         alone = not findings and abs((first.get("gradient_scale") or 1.0) - 1) < 0.01
-        findings.insert(0 if alone else len(findings), _compressed(hook, first))
+        findings.insert(0 if alone else len(findings), ("comm-hook", _compressed(hook, first)))
     if first is not None and not findings:
-        findings.append(_gradients(first, world_size) if not first.get("gradient_ok", True) else
-                        _update(reference, candidate, first, strategy, world_size))
-    return ([shorter] if shorter else []) + findings
+        findings.append(("gradient", _gradients(first, world_size)) if not first.get("gradient_ok", True) else
+                        ("update", _update(reference, candidate, first, strategy, world_size)))
+    return findings
 
 
 def _steps_missing(reference: TracedRun, candidate: TracedRun, asked: int | None, world_size: int) -> str | None:

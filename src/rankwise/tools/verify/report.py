@@ -34,6 +34,8 @@ def step_table(report: dict) -> list[str]:
            f"{'max |Δweight|':>14}"]
     for line in report["steps"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
+        if not line["step"] and not line["params_ok"]:
+            verdict = "differs as built (the one process took the N-rank run's: a warning below)"
         if line["step"] and not line.get("followed"):
             verdict += " (not in lockstep)"
         out.append(f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
@@ -97,7 +99,19 @@ def render(report: dict) -> str:
         out += [""] + first_difference(report["first_difference"], report["tolerance"], report["gradient_tolerance"])
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
+    if report.get("vacuous"):
+        out += textwrap.wrap(f"nothing trained in the compared steps ({report['vacuous']}): their agreement proves "
+                             "nothing; give verify steps that train (a loss that depends on the weights, a learning "
+                             "rate above 0)", width=110)
     out += _diagnosis(report)
+    if report.get("ran"):
+        out += ["", "what of the script ran (the distributed run):"] + [f"  {part}" for part in report["ran"]]
+    if report.get("checks"):
+        out.append("checks that need no reference:")
+        for check in report["checks"]:
+            out += textwrap.wrap(check["check"] + (f": could not run — {check['not_run']}" if check["not_run"]
+                                                   else ": ran"), width=110, initial_indent="  ",
+                                 subsequent_indent="     ")
     if report.get("findings"):
         out += ["", "findings in the distributed run (need no reference):"]
         for finding in report["findings"]:
@@ -107,10 +121,26 @@ def render(report: dict) -> str:
     if report["steps"] and steps < report["steps_asked"]:
         out.append(f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
                    f"{' and '.join(map(str, report['steps_reached']))})")
-    out += ["", VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))]
-    if any(finding["level"] == "error" for finding in report.get("findings") or []):
-        out.append("findings that change results: exit 1")
+    out += ["", verdict_line(report, steps)]
     return "\n".join(out)
+
+
+def verdict_line(report: dict, steps: int) -> str:
+    """The one verdict line, agreeing with the exit code: the comparison's verdict, unless a finding in the whole
+    script changes its results (exit 1 then, whatever the compared steps showed)."""
+    errors = sum(finding["level"] == "error" for finding in report.get("findings") or [])
+    line = VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))
+    if not errors and report["verdict"] == "equivalent" and report.get("ran"):
+        return (f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the script changes what "
+                "it computes or reports (exit 0)")
+    if not errors or report["verdict"] == "not equivalent":
+        return line
+    compared = {"equivalent": f"its {steps} compared steps match one process, but",
+                "vacuous": "nothing trained in the compared steps, and",
+                "not comparable": "random ops make the steps not comparable, and",
+                "could not run": "nothing was compared (a run failed), and"}[report["verdict"]]
+    findings = f"{errors} finding{'s' if errors > 1 else ''} in the script change{'s' if errors == 1 else ''}"
+    return f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or reports (exit 1)"
 
 
 def _diagnosis(report: dict) -> list[str]:
@@ -131,6 +161,8 @@ def _failures(report: dict) -> list[str]:
 
 
 VERDICTS = {"equivalent": "verdict: equivalent over {steps} steps (exit 0)",
+            "vacuous": "verdict: vacuous: nothing trained in the compared steps, so their agreement proves nothing "
+                       "(exit 5)",
             "not equivalent": "verdict: NOT equivalent (exit 1)",
             "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
             "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)"}

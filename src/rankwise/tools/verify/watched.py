@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from rankwise.tools.harness import crashed
+from rankwise.tools.watch.coverage import checks, parts_ran
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.runs import watched_run
@@ -47,7 +48,8 @@ def watched_runs(script: Path, script_args: list[str], framework: Framework, pro
             what = f"{run_framework.strategy}" if run_framework.launch_flags else f"{name}: {framework.name} script"
             log(f"{what} on {count} process(es): {results[name]['wall_s']} s, "
                 f"{'failed (why: below)' if crashed(results[name]) else results[name].get('error', 'ok')}")
-    found = findings(load_records(out / "candidate"), processes)
+    records = load_records(out / "candidate")
+    found = findings(records, processes)
     reference_records = load_records(out / "reference")
     unscaled = sorted({note for record in reference_records for note in record.get("unscaled", [])})
     how = ("the one process ran the script with --reference-args" if reference_args is not None else
@@ -59,5 +61,8 @@ def watched_runs(script: Path, script_args: list[str], framework: Framework, pro
         how += ("; not scaled (pass the script's own flag for the global batch with --reference-args): " +
                 "; ".join(unscaled))
     extra = {"framework": {"name": framework.name, "launch": framework.launch}, "reference_made": how,
-             "findings": [finding.as_dict() for finding in found]}
+             "findings": [finding.as_dict() for finding in found],
+             "ran": parts_ran(records[0]) if records else [],
+             "checks": [{"check": check, "not_run": why} for check, why in checks(records, processes)]
+             if records else []}
     return results, extra
