@@ -18,14 +18,15 @@ import pytest
 SCRIPTS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "scripts"
 
 
-def _verify(out: Path, script: str, *script_args: str, flags: tuple[str, ...] = (), steps: int = 6):
-    """`rankwise verify SCRIPT` in this process (its runs are fresh processes): exit code, output, report."""
+def _verify(out: Path, script: str, *script_args: str, flags: tuple[str, ...] = (), steps: int | None = 6):
+    """`rankwise verify SCRIPT` in this process (its runs are fresh processes): exit code, output, report.
+    ``steps=None``: verify's default window."""
     from rankwise import cli
 
     out_text, err_text = io.StringIO(), io.StringIO()
+    window = ("--steps", str(steps)) if steps is not None else ()
     with contextlib.redirect_stdout(out_text), contextlib.redirect_stderr(err_text):
-        code = cli.main(["verify", str(SCRIPTS / script), "--steps", str(steps), "--out", str(out), *flags,
-                         "--", *script_args])
+        code = cli.main(["verify", str(SCRIPTS / script), *window, "--out", str(out), *flags, "--", *script_args])
     report = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
     return SimpleNamespace(returncode=code, stdout=out_text.getvalue(), stderr=err_text.getvalue()), report
 
@@ -38,32 +39,86 @@ def _warnings(report: dict) -> list[str]:
     return [finding["text"] for finding in report["findings"] if finding["level"] == "warning"]
 
 
-def test_a_correct_plain_ddp_script_is_equivalent_with_no_finding(tmp_path):
-    proc, report = _verify(tmp_path / "ok", "plain_ddp.py")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert report["verdict"] == "equivalent" and report["framework"]["name"] == "torch"
-    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6  # epoch 2 begins at step 5
-    assert report["findings"] == []
-    assert "dropout: switched off in both runs" in proc.stdout and "Dropout p=0.1" in proc.stdout
-    assert "each training DataLoader taking 2x its batch" in report["reference_made"]
-    assert "script: torch, started as torchrun would start it" in proc.stdout
-
-
-def test_the_source_documents_mistakes_in_a_plain_ddp_script_are_each_found(tmp_path):
-    proc, report = _verify(tmp_path / "bad", "plain_ddp.py", "--defective")
+def test_a_multi_epoch_ddp_script_is_checked_whole_and_its_later_defects_are_each_found(tmp_path):
+    """The source documents' mistakes show only after the first epoch and after training; before, the default verify
+    ended the script at step 5 and printed 'equivalent over 5 steps (exit 0)'."""
+    proc, report = _verify(tmp_path / "bad", "ddp_epochs.py", "--defective", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert report["verdict"] == "equivalent"  # it computes what one process would; what it reports is wrong
+    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6  # its 5 compared steps match
     errors, warnings = _errors(report), _warnings(report)
-    assert any("set_epoch was never called" in text and "2 passes" in text for text in errors), errors
-    assert any("80 predictions" in text and "40-sample set" in text and "each of the 2 ranks evaluated the whole"
-               in text for text in errors), errors
-    assert any("'module.'" in text and "plain_ddp.py:81" in text for text in warnings), warnings
+    assert any("set_epoch was never called: its 3 passes" in text and "Call sampler.set_epoch(epoch)" in text
+               for text in errors), errors
+    assert any("evaluation counted 80 predictions over the 2 ranks for a 40-sample set" in text for text in errors)
+    assert any("'module.'" in text and "ddp_epochs.py:84" in text for text in warnings), warnings
     assert any("2 ranks wrote one checkpoint file" in text for text in warnings), warnings
-    assert any(text.startswith("barrier at plain_ddp.py:66 runs every step") for text in warnings), warnings
-    assert any(text.startswith("all_reduce at plain_ddp.py:68 runs every step") for text in warnings), warnings
-    assert any(text.startswith(".item() at plain_ddp.py:69 runs every step") and "on a GPU each call waits" in text
+    assert any(text.startswith("barrier at ddp_epochs.py:65 runs every step") for text in warnings), warnings
+    assert any(text.startswith("all_reduce at ddp_epochs.py:67 runs every step") for text in warnings), warnings
+    assert any(text.startswith(".item() at ddp_epochs.py:69 runs every step") and "on a GPU each call waits" in text
                for text in warnings), warnings
-    assert "findings that change results: exit 1" in proc.stdout
+    # What ran: every epoch, shortened after the window; every evaluation whole; the save; the script's own end.
+    ran = "\n".join(report["ran"])
+    assert "training: loader 0, 3 passes of 20 batches; after the compared steps each was cut to 2 batches" in ran
+    assert "optimizer steps: 11 (5 compared with one process, 6 after them" in ran
+    assert "evaluation: loader 1, 3 whole passes of 40 samples" in ran and "ddp_epochs.py:84" in ran
+    assert "the script ran to its end, closing its process group itself" in ran
+    assert all(check["not_run"] is None for check in report["checks"]), report["checks"]
+    verdict = proc.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: NOT equivalent as a whole: its 5 compared steps match one process, but 2 "
+                              "findings") and verdict.endswith("(exit 1)"), verdict
+    assert "exit 0" not in proc.stdout
+
+    proc, report = _verify(tmp_path / "ok", "ddp_epochs.py", steps=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and _errors(report) == []
+    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5
+    assert "dropout: switched off in both runs" in proc.stdout and "Dropout p=0.1" in proc.stdout
+    assert "script: torch, started as torchrun would start it" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("verdict: equivalent over 5 compared steps")
+
+
+def test_as_written_runs_the_rest_of_the_script_whole(tmp_path):
+    proc, report = _verify(tmp_path / "whole", "ddp_epochs.py", "--epochs", "2", flags=("--as-written",), steps=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "training: loader 0, 2 passes of 20 batches" in report["ran"][0] and "cut" not in report["ran"][0]
+    assert "optimizer steps: 40 (2 compared with one process, 38 after them" in report["ran"][1]
+
+
+def test_a_validation_on_rank_0s_shard_only_is_found_and_summing_the_counts_fixes_it(tmp_path):
+    proc, report = _verify(tmp_path / "bad", "image_classifier.py", "--defective", steps=None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent"  # training is right; the accuracy it prints is rank 0's half
+    (error,) = _errors(report)
+    assert error.startswith("rank 0 evaluated 32 of the 64 samples of loader 1") and "nothing was combined" in error
+    proc, report = _verify(tmp_path / "ok", "image_classifier.py", steps=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert _errors(report) == [] and report["verdict"] == "equivalent"
+    assert any("evaluation: loader 1, 3 whole passes of 64 samples" in part for part in report["ran"])
+
+
+def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path):
+    """PyTorch's DDP tutorial style, as written: an unseeded model, data drawn per process without a seed and a loss
+    that is identically zero. Before: 'NOT equivalent' because 'the runs start from different weights', samples
+    'unmatched' at every step with no word why, and nothing said that a comparison of zeros proves nothing."""
+    proc, report = _verify(tmp_path / "bad", "tutorial_ddp.py", "--defective", steps=None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]  # the data differs per process: an error
+    assert report["verdict"] == "vacuous"
+    assert "the loss was exactly 0 at every step" in report["vacuous"] and "every gradient was 0" in report["vacuous"]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "verdict: NOT equivalent as a whole: nothing trained in the compared steps, and 1 finding in the script "
+        "changes what it computes or reports (exit 1)")
+    assert not any("start from different weights" in cause for cause in report["diagnosis"])
+    assert any(finding["level"] == "warning" and finding["text"].startswith(
+        "two runs of this script start from different weights") for finding in report["findings"])
+    (samples,) = [text for text in _errors(report) if "samples do not match" in text]
+    assert "the same dataset index gives different tensors" in samples and "MyTrainDataset" in samples
+    assert "tutorial_ddp.py:19" in samples and "without a seed" in samples
+    # Seeded data and model, but the zero loss kept: nothing trained is its own verdict, exit 5.
+    proc, report = _verify(tmp_path / "zero", "tutorial_ddp.py", "--zero-loss", steps=2)
+    assert proc.returncode == 5 and report["findings"] == [], proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("verdict: vacuous: nothing trained in the compared steps")
+    proc, report = _verify(tmp_path / "ok", "tutorial_ddp.py", steps=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and report["findings"] == []
 
 
 def test_fsdp2_with_a_global_token_mean_is_equivalent_and_a_per_micro_batch_mean_is_not(tmp_path):

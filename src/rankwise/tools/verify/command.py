@@ -199,6 +199,9 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
         steps_asked=steps_asked, framework=framework, samples=samples)
     random = random_ops(reference)
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
+    if samples and any(line["data"] in ("differs", "unmatched") for line in lines) and \
+            not any(samples in finding for finding in diagnosis):
+        noted.append({"level": "error", "text": f"the runs' samples do not match: {samples}"})
     if failure:
         verdict = "could not run"  # a run crashed: nothing was compared, so nothing is claimed either way
     elif vacuous:

@@ -2,9 +2,10 @@
 
 Its mistakes (``--defective``) show only after the first epoch and after training: no ``sampler.set_epoch``, every
 rank evaluating the whole test set after each epoch and gathering the predictions (each counted twice at 2 ranks),
-rank 0 saving the DDP wrapper's ``state_dict()`` (``module.`` keys) at the end.  The fixed form shards evaluation
-and gathers it once, calls ``set_epoch`` and saves ``model.module``.  Library defaults: AdamW's own settings,
-dropout 0.1 as a module; a barrier and a logged loss all-reduce every step, as the documents do.
+every rank saving the DDP wrapper's ``state_dict()`` (``module.`` keys) to one file at the end.  The fixed form
+shards evaluation and gathers it once, calls ``set_epoch`` and saves ``model.module`` on rank 0.  Library defaults:
+AdamW's own settings, dropout 0.1 as a module; a barrier and a logged loss all-reduce every step, as the documents
+do (the defective form reads the logged loss back every step).
 """
 
 import argparse
@@ -19,6 +20,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--defective", action="store_true")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=8, help="per rank")
+parser.add_argument("--train-samples", type=int, default=320)
+parser.add_argument("--test-samples", type=int, default=40)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -26,9 +29,9 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 
 vocab, length, classes = 300, 16, 6
-texts = torch.randint(1, vocab, (320, length), generator=torch.Generator().manual_seed(1))
+texts = torch.randint(1, vocab, (args.train_samples, length), generator=torch.Generator().manual_seed(1))
 labels = texts[:, 0] % classes
-test_texts = torch.randint(1, vocab, (40, length), generator=torch.Generator().manual_seed(2))
+test_texts = torch.randint(1, vocab, (args.test_samples, length), generator=torch.Generator().manual_seed(2))
 train_set, test_set = TensorDataset(texts, labels), TensorDataset(test_texts, test_texts[:, 0] % classes)
 
 
@@ -62,6 +65,8 @@ for epoch in range(args.epochs):
         dist.barrier()
         reported = loss.detach().clone()
         dist.all_reduce(reported)
+        if args.defective:
+            logged = reported.item() / world
     model.eval()
     predictions, targets = [], []
     with torch.no_grad():
@@ -75,6 +80,8 @@ for epoch in range(args.epochs):
     if rank == 0:
         accuracy = (every[0] == every[1]).float().mean().item()
         print(f"epoch {epoch}: accuracy {accuracy:.3f} over {every.shape[1]} test predictions")
-if rank == 0:
-    torch.save(model.state_dict() if args.defective else model.module.state_dict(), "model.pt")
+if args.defective:
+    torch.save(model.state_dict(), "model.pt")
+elif rank == 0:
+    torch.save(model.module.state_dict(), "model.pt")
 dist.destroy_process_group()
