@@ -4,7 +4,8 @@ edited as a user without a GPU edits it (gloo, CPU); torchrun starts it.
 ``--defective`` keeps what such a script does as written: its dataset is drawn with ``torch.rand`` in every
 process without a seed (index i is other data on every rank and in every run), its model is built unseeded, and
 ``F.cross_entropy`` of a one-column output is identically zero (nothing trains).  The fixed form seeds both and
-trains a regression with ``F.mse_loss``; ``--zero-loss`` seeds both and keeps the zero loss.  Library defaults: SGD at the tutorial's learning rate.
+trains a regression with ``F.mse_loss``; ``--zero-loss`` seeds both and keeps the zero loss.  Library defaults:
+SGD at the tutorial's learning rate.
 """
 
 import argparse
