@@ -154,15 +154,21 @@ def test_an_accelerate_script_started_without_its_cpu_mode_is_found_training_alo
     assert "each of the 2 ranks saw the same 8 samples" in report["first_difference"]["data_detail"]
 
 
-def test_trainers_default_loss_scaling_is_caught_and_its_setting_fixes_it(tmp_path):
-    proc, report = _verify(tmp_path / "default", "hf_trainer.py", steps=3)
+def test_trainers_default_loss_scaling_is_caught_behind_an_unseeded_model_and_its_setting_fixes_it(tmp_path):
+    """Before, a model built before any seed made the report name only 'the runs start from different weights'
+    (step 0), hiding the loss scaled by the world size at every step."""
+    proc, report = _verify(tmp_path / "default", "hf_trainer.py", "--unseeded", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert report["framework"]["name"] == "trainer"
+    assert report["framework"]["name"] == "trainer" and report["verdict"] == "not equivalent"
     first = report["first_difference"]
     assert first["step"] == 1 and first["data"] == "same" and first["loss_candidate"] == pytest.approx(
         2 * first["loss_reference"], rel=1e-5)
     assert 1.05 < first["gradient_scale"] <= 2.0  # doubled, then capped by Trainer's max_grad_norm=1.0
     assert "average_tokens_across_devices" in report["diagnosis"][0], report["diagnosis"]
+    assert not any("different weights" in cause for cause in report["diagnosis"])
+    assert any(finding["text"].startswith("two runs of this script start from different weights") and
+               "The reference started from the N-rank run's weights" in finding["text"]
+               for finding in report["findings"] if finding["level"] == "warning"), report["findings"]
     proc, report = _verify(tmp_path / "fixed", "hf_trainer.py", "--no-average-tokens", steps=3)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent"
