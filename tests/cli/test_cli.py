@@ -330,3 +330,12 @@ def test_speed_settings_a_run_cannot_use_are_refused_before_launch(monkeypatch, 
     assert "strategy 'dp' cannot use torch.compile" in capsys.readouterr().err
     assert cli.main(["train", "--data", "toy", "--set", "model.activation_checkpointing=true"]) == 2
     assert "model linear has none" in capsys.readouterr().err
+
+
+def test_a_scripts_own_flag_is_never_taken_for_an_abbreviated_launch_flag():
+    """`rankwise launch script.py --even` once failed: 'ambiguous option: --even could match --event-log-handler'."""
+    from rankwise.cli.launch import command_line_parser
+
+    flags, _ = command_line_parser().parse_known_args(["--nproc-per-node", "2", "train.py", "--even", "--nproc", "3"])
+    assert flags.training_script == "train.py" and flags.training_script_args == ["--even", "--nproc", "3"]
+    assert flags.nproc_per_node == "2"

@@ -64,6 +64,9 @@ def command_line_parser() -> argparse.ArgumentParser:
     """torchrun's parser with rankwise's strategy flags (a script's own flags after it stay the script's)."""
     parser = get_args_parser()
     parser.prog = "rankwise launch"
+    # A script's own flag must never be taken for an abbreviation of torchrun's (a script's --even is not
+    # --event-log-handler): torchrun's flags are matched whole.
+    parser.allow_abbrev = False
     parser.add_argument("--strategy", choices=strategy_names(), metavar="NAME", help="see above")
     parser.add_argument("--precision", choices=PRECISIONS, help="see above")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="see above")

@@ -183,6 +183,22 @@ def test_a_lightning_fabric_loop_is_equivalent_and_batch_norm_is_flagged(tmp_pat
     assert proc.returncode == 1 and "BatchNorm1d" in report["diagnosis"][0]
 
 
+def test_a_lightning_trainer_script_is_named_so_and_its_padded_validation_is_found(tmp_path):
+    """Before: reported as 'a fabric script, started as `fabric run --devices N`', and its validation (251 samples
+    counted as 252) never reached in 5 steps."""
+    pytest.importorskip("lightning.pytorch", reason="lightning is an optional test dependency (pip install lightning)")
+    proc, report = _verify(tmp_path / "padded", "lightning_trainer.py", steps=None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["framework"]["name"] == "lightning" and "fabric" not in report["framework"]["launch"]
+    assert report["verdict"] == "equivalent" and [line["data"] for line in report["steps"][1:]] == ["same"] * 5
+    (error,) = _errors(report)
+    assert "evaluation counted 252 predictions over the 2 ranks for a 251-sample set" in error and "pads 1" in error
+    assert any(part.startswith("evaluation: loader 0, 1 whole pass of 251 samples") for part in report["ran"])
+    proc, report = _verify(tmp_path / "even", "lightning_trainer.py", "--even", steps=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert _errors(report) == [] and report["verdict"] == "equivalent"
+
+
 def test_a_batching_the_reference_cannot_scale_is_named_and_reference_args_fix_it(tmp_path):
     proc, report = _verify(tmp_path / "unscaled", "plain_ddp.py", "--batch-sampler")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]

@@ -17,6 +17,7 @@ from rankwise.launch.failures import record_for_launcher
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.throughput import MIN_WINDOW_S
+from rankwise.tools.watch import lightning
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
     watcher = watcher_from_environment()
     watcher.install()
+    if os.environ.get(lightning.ENVIRONMENT) == "1":
+        lightning.launcher_devices()
+        watcher.on_shorten.append(lightning.validate_at_each_pass_end)
     try:
         run_as_main(argv[0], argv[1:])
     except WatchDone:

@@ -134,7 +134,7 @@ def _counted_more(records: list[dict]) -> list[Finding]:
         elif passes[0]["distributed_sampler"]:
             why = (f"the DistributedSampler pads {seen - size} samples so {size} divides by {len(records)} ranks: "
                    "those are counted twice. Gather the predictions with their sample indices and drop the "
-                   "repeats, or use accelerator.gather_for_metrics, which drops them")
+                   "repeats (accelerator.gather_for_metrics does), or evaluate on one device (Lightning's advice)")
         else:
             why = "some samples were evaluated on more than one rank"
         out.append(Finding("error", f"evaluation counted {seen} predictions over the {len(records)} ranks for a "

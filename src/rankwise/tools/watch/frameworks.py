@@ -10,6 +10,8 @@ Detected from the script's imports (``--framework`` overrides):
   there is no GPU;
 * ``fabric`` (Lightning Fabric): as ``fabric run --devices N`` would: torchrun's environment and the
   ``LT_*`` settings ``fabric run`` hands ``Fabric()`` (the CPU accelerator where there is no GPU);
+* ``lightning`` (a Lightning ``Trainer``): as torchrun, as Lightning's documentation starts a Trainer script with
+  ``devices=N``; its one-process reference has the Trainer on one device (:mod:`rankwise.tools.watch.lightning`);
 * ``torch``: plain ``torch.distributed`` — as torchrun.
 
 DeepSpeed-engine scripts (``deepspeed.initialize``) and Horovod scripts are refused before anything runs:
@@ -26,8 +28,9 @@ from pathlib import Path
 import torch
 
 from rankwise.errors import ConfigError
+from rankwise.tools.watch.lightning import ENVIRONMENT as LIGHTNING
 
-FRAMEWORKS = ("auto", "rankwise", "torch", "accelerate", "trainer", "fabric")
+FRAMEWORKS = ("auto", "rankwise", "torch", "accelerate", "trainer", "fabric", "lightning")
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ def detect(script: Path) -> str:
         return "rankwise"
     if re.search(r"\bTrainer\s*\(", text) and _imports(text, "transformers"):
         return "trainer"
+    if re.search(r"\bTrainer\s*\(", text) and _imports(text, "lightning", "lightning.pytorch", "pytorch_lightning"):
+        return "lightning"
     if _imports(text, "lightning", "lightning.fabric", "lightning_fabric"):
         return "fabric"
     if _imports(text, "accelerate"):
@@ -160,4 +165,7 @@ def framework(name: str) -> Framework:
                              note=only_ddp),
         "fabric": Framework("fabric", "as `fabric run --devices N` would start it", {} if gpu else {
                             "LT_ACCELERATOR": "cpu"}, strategy="Fabric's (DDP for several devices)"),
+        "lightning": Framework("lightning", "as torchrun would start it (Lightning's documentation: Trainer(devices=N) "
+                               "under torchrun); the one process has the Trainer on one device",
+                               {LIGHTNING: "1"}, strategy="the Trainer's (as written)"),
     }[name]

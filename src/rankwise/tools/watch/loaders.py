@@ -31,7 +31,7 @@ RANK_RECORD = "watch-rank{rank}.json"
 class _Pass:
     """One pass over a DataLoader on this rank."""
 
-    def __init__(self, loader: DataLoader, number: int):
+    def __init__(self, loader: DataLoader, number: int, length: int | None):
         sampler = getattr(loader, "sampler", None)
         batch_sampler = getattr(loader, "batch_sampler", None)
         inner = getattr(batch_sampler, "sampler", None) if not isinstance(sampler, DistributedSampler) else sampler
@@ -47,7 +47,7 @@ class _Pass:
                        "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
                        "epoch": getattr(distributed, "epoch", None) if distributed else None,
                        "samples": 0, "trained": 0, "first": [], "complete": False, "site": None,
-                       "cut_after": None, "batches": _length(loader), "dataset": _described(loader.dataset),
+                       "cut_after": None, "batches": length, "dataset": _described(loader.dataset),
                        "collectives_at_start": 0, "collectives_after": None, "sample_indices": []}
         self.pending: deque[tuple[list[str], int | None]] = deque()
         """Batches yielded that no backward consumed yet: their digests and tokens."""
@@ -81,12 +81,17 @@ class LoaderWatch:
         """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained on together."""
         self.keep: int | None = None
         """After the compared window: the batches a training pass yields before it is cut (``None``: as written)."""
+        self.training: set[int] = set()
+        """The loaders a backward consumed a batch of."""
+        self._length = DataLoader.__len__
+        """A loader's own length (a cut training loader's is ``keep``: what it will yield)."""
         self.collectives: Callable[[], int] = lambda: 0
         """The script's own collectives so far (each pass notes the count at its start: was evaluation combined?)."""
 
     def install(self) -> None:
         patch(DataLoader, "__init__", self._loader_init)
         patch(DataLoader, "__iter__", self._loader_iter)
+        patch(DataLoader, "__len__", self._loader_len)
         patch(_BaseDataLoaderIter, "_next_index", self._next_index)
         patch(DistributedSampler, "set_epoch", self._set_epoch)
 
@@ -98,6 +103,7 @@ class LoaderWatch:
         if not feeding:
             return None
         current = max(feeding, key=lambda p: p.last_yield)
+        self.training.add(current.record["loader"])
         digests, tokens = current.pending.popleft()
         current.record["trained"] += len(digests)
         current.record["trained_batches"] = current.record.get("trained_batches", 0) + 1
@@ -145,7 +151,7 @@ class LoaderWatch:
             number = watcher.loaders.setdefault(id(loader), len(watcher.loaders))
             key = (number, watcher.pass_counts.get(number, 0))
             watcher.pass_counts[number] = key[1] + 1
-            current = _Pass(loader, number)
+            current = _Pass(loader, number, _length(watcher._length, loader))
             for ended in [n for n, p in watcher.active.items() if p.done]:
                 del watcher.active[ended]  # what an ended pass left untrained stays so
             watcher._iterating = key  # a loader with workers asks for its first batches while it starts
@@ -157,6 +163,17 @@ class LoaderWatch:
                 batches._rankwise_pass = (key, current)
             return watcher._batches(current, key, batches)
         return iterate
+
+    def _loader_len(self, original):
+        watcher = self
+
+        def length(loader):
+            batches = original(loader)
+            if watcher.keep is not None and watcher.loaders.get(id(loader)) in watcher.training:
+                # A framework that reads an epoch's length (Lightning: whether this batch is the last) sees the cut.
+                return min(batches, watcher.keep)
+            return batches
+        return length
 
     def _next_index(self, original):
         watcher = self
@@ -209,6 +226,8 @@ class LoaderWatch:
                 if len(current.record["sample_indices"]) < 8 and current.indices[-1] is not None:
                     current.record["sample_indices"] += list(zip(current.indices[-1], digests, strict=False))[
                         : 8 - len(current.record["sample_indices"])]
+                if current.record["batches"] is not None and len(current.indices) >= current.record["batches"]:
+                    current.record["complete"] = True  # its last batch (a framework may never ask past it)
                 current.pending.append((digests, token_count(batch)))
                 self.yields += 1
                 current.last_yield = self.yields
@@ -231,9 +250,9 @@ class LoaderWatch:
         return set_epoch
 
 
-def _length(loader: DataLoader) -> int | None:
+def _length(length, loader: DataLoader) -> int | None:
     try:
-        return len(loader)
+        return length(loader)
     except TypeError:  # an iterable dataset without a length
         return None
 

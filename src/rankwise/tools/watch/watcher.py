@@ -91,6 +91,8 @@ class Watcher:
         """The traced window is over and the script goes on (``after`` is not "stop")."""
         self.consumed_batches = 0
         """Batches a backward consumed (in the window: its micro-batches per step)."""
+        self.on_shorten: list[Callable[[], None]] = []
+        """Called when the later training passes are cut (a framework that counts an epoch's batches adapts)."""
         self.script_returned = False
         """The script ran to its end (its ``__main__`` returned), rather than being ended by the watcher."""
         self.step = 0
@@ -351,6 +353,8 @@ class Watcher:
             self.window_over = True  # the script goes on, untraced, through the rest of its work
             if self.after == "shorten":
                 self.data.shorten(STEPS_KEPT * max(1, round(self.consumed_batches / self.step)))
+                for adapt in self.on_shorten:
+                    adapt()
             return
         raise WatchDone()
 
