@@ -42,7 +42,7 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     assert [line["step"] for line in report["steps"]] == [0, 1, 2]
     assert all(line["data"] == "same" and line["max_param_diff"] <= 1e-5 for line in report["steps"][1:])
     assert "dropout: switched off in both runs" in proc.stdout and "drop: Dropout p=0.3" in proc.stdout
-    assert "verdict: equivalent over 2 steps (exit 0)" in proc.stdout
+    assert "verdict: equivalent over 2 compared steps, and nothing in the rest of the script changes" in proc.stdout
     assert not list((tmp_path / "ok").glob("*/step-*.safetensors"))  # the per-step weights are not kept
     # One probe for every script: the torch-level watcher ran both, following the script's Runtime, and found
     # nothing wrong with a correct script.

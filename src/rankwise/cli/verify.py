@@ -10,42 +10,48 @@ from rankwise.tools.verify import command
 from rankwise.tools.watch.frameworks import FRAMEWORKS
 
 DESCRIPTION = """\
-Run SCRIPT on --nproc-per-node ranks, then on one process in lockstep with it: the same seed
-and global batches, each step started from the N-rank run's weights, its gradient compared
-with the one process's there and then applied. So a step shows only what distribution
-changed in that step, never rounding compounded over the steps before (Adam at its default
-eps turns summation-order noise into weight differences above 1e-5 within a few steps).
-After every optimizer step it compares the samples each step took, its loss, the gradient
-the N-rank optimizer received (relative to the whole gradient's size) and every tensor of
-the weights after the step. It reports the first step where they part beyond the stated
-tolerances, the tensors that differ most, and what in the script explains it: BatchNorm and
-other batch-dependent layers, random ops drawing different numbers per rank, a loss averaged
-per micro-batch instead of per global batch, gradients summed instead of averaged or
-compressed by a DDP comm hook, gradients accumulated in 16 bits, a data loader that is not
-rank-sharded, a learning-rate schedule that does not drive the optimizer that steps,
-parameters without gradients.
+Run SCRIPT on --nproc-per-node ranks, then on one process in lockstep with it, and check the
+whole script: does N ranks' run compute and report what one process would?
 
-Any training script, unchanged: a plain torch DDP/FSDP script, an Accelerate, Lightning
-Fabric or Hugging Face Trainer script starts as its framework's launcher would start it here
-(detected from its imports; --framework overrides), with a probe that watches torch itself
-(optimizer steps, DataLoader batches, backward, collectives, torch.save).  Its one-process
-reference runs the same script with each training DataLoader taking N times its batch and,
-batch by batch, the samples the N ranks took together.  The distributed run alone also shows
-what needs no reference: a training loader that is not sharded, processes that never joined a
-process group, a shuffling DistributedSampler without set_epoch, evaluation counted more than
-once, replicas whose weights differ, checkpoints written by every rank or with DDP's
-'module.' keys, and sync points on every step with their share of the step time.  A script on
-rankwise.setup() is checked under --strategy instead.
+The first --steps optimizer steps (default 5) are compared with one process: the same seed and
+global batches, each step started from the N-rank run's weights (step 0 included: an
+initialisation that differs run to run is a reproducibility warning, not a difference), its
+gradient compared with the one process's there and then applied. So a step shows only what
+distribution changed in that step, never rounding compounded over the steps before. After every
+step it compares the samples, the loss, the gradient the N-rank optimizer received (relative to
+the whole gradient's size) and every tensor of the weights after the step, and lists every cause
+it has evidence for, each with the step it first shows in: BatchNorm and other batch-dependent
+layers, random ops drawing different numbers per rank, a loss averaged per micro-batch or scaled
+by the world size, gradients summed or compressed, 16-bit gradients, a loader that is not
+rank-sharded, data that differs per process (the same dataset index, other tensors), a schedule
+that does not drive the optimizer that steps, parameters without gradients. Steps in which
+nothing trained (a loss of exactly 0, zero gradients, weights that never change) prove nothing:
+"vacuous".
 
-Dropout modules are switched off (p=0) in both runs, so random masks cannot hide the
-verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, or a finding
-that changes results; 3: not comparable (random ops rankwise cannot switch off, such as
-F.dropout); 4: could not run (a run crashed: its error, once, and where the script made
-the call).
+After those steps the N-rank run goes on through the rest of the script: its later epochs,
+evaluation, saves and shutdown. Each later training pass is cut to two optimizer steps' batches
+(evaluation runs whole), so this takes bounded time; --as-written runs it as written. What needs
+no reference is checked there: processes that never joined a process group, a training loader
+that is not sharded, a shuffling DistributedSampler without set_epoch, evaluation counted more
+than once or on one rank's shard only, replicas whose weights differ, checkpoints written by
+every rank or with DDP's 'module.' keys, sync points on every step. The report lists what of the
+script ran and which checks could not run, and why.
+
+Any training script, unchanged: plain torch (started as torchrun would), Accelerate, Hugging
+Face Trainer, Lightning Trainer or Fabric (as its launcher would; detected from its imports,
+--framework overrides), with a probe that watches torch itself.  Its one-process reference runs
+the same script with each training DataLoader taking N times its batch and, batch by batch, the
+samples the N ranks took together.  A script on rankwise.setup() is checked under --strategy.
+
+Dropout modules are switched off (p=0) in both runs; --keep-dropout keeps them.  One verdict
+line, and the exit code it states: 0 equivalent; 1 not equivalent, or a finding in the script
+that changes what it computes or reports; 3 not comparable (random ops rankwise cannot switch
+off, such as F.dropout); 4 could not run (a run crashed: its error, once, and where the script
+made the call); 5 vacuous (nothing trained in the compared steps).
 Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
-  rankwise verify my_ddp_script.py -- --epochs 1
-  rankwise verify accelerate_script.py --nproc-per-node 2
+  rankwise verify my_ddp_script.py
+  rankwise verify accelerate_script.py --nproc-per-node 2 -- --epochs 3
   rankwise verify train.py --strategy ddp --nproc-per-node 2 -- --lr 1e-3
   rankwise verify examples/image_cnn.py --strategy fsdp -- --batch-norm
 """
