@@ -8,6 +8,7 @@ import shlex
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 from rankwise.tools.watch.frameworks import FRAMEWORKS
+from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 DESCRIPTION = """\
 Run SCRIPT on --nproc-per-node ranks, then on one process in lockstep with it: the same seed
@@ -41,7 +42,9 @@ Dropout modules are switched off (p=0) in both runs, so random masks cannot hide
 verdict; --keep-dropout keeps them.  Exit 0: equivalent; 1: not equivalent, or a finding
 that changes results; 3: not comparable (random ops rankwise cannot switch off, such as
 F.dropout); 4: could not run (a run crashed: its error, once, and where the script made
-the call).
+the call).  A rank that makes no progress (no forward, batch, backward or optimizer step)
+for --stall-timeout seconds (default 120; from its start to its first forward too) is
+stopped, and the report says where each rank waited: never a silent hang until --timeout.
 Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
   rankwise verify my_ddp_script.py -- --epochs 1
@@ -70,6 +73,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-weights", action="store_true", help="keep every step's weights and gradients under --out")
     p.add_argument("--out", help="report directory (default runs/verify-<script>-<strategy>-<time>)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
+    p.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop a rank that makes no progress for this long, and say where each rank waited (default "
+                        f"{STALL_TIMEOUT_S:g}; 0: never)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON as the last stdout line")
 
 

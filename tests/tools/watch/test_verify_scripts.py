@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -140,3 +142,23 @@ def test_more_steps_than_the_script_trains_says_how_many_it_ran(tmp_path):
     result = watched_run(SCRIPTS / "plain_ddp.py", ["--epochs", "1"], framework("torch"), 2, tmp_path / "run",
                          steps=6, trace=False, timeout_s=120)
     assert result["ended_early"] and "the script ended after 4 optimizer steps, before the 6 asked" in result["error"]
+
+
+def test_a_rank_that_stops_making_progress_is_stopped_and_the_report_says_where_each_rank_waited(tmp_path):
+    started = time.monotonic()
+    proc, report = _verify(tmp_path / "stall", "stalls.py", flags=("--stall-timeout", "8"), steps=5)
+    wall = time.monotonic() - started
+    shown = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 4 and report["verdict"] == "could not run", shown
+    assert wall < 90, shown  # each run ends seconds after its deadline, not at --timeout (600 s)
+    failure = report["failure"]["candidate"]
+    assert "made no progress for 8 s and was stopped" in failure, shown
+    # Rank 0 sleeps at line 17; rank 1 waits for it in DDP's all-reduce, inside loss.backward() at line 20.  Which
+    # deadline fires first is a race: the other rank is then stopped by torchrun, and says where it waited too.
+    assert re.search(r"rank 0 (made no progress for 8 s and was stopped|was stopped by its launcher meanwhile); "
+                     r"it waited at stalls\.py:17 in <module>", failure), shown
+    rank_1 = r"rank 1 .*; it waited at stalls\.py:20 in <module> \(torch/"
+    assert "rank 1" not in failure or re.search(rank_1, failure), shown
+    alone = report["failure"]["reference"]  # the one process sleeps at the same step
+    assert "rank 0 made no progress for 8 s and was stopped; it waited at stalls.py:17" in alone, shown
+    assert "the torch script run failed: rank " in proc.stdout, shown

@@ -18,11 +18,13 @@ from rankwise.tools.harness import crashed
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.runs import watched_run
+from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 
 def watched_runs(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                  steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, reference_args=None,
-                 reference_framework: Framework | None = None, log=None) -> tuple[dict, dict]:
+                 reference_framework: Framework | None = None, log=None,
+                 stall_s: float = STALL_TIMEOUT_S) -> tuple[dict, dict]:
     """The two watched runs (the N-rank one first); returns their results and what the report adds:
     the framework, how the reference was made, the findings.  ``reference_framework``: how the one process
     starts, where not as the N ranks do (a script on ``rankwise.setup()``: under ``--strategy single``, whose
@@ -38,7 +40,8 @@ def watched_runs(script: Path, script_args: list[str], framework: Framework, pro
         scaled = reference and reference_args is None and reference_framework is None
         results[name] = watched_run(
             script, own_args, run_framework, count, run_dir, steps=steps, keep_dropout=keep_dropout,
-            timeout_s=timeout_s, follow=candidate_dir if reference else None, scale=processes if scaled else 1)
+            timeout_s=timeout_s, follow=candidate_dir if reference else None, scale=processes if scaled else 1,
+            stall_s=stall_s)
         if log:
             what = f"{run_framework.strategy}" if run_framework.launch_flags else f"{name}: {framework.name} script"
             log(f"{what} on {count} process(es): {results[name]['wall_s']} s, "
