@@ -31,7 +31,10 @@ Fabric or Hugging Face Trainer script starts as its framework's launcher would s
 (detected from its imports; --framework overrides), with a probe that watches torch itself
 (optimizer steps, DataLoader batches, backward, collectives, torch.save).  Its one-process
 reference runs the same script with each training DataLoader taking N times its batch and,
-batch by batch, the samples the N ranks took together.  The distributed run alone also shows
+batch by batch, the samples the N ranks took together.  A script that starts its own ranks
+with mp.spawn starts as `python script.py` starts itself, its spawned children watched, on
+the world size and port it sets (not --nproc-per-node); its reference runs that mp.spawn
+with nprocs=1 at world size 1.  The distributed run alone also shows
 what needs no reference: a training loader that is not sharded, processes that never joined a
 process group, a shuffling DistributedSampler without set_epoch, evaluation counted more than
 once, replicas whose weights differ, checkpoints written by every rank or with DDP's

@@ -1,4 +1,5 @@
-"""`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer.
+"""`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer,
+an mp.spawn script.
 
 Every case is a real `rankwise verify` of a script in tests/support/tools/watch/scripts/ (2 ranks over gloo, then
 one process following them), unchanged; each script has a correct and a defective form.  Library defaults throughout
@@ -162,3 +163,26 @@ def test_a_rank_that_stops_making_progress_is_stopped_and_the_report_says_where_
     alone = report["failure"]["reference"]  # the one process sleeps at the same step
     assert "rank 0 made no progress for 8 s and was stopped; it waited at stalls.py:17" in alone, shown
     assert "the torch script run failed: rank " in proc.stdout, shown
+
+
+def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_is_found(tmp_path, monkeypatch):
+    from rankwise.launch.ports import free_port
+
+    port = free_port()
+    monkeypatch.setenv("SPAWN_PORT", str(port))  # the script's fixed port, one per test run side by side
+    proc, report = _verify(tmp_path / "ok", "spawn_ddp.py", steps=5)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and report["framework"]["name"] == "spawn" and report["processes"] == 2
+    assert report["findings"] == []
+    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5  # epoch 2 begins at step 4
+    assert f"as `python spawn_ddp.py` starts itself: mp.spawn(nprocs=2), its children the ranks, port {port} set " \
+           "in the script" == report["framework"]["launch"]
+    assert report["reference_made"].startswith(
+        "the one process ran the script's own mp.spawn with nprocs=1, init_process_group at world size 1 (the script "
+        "passed 2), its DistributedSampler at 1 replica (the script passed 2); each training DataLoader taking 2x")
+    # The ranks wrote their records; the process that spawned them (rank 0 by its environment) none of its own.
+    assert sorted(path.name for path in (tmp_path / "ok" / "candidate").glob("watch-rank*.json")) == [
+        "watch-rank0.json", "watch-rank1.json"]
+    proc, report = _verify(tmp_path / "bad", "spawn_ddp.py", "--defective", steps=4)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert any("set_epoch was never called" in text and "2 passes" in text for text in _errors(report)), report

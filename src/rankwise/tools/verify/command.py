@@ -98,6 +98,7 @@ def verify_watched(script: Path, script_args: list[str], framework: Framework, p
     results, extra = watched_runs(script, script_args, framework, processes, out, steps=steps,
                                   keep_dropout=keep_dropout, timeout_s=timeout_s, reference_args=reference_args,
                                   log=log, stall_s=stall_s)
+    processes = extra.pop("processes", processes)  # (a script that starts its own ranks: as many as it started)
     report = build(out, results, f"{framework.name} script", processes, steps, framework=framework.name) | extra
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps,
                       "keep_dropout": keep_dropout, "reference_args": reference_args}

@@ -5,7 +5,8 @@ the watcher's settings in the environment; it installs the :class:`~rankwise.too
 before the script imports anything, runs the script as ``__main__``
 (:func:`rankwise.launch.script.run_as_main`), and after it (or after the watcher's last step) writes this
 rank's record and closes the process group the script left open.  A rank that makes no progress for
-``RANKWISE_WATCH_STALL`` seconds is stopped, with where it waited (:mod:`rankwise.tools.watch.stall`).
+``RANKWISE_WATCH_STALL`` seconds is stopped, with where it waited (:mod:`rankwise.tools.watch.stall`).  An
+``mp.spawn`` script runs as one such process that starts its own ranks (:mod:`rankwise.tools.watch.spawned`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_W
 TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
 FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
 MIN_WINDOW = "RANKWISE_WATCH_MIN_WINDOW"
-STALL = "RANKWISE_WATCH_STALL"
+STALL, SPAWN = "RANKWISE_WATCH_STALL", "RANKWISE_WATCH_SPAWN"
 """The watcher's settings, as the tools hand them to each rank."""
 
 
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
     to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
+    if os.environ.get(SPAWN):  # an mp.spawn script: this process starts the ranks, and each is watched there
+        from rankwise.tools.watch.spawned import launcher_main
+        return launcher_main(argv)
     arm_stall(f"rank{os.environ.get('RANK', '0')}")
     watcher = watcher_from_environment()
     watcher.install()
