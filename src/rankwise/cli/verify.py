@@ -8,6 +8,7 @@ import shlex
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 from rankwise.tools.watch.frameworks import FRAMEWORKS
+from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 DESCRIPTION = """\
 Run SCRIPT on --nproc-per-node ranks, then on one process in lockstep with it, and check the
@@ -41,13 +42,19 @@ Any training script, unchanged: plain torch (started as torchrun would), Acceler
 Face Trainer, Lightning Trainer or Fabric (as its launcher would; detected from its imports,
 --framework overrides), with a probe that watches torch itself.  Its one-process reference runs
 the same script with each training DataLoader taking N times its batch and, batch by batch, the
-samples the N ranks took together.  A script on rankwise.setup() is checked under --strategy.
+samples the N ranks took together.  A script that starts its own ranks with mp.spawn starts as
+`python script.py` starts itself, its spawned children watched, on the world size and port it
+sets (not --nproc-per-node); its reference runs that mp.spawn with nprocs=1 at world size 1.
+A script on rankwise.setup() is checked under --strategy.
 
 Dropout modules are switched off (p=0) in both runs; --keep-dropout keeps them.  One verdict
 line, and the exit code it states: 0 equivalent; 1 not equivalent, or a finding in the script
 that changes what it computes or reports; 3 not comparable (random ops rankwise cannot switch
 off, such as F.dropout); 4 could not run (a run crashed: its error, once, and where the script
-made the call); 5 vacuous (nothing trained in the compared steps).
+made the call); 5 vacuous (nothing trained in the compared steps).  A rank that makes no
+progress (no forward, batch, backward or optimizer step) for --stall-timeout seconds (default
+120; from its start to its first forward too) is stopped, and the report says where each rank
+waited: never a silent hang until --timeout.
 Writes verify.md, verify.json and verify.png (the differences by step) under --out.
 
   rankwise verify my_ddp_script.py
@@ -81,6 +88,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-weights", action="store_true", help="keep every step's weights and gradients under --out")
     p.add_argument("--out", help="report directory (default runs/verify-<script>-<strategy>-<time>)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
+    p.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop a rank that makes no progress for this long, and say where each rank waited (default "
+                        f"{STALL_TIMEOUT_S:g}; 0: never)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON as the last stdout line")
 
 

@@ -21,6 +21,10 @@ from rankwise.tools.watch.frameworks import detect, framework
     ("from lightning.fabric import Fabric\nfabric = Fabric()\n", "fabric"),
     ("import rankwise\nrt = rankwise.setup()\n", "rankwise"),
     ("# accelerate is not imported here\nimport torch\n", "torch"),
+    ("import torch.multiprocessing as mp\nmp.spawn(train, args=(2,), nprocs=2, join=True)\n", "spawn"),
+    ("import torch\ntorch.multiprocessing.spawn(train, nprocs=2)\n", "spawn"),
+    ("from torch.multiprocessing import start_processes\nstart_processes(train, nprocs=2)\n", "spawn"),
+    ("import rankwise\nimport torch.multiprocessing as mp\nmp.spawn(train, nprocs=2)\n", "rankwise"),
 ])
 def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected):
     script = tmp_path / "train.py"

@@ -1,4 +1,5 @@
-"""`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer.
+"""`rankwise verify` on scripts as users write them: plain DDP, FSDP2, Accelerate's quick tour, Hugging Face Trainer,
+an mp.spawn script.
 
 Every case is a real `rankwise verify` of a script in tests/support/tools/watch/scripts/ (2 ranks over gloo, then
 one process following them), unchanged; each script has a correct and a defective form.  Library defaults throughout
@@ -10,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -217,3 +220,46 @@ def test_more_steps_than_the_script_trains_says_how_many_it_ran(tmp_path):
     result = watched_run(SCRIPTS / "plain_ddp.py", ["--epochs", "1"], framework("torch"), 2, tmp_path / "run",
                          steps=6, trace=False, timeout_s=120)
     assert result["ended_early"] and "the script ended after 4 optimizer steps, before the 6 asked" in result["error"]
+
+
+def test_a_rank_that_stops_making_progress_is_stopped_and_the_report_says_where_each_rank_waited(tmp_path):
+    started = time.monotonic()
+    proc, report = _verify(tmp_path / "stall", "stalls.py", flags=("--stall-timeout", "8"), steps=5)
+    wall = time.monotonic() - started
+    shown = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 4 and report["verdict"] == "could not run", shown
+    assert wall < 90, shown  # each run ends seconds after its deadline, not at --timeout (600 s)
+    failure = report["failure"]["candidate"]
+    assert "made no progress for 8 s and was stopped" in failure, shown
+    # Rank 0 sleeps at line 17; rank 1 waits for it in DDP's all-reduce, inside loss.backward() at line 20.  Which
+    # deadline fires first is a race: the other rank is then stopped by torchrun, and says where it waited too.
+    assert re.search(r"rank 0 (made no progress for 8 s and was stopped|was stopped by its launcher meanwhile); "
+                     r"it waited at stalls\.py:17 in <module>", failure), shown
+    rank_1 = r"rank 1 .*; it waited at stalls\.py:20 in <module> \(torch/"
+    assert "rank 1" not in failure or re.search(rank_1, failure), shown
+    alone = report["failure"]["reference"]  # the one process sleeps at the same step
+    assert "rank 0 made no progress for 8 s and was stopped; it waited at stalls.py:17" in alone, shown
+    assert "the torch script run failed: rank " in proc.stdout, shown
+
+
+def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_is_found(tmp_path, monkeypatch):
+    from rankwise.launch.ports import free_port
+
+    port = free_port()
+    monkeypatch.setenv("SPAWN_PORT", str(port))  # the script's fixed port, one per test run side by side
+    proc, report = _verify(tmp_path / "ok", "spawn_ddp.py", steps=5)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and report["framework"]["name"] == "spawn" and report["processes"] == 2
+    assert report["findings"] == []
+    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5  # epoch 2 begins at step 4
+    assert f"as `python spawn_ddp.py` starts itself: mp.spawn(nprocs=2), its children the ranks, port {port} set " \
+           "in the script" == report["framework"]["launch"]
+    assert report["reference_made"].startswith(
+        "the one process ran the script's own mp.spawn with nprocs=1, init_process_group at world size 1 (the script "
+        "passed 2), its DistributedSampler at 1 replica (the script passed 2); each training DataLoader taking 2x")
+    # The ranks wrote their records; the process that spawned them (rank 0 by its environment) none of its own.
+    assert sorted(path.name for path in (tmp_path / "ok" / "candidate").glob("watch-rank*.json")) == [
+        "watch-rank0.json", "watch-rank1.json"]
+    proc, report = _verify(tmp_path / "bad", "spawn_ddp.py", "--defective", steps=4)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert any("set_epoch was never called" in text and "2 passes" in text for text in _errors(report)), report

@@ -41,6 +41,7 @@ from rankwise.tools.verify.samples import unmatched_samples
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
+from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 log = get_logger(__name__)
 
@@ -84,13 +85,14 @@ def check(args) -> tuple[Path, int, Framework | None]:
 
 def verify_runs(script: Path, script_args: list[str], strategy: str, processes: int, out: Path, *, steps: int,
                 precision: str | None = None, settings: tuple[str, ...] = (), keep_dropout: bool = False,
-                timeout_s: float = 600.0, keep_weights: bool = False, as_written: bool = False, log=None) -> dict:
+                timeout_s: float = 600.0, keep_weights: bool = False, as_written: bool = False, log=None,
+                stall_s: float = STALL_TIMEOUT_S) -> dict:
     """The two traced runs (the N-rank one first, then one process following it) and their report, written
     under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as it ends."""
     results, extra = watched_runs(script, script_args, rankwise_framework(strategy, precision, settings), processes,
                                   out, steps=steps, keep_dropout=keep_dropout, timeout_s=timeout_s,
                                   reference_framework=rankwise_framework("single", precision), as_written=as_written,
-                                  log=log)
+                                  log=log, stall_s=stall_s)
     report = _merged(build(out, results, strategy, processes, steps), extra)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps, "precision": precision,
                       "set": list(settings), "keep_dropout": keep_dropout}
@@ -99,12 +101,14 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
 
 def verify_watched(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                    steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, keep_weights: bool = False,
-                   reference_args: list[str] | None = None, as_written: bool = False, log=None) -> dict:
+                   reference_args: list[str] | None = None, as_written: bool = False, log=None,
+                   stall_s: float = STALL_TIMEOUT_S) -> dict:
     """A script as its user wrote it: the two watched runs, compared like :func:`verify_runs`'s, with the findings
     that need no reference."""
     results, extra = watched_runs(script, script_args, framework, processes, out, steps=steps,
                                   keep_dropout=keep_dropout, timeout_s=timeout_s, reference_args=reference_args,
-                                  as_written=as_written, log=log)
+                                  as_written=as_written, log=log, stall_s=stall_s)
+    processes = extra.pop("processes", processes)  # (a script that starts its own ranks: as many as it started)
     report = _merged(build(out, results, f"{framework.name} script", processes, steps, framework=framework.name),
                      extra)
     report["meta"] = {"script": str(script), "script_args": script_args, "steps": steps,
@@ -147,7 +151,7 @@ def run(args) -> int:
         report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
                              precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
                              timeout_s=args.timeout, keep_weights=args.keep_weights, as_written=args.as_written,
-                             log=progress)
+                             log=progress, stall_s=args.stall_timeout)
     else:
         log.info(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
                  f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
@@ -155,7 +159,7 @@ def run(args) -> int:
         report = verify_watched(script, args.script_args, watched, processes, out, steps=args.steps,
                                 keep_dropout=args.keep_dropout, timeout_s=args.timeout,
                                 keep_weights=args.keep_weights, reference_args=args.reference_args,
-                                as_written=args.as_written, log=progress)
+                                as_written=args.as_written, log=progress, stall_s=args.stall_timeout)
     report["exit_code"] = exit_code(report)
     text = render(report)
     write_text_atomic(out / "verify.md", f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"

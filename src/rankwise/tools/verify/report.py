@@ -156,7 +156,10 @@ def _failures(report: dict) -> list[str]:
     out = []
     for name, error in report["failure"].items():
         who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
-        out += textwrap.wrap(f"{who} failed: {error}", width=110, subsequent_indent="  ")
+        first, *more = str(error).split("\n")  # (a stall: one line per rank, where it waited)
+        out += textwrap.wrap(f"{who} failed: {first}", width=110, subsequent_indent="  ")
+        for line in more:
+            out += textwrap.wrap(line, width=110, initial_indent="  ", subsequent_indent="    ")
     return out
 
 

@@ -12,6 +12,9 @@ Detected from the script's imports (``--framework`` overrides):
   ``LT_*`` settings ``fabric run`` hands ``Fabric()`` (the CPU accelerator where there is no GPU);
 * ``lightning`` (a Lightning ``Trainer``): as torchrun, as Lightning's documentation starts a Trainer script with
   ``devices=N``; its one-process reference has the Trainer on one device (:mod:`rankwise.tools.watch.lightning`);
+* ``spawn``: a script that starts its own ranks with ``mp.spawn`` (``torch.multiprocessing.spawn`` or
+  ``start_processes``), as in the source documents — as ``python script.py`` starts itself, its spawned children
+  watched (:mod:`rankwise.tools.watch.spawned`): under torchrun every rank would spawn ranks of its own;
 * ``torch``: plain ``torch.distributed`` — as torchrun.
 
 DeepSpeed-engine scripts (``deepspeed.initialize``) and Horovod scripts are refused before anything runs:
@@ -30,7 +33,7 @@ import torch
 from rankwise.errors import ConfigError
 from rankwise.tools.watch.lightning import ENVIRONMENT as LIGHTNING
 
-FRAMEWORKS = ("auto", "rankwise", "torch", "accelerate", "trainer", "fabric", "lightning")
+FRAMEWORKS = ("auto", "rankwise", "torch", "spawn", "accelerate", "trainer", "fabric", "lightning")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,11 @@ def _imports(text: str, *modules: str) -> bool:
     return re.search(rf"^\s*(from\s+({names})(\.|\s)|import\s+({names})(\.|\s|$|,))", text, re.M) is not None
 
 
+SPAWNS = re.compile(r"\b(?:mp|multiprocessing)\.(?:spawn|start_processes)\s*\(|\bstart_processes\s*\("
+                    r"|^\s*from\s+torch\.multiprocessing(?:\.spawn)?\s+import\s[^#\n]*\bspawn\b", re.M)
+"""A script that starts its own ranks: ``mp.spawn(``, ``torch.multiprocessing.spawn(``, ``start_processes(``."""
+
+
 def detect(script: Path) -> str:
     text = script.read_text(encoding="utf-8", errors="replace")
     if _imports(text, "horovod"):
@@ -129,7 +137,9 @@ def detect(script: Path) -> str:
                           "weights, which torch's optimizer hooks cannot name parameter by parameter; verify the "
                           "model on rankwise.setup(strategy='deepspeed-zero2') instead")
     if _imports(text, "rankwise"):
-        return "rankwise"
+        return "rankwise"  # (rankwise.spawn too: the Runtime's own launcher)
+    if SPAWNS.search(text):
+        return "spawn"
     if re.search(r"\bTrainer\s*\(", text) and _imports(text, "transformers"):
         return "trainer"
     if re.search(r"\bTrainer\s*\(", text) and _imports(text, "lightning", "lightning.pytorch", "pytorch_lightning"):
@@ -157,6 +167,8 @@ def framework(name: str) -> Framework:
                                  "ignored in its CPU mode), so this machine has no row for them")
     return {
         "torch": Framework("torch", "as torchrun would start it", strategy="the script's own (as written)"),
+        "spawn": Framework("spawn", "as `python script.py` starts itself: its mp.spawn children are the ranks",
+                           strategy="the script's own (as written)"),
         "accelerate": Framework("accelerate", f"as `accelerate launch` would start it{where}", cpu,
                                 strategy="Accelerate's configured one" if gpu else "DDP (Accelerate, CPU)",
                                 note=only_ddp),

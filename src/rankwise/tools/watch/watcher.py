@@ -55,6 +55,7 @@ from rankwise.tools.trace import (
     uses_tf32,
     weights_file,
 )
+from rankwise.tools.watch import stall
 from rankwise.tools.watch.calls import CallWatch
 from rankwise.tools.watch.flops import StepFlops, utilisation
 from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
@@ -152,6 +153,7 @@ class Watcher:
         observers.register(RuntimeSteps(self))
 
     def _batch_yielded(self) -> None:
+        stall.progress()
         if self.trace:
             self._state = _generator_state()  # did the forward draw random numbers? (compared at its backward)
 
@@ -161,6 +163,7 @@ class Watcher:
         self._depth += 1
         if self._depth != 1:
             return
+        stall.progress()
         if not any(ref() is module for ref in self.models):
             self.model_seen(module)
         if not self.trace and not self.step and torch.is_grad_enabled():
@@ -215,6 +218,7 @@ class Watcher:
         return backward
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
+        stall.progress()
         consumed = self.data.consume()
         if consumed:
             self.consumed_batches += 1
@@ -300,6 +304,7 @@ class Watcher:
         """After an optimizer step (every rank): the step's record, the replicas compared, the weights written (a
         trace), lockstep's weights taken, and at the last step the report.  ``weights()``: the whole weights by name
         (every rank calls it); ``follow(theirs)``: start the next step from the N-rank run's weights."""
+        stall.progress()
         self.step += 1
         if rank_and_world()[1] > 1:
             self.joined = rank_and_world()

@@ -1,0 +1,211 @@
+"""A progress deadline in every watched process: a rank that makes no progress for a bounded time is stopped, and
+says where it waited.
+
+:func:`arm` starts the deadline (``faulthandler.dump_traceback_later(seconds, exit=True)``): past it, a C thread
+writes every thread's Python stack to the process's dump file, even while another thread holds the GIL (a rank
+blocked in a collective holds it in C++), then ends the process (``_exit(1)``), so its launcher stops the others.
+The watcher calls :func:`progress` on each sign of progress (a model's forward, a batch, a backward, an optimizer
+step); it pushes the deadline back at most every :data:`REARM_EVERY_S` (re-arming starts a thread: a hot loop must
+not pay for it each time).  A SIGTERM (the launcher stopping the rest of a failed group) writes the stacks to the
+same file first, so a rank stopped while it waited on the stalled one says where too.
+
+:func:`read_dumps` reads a run directory's dump files back (:func:`parse_dump`: faulthandler's text) and
+:func:`describe` says, per rank, where it waited: its innermost frame in the user's script and its innermost frame
+overall.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rankwise.tools.watch.ranks import outside_the_script
+
+STALL_TIMEOUT_S = 120.0
+"""``rankwise verify``'s default: seconds without progress before a rank is stopped."""
+REARM_EVERY_S = 0.5
+"""The least wall time between two re-armings: the deadline is met between ``seconds - REARM_EVERY_S`` and
+``seconds`` after the last progress."""
+DUMP = "stall-{who}-pid{pid}.txt"
+HEADER = "rankwise stall deadline: {who} main thread 0x{thread:016x} seconds {seconds:g}"
+
+_state: dict = {"file": None, "seconds": 0.0, "armed_at": 0.0}
+
+
+def dump_path(directory: str | Path, who: str) -> Path:
+    """This process's dump file in ``directory``: ``who`` is ``rank0``, ``rank1``, ... or ``launcher``."""
+    return Path(directory) / DUMP.format(who=who, pid=os.getpid())
+
+
+def arm(seconds: float, path: str | Path, who: str = "") -> None:
+    """Stop this process with every thread's stack in ``path`` after ``seconds`` without :func:`progress`
+    (0: no deadline).  The file stays open for as long as the process runs: faulthandler writes to its descriptor."""
+    disarm()
+    if seconds <= 0:
+        return
+    handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open: the C thread writes to it)
+    handle.write(HEADER.format(who=who or Path(path).stem, thread=threading.main_thread().ident,
+                               seconds=seconds) + "\n")
+    handle.flush()
+    _state.update(file=handle, seconds=seconds, armed_at=time.monotonic())
+    faulthandler.dump_traceback_later(seconds, exit=True, file=handle)
+    if threading.current_thread() is threading.main_thread():
+        # A launcher stopping this rank (another one stalled or failed) first learns where it waited.
+        faulthandler.register(signal.SIGTERM, file=handle, all_threads=True, chain=True)
+
+
+def progress() -> None:
+    """The process moved on: push the deadline back (at most every :data:`REARM_EVERY_S`)."""
+    if _state["file"] is None:
+        return
+    now = time.monotonic()
+    if now - _state["armed_at"] < REARM_EVERY_S:
+        return
+    _state["armed_at"] = now
+    faulthandler.dump_traceback_later(_state["seconds"], exit=True, file=_state["file"])
+
+
+def pause() -> None:
+    """No deadline until the next :func:`arm` (this process now waits on others that have their own)."""
+    if _state["file"] is not None:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def disarm() -> None:
+    """No deadline any more, and no stack on SIGTERM; the dump file is closed."""
+    if _state["file"] is None:
+        return
+    faulthandler.cancel_dump_traceback_later()
+    if threading.current_thread() is threading.main_thread():
+        faulthandler.unregister(signal.SIGTERM)
+    _state["file"].close()
+    _state.update(file=None, seconds=0.0)
+
+
+# -- reading the dumps back ----------------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^rankwise stall deadline: (?P<who>\S+) main thread (?P<thread>0x[0-9a-f]+) "
+                     r"seconds (?P<seconds>[\d.]+)")
+_TIMEOUT = re.compile(r"^Timeout \((?P<time>[\d:.]+)\)!")
+_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<thread>0x[0-9a-f]+)")
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.+)$')
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{_short(self.file)}:{self.line} in {self.function}"
+
+
+@dataclass
+class Dump:
+    """One process's dump: who it was, its deadline, whether the deadline stopped it (else a SIGTERM did), and each
+    thread's frames, innermost first."""
+    who: str
+    seconds: float
+    timed_out: bool
+    main_thread: str | None
+    threads: dict[str, list[Frame]] = field(default_factory=dict)
+
+    @property
+    def main(self) -> list[Frame]:
+        """The main thread's frames (innermost first); the last thread dumped where the main one is not known."""
+        if self.main_thread in self.threads:
+            return self.threads[self.main_thread]
+        return next(reversed(self.threads.values()), [])
+
+
+def parse_dump(text: str) -> Dump | None:
+    """faulthandler's text (after :func:`arm`'s header line), or ``None`` where it wrote no stack: the process ended
+    without being stopped."""
+    header = _HEADER.match(text)
+    dump = Dump(who=header["who"] if header else "?", seconds=float(header["seconds"]) if header else 0.0,
+                timed_out=False, main_thread=header["thread"] if header else None)
+    frames = None
+    for line in text.splitlines():
+        if _TIMEOUT.match(line):
+            dump.timed_out = True
+        elif match := _THREAD.match(line):
+            frames = dump.threads.setdefault(match["thread"], [])
+        elif (match := _FRAME.match(line)) and frames is not None:
+            frames.append(Frame(match["file"], int(match["line"]), match["function"].strip()))
+    return dump if dump.threads else None
+
+
+def in_script(frames: list[Frame], script: str | Path | None = None) -> Frame | None:
+    """The innermost frame in the user's script: ``script`` itself where given, else the innermost one outside
+    torch, rankwise and Python's own library."""
+    if script is not None:
+        name = str(Path(script).resolve())
+        found = next((frame for frame in frames if _same_file(frame.file, name)), None)
+        if found is not None:
+            return found
+    return next((frame for frame in frames if not outside_the_script(frame.file) and not _standard(frame.file)
+                 and "site-packages" not in frame.file), None)
+
+
+def read_dumps(directory: str | Path) -> list[Dump]:
+    """Every process's dump in a run directory that holds a stack, ranks in order."""
+    dumps = []
+    for path in Path(directory).glob(DUMP.format(who="*", pid="*")):
+        dump = parse_dump(path.read_text(encoding="utf-8", errors="replace"))
+        if dump is not None:
+            dumps.append(dump)
+    return sorted(dumps, key=lambda dump: (not dump.timed_out, _order(dump.who)))
+
+
+def describe(dumps: list[Dump], script: str | Path | None = None) -> str | None:
+    """Where each stopped process waited, one line each, those its deadline stopped first; ``None`` where no
+    deadline fired (a stack a SIGTERM wrote alone says nothing of a stall)."""
+    if not any(dump.timed_out for dump in dumps):
+        return None
+    lines = []
+    for dump in dumps:
+        who = dump.who.replace("rank", "rank ") if dump.who.startswith("rank") else "the process that starts the ranks"
+        frames = dump.main
+        ours, innermost = in_script(frames, script), frames[0] if frames else None
+        where = f"at {ours}" if ours else "outside the script"
+        if innermost is not None and innermost != ours:
+            where += f" ({innermost})"
+        if dump.timed_out:
+            lines.append(f"{who} made no progress for {dump.seconds:g} s and was stopped; it waited {where}")
+        else:
+            lines.append(f"{who} was stopped by its launcher meanwhile; it waited {where}")
+    return "\n".join(lines)
+
+
+def _order(who: str) -> tuple[int, str]:
+    number = who.removeprefix("rank")
+    return (int(number), "") if number.isdigit() else (1 << 30, who)
+
+
+def _same_file(file: str, name: str) -> bool:
+    try:
+        return str(Path(file).resolve()) == name
+    except OSError:
+        return False
+
+
+_STDLIB = os.path.dirname(os.__file__)
+
+
+def _standard(file: str) -> bool:
+    return file.startswith(_STDLIB) and "site-packages" not in file
+
+
+def _short(file: str) -> str:
+    """A frame's file as a reader finds it: the script's name, or its path inside its package."""
+    for marker in ("site-packages/", "/src/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return Path(file).name if not _standard(file) else file.removeprefix(_STDLIB + "/")
