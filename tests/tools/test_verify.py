@@ -152,6 +152,31 @@ def test_kept_dropout_is_named_as_the_source_of_random_numbers():
     assert diagnose(_run(), _run(), [], None, strategy="ddp", world_size=2) == []  # equivalent: nothing to say
 
 
+def test_weights_built_differently_are_a_reproducibility_warning_not_the_first_difference():
+    """Before, step 0's difference (a model built unseeded) was the first difference and the only cause named."""
+    from rankwise.tools.verify.compare import first_difference, start_differs
+
+    start = {"step": 0, "params_ok": False, "equivalent": False, "top": [("head.weight", 0.36)],
+             "max_param_diff": 0.36}
+    later = FIRST | {"equivalent": False, "followed": True}
+    assert first_difference([start, later]) is later and first_difference([start]) is None
+    warning = start_differs([start, later])
+    assert warning.startswith("two runs of this script start from different weights (head.weight differs by 3.6e-01")
+    assert "The reference started from the N-rank run's weights" in warning
+    assert "could not start from the N-rank run's weights" in start_differs([start, later | {"followed": False}])
+    assert start_differs([start | {"params_ok": True}, later]) is None
+
+
+def test_every_cause_is_listed_with_the_step_it_first_shows_in():
+    """A later step that differs for another reason adds its cause; the first step's causes come first."""
+    scaled = DIFFERENT_GRADIENT | {"gradient_scale": 2.0, "equivalent": False}
+    update = FIRST | {"step": 3, "equivalent": False, "followed": True}
+    causes = diagnose(_run(steps=3), _run(steps=3, lrs=(0.0,)), [scaled, update], scaled, strategy="ddp",
+                      world_size=2)
+    assert "summed over the ranks instead of averaged" in causes[0] and "(first shows" not in causes[0]
+    assert "another learning rate at step 3" in causes[1] and causes[1].endswith("(first shows at step 3)")
+
+
 @pytest.mark.parametrize(("reference", "candidate", "first", "failure", "words"), [
     (_run(), _run(), FIRST, None, "applied the same gradient (relative difference 1.0e-07), yet the 2 ranks'"),
     (_run(), _run(lrs=(0.0,)), FIRST, None, "another learning rate at step 1: one process 0.001, 2 ranks 0"),
@@ -161,7 +186,6 @@ def test_kept_dropout_is_named_as_the_source_of_random_numbers():
     (_run(), _run(), DIFFERENT_GRADIENT | {"gradient_scale": 0.5}, None, "averaged over the ranks twice"),
     (_run(), _run(comm_hook="bf16_compress"), DIFFERENT_GRADIENT, None, "rounds every gradient to bf16"),
     (_run(steps=4), _run(steps=2), None, None, "the 2-rank run recorded 2 optimizer steps, the one process 4"),
-    (_run(), _run(), FIRST | {"step": 0}, None, "the runs start from different weights"),
     (_run(losses=()), _run(losses=()), FIRST | {"followed": False}, None,
      "the loss was not recorded (the script does not call rt.backward"),
     (_run(no_grad=("head.bias",)), _run(), None, "a timeout", "may wait for them"),

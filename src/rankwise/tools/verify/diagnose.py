@@ -77,9 +77,10 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
     shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
     if first is None and failure is None and not shorter:
         return []
-    differing = [line for line in lines if line["step"] and not line["equivalent"]]
+    later = [line for line in lines if first is not None and line["step"] > first["step"]
+             and not line.get("equivalent", True)]
     found: dict[str, str] = {}
-    for line in differing or [first]:
+    for line in [first, *later]:
         for kind, text in _diagnose(reference, candidate, line, strategy=strategy, world_size=world_size,
                                     failure=failure, framework=framework, samples=samples):
             if kind not in found:
