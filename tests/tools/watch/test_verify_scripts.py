@@ -124,6 +124,13 @@ def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path
     proc, report = _verify(tmp_path / "ok", "tutorial_ddp.py", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and report["findings"] == []
+    # A failure after the compared steps (its first snapshot, at the end of epoch 0): the comparison stands, the
+    # failure is a finding that changes results.
+    proc, report = _verify(tmp_path / "late", "tutorial_ddp.py", "--fail-at-save", steps=None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6
+    (late,) = _errors(report)
+    assert late.startswith("after the 5 compared steps the distributed run failed") and "No space left" in late
 
 
 def test_fsdp2_with_a_global_token_mean_is_equivalent_and_a_per_micro_batch_mean_is_not(tmp_path):

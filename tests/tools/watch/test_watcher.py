@@ -9,6 +9,7 @@ import pytest
 
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.watch import watcher as watcher_module
+from rankwise.tools.watch import window
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 
@@ -18,7 +19,9 @@ def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(tmp_path
     """Under load a fast script's first steps are slow and its later ones fast (or the other way round): the window
     is pushed further until it lasted MIN_WINDOW_S, never cut short after a fixed number of decisions."""
     now, step_s = [0.0], [first_step_s]
-    monkeypatch.setattr(watcher_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    clock = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(watcher_module, "time", clock)
+    monkeypatch.setattr(window, "time", clock)  # (the window's report reads the same clock)
     watcher = Watcher(tmp_path, steps=10, warmup=1, trace=False)
     with pytest.raises(WatchDone):
         for _ in range(20_000):

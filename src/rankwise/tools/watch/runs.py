@@ -10,7 +10,9 @@ from rankwise.process import threads_per_process
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.harness import run_measured
 from rankwise.tools.watch import spawned, stall
-from rankwise.tools.watch.bootstrap import (
+from rankwise.tools.watch.findings import load_records
+from rankwise.tools.watch.frameworks import Framework
+from rankwise.tools.watch.rank import (
     AFTER,
     DIRECTORY,
     DROPOUT,
@@ -23,8 +25,6 @@ from rankwise.tools.watch.bootstrap import (
     TRACE,
     WARMUP,
 )
-from rankwise.tools.watch.findings import load_records
-from rankwise.tools.watch.frameworks import Framework
 
 
 def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,

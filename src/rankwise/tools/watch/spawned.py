@@ -36,6 +36,7 @@ from rankwise.launch.ports import port_in_use
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import stall
+from rankwise.tools.watch.rank import DIRECTORY, SPAWN, arm_stall, watched, watcher_from_environment
 from rankwise.tools.watch.ranks import patch
 
 SPAWN_RECORD, CHILD_RECORD = "spawn.json", "spawn-rank{index}.json"
@@ -45,8 +46,6 @@ ONE = "one"
 
 def launcher_main(argv: list[str]) -> int:
     """The script's own process (it starts the ranks): the spawn patch, the script as ``__main__``."""
-    from rankwise.tools.watch.bootstrap import arm_stall
-
     arm_stall("launcher")  # (paused once the ranks start: each has its own deadline)
     install_spawn_patch()
     try:
@@ -57,14 +56,10 @@ def launcher_main(argv: list[str]) -> int:
 
 
 def _reference() -> bool:
-    from rankwise.tools.watch.bootstrap import SPAWN
-
     return os.environ.get(SPAWN) == ONE
 
 
 def _directory() -> Path:
-    from rankwise.tools.watch.bootstrap import DIRECTORY
-
     return Path(os.environ[DIRECTORY])
 
 
@@ -107,8 +102,6 @@ class SpawnedRank:
         self.fn, self.nprocs = fn, nprocs
 
     def __call__(self, index: int, *args) -> None:
-        from rankwise.tools.watch.bootstrap import arm_stall, watched, watcher_from_environment
-
         to_terminal()  # a rank of `verify`: rankwise's messages as under `rankwise launch`
         arm_stall(f"rank{index}")
         seen = InitSeen(index, one_process=_reference())

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 import weakref
@@ -40,7 +39,6 @@ from torch import nn
 
 from rankwise import observers
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
-from rankwise.memory import peak_rss_megabytes
 from rankwise.throughput import MIN_WINDOW_S, window_end
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.trace import (
@@ -55,9 +53,9 @@ from rankwise.tools.trace import (
     uses_tf32,
     weights_file,
 )
-from rankwise.tools.watch import stall
+from rankwise.tools.watch import stall, window
 from rankwise.tools.watch.calls import CallWatch
-from rankwise.tools.watch.flops import StepFlops, utilisation
+from rankwise.tools.watch.flops import StepFlops
 from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
 from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
 
@@ -367,38 +365,7 @@ class Watcher:
         """Report the timed window (every rank; rank 0 writes ``probe.json``).  ``script_ended``: the script's loop
         ended after the steps asked, before the window's end: the window it had."""
         self.reported = True
-        rank, world = rank_and_world()
-        seconds = time.perf_counter() - self.started if self.started else None
-        cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
-            torch.cuda.is_initialized() else None
-        # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
-        gathered = gather((peak_rss_megabytes(), self.timed_samples, cuda))
-        # Why: every rank measures its matrix-product peak at once (sharing the machine as in training), after the
-        # gather above has brought them to the same point.
-        device = torch.device("cuda", torch.cuda.current_device()) if self.facts["device"] == "cuda" else \
-            torch.device(self.facts["device"])
-        counted = gather((self.flops.flops, self.flops_samples, self.flops.peak(device)))
-        launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
-        if world == 1 < launched:  # the script left its process group already: the ranks trained alike
-            world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
-        if rank == 0:
-            samples = sum(count for _, count, _ in gathered) * ranks
-            timed = self.step - self.warmup
-            write_text_atomic(self.directory / "probe.json", json.dumps({
-                "strategy": self.facts.get("strategy", "script"), "world_size": world, "device": self.facts["device"],
-                "steps": self.step,
-                "warmup_steps": self.warmup, "timed_steps": timed, "script_ended": script_ended,
-                "samples_per_step": samples / timed if timed else None,
-                "samples_counted_by": counted_by if samples else None,
-                "steady_s": round(seconds, 4) if seconds else None,
-                "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
-                "precision": self.facts["precision"] if self.runtime else "as written",
-                "peak_rss_mb": [rss for rss, _, _ in gathered],
-                "cuda_max_allocated_mb": [c for _, _, c in gathered],
-                **utilisation(*map(list, zip(*counted, strict=True)), device, self.flops.dtype, ranks),
-                "flops_counted": "first step" if self.flops.flops else self.flops.skipped or None, "model": {
-                    "batch_dependent": self.facts["batch_dependent"],
-                    "dropout": sorted({d["type"] for d in self.facts["dropout"]})}}, indent=2))
+        window.report(self, script_ended)
 
     # -- what the script does around the steps -----------------------------------------------------------------
 

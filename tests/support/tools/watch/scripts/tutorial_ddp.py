@@ -30,8 +30,8 @@ class MyTrainDataset(Dataset):
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, save_every, zero_loss):
-        self.model = DDP(model)
+    def __init__(self, model, train_data, optimizer, save_every, zero_loss, fail_at_save=False):
+        self.model, self.fail_at_save = DDP(model), fail_at_save
         self.train_data, self.optimizer, self.save_every = train_data, optimizer, save_every
         self.loss = F.cross_entropy if zero_loss else F.mse_loss
 
@@ -48,6 +48,8 @@ class Trainer:
             self._run_batch(source, targets)
 
     def _save_snapshot(self, epoch):
+        if self.fail_at_save:
+            raise OSError(28, "No space left on device", "snapshot.pt")
         torch.save({"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}, "snapshot.pt")
 
     def train(self, max_epochs):
@@ -57,7 +59,7 @@ class Trainer:
                 self._save_snapshot(epoch)
 
 
-def main(total_epochs, save_every, batch_size, defective, zero_loss):
+def main(total_epochs, save_every, batch_size, defective, zero_loss, fail_at_save):
     dist.init_process_group("gloo")
     generator = None if defective else torch.Generator().manual_seed(0)
     dataset = MyTrainDataset(2048, generator)
@@ -67,7 +69,7 @@ def main(total_epochs, save_every, batch_size, defective, zero_loss):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(dataset, batch_size=batch_size, pin_memory=True, shuffle=False,
                         sampler=DistributedSampler(dataset))
-    Trainer(model, loader, optimizer, save_every, defective or zero_loss).train(total_epochs)
+    Trainer(model, loader, optimizer, save_every, defective or zero_loss, fail_at_save).train(total_epochs)
     dist.destroy_process_group()
 
 
@@ -78,5 +80,6 @@ if __name__ == "__main__":
     parser.add_argument("--batch-size", type=int, default=32, help="input batch size on each device")
     parser.add_argument("--defective", action="store_true")
     parser.add_argument("--zero-loss", action="store_true")
+    parser.add_argument("--fail-at-save", action="store_true", help="the first snapshot fails (a full disk)")
     args = parser.parse_args()
-    main(args.total_epochs, args.save_every, args.batch_size, args.defective, args.zero_loss)
+    main(args.total_epochs, args.save_every, args.batch_size, args.defective, args.zero_loss, args.fail_at_save)

@@ -1,0 +1,65 @@
+"""One watched rank: its settings from the environment, its watcher and stall deadline, the script run under them
+and the teardown after it.
+
+Shared by the two ways a watched rank starts: :mod:`rankwise.tools.watch.bootstrap` (a rank torchrun started) and
+:mod:`rankwise.tools.watch.spawned` (a rank an ``mp.spawn`` script started itself).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from rankwise import process
+from rankwise.launch.failures import record_for_launcher
+from rankwise.throughput import MIN_WINDOW_S
+from rankwise.tools.watch import stall
+from rankwise.tools.watch.watcher import WatchDone, Watcher
+
+DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
+TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
+FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
+MIN_WINDOW, AFTER = "RANKWISE_WATCH_MIN_WINDOW", "RANKWISE_WATCH_AFTER"
+STALL, SPAWN = "RANKWISE_WATCH_STALL", "RANKWISE_WATCH_SPAWN"
+"""The watcher's settings, as the tools hand them to each rank."""
+
+
+def watcher_from_environment() -> Watcher:
+    steps = int(os.environ.get(STEPS, "20"))
+    trace = os.environ.get(TRACE) == "1"
+    return Watcher(os.environ[DIRECTORY], steps=steps, warmup=max(1, min(int(os.environ.get(WARMUP, "1")), steps - 1)),
+                   follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
+                   keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace,
+                   min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)),
+                   after=os.environ.get(AFTER, "stop"))
+
+
+def arm_stall(who: str) -> None:
+    """This process's progress deadline (``who``: ``rank0``, ...), as the tool set it (0 or unset: none)."""
+    stall.arm(float(os.environ.get(STALL) or 0), stall.dump_path(os.environ[DIRECTORY], who), who)
+
+
+def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], None] = lambda: None) -> int:
+    """Run the script (``run()``) under the installed ``watcher``; after it (or the watcher's last step), ``ended()``,
+    this rank's record, and the process group closed.  1 where the script failed and the launcher has its error
+    (else the error is raised)."""
+    try:
+        run()
+    except WatchDone:
+        pass  # the watcher's last step: the script's work here is done
+    except Exception as error:
+        if not record_for_launcher(error):
+            raise
+        # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
+        process.destroy_process_group(clean=False)
+        stall.disarm()
+        return 1
+    else:
+        watcher.script_returned = True
+        if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
+            watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
+    ended()
+    watcher.write_rank_record()
+    process.destroy_process_group(clean=True)  # (under the deadline still: a barrier a peer never reaches stalls)
+    stall.disarm()
+    return 0

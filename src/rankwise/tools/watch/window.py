@@ -1,0 +1,54 @@
+"""The timed window a watched run reports (``rankwise bench --script``): ``probe.json``, written by rank 0.
+
+Samples per second over the window after its warm-up steps, every rank's peak memory, and the first step's FLOPs
+against the matrix-product peak every rank measures at the end (:mod:`rankwise.tools.watch.flops`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from rankwise.checkpoint import write_text_atomic
+from rankwise.memory import peak_rss_megabytes
+from rankwise.tools.watch.flops import utilisation
+from rankwise.tools.watch.ranks import gather, rank_and_world
+
+
+def report(watcher, script_ended: bool) -> None:
+    """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank (collectives)."""
+    rank, world = rank_and_world()
+    seconds = time.perf_counter() - watcher.started if watcher.started else None
+    cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
+        torch.cuda.is_initialized() else None
+    # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
+    gathered = gather((peak_rss_megabytes(), watcher.timed_samples, cuda))
+    # Why: every rank measures its matrix-product peak at once (sharing the machine as in training), after the
+    # gather above has brought them to the same point.
+    device = torch.device("cuda", torch.cuda.current_device()) if watcher.facts["device"] == "cuda" else \
+        torch.device(watcher.facts["device"])
+    counted = gather((watcher.flops.flops, watcher.flops_samples, watcher.flops.peak(device)))
+    launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
+    if world == 1 < launched:  # the script left its process group already: the ranks trained alike
+        world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
+    if rank == 0:
+        samples = sum(count for _, count, _ in gathered) * ranks
+        timed = watcher.step - watcher.warmup
+        write_text_atomic(watcher.directory / "probe.json", json.dumps({
+            "strategy": watcher.facts.get("strategy", "script"), "world_size": world, "device": watcher.facts["device"],
+            "steps": watcher.step,
+            "warmup_steps": watcher.warmup, "timed_steps": timed, "script_ended": script_ended,
+            "samples_per_step": samples / timed if timed else None,
+            "samples_counted_by": counted_by if samples else None,
+            "steady_s": round(seconds, 4) if seconds else None,
+            "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
+            "precision": watcher.facts["precision"] if watcher.runtime else "as written",
+            "peak_rss_mb": [rss for rss, _, _ in gathered],
+            "cuda_max_allocated_mb": [c for _, _, c in gathered],
+            **utilisation(*map(list, zip(*counted, strict=True)), device, watcher.flops.dtype, ranks),
+            "flops_counted": "first step" if watcher.flops.flops else watcher.flops.skipped or None, "model": {
+                "batch_dependent": watcher.facts["batch_dependent"],
+                "dropout": sorted({d["type"] for d in watcher.facts["dropout"]})}}, indent=2))
