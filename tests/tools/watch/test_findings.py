@@ -6,11 +6,11 @@ from rankwise.tools.watch.findings import findings
 
 
 def _pass(loader=0, samples=0, trained=0, first=(), size=None, distributed=False, shuffle=None, epoch=None,
-          complete=True, combined=1):
+          complete=True, combined=1, deduplicated=0):
     return {"loader": loader, "dataset_size": size, "batch_size": 8, "sampler": "DistributedSampler" if distributed
             else "SequentialSampler", "distributed_sampler": distributed, "shuffle": shuffle, "epoch": epoch,
             "samples": samples, "trained": trained, "first": list(first), "complete": complete,
-            "collectives_after": combined}
+            "collectives_after": combined, "deduplicated_after": deduplicated}
 
 
 def _record(rank, passes, world=2, **extra):
@@ -25,6 +25,25 @@ def test_distributed_sampler_padding_is_counted_twice_with_the_counts():
     (finding,) = findings(records, 2)
     assert finding.level == "error" and "42 predictions over the 2 ranks for a 41-sample set" in finding.text
     assert "pads 1 samples" in finding.text and "gather_for_metrics" in finding.text
+
+
+def test_an_evaluation_repeated_on_every_rank_is_counted_twice_only_where_the_script_combines_it():
+    gathered = [_record(r, [_pass(loader=1, samples=40, size=40)]) for r in (0, 1)]
+    (twice,) = findings(gathered, 2)
+    assert twice.level == "error" and "evaluation counted 80 predictions" in twice.text
+    # Each rank evaluates the whole set and keeps its own result (rank 0 prints it): right, only wasteful.
+    alone = [_record(r, [_pass(loader=1, samples=40, size=40, combined=0)]) for r in (0, 1)]
+    (wasted,) = findings(alone, 2)
+    assert wasted.level == "warning" and wasted.text.startswith("each of the 2 ranks evaluated the whole 40-sample")
+
+
+def test_samples_a_sampler_repeats_are_not_counted_twice_where_gather_for_metrics_drops_them():
+    # Accelerate's even_batches: 30 samples, batch 8, 2 ranks -> 16 + 16, the last two repeated; gather_for_metrics
+    # drops them (HF Trainer's evaluation uses it too).
+    dropped = [_record(r, [_pass(loader=1, samples=16, size=30, deduplicated=1)]) for r in (0, 1)]
+    assert findings(dropped, 2) == []
+    kept = [_record(r, [_pass(loader=1, samples=16, size=30)]) for r in (0, 1)]
+    assert "some samples were evaluated on more than one rank" in findings(kept, 2)[0].text
 
 
 def test_an_evaluation_sharded_without_padding_is_not_a_finding():

@@ -18,6 +18,7 @@ from rankwise.tools.watch.frameworks import detect, framework
     ("import lightning as L\n", "fabric"),
     ("import lightning as L\ntrainer = L.Trainer(devices=2)\n", "lightning"),
     ("from pytorch_lightning import Trainer\nTrainer(max_epochs=1).fit(m)\n", "lightning"),
+    ("import lightning as L\nfrom transformers import AutoModel\nL.Trainer(devices=2).fit(m)\n", "lightning"),
     ("from lightning.fabric import Fabric\nfabric = Fabric()\n", "fabric"),
     ("import rankwise\nrt = rankwise.setup()\n", "rankwise"),
     ("# accelerate is not imported here\nimport torch\n", "torch"),

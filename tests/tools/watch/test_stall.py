@@ -72,3 +72,37 @@ def test_a_process_without_progress_is_stopped_with_its_stack_and_a_sigterm_writ
     assert describe(dumps, script).splitlines() == [
         "rank 3 made no progress for 1 s and was stopped; it waited at waits.py:8 in waits",
         "rank 4 was stopped by its launcher meanwhile; it waited at waits.py:8 in waits"]
+
+
+WAITS_FOR_OTHERS = textwrap.dedent("""\
+    import sys, time
+    from rankwise.tools.watch import stall
+    stall.arm(1.0, sys.argv[1], sys.argv[2])
+    stall.progress()  # its first progress: from here on the run's progress decides
+    started = time.monotonic()
+    if sys.argv[2] == "rank0":  # rank 0 works alone for 3 s (rank 0's evaluation, say), then stops
+        while time.monotonic() - started < 3:
+            time.sleep(0.1)
+            stall.progress()
+        time.sleep(60)
+    else:  # rank 1 waits for it all along (a barrier)
+        time.sleep(60)
+    """)
+
+
+def test_a_rank_waiting_while_another_works_is_not_stalled_until_the_whole_run_stops(tmp_path):
+    script = tmp_path / "waits_for_others.py"
+    script.write_text(WAITS_FOR_OTHERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    started = time.monotonic()
+    ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"stall-rank{r}-pid{r}.txt"), f"rank{r}"],
+                              env=env) for r in (0, 1)]
+    try:
+        codes = [rank.wait(timeout=30) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    ended = time.monotonic() - started
+    assert codes == [1, 1]  # both stopped by their deadline once nothing moved for 1 s ...
+    assert ended > 3.5  # ... not while rank 0 worked: rank 1's own deadline (1 s) followed the run's progress
+    assert [dump.who for dump in read_dumps(tmp_path) if dump.timed_out] == ["rank0", "rank1"]

@@ -124,13 +124,16 @@ def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path
     proc, report = _verify(tmp_path / "ok", "tutorial_ddp.py", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and report["findings"] == []
-    # A failure after the compared steps (its first snapshot, at the end of epoch 0): the comparison stands, the
-    # failure is a finding that changes results.
+    # A failure after the compared steps (its first snapshot, at the end of epoch 0): the comparison stands, the rest
+    # of the script could not be checked (exit 4), and what ran before the failure is still read.
     proc, report = _verify(tmp_path / "late", "tutorial_ddp.py", "--fail-at-save", steps=None)
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6
-    (late,) = _errors(report)
+    assert proc.returncode == 4, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6 and _errors(report) == []
+    (late,) = [finding["text"] for finding in report["findings"] if finding["level"] == "failed"]
     assert late.startswith("after the 5 compared steps the distributed run failed") and "No space left" in late
+    assert proc.stdout.strip().splitlines()[-1].startswith("verdict: the whole script could not be checked: its 5 "
+                                                           "compared steps match one process")
+    assert any(part.startswith("training: loader 0, 1 pass of 32 batches") for part in report["ran"]), report["ran"]
 
 
 def test_fsdp2_with_a_global_token_mean_is_equivalent_and_a_per_micro_batch_mean_is_not(tmp_path):
@@ -181,7 +184,7 @@ def test_trainers_default_loss_scaling_is_caught_behind_an_unseeded_model_and_it
     assert any(finding["text"].startswith("two runs of this script start from different weights") and
                "The reference started from the N-rank run's weights" in finding["text"]
                for finding in report["findings"] if finding["level"] == "warning"), report["findings"]
-    proc, report = _verify(tmp_path / "fixed", "hf_trainer.py", "--no-average-tokens", steps=3)
+    proc, report = _verify(tmp_path / "fixed", "hf_trainer.py", "--no-average-tokens", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent"
 
@@ -256,7 +259,7 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
 
     port = free_port()
     monkeypatch.setenv("SPAWN_PORT", str(port))  # the script's fixed port, one per test run side by side
-    proc, report = _verify(tmp_path / "ok", "spawn_ddp.py", steps=5)
+    proc, report = _verify(tmp_path / "ok", "spawn_ddp.py", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and report["framework"]["name"] == "spawn" and report["processes"] == 2
     assert report["findings"] == []
@@ -269,6 +272,6 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
     # The ranks wrote their records; the process that spawned them (rank 0 by its environment) none of its own.
     assert sorted(path.name for path in (tmp_path / "ok" / "candidate").glob("watch-rank*.json")) == [
         "watch-rank0.json", "watch-rank1.json"]
-    proc, report = _verify(tmp_path / "bad", "spawn_ddp.py", "--defective", steps=4)
+    proc, report = _verify(tmp_path / "bad", "spawn_ddp.py", "--defective", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert any("set_epoch was never called" in text and "2 passes" in text for text in _errors(report)), report

@@ -117,9 +117,11 @@ def verify_watched(script: Path, script_args: list[str], framework: Framework, p
 
 
 def _merged(report: dict, extra: dict) -> dict:
-    """The comparison's report with the distributed run's own findings, the comparison's first (errors first)."""
+    """The comparison's report with the distributed run's own findings, the comparison's first (a failure, then
+    errors first)."""
     found = [*report.pop("comparison_findings"), *extra.pop("findings", [])]
-    return report | extra | {"findings": sorted(found, key=lambda finding: finding["level"] != "error")}
+    order = {"failed": 0, "error": 1}  # (then warnings)
+    return report | extra | {"findings": sorted(found, key=lambda finding: order.get(finding["level"], 2))}
 
 
 def _written(out: Path, report: dict, keep_weights: bool) -> dict:
@@ -134,9 +136,13 @@ def _written(out: Path, report: dict, keep_weights: bool) -> dict:
 
 
 def exit_code(report: dict) -> int:
-    """The verdict's exit code; 1 as well when the run itself shows a finding that changes results."""
-    if any(finding["level"] == "error" for finding in report.get("findings", [])):
+    """The verdict's exit code; 1 as well when the run itself shows a finding that changes results, 4 when the rest of
+    the script could not be checked (the distributed run failed after the compared steps)."""
+    levels = {finding["level"] for finding in report.get("findings", [])}
+    if "error" in levels:
         return 1
+    if "failed" in levels and report["verdict"] in ("equivalent", "vacuous"):
+        return EXIT["could not run"]
     return EXIT[report["verdict"]]
 
 
@@ -162,13 +168,15 @@ def run(args) -> int:
                                 as_written=args.as_written, log=progress, stall_s=args.stall_timeout)
     report["exit_code"] = exit_code(report)
     text = render(report)
+    report["verdict_line"] = text.splitlines()[-1]
     write_text_atomic(out / "verify.md", f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"
                                          "\n![differences by step](verify.png)\n")
     # The command's output (the report, the JSON): printed whatever the logging level.
     print(text)
     if args.json:
-        print(json.dumps({key: report.get(key) for key in ("verdict", "equivalent", "first_difference", "diagnosis",
-                                                            "findings")}, default=str))
+        print(json.dumps({key: report.get(key) for key in ("verdict", "exit_code", "verdict_line", "equivalent",
+                                                            "first_difference", "diagnosis", "findings")},
+                         default=str))
     return exit_code(report)
 
 
@@ -185,8 +193,9 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     if "candidate" in failure and "reference" not in failure and candidate.reached >= steps_asked:
         # The N-rank run failed after the compared window: the comparison stands, the failure is a finding.
         shortened = any(record.get("cut_after") is not None for record in _passes(out / "candidate"))
-        noted.append({"level": "error", "text": f"after the {steps_asked} compared steps the distributed run failed: "
-                      f"{failure.pop('candidate')}" + (
+        # (not an error of the script's as such: the shortening, a timeout or a stall may have caused it)
+        noted.append({"level": "failed", "text": f"after the {steps_asked} compared steps the distributed run "
+                      f"failed, so the rest of the script was not checked: {failure.pop('candidate')}" + (
                           ". Its training passes were cut short after the compared steps: a script that cannot "
                           "take a short pass (next() on an exhausted iterator) runs whole with --as-written"
                           if shortened else "")})
@@ -195,7 +204,8 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     start = start_differs(lines)
     if start:
         noted.append({"level": "warning", "text": start})
-    vacuous = nothing_trained(candidate, lines) if lines else None
+    # Only where no step differs: a difference is its own verdict, whatever else trained.
+    vacuous = nothing_trained(candidate, lines) if lines and first is None else None
     samples = unmatched_samples(load_records(out / "candidate"), load_records(out / "reference"))
     # A crashed N-rank run is still explained against the one process where it can be (a parameter without gradient).
     diagnosis = [] if "reference" in failure else diagnose(

@@ -172,9 +172,9 @@ def nothing_trained(candidate: TracedRun, lines: list[dict]) -> str | None:
     why = []
     if losses and all(loss == 0.0 for loss in losses):
         why.append("the loss was exactly 0 at every step")
-    if all(path.exists() for path in gradients) and all(
-            all(not tensor.any() for tensor in read_weights(path).values()) for path in gradients):
-        why.append("every gradient was 0")
+    read = [read_weights(path) for path in gradients if path.exists()]
+    if len(read) == len(gradients) and all(read) and all(not t.any() for tensors in read for t in tensors.values()):
+        why.append("every gradient was 0")  # (a step with no gradient recorded tells nothing)
     weights = [step for step in [0, *steps] if weights_file(candidate.directory, step).exists()]
     if len(weights) > 1 and all(
             max(tensor_differences(candidate.weights(after), candidate.weights(before)).values(), default=0.0) == 0

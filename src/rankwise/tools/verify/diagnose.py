@@ -84,8 +84,8 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
         for kind, text in _diagnose(reference, candidate, line, strategy=strategy, world_size=world_size,
                                     failure=failure, framework=framework, samples=samples):
             if kind not in found:
-                later = line is not None and first is not None and line["step"] != first["step"]
-                found[kind] = text + (f" (first shows at step {line['step']})" if later else "")
+                shows_later = line is not None and first is not None and line["step"] != first["step"]
+                found[kind] = text + (f" (first shows at step {line['step']})" if shows_later else "")
     findings = ([shorter] if shorter else []) + list(found.values())
     if framework:
         for ours, theirs in PLAIN_SCRIPT_WORDS.items():
@@ -127,10 +127,12 @@ def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *,
                          "accumulating micro-batches and averaging ranks round at every addition, in another order "
                          f"on {world_size} ranks than in one process; keep fp32 parameters and compute in 16 bits "
                          "with --precision bf16-mixed (autocast), whose gradients accumulate in fp32"))
-    if first is not None and first["step"] and not first["loss_ok"] and not findings:
-        scaled = _loss_scaled(first, world_size, framework)
-        findings.append(("loss-scaled", scaled) if scaled else
-                        ("loss-mean", _normalisation(reference, candidate, first, world_size)))
+    loss_differs = first is not None and first["step"] and not first["loss_ok"]
+    scaled = _loss_scaled(first, world_size, framework) if loss_differs else None
+    if scaled:  # (its evidence is its own — the loss N times one process's —, whatever else the model holds)
+        findings.append(("loss-scaled", scaled))
+    elif loss_differs and not findings:
+        findings.append(("loss-mean", _normalisation(reference, candidate, first, world_size)))
     if no_grad and not failure:
         findings.append(("no-grad", f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run"))
     hook = str(candidate.facts.get("comm_hook", "none"))

@@ -129,7 +129,13 @@ def verdict_line(report: dict, steps: int) -> str:
     """The one verdict line, agreeing with the exit code: the comparison's verdict, unless a finding in the whole
     script changes its results (exit 1 then, whatever the compared steps showed)."""
     errors = sum(finding["level"] == "error" for finding in report.get("findings") or [])
+    failed = any(finding["level"] == "failed" for finding in report.get("findings") or [])
     line = VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))
+    if failed and not errors and report["verdict"] in ("equivalent", "vacuous"):
+        compared = f"its {steps} compared steps match one process" if report["verdict"] == "equivalent" else \
+            "nothing trained in the compared steps"
+        return (f"verdict: the whole script could not be checked: {compared}, but the distributed run failed after "
+                "them (exit 4)")
     if not errors and report["verdict"] == "equivalent" and report.get("ran"):
         return (f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the script changes what "
                 "it computes or reports (exit 0)")

@@ -9,14 +9,14 @@ process than on the rank that took it: the dataset is made differently in each p
 from __future__ import annotations
 
 
-def _by_index(records: list[dict]) -> dict[int, tuple[int, str, dict]]:
-    """Each training sample's index -> (rank, digest, the pass it came from), from the runs' records."""
+def _by_index(records: list[dict]) -> dict[tuple[int, int], tuple[int, str, dict]]:
+    """Each training sample's (loader, index) -> (rank, digest, the pass it came from), from the runs' records."""
     seen = {}
     for record in records:
         for p in record["passes"]:
             if p["trained"]:
                 for index, digest in p.get("sample_indices", []):
-                    seen.setdefault(index, (record["rank"], digest, p))
+                    seen.setdefault((p["loader"], index), (record["rank"], digest, p))
     return seen
 
 
@@ -27,11 +27,14 @@ def unmatched_samples(candidate: list[dict], reference: list[dict]) -> str | Non
     differing = [index for index in shared if ranks[index][1] != one[index][1]]
     if not differing:
         return None
-    index = differing[0]
-    rank, _, taken = ranks[index]
+    (_, index) = differing[0]
+    rank, _, taken = ranks[differing[0]]
     dataset = taken.get("dataset") or {}
-    where = f" (defined at {dataset['defined_at']})" if dataset.get("defined_at") and \
-        not dataset.get("module", "").startswith("torch.") else ""
+    places = [f"defined at {dataset['defined_at']}"] if dataset.get("defined_at") and \
+        not dataset.get("module", "").startswith("torch.") else []
+    if taken.get("site"):
+        places.append(f"its DataLoader built at {taken['site']}")
+    where = f" ({', '.join(places)})" if places else ""
     return (f"the same dataset index gives different tensors: index {index} on rank {rank} is not index {index} in "
             f"the one process ({len(differing)} of the {len(shared)} indices both runs recorded differ). The data "
             f"itself differs from process to process, not only its order: the dataset "

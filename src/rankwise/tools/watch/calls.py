@@ -19,6 +19,8 @@ COLLECTIVES = ("all_reduce", "barrier", "all_gather", "all_gather_object", "all_
                "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
                "gather_object", "all_to_all", "all_to_all_single", "monitored_barrier")
 """The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among them)."""
+SYNCHRONISING = frozenset({"barrier", "monitored_barrier"})
+"""Of those, the ones that carry no data."""
 
 class CallWatch:
     def __init__(self, step: Callable[[], int]):
@@ -30,7 +32,11 @@ class CallWatch:
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
         self.calls = 0
-        """The script's own collectives so far."""
+        """The collectives so far that carry data and that the script or a framework made (torch's own inside a
+        module, such as FSDP's all-gathers, and barriers do not count): what can combine an evaluation."""
+        self.deduplicated = 0
+        """Calls of ``accelerate.Accelerator.gather_for_metrics`` (it drops the samples a sampler repeated)."""
+        self._frameworks_patched = False
         self.destroyed_group = False
         """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
         self.reads: dict[str, dict] = {}
@@ -77,11 +83,30 @@ class CallWatch:
                     return original(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - started
-                    watcher.calls += 1
+                    if name not in SYNCHRONISING and "/torch/" not in sys._getframe(1).f_code.co_filename:
+                        watcher.calls += 1
                     _count(watcher.collectives, site, spent, watcher.step())
                     watcher.collective_seconds += spent
             return call
         return make
+
+    def patch_frameworks(self) -> None:
+        """Once the script imported its framework (at its model's first forward): Accelerate's
+        ``gather_for_metrics``, counted."""
+        if self._frameworks_patched:
+            return
+        self._frameworks_patched = True
+        accelerator = sys.modules.get("accelerate.accelerator")
+        if accelerator is not None:
+            patch(accelerator.Accelerator, "gather_for_metrics", self._gather_for_metrics)
+
+    def _gather_for_metrics(self, original):
+        watcher = self
+
+        def gather_for_metrics(accelerator, *args, **kwargs):
+            watcher.deduplicated += 1
+            return original(accelerator, *args, **kwargs)
+        return gather_for_metrics
 
     def _destroy(self, original):
         watcher = self

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rankwise.tools.watch.findings import evaluations
+
 
 def parts_ran(record: dict) -> list[str]:
     """The parts of the script the run reached, in words, one per line."""
@@ -55,7 +57,7 @@ def checks(records: list[dict], processes: int) -> list[tuple[str, str | None]]:
     """Each check of the findings as ``(check, why it could not run)``; ``None``: it ran (over what it says)."""
     record = records[0]
     training = [p for p in record["passes"] if p["trained"]]
-    evaluations = [p for p in record["passes"] if not p["trained"] and p["complete"]]
+    evaluated = evaluations(record)
     shuffled = defaultdict(int)
     for p in training:
         if p["distributed_sampler"] and p["shuffle"]:
@@ -76,8 +78,8 @@ def checks(records: list[dict], processes: int) -> list[tuple[str, str | None]]:
                                                            "the second on"
     out.append((f"a new order each epoch (set_epoch; passes: {max(shuffled.values(), default=len(training))})",
                 epochs_why))
-    out.append((f"evaluation counted exactly once (whole evaluation passes: {len(evaluations)})",
-                None if evaluations else "no evaluation DataLoader ran a whole pass"))
+    out.append((f"evaluation counted exactly once (whole evaluation passes: {len(evaluated)})",
+                None if evaluated else "no evaluation DataLoader ran a whole pass"))
     out.append((f"replicas hold the same weights (optimizer steps: {record['steps']})",
                 None if record["steps"] and processes > 1 else "no optimizer step"))
     saves = sum(len(r["saves"]) for r in records)

@@ -101,10 +101,9 @@ def _evaluation(records: list[dict]) -> list[Finding]:
 
 def _counted_less(records: list[dict]) -> list[Finding]:
     for record in records:
-        for p in _evaluations(record):
+        for p in evaluations(record):
             size = p["dataset_size"]
-            if size is None or p["samples"] >= size or not p["distributed_sampler"] or \
-                    p.get("collectives_after", 1) != 0:  # (combined, or not known)
+            if size is None or p["samples"] >= size or not p["distributed_sampler"] or _combined(p):
                 continue
             return [Finding("error", f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
                                      f"loader {p['loader']} (its DistributedSampler's shard) and nothing was combined "
@@ -116,19 +115,27 @@ def _counted_less(records: list[dict]) -> list[Finding]:
     return []
 
 
-def _evaluations(record: dict) -> list[dict]:
+def evaluations(record: dict) -> list[dict]:
+    """A rank's evaluation passes: those that ran whole and trained nothing."""
     return [p for p in record["passes"] if not p["trained"] and p["complete"]]
 
 
 def _counted_more(records: list[dict]) -> list[Finding]:
-    out = []
-    count = min(len([p for p in r["passes"] if not p["trained"] and p["complete"]]) for r in records)
+    count = min(len(evaluations(r)) for r in records)
     for index in range(count):
-        passes = [[p for p in r["passes"] if not p["trained"] and p["complete"]][index] for r in records]
+        passes = [evaluations(r)[index] for r in records]
         size, seen = passes[0]["dataset_size"], sum(p["samples"] for p in passes)
-        if size is None or seen <= size:
+        if size is None or seen <= size or any(p.get("deduplicated_after") for p in passes):
+            continue  # (accelerator.gather_for_metrics dropped the repeats)
+        whole = all(p["samples"] == size for p in passes) and len(records) > 1
+        if not _combined(passes[0]):  # each rank's result stays its own: nothing was counted twice
+            if whole:
+                return [Finding("warning", f"each of the {len(records)} ranks evaluated the whole {size}-sample set "
+                                           f"of loader {passes[0]['loader']} (nothing combined after it): the same "
+                                           f"work {len(records)} times. Shard it with a DistributedSampler and "
+                                           "combine the counts once, or evaluate on rank 0 only")]
             continue
-        if all(p["samples"] == size for p in passes) and len(records) > 1:
+        if whole:
             why = (f"each of the {len(records)} ranks evaluated the whole set; shard it with a DistributedSampler "
                    "(and gather once), or evaluate on rank 0 only")
         elif passes[0]["distributed_sampler"]:
@@ -137,10 +144,14 @@ def _counted_more(records: list[dict]) -> list[Finding]:
                    "repeats (accelerator.gather_for_metrics does), or evaluate on one device (Lightning's advice)")
         else:
             why = "some samples were evaluated on more than one rank"
-        out.append(Finding("error", f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
-                                    f"{size}-sample set (loader {passes[0]['loader']}): {why}"))
-        break
-    return out
+        return [Finding("error", f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
+                                 f"{size}-sample set (loader {passes[0]['loader']}): {why}")]
+    return []
+
+
+def _combined(evaluation: dict) -> bool:
+    """Whether the script combined something across the ranks after an evaluation pass (unknown: assumed so)."""
+    return evaluation.get("collectives_after") is None or evaluation["collectives_after"] > 0
 
 
 def _replicas(records: list[dict]) -> list[Finding]:

@@ -140,10 +140,11 @@ def detect(script: Path) -> str:
         return "rankwise"  # (rankwise.spawn too: the Runtime's own launcher)
     if SPAWNS.search(text):
         return "spawn"
-    if re.search(r"\bTrainer\s*\(", text) and _imports(text, "transformers"):
-        return "trainer"
+    # (a Lightning script may import transformers for its model: Lightning's Trainer first)
     if re.search(r"\bTrainer\s*\(", text) and _imports(text, "lightning", "lightning.pytorch", "pytorch_lightning"):
         return "lightning"
+    if re.search(r"\bTrainer\s*\(", text) and _imports(text, "transformers"):
+        return "trainer"
     if _imports(text, "lightning", "lightning.fabric", "lightning_fabric"):
         return "fabric"
     if _imports(text, "accelerate"):

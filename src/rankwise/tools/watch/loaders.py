@@ -48,7 +48,8 @@ class _Pass:
                        "epoch": getattr(distributed, "epoch", None) if distributed else None,
                        "samples": 0, "trained": 0, "first": [], "complete": False, "site": None,
                        "cut_after": None, "batches": length, "dataset": _described(loader.dataset),
-                       "collectives_at_start": 0, "collectives_after": None, "sample_indices": []}
+                       "collectives_at_start": (0, 0), "collectives_after": None, "deduplicated_after": None,
+                       "sample_indices": []}
         self.pending: deque[tuple[list[str], int | None]] = deque()
         """Batches yielded that no backward consumed yet: their digests and tokens."""
         self.last_yield = 0
@@ -59,7 +60,7 @@ class _Pass:
         self.indices: list[list[int] | None] = []
         """Each yielded batch's dataset indices (map-style datasets), for the reference to take the same."""
         self.cut_from = 0
-        """Batches the pass had yielded when the cutting began (0: it began after)."""
+        """Batches the pass had trained on when the cutting began (0: it began after)."""
 
 
 class LoaderWatch:
@@ -69,6 +70,8 @@ class LoaderWatch:
         self.loaders: dict[int, int] = {}
         self.passes: list[_Pass] = []
         self.active: dict[int, _Pass] = {}
+        self.sites: dict[int, str] = {}
+        """id(loader) -> the line that built it (the script's, not a framework's re-creation)."""
         self.scaled: dict[int, int] = {}
         """id(dataset) -> the batch size the reference gave its loader (a framework re-creating it keeps it)."""
         self.unscaled: list[str] = []
@@ -85,8 +88,9 @@ class LoaderWatch:
         """The loaders a backward consumed a batch of."""
         self._length = DataLoader.__len__
         """A loader's own length (a cut training loader's is ``keep``: what it will yield)."""
-        self.collectives: Callable[[], int] = lambda: 0
-        """The script's own collectives so far (each pass notes the count at its start: was evaluation combined?)."""
+        self.collectives: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        """The data-carrying collectives and ``gather_for_metrics`` calls so far (each pass notes them at its start:
+        was an evaluation combined after it, were its repeats dropped?)."""
 
     def install(self) -> None:
         patch(DataLoader, "__init__", self._loader_init)
@@ -111,17 +115,20 @@ class LoaderWatch:
 
     def shorten(self, keep: int) -> None:
         """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every rank calls this
-        at the same step, so every rank cuts at the same batch and no collective is left unmatched."""
+        at the same step, and counts from the batches it trained on (not those a loader fetched ahead), so every rank
+        cuts at the same batch and no collective is left unmatched."""
         self.keep = keep
         for current in self.active.values():
-            current.cut_from = len(current.indices)
+            current.cut_from = current.record.get("trained_batches", 0)
 
     def records(self) -> list[dict]:
         passes = [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]} for p in self.passes]
-        for this, after in zip(passes, [*passes[1:], None], strict=True):
-            # The script's collectives from this pass's start to the next pass's (or the end): what it combined.
-            this["collectives_after"] = (after["collectives_at_start"] if after else self.collectives()) - \
-                this["collectives_at_start"]
+        for at, this in enumerate(passes):
+            # What the script combined from this pass's start to the next training pass (or the end).
+            after = next((p for p in passes[at + 1:] if p["trained"]), None)
+            end = after["collectives_at_start"] if after else self.collectives()
+            this["collectives_after"] = end[0] - this["collectives_at_start"][0]
+            this["deduplicated_after"] = end[1] - this["collectives_at_start"][1]
         return passes
 
     def _loader_init(self, original):
@@ -129,6 +136,9 @@ class LoaderWatch:
         watcher = self
 
         def init(loader, *args, **kwargs):
+            site = call_site()
+            if site != "?":
+                watcher.sites[id(loader)] = site
             bound = signature.bind(loader, *args, **kwargs)
             arguments = bound.arguments
             dataset = arguments.get("dataset")
@@ -138,7 +148,6 @@ class LoaderWatch:
                     arguments["batch_size"] = batch_size * watcher.scale
                     watcher.scaled[id(dataset)] = batch_size * watcher.scale
             elif watcher.scale > 1 and arguments.get("batch_sampler") is not None and id(dataset) not in watcher.scaled:
-                site = call_site()
                 if site != "?":  # built by the script, not re-created by a framework
                     watcher.unscaled.append(f"{site}: a DataLoader with its own batch_sampler")
             return original(*bound.args, **bound.kwargs)
@@ -152,6 +161,7 @@ class LoaderWatch:
             key = (number, watcher.pass_counts.get(number, 0))
             watcher.pass_counts[number] = key[1] + 1
             current = _Pass(loader, number, _length(watcher._length, loader))
+            current.record["site"] = watcher.sites.get(id(loader))
             for ended in [n for n, p in watcher.active.items() if p.done]:
                 del watcher.active[ended]  # what an ended pass left untrained stays so
             watcher._iterating = key  # a loader with workers asks for its first batches while it starts
@@ -237,9 +247,10 @@ class LoaderWatch:
             current.done = True
 
     def _cut(self, current: _Pass) -> bool:
-        """Whether a pass that trains has yielded its ``keep`` batches since the cutting began."""
-        return self.keep is not None and current.record["trained"] > 0 and \
-            len(current.indices) - current.cut_from >= self.keep
+        """Whether a pass that trains (or a later pass of a loader that trained) has yielded its ``keep`` batches
+        since the cutting began."""
+        trains = current.record["trained"] > 0 or current.record["loader"] in self.training
+        return self.keep is not None and trains and len(current.indices) >= current.cut_from + self.keep
 
     def _set_epoch(self, original):
         watcher = self

@@ -7,6 +7,7 @@ Shared by the two ways a watched rank starts: :mod:`rankwise.tools.watch.bootstr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -50,6 +51,8 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     except Exception as error:
         if not record_for_launcher(error):
             raise
+        with contextlib.suppress(Exception):  # what ran before the failure still counts for the findings
+            watcher.write_rank_record()
         # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
         process.destroy_process_group(clean=False)
         stall.disarm()

@@ -2,11 +2,16 @@
 says where it waited.
 
 :func:`arm` starts the deadline (``faulthandler.dump_traceback_later(seconds, exit=True)``): past it, a C thread
-writes every thread's Python stack to the process's dump file, even while another thread holds the GIL (a rank
-blocked in a collective holds it in C++), then ends the process (``_exit(1)``), so its launcher stops the others.
+writes every thread's Python stack to the process's dump file, even while another thread holds the GIL, then ends
+the process (``_exit(1)``), so its launcher stops the others.
 The watcher calls :func:`progress` on each sign of progress (a model's forward, a batch, a backward, an optimizer
 step); it pushes the deadline back at most every :data:`REARM_EVERY_S` (re-arming starts a thread: a hot loop must
-not pay for it each time).  A SIGTERM (the launcher stopping the rest of a failed group) writes the stacks to the
+not pay for it each time).  Progress is the run's, not the process's: :func:`progress` also touches a heartbeat file
+in the run directory, and a watchdog thread in every process pushes its deadline back while any process of the run
+made progress within it — a rank waiting in a barrier while rank 0 evaluates alone is not stalled.  (A rank that
+holds the GIL while it waits starves its watchdog thread: that is the hang the deadline is for.)  The first deadline
+allows for start-up (imports, data preparation): at least :data:`START_UP_S`.
+A SIGTERM (the launcher stopping the rest of a failed group) writes the stacks to the
 same file first, so a rank stopped while it waited on the stalled one says where too.
 
 :func:`read_dumps` reads a run directory's dump files back (:func:`parse_dump`: faulthandler's text) and
@@ -16,6 +21,7 @@ overall.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import re
@@ -32,10 +38,14 @@ STALL_TIMEOUT_S = 120.0
 REARM_EVERY_S = 0.5
 """The least wall time between two re-armings: the deadline is met between ``seconds - REARM_EVERY_S`` and
 ``seconds`` after the last progress."""
+START_UP_S = 300.0
+"""The least time a process has from :func:`arm` to the run's first progress."""
+HEARTBEAT = "progress"
+"""The run directory's file every process's :func:`progress` touches."""
 DUMP = "stall-{who}-pid{pid}.txt"
 HEADER = "rankwise stall deadline: {who} main thread 0x{thread:016x} seconds {seconds:g}"
 
-_state: dict = {"file": None, "seconds": 0.0, "armed_at": 0.0}
+_state: dict = {"file": None, "seconds": 0.0, "armed_at": 0.0, "heartbeat": None, "watchdog": None}
 
 
 def dump_path(directory: str | Path, who: str) -> Path:
@@ -53,8 +63,14 @@ def arm(seconds: float, path: str | Path, who: str = "") -> None:
     handle.write(HEADER.format(who=who or Path(path).stem, thread=threading.main_thread().ident,
                                seconds=seconds) + "\n")
     handle.flush()
-    _state.update(file=handle, seconds=seconds, armed_at=time.monotonic())
-    faulthandler.dump_traceback_later(seconds, exit=True, file=handle)
+    heartbeat = Path(path).parent / HEARTBEAT
+    _state.update(file=handle, seconds=seconds, armed_at=time.monotonic(), heartbeat=heartbeat)
+    faulthandler.dump_traceback_later(max(seconds, START_UP_S), exit=True, file=handle)
+    stop = threading.Event()
+    watchdog = threading.Thread(target=_watch_the_run, args=(handle, seconds, heartbeat, stop), daemon=True,
+                                name="rankwise-stall-watchdog")
+    _state["watchdog"] = stop
+    watchdog.start()
     if threading.current_thread() is threading.main_thread():
         # A launcher stopping this rank (another one stalled or failed) first learns where it waited.
         faulthandler.register(signal.SIGTERM, file=handle, all_threads=True, chain=True)
@@ -69,11 +85,30 @@ def progress() -> None:
         return
     _state["armed_at"] = now
     faulthandler.dump_traceback_later(_state["seconds"], exit=True, file=_state["file"])
+    with contextlib.suppress(OSError):
+        _state["heartbeat"].touch()  # (the other processes' watchdogs read it)
+
+
+def _watch_the_run(handle, seconds: float, heartbeat: Path, stop: threading.Event) -> None:
+    """While any process of the run made progress within ``seconds``, this process's deadline is pushed back to that
+    much after it."""
+    seen = 0.0
+    while not stop.wait(min(1.0, seconds / 4)):
+        try:
+            last = heartbeat.stat().st_mtime
+        except OSError:
+            continue
+        if last > seen:  # another process's progress (or this one's): the run moves
+            seen = last
+            left = seconds - (time.time() - last)
+            if left > 0 and _state["file"] is handle:
+                faulthandler.dump_traceback_later(left, exit=True, file=handle)
 
 
 def pause() -> None:
     """No deadline until the next :func:`arm` (this process now waits on others that have their own)."""
     if _state["file"] is not None:
+        _state["watchdog"].set()  # (first: it could arm the deadline again)
         faulthandler.cancel_dump_traceback_later()
 
 
@@ -81,11 +116,12 @@ def disarm() -> None:
     """No deadline any more, and no stack on SIGTERM; the dump file is closed."""
     if _state["file"] is None:
         return
+    _state["watchdog"].set()  # (first: it could arm the deadline again)
     faulthandler.cancel_dump_traceback_later()
     if threading.current_thread() is threading.main_thread():
         faulthandler.unregister(signal.SIGTERM)
     _state["file"].close()
-    _state.update(file=None, seconds=0.0)
+    _state.update(file=None, seconds=0.0, watchdog=None)
 
 
 # -- reading the dumps back ----------------------------------------------------------------------------------------

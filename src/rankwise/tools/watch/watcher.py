@@ -70,6 +70,10 @@ STEPS_KEPT = 2
 pass still steps more than once (a defect of the step after an epoch's first shows)."""
 
 
+REPLICAS_EVERY = 5
+"""After verify's window, the replicas are compared every this many optimizer steps."""
+
+
 class WatchDone(observers.Finished):
     """The watcher recorded its last step: the script ends here, successfully, on every rank (a Runtime, where the
     script has one, closes as at the end of its loop)."""
@@ -99,7 +103,7 @@ class Watcher:
         self.names: dict[int, str] = {}
         self.data = LoaderWatch(scale=scale, follow=self.follow, on_batch=self._batch_yielded, digest_all=trace)
         self.calls = CallWatch(lambda: self.step)
-        self.data.collectives = lambda: self.calls.calls
+        self.data.collectives = lambda: (self.calls.calls, self.calls.deduplicated)
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
         self.flops_samples = 0
@@ -179,6 +183,7 @@ class Watcher:
     def model_seen(self, model: nn.Module) -> None:
         """A model's first forward (before it runs): dropout off, its facts, its parameters' names."""
         self.models.append(weakref.ref(model))
+        self.calls.patch_frameworks()  # (the script has imported its framework by now)
         facts = self.facts
         facts["dropout"] += switch_off_dropout(model, self.keep_dropout)
         facts["batch_dependent"] = sorted(set(facts["batch_dependent"]) | set(model_facts(model)["batch_dependent"]))
@@ -224,7 +229,7 @@ class Watcher:
             self.record.samples += digests
             if tokens is not None:
                 self.record.tokens.append(tokens)
-        if not self.trace:  # a benchmark counts samples only: no loss read back (a device sync) on its clock
+        if not self.tracing:  # a benchmark, or after verify's window: no loss read back (a device sync)
             return
         if self._random is not None:
             self._random.__exit__(None, None, None)
@@ -317,7 +322,10 @@ class Watcher:
         elif self.started is not None:
             self.timed_samples += len(self.record.samples)
         local = hashlib.blake2b(digest_size=8)
-        if self.trace or self.step == 1:  # the replicas' weights, compared across ranks
+        # The replicas' weights, compared across ranks: every traced step, a benchmark's first, every
+        # REPLICAS_EVERY-th after verify's window (each costs a copy of the weights to the CPU).
+        compared = self.tracing or self.step == 1 or (self.window_over and self.step % REPLICAS_EVERY == 0)
+        if compared:
             for parameter in parameters:
                 if not hasattr(parameter, "full_tensor"):
                     local.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
@@ -325,7 +333,7 @@ class Watcher:
         record = self.record.as_dict() | {"weights_digest": local.hexdigest()}
         # Why: rank 0 writes what every rank saw in this step, and every rank's replica digest (a benchmark compares
         # the replicas after its first step only, and gathers nothing else until its last).
-        records = gather(record) if self.trace or self.step == 1 else [record]
+        records = gather(record) if compared else [record]
         if len({r["weights_digest"] for r in records}) > 1 and not self.facts["shards_optimizer_state"]:
             self.replicas_differ.append(self.step)
         rank, _ = rank_and_world()
@@ -354,6 +362,7 @@ class Watcher:
         self.finish()
         if self.trace and self.after != "stop":
             self.window_over = True  # the script goes on, untraced, through the rest of its work
+            self.data.digest_all = False  # (the findings read each pass's first samples and its counts)
             if self.after == "shorten":
                 self.data.shorten(STEPS_KEPT * max(1, round(self.consumed_batches / self.step)))
                 for adapt in self.on_shorten:
