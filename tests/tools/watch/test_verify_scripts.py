@@ -116,7 +116,10 @@ def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path
     assert "the same dataset index gives different tensors" in samples and "MyTrainDataset" in samples
     defined = next(number for number, line in enumerate((SCRIPTS / "tutorial_ddp.py").read_text().splitlines(), 1)
                    if line.startswith("class MyTrainDataset"))
-    assert f"(defined at tutorial_ddp.py:{defined})" in samples and "without a seed" in samples
+    built = next(number for number, line in enumerate((SCRIPTS / "tutorial_ddp.py").read_text().splitlines(), 1)
+                 if "loader = DataLoader(" in line)
+    assert f"(defined at tutorial_ddp.py:{defined}, its DataLoader built at tutorial_ddp.py:{built})" in samples
+    assert "without a seed" in samples
     # Seeded data and model, but the zero loss kept: nothing trained is its own verdict, exit 5.
     proc, report = _verify(tmp_path / "zero", "tutorial_ddp.py", "--zero-loss", steps=2)
     assert proc.returncode == 5 and report["findings"] == [], proc.stdout + proc.stderr[-3000:]

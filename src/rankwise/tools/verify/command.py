@@ -138,6 +138,8 @@ def _written(out: Path, report: dict, keep_weights: bool) -> dict:
 def exit_code(report: dict) -> int:
     """The verdict's exit code; 1 as well when the run itself shows a finding that changes results, 4 when the rest of
     the script could not be checked (the distributed run failed after the compared steps)."""
+    if report["verdict"] == "could not run":  # (what a crashed run recorded is partial: its findings decide nothing)
+        return EXIT["could not run"]
     levels = {finding["level"] for finding in report.get("findings", [])}
     if "error" in levels:
         return 1

@@ -139,12 +139,11 @@ def verdict_line(report: dict, steps: int) -> str:
     if not errors and report["verdict"] == "equivalent" and report.get("ran"):
         return (f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the script changes what "
                 "it computes or reports (exit 0)")
-    if not errors or report["verdict"] == "not equivalent":
+    if not errors or report["verdict"] in ("not equivalent", "could not run"):
         return line
     compared = {"equivalent": f"its {steps} compared steps match one process, but",
                 "vacuous": "nothing trained in the compared steps, and",
-                "not comparable": "random ops make the steps not comparable, and",
-                "could not run": "nothing was compared (a run failed), and"}[report["verdict"]]
+                "not comparable": "random ops make the steps not comparable, and"}[report["verdict"]]
     findings = f"{errors} finding{'s' if errors > 1 else ''} in the script change{'s' if errors == 1 else ''}"
     return f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or reports (exit 1)"
 

@@ -39,6 +39,8 @@ class CallWatch:
         self._frameworks_patched = False
         self.destroyed_group = False
         """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
+        self.left: tuple[int, int] | None = None
+        """(rank, world size) of the process group when it was destroyed (by the script, a framework or rankwise)."""
         self.reads: dict[str, dict] = {}
         """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on a GPU."""
 
@@ -114,6 +116,8 @@ class CallWatch:
         def destroy(*args, **kwargs):
             if caller_is_the_script():
                 watcher.destroyed_group = True
+            if not args and not kwargs and dist.is_initialized():  # (the default group, not a subgroup)
+                watcher.left = dist.get_rank(), dist.get_world_size()
             return original(*args, **kwargs)
         return destroy
 

@@ -380,7 +380,7 @@ class Watcher:
 
     def rank_record(self) -> dict:
         """What this rank saw, for the findings that need no reference (written at the end by every rank)."""
-        rank, world = self.joined or rank_and_world()
+        rank, world = self.joined or self.calls.left or rank_and_world()
         return {"rank": rank, "world_size": world, "steps": self.step,
                 "passes": self.data.records(), "set_epoch_calls": self.data.set_epoch_calls,
                 "collectives": self.calls.records(), "reads": self.calls.read_records(), "device": self.facts["device"],
