@@ -22,6 +22,12 @@ def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
     return round(statistics.median(values), digits) if values else None
 
 
+def significant(value: float | None, digits: int = 4) -> float | None:
+    """``value`` to ``digits`` significant figures: a CPU's 0.0028 TFLOP/s keeps its precision (4 decimals made it
+    0.0028 from 0.002832, 1 % off the MFU computed from it)."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
 def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
     """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``; a run that
     could not run points to the table's notes, which carry its error once."""
@@ -54,7 +60,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
                 "wall_s": median(runs, "wall_s"),
                 "samples_per_s": speed,
                 "tokens_per_s": median(runs, "tokens_per_s"),
-                "tflops_per_s": median(runs, "tflops_per_s", 4),
+                "tflops_per_s": significant(median(runs, "tflops_per_s", 12)),
                 "mfu": median(runs, "mfu", 4),
                 "mfu_datasheet": median(runs, "mfu_datasheet", 4),
                 "speedup": round(speed / reference, 3) if speed and reference else None,
