@@ -170,6 +170,7 @@ def test_rankwise_doctor_checks_every_node_of_the_allocation(slurm_env):
     assert "2 ranks on gloo" in job.stdout  # the all_reduce across both nodes, measured on node 0
 
 
+@pytest.mark.timeout(600)  # (up to 150 s for the job to loop, 150 s for Slurm to end it, 120 s to revive the node)
 def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
     """rw-slurm1 loses power: its link goes down, then every process on it (slurmd, slurmstepd, the agent and
     its worker) is SIGKILLed.  The rank on rw-slurm0 gives up after its 4 s collective timeout and names the rank
@@ -179,7 +180,7 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
         f"exec rankwise launch --nproc-per-node 1 {PROBE} --loop {progress} 4")],
         env=slurm_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 150  # (beside another xdist worker's load, slurmd starts steps late)
         while not (progress.exists() and progress.read_text().count("\n") >= 3):  # both ranks all-reduce
             if time.monotonic() > deadline or srun.poll() is not None:  # (`finally` cancels its job)
                 srun.kill()
@@ -191,7 +192,7 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
         for pid in victims:
             os.kill(int(pid), signal.SIGKILL)
         cut = time.monotonic()
-        _, stderr = srun.communicate(timeout=60)
+        _, stderr = srun.communicate(timeout=150)
         ended = time.monotonic() - cut
     finally:
         srun.kill()
@@ -201,7 +202,10 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
         assert revived.returncode == 0, revived.stderr[-4000:]
     print(f"killed {len(victims)} processes on rw-slurm1; srun ended {ended:.1f} s later with {srun.returncode}")
     assert srun.returncode != 0
-    assert ended < 30  # 4 s timeout + 5 s for the others to record themselves + shutdown; never a hang
+    # 4 s timeout + 5 s for the others to record themselves + shutdown, then Slurm's own node-failure detection
+    # (SlurmdTimeout=6), which took over 60 s beside another xdist worker's load (2 of 3 full runs on 2 cores);
+    # never a hang.  (rank 0's own naming of the missing node is checked below.)
+    assert ended < 120
     assert f"rank 1 on node 1 (host rw-slurm1, {NODES['rw-slurm1']}) never arrived" in stderr, stderr[-4000:]
     # The agent's summary: the failed rank and its host, then what it found (rankwise.setup records it for
     # torchrun's failure summary): the node that went away.
