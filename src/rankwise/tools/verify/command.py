@@ -186,6 +186,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
           framework: str | None = None) -> dict:
     """Compare the two traced runs: every step, the first that differs, the diagnosis and the verdict."""
     reference, candidate = TracedRun.load(out / "reference"), TracedRun.load(out / "candidate")
+    ranks = load_records(out / "candidate")  # (every rank's record of the N-rank run)
     # The tolerance of what the distributed run really ran: the script's own precision and options count too.
     facts = candidate.facts or reference.facts
     precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
@@ -194,7 +195,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     noted = []
     if "candidate" in failure and "reference" not in failure and candidate.reached >= steps_asked:
         # The N-rank run failed after the compared window: the comparison stands, the failure is a finding.
-        shortened = any(record.get("cut_after") is not None for record in _passes(out / "candidate"))
+        shortened = any(p.get("cut_after") is not None for record in ranks for p in record["passes"])
         # (not an error of the script's as such: the shortening, a timeout or a stall may have caused it)
         noted.append({"level": "failed", "text": f"after the {steps_asked} compared steps the distributed run "
                       f"failed, so the rest of the script was not checked: {failure.pop('candidate')}" + (
@@ -208,7 +209,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
         noted.append({"level": "warning", "text": start})
     # Only where no step differs: a difference is its own verdict, whatever else trained.
     vacuous = nothing_trained(candidate, lines) if lines and first is None else None
-    samples = unmatched_samples(load_records(out / "candidate"), load_records(out / "reference"))
+    samples = unmatched_samples(ranks, load_records(out / "reference"))
     # A crashed N-rank run is still explained against the one process where it can be (a parameter without gradient).
     diagnosis = [] if "reference" in failure else diagnose(
         reference, candidate, lines, first, strategy=strategy, world_size=processes, failure=failure.get("candidate"),
@@ -237,6 +238,3 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
             "verdict": verdict, "equivalent": verdict == "equivalent", "vacuous": vacuous,
             "comparison_findings": noted}
 
-
-def _passes(directory: Path) -> list[dict]:
-    return [p for record in load_records(directory) for p in record["passes"]]

@@ -29,7 +29,7 @@ def parts_ran(record: dict) -> list[str]:
             line += f" of {passes[0]['batches']} batches"
         if cut:
             line += (f"; after the compared steps each was cut to {record['keep_batches']} batches "
-                     f"({sum(p['batches'] - p['cut_after'] for p in cut if p.get('batches'))} batches not run)")
+                     f"({_batches(sum(p['batches'] - p['cut_after'] for p in cut if p.get('batches')))} not run)")
         out.append(line)
     if window is not None:
         out.append(f"optimizer steps: {steps} ({min(window, steps)} compared with one process"
@@ -44,13 +44,19 @@ def parts_ran(record: dict) -> list[str]:
     saves = record["saves"]
     out.append(f"saves: {len(saves)} torch.save call{'s' if len(saves) != 1 else ''}" +
                (f" ({', '.join(sorted({s['site'] for s in saves}))})" if saves else ""))
-    if record.get("script_returned"):
+    if record.get("ended_by") == "script":
         how = "the script ran to its end" + (", closing its process group itself" if record.get("destroyed_group")
                                              else "; rankwise closed the process group it left open")
+    elif record.get("ended_by") == "failure":
+        how = "the script failed on this rank (its error is above)"
     else:
         how = "the watcher ended the script after its last compared step (nothing after it ran)"
     out.append(f"shutdown: {how}")
     return out
+
+
+def _batches(count: int) -> str:
+    return f"{count} batch{'es' if count != 1 else ''}"
 
 
 def checks(records: list[dict], processes: int) -> list[tuple[str, str | None]]:
@@ -70,7 +76,8 @@ def checks(records: list[dict], processes: int) -> list[tuple[str, str | None]]:
     if not training:
         epochs_why = "no training pass came from a DataLoader"
     elif not any(p["distributed_sampler"] for p in training):
-        epochs_why = f"the training loader has no DistributedSampler (its sampler: {training[0]['sampler']})"
+        epochs_why = (f"the training loader has no DistributedSampler (its sampler: {training[0]['sampler']}), so "
+                      "no set_epoch for the script to call")
     elif not shuffled:
         epochs_why = None if len(training) > 1 else "one training pass (one epoch)"
     else:

@@ -42,7 +42,7 @@ class _Pass:
         except TypeError:
             size = None
         self.record = {"loader": number, "dataset_size": size, "batch_size": loader.batch_size,
-                       "sampler": type(sampler).__name__ if sampler is not None else None,
+                       "sampler": _sampler_name(sampler, batch_sampler),
                        "distributed_sampler": distributed is not None,
                        "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
                        "epoch": getattr(distributed, "epoch", None) if distributed else None,
@@ -259,6 +259,17 @@ class LoaderWatch:
             watcher.set_epoch_calls += 1
             return original(sampler, epoch)
         return set_epoch
+
+
+def _sampler_name(sampler, batch_sampler) -> str | None:
+    """The sampler that orders the pass: a batch sampler of a framework's own (Accelerate's ``BatchSamplerShard``)
+    orders it with the sampler inside it, not with the loader's default ``sampler`` attribute."""
+    if batch_sampler is None or getattr(batch_sampler, "sampler", None) is sampler:
+        return type(sampler).__name__ if sampler is not None else None
+    inner = getattr(batch_sampler, "sampler", None) or getattr(getattr(batch_sampler, "batch_sampler", None),
+                                                               "sampler", None)
+    return f"{type(inner).__name__} in {type(batch_sampler).__name__}" if inner is not None else \
+        type(batch_sampler).__name__
 
 
 def _length(length, loader: DataLoader) -> int | None:

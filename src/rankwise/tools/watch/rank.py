@@ -51,6 +51,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     except Exception as error:
         if not record_for_launcher(error):
             raise
+        watcher.ended_by = "failure"
         with contextlib.suppress(Exception):  # what ran before the failure still counts for the findings
             watcher.write_rank_record()
         # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
@@ -58,7 +59,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
         stall.disarm()
         return 1
     else:
-        watcher.script_returned = True
+        watcher.ended_by = "script"
         if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
             watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
     ended()

@@ -96,8 +96,9 @@ class Watcher:
         """Batches a backward consumed (in the window: its micro-batches per step)."""
         self.on_shorten: list[Callable[[], None]] = []
         """Called when the later training passes are cut (a framework that counts an epoch's batches adapts)."""
-        self.script_returned = False
-        """The script ran to its end (its ``__main__`` returned), rather than being ended by the watcher."""
+        self.ended_by = "watcher"
+        """How the script ended: ``"watcher"`` (at its last traced step), ``"script"`` (its ``__main__`` returned) or
+        ``"failure"`` (it raised)."""
         self.step = 0
         self.models: list[weakref.ref] = []
         self.names: dict[int, str] = {}
@@ -389,9 +390,8 @@ class Watcher:
                 "step_collective_seconds": [round(s, 6) for s in self.step_collective_seconds],
                 "scale": self.scale, "dropout": self.facts["dropout"],
                 "framework_world_size": _framework_world_size(), "api": self.facts["api"],
-                "window_steps": self.end, "after_window": self.after, "keep_batches": self.data.keep,
-                "script_returned": self.script_returned, "destroyed_group": self.calls.destroyed_group,
-                "collectives_total": self.calls.calls}
+                "window_steps": self.end, "keep_batches": self.data.keep,
+                "ended_by": self.ended_by, "destroyed_group": self.calls.destroyed_group}
 
     def write_rank_record(self) -> None:
         record = self.rank_record()
