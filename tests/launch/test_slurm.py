@@ -58,6 +58,17 @@ def slurm_env():
         assert down.returncode == 0, down.stderr
 
 
+@pytest.fixture(autouse=True)
+def cluster_alive(slurm_env):
+    """Each test starts on a whole cluster: a daemon that died since (a CI run once lost munged mid-module, its
+    socket gone, and the next job never started) is brought back with `up`, saying so."""
+    status = _cluster("status", timeout=60)
+    if "not running" in status.stdout or "no namespace" in status.stdout:
+        print(f"the cluster had lost a part; starting it again:\n{status.stdout}\n{status.stderr[-2000:]}")
+        up = _cluster("up", timeout=300)
+        assert up.returncode == 0, f"scripts/local_slurm.sh up failed ({up.returncode}):\n{up.stderr[-8000:]}"
+
+
 def _srun(env: dict, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
     """``srun ARGS`` from this (the controller's) namespace; --immediate: a busy cluster fails, never queues.  A job
     still running after ``timeout`` s is cancelled and the test fails with all it printed: a hang never holds the
@@ -184,7 +195,9 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
         while not (progress.exists() and progress.read_text().count("\n") >= 3):  # both ranks all-reduce
             if time.monotonic() > deadline or srun.poll() is not None:  # (`finally` cancels its job)
                 srun.kill()
-                pytest.fail(f"the job never looped (srun exit {srun.wait()}):\n{srun.stderr.read()[-6000:]}")
+                status = _cluster("status", timeout=60)
+                pytest.fail(f"the job never looped (srun exit {srun.wait()}):\n{srun.stderr.read()[-6000:]}\n"
+                            f"the cluster then:\n{status.stdout}{status.stderr[-2000:]}")
             time.sleep(0.2)
         subprocess.run(["ip", "-n", "rw-slurm1", "link", "set", "rw-slurmn1", "down"], check=True, timeout=10)
         victims = subprocess.run(["ip", "netns", "pids", "rw-slurm1"], capture_output=True, text=True, check=True,
