@@ -93,3 +93,21 @@ def test_every_known_strategy_continues_every_other_at_any_world_size_and_the_un
         check_compatible("ckpt", {"world_size": 2, "strategy": "fsdp"}, "fsdp", 3)
     with pytest.raises(ConfigError, match="written by strategy 'ddp'"):
         check_compatible("ckpt", {"world_size": 2, "strategy": "ddp"}, "fsdp", 2)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_weights_and_checkpoints_get_the_mode_the_umask_gives_every_other_file(tmp_path, umask):
+    """safetensors writes its file 0600 and the atomic rename kept it: a serving process of another user could not
+    read the weights.  Every file rankwise writes gets what the user's umask gives (0644 under 022)."""
+    previous = os.umask(umask)
+    try:
+        weights = ckpt.write_weights(ToyMLP(4, 3).state_dict(), tmp_path / "model.safetensors")
+        checkpoint = save(tmp_path / "checkpoints", 10, ToyMLP(4, 3))
+        report = ckpt.write_text_atomic(tmp_path / "report.json", "{}")
+    finally:
+        os.umask(previous)
+    expected = 0o666 & ~umask
+    modes = {path.name: oct(path.stat().st_mode & 0o777)
+             for path in [weights, report, *(p for p in checkpoint.rglob("*") if p.is_file())]}
+    assert set(modes.values()) == {oct(expected)}, modes
+    assert ckpt.files.user_file_mode() == 0o666 & ~previous

@@ -27,6 +27,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def user_file_mode() -> int:
+    """The mode a file the user creates gets: ``0o666`` less the process's umask (read from /proc, which leaves
+    the umask untouched; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path next to ``path``; once the block has written it: fsync, rename onto
@@ -38,6 +50,9 @@ def atomic_path(path: str | os.PathLike):
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
+        # Some writers create their file owner-only (safetensors: 0600), and the rename would keep it so: a
+        # serving process of another user, or a team's shared directory, could not read the weights.
+        os.chmod(tmp, user_file_mode())
         fsync_file(tmp)
         os.replace(tmp, path)
     finally:
@@ -99,6 +114,7 @@ def save_weights_file(state: dict[str, torch.Tensor], path: str | os.PathLike, m
     kept, aliases = untie(strip_module_prefix(state))
     metadata = {**(metadata or {}), **({TIED: json.dumps(aliases)} if aliases else {})}
     save_file({k: v.detach().cpu().contiguous() for k, v in kept.items()}, str(path), metadata=metadata or None)
+    os.chmod(path, user_file_mode())  # (safetensors writes 0600 whatever the umask)
 
 
 def load_weights_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
