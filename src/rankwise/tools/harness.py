@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,8 +26,9 @@ from typing import Any
 
 import torch
 
-from rankwise.errors import ConfigError
+from rankwise.errors import ConfigError, Stopped
 from rankwise.launch.hosts import layout_from_slurm
+from rankwise.tools.stopping import stop_signals, stop_tree
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -165,19 +165,25 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
     started = time.perf_counter()
     with open(out / "bench.out", "w", encoding="utf-8") as stdout, \
             open(out / "bench.log", "w", encoding="utf-8") as stderr:
-        # Its own process group: a run that overstays is killed with every worker it started.
-        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env, start_new_session=True,
-                                cwd=cwd)
-        while proc.poll() is None:
-            if on_poll:
-                on_poll()
-            if time.perf_counter() - started > timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return {"error": f"killed after {timeout_s:g} s (a hang?); see {out / 'bench.log'}",
-                        "wall_s": round(time.perf_counter() - started, 2)}
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.5)
+        # Its own session (a Ctrl-C in the terminal reaches this process, which stops the run as a whole); a run
+        # that overstays, or a stop asked of this process, ends with every worker it started.
+        with stop_signals():
+            proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env,
+                                    start_new_session=True, cwd=cwd)
+            try:
+                while proc.poll() is None:
+                    if on_poll:
+                        on_poll()
+                    if time.perf_counter() - started > timeout_s:
+                        stop_tree(proc, grace_s=0)
+                        return {"error": f"killed after {timeout_s:g} s (a hang?); see {out / 'bench.log'}",
+                                "wall_s": round(time.perf_counter() - started, 2)}
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.5)
+            except Stopped as stopped:
+                under = stop_tree(proc)
+                raise Stopped(stopped.signum, f"ended the run it had started, its launcher and the {under} "
+                                              f"processes under it (their output: {out / 'bench.log'})") from None
     wall = round(time.perf_counter() - started, 2)
     if proc.returncode:
         return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}

@@ -1,0 +1,51 @@
+"""Stopping rankwise stops everything it started: a SIGTERM to `rankwise verify` or `rankwise launch` mid-run ends
+their launcher and ranks (torchrun starts each rank in a session of its own, out of reach of a process group's
+signal), and says so."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+STALLS = Path(__file__).parents[1] / "support" / "tools" / "watch" / "scripts" / "stalls.py"
+
+
+@pytest.mark.parametrize("command", ["verify", "launch"])
+def test_a_sigterm_mid_run_leaves_no_process_of_the_run_alive(command, tmp_path):
+    args = ["verify", str(STALLS), "--out", str(tmp_path / "run")] if command == "verify" else \
+        ["launch", "--nproc-per-node", "2", str(STALLS)]
+    proc = subprocess.Popen([sys.executable, "-m", "rankwise.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        family: list[psutil.Process] = []
+        deadline = time.monotonic() + 90
+        while sum(_is_rank(p) for p in family) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+            family = psutil.Process(proc.pid).children(recursive=True)
+        time.sleep(2)  # (the ranks are in their loop: rank 0 sleeps at its third step, rank 1 waits for it)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        time.sleep(10)
+        alive = [p.cmdline() for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+    assert alive == [], f"still running 10 s after rankwise {command} was stopped: {alive}"
+    assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
+    assert f"rankwise {command}: stopped by SIGTERM" in stderr, stderr[-3000:]
+    if command == "verify":
+        assert "ended the run it had started, its launcher and the 2 processes under it" in stderr, stderr[-3000:]
+
+
+def _is_rank(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return bool({"rankwise.launch.script", "rankwise.tools.watch.bootstrap"} & set(process.cmdline()))
+    return False
