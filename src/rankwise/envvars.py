@@ -58,6 +58,11 @@ VARIABLES: tuple[EnvVar, ...] = (
          "Steps left out of the timed window (default 1)."),
     EnvVar("RANKWISE_WATCH_MIN_WINDOW", "`bench --script --min-window`", "`tools/watch/rank.py`",
          "The least seconds a timed window lasts (default 2)."),
+    EnvVar("RANKWISE_EXIT_GRACE_S", "the user; `launch --exit-grace`", "`launch/exits.py` (every launched rank)",
+         "Seconds a rank that finished its work may take to exit before it is named and ended (default 30; 0: no "
+         "limit)."),
+    EnvVar("RANKWISE_EXIT_DIR", "`launch/torchrun.py` (a temporary directory)", "`launch/exits.py`",
+         "Where each rank's exit guard writes its stacks for the launcher to read back."),
     EnvVar("RANKWISE_WATCH_TRACE", "`tools/watch/runs.py`", "`tools/watch/rank.py`",
          "`1`: record every step for verify's comparison."),
     EnvVar("RANKWISE_WATCH_DROPOUT", "`verify --keep-dropout`", "`tools/watch/rank.py`",

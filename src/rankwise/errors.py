@@ -60,6 +60,20 @@ class LaunchError(RuntimeError):
         return cls(lines, note)
 
 
+class HungAtExit(LaunchError):
+    """Every rank finished its work, and some did not exit: the exit guard named and ended them
+    (:mod:`rankwise.launch.exits`).  The run completed; the exit status says so apart from a failed run."""
+
+    exit_code = 3
+
+    def __init__(self, failures: list):
+        self.failures = [f"rank {f.rank} (host {f.host}, local rank {f.local_rank}, pid {f.pid}) {f.error}"
+                         for f in sorted(failures, key=lambda f: f.rank)]
+        RuntimeError.__init__(self, "the run's work finished, but not every rank exited:\n" + "\n".join(
+            f"  {line}" for line in self.failures) + "\n  (exit status 3: completed, a rank hung at exit; "
+            "--exit-grace sets how long a finished rank may take)")
+
+
 class MasterUnreachable(LaunchError):
     """This node could not reach the master's rendezvous port within the rendezvous timeout."""
 
@@ -90,6 +104,8 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, LaunchError, Stopped)
 def exit_code(error: BaseException) -> int:
     """The exit code of a command that ended with ``error``: 128 + signal when stopped by one."""
     if isinstance(error, Stopped):
+        return error.exit_code
+    if isinstance(error, HungAtExit):
         return error.exit_code
     if isinstance(error, LaunchError):
         return FAILED

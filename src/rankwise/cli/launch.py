@@ -6,6 +6,7 @@ import argparse
 import os
 
 from rankwise.errors import ConfigError
+from rankwise.launch import exits
 from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice
 from rankwise.launch.hosts import layout_from_slurm, node_layout
 from rankwise.launch.torchrun import get_args_parser, launch_command_line
@@ -70,6 +71,11 @@ def command_line_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", choices=strategy_names(), metavar="NAME", help="see above")
     parser.add_argument("--precision", choices=PRECISIONS, help="see above")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="see above")
+    parser.add_argument("--exit-grace", type=float, metavar="SECONDS",
+                        default=float(os.environ.get(exits.GRACE) or exits.EXIT_GRACE_S),
+                        help="how long a rank that finished its work (destroyed its process group, or returned) may "
+                             "take to exit before it is named, with where it waits, and ended; the run then exits "
+                             f"{exits.HUNG_AT_EXIT} (0: no limit; default %(default)g)")
     return parser
 
 
@@ -105,6 +111,9 @@ def run_command_line(argv: list[str]) -> int:
     for variable in (STRATEGY, PRECISION, OPTIONS):
         os.environ.pop(variable, None)  # the workers inherit this process's environment
     os.environ.update(choice.environment())
+    if flags.exit_grace < 0:
+        raise ConfigError(f"--exit-grace: {flags.exit_grace:g} seconds; give 0 (no limit) or more")
+    os.environ[exits.GRACE] = f"{flags.exit_grace:g}"
     launch_command_line(argv, parser)
     return 0
 

@@ -11,11 +11,13 @@ or hangs (measured: a stock Accelerate loop hung at exit in 5 of 6 two-rank runs
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
 
 from rankwise import process
+from rankwise.launch import exits
 from rankwise.launch.failures import record_for_launcher
 from rankwise.logs import to_terminal
 
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # A rank of `rankwise launch`: rankwise's messages as the command prints them (the script can change that).
     to_terminal()
+    who = f"rank{os.environ.get('RANK', '0')}"
+    exits.install(who)  # a rank that finished its work and does not exit is named and ended
     try:
         run_as_main(argv[0], argv[1:])
     except Exception as error:
@@ -42,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
         process.destroy_process_group(clean=False)
+        exits.script_returned(who)
         return 1
     process.destroy_process_group(clean=True)
+    exits.script_returned(who)
     return 0
 
 

@@ -20,7 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from rankwise.compat.torch_elastic import publish_master_address_every_round
-from rankwise.errors import LaunchError, Stopped
+from rankwise.errors import HungAtExit, LaunchError, Stopped
+from rankwise.launch import exits
 from rankwise.launch.config import LaunchConfig
 from rankwise.launch.entry import Entry
 from rankwise.launch.failures import RankFailure
@@ -109,18 +110,22 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
     nproc = args.nproc_per_node
     set_worker_environment(int(nproc) if str(nproc).isdigit() else 1)
     _quiet_worker_failure_lines()
-    try:
-        run(args)
-    except ChildFailedError as e:
-        note = ""
-        if args.max_restarts:
-            note = (f"the worker group was restarted {args.max_restarts} time(s) (--max-restarts "
-                    f"{args.max_restarts}) and failed again: restart budget exhausted")
-        raise LaunchError.from_ranks([_rank_failure(rank, failure) for rank, failure in e.failures.items()],
-                                     note) from None
-    except SignalException as e:
-        # torchrun sent the signal on to the workers and gave them time to checkpoint and exit.
-        raise Stopped(int(e.sigval)) from None
+    with exits.dump_directory() as dumps:  # where a rank the exit guard ends says where it waited
+        try:
+            run(args)
+        except ChildFailedError as e:
+            hung = exits.read_dumps(dumps)
+            failures = [_rank_failure(rank, failure, hung.get(rank)) for rank, failure in e.failures.items()]
+            if all(rank in hung for rank in e.failures):  # every rank finished its work: the run completed
+                raise HungAtExit(failures) from None
+            note = ""
+            if args.max_restarts:
+                note = (f"the worker group was restarted {args.max_restarts} time(s) (--max-restarts "
+                        f"{args.max_restarts}) and failed again: restart budget exhausted")
+            raise LaunchError.from_ranks(failures, note) from None
+        except SignalException as e:
+            # torchrun sent the signal on to the workers and gave them time to checkpoint and exit.
+            raise Stopped(int(e.sigval)) from None
 
 
 def _quiet_worker_failure_lines() -> None:
@@ -151,9 +156,13 @@ def _rendezvous_timeout(args) -> float:
     return float(conf.get(key, DEFAULT_RDZV_TIMEOUT_S))
 
 
-def _rank_failure(rank: int, failure) -> RankFailure:
-    """torchrun's record of a failed worker (the error file ``@record`` wrote, if any) as a RankFailure."""
+def _rank_failure(rank: int, failure, hung: exits.HungRank | None = None) -> RankFailure:
+    """torchrun's record of a failed worker (the error file ``@record`` wrote, if any) as a RankFailure; ``hung``:
+    what the exit guard left where it ended the rank."""
     how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    if hung is not None:
+        return RankFailure(rank, failure.local_rank, failure.pid, "the exit guard", hung.describe(), "",
+                           socket.gethostname(), failure.timestamp)
     message = failure.message
     error, trace = "", ""
     if isinstance(message, dict):

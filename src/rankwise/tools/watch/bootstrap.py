@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import sys
 
+from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import lightning
-from rankwise.tools.watch.rank import DIRECTORY, SPAWN, arm_stall, watched, watcher_from_environment
+from rankwise.tools.watch.rank import DIRECTORY, SPAWN, STALL, arm_stall, watched, watcher_from_environment
 from rankwise.tools.watch.spawned import launcher_main
 
 
@@ -29,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
     if os.environ.get(SPAWN):  # an mp.spawn script: this process starts the ranks, and each is watched there
         return launcher_main(argv)
-    arm_stall(f"rank{os.environ.get('RANK', '0')}")
+    who = f"rank{os.environ.get('RANK', '0')}"
+    arm_stall(who)
+    exits.install(who, watch_gil=not float(os.environ.get(STALL) or 0))  # (a stall deadline names one that keeps it)
     watcher = watcher_from_environment()
     watcher.install()
     if os.environ.get(lightning.ENVIRONMENT) == "1":
         lightning.launcher_devices()
         watcher.on_shorten.append(lightning.validate_at_each_pass_end)
-    return watched(watcher, lambda: run_as_main(argv[0], argv[1:]))
+    status = watched(watcher, lambda: run_as_main(argv[0], argv[1:]))
+    exits.script_returned(who)  # the rank must be gone within the launcher's grace period
+    return status
 
 
 

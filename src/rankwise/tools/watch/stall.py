@@ -24,13 +24,12 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
-import re
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankwise.stacks import HEADER, Dump, Frame, frame_in, parse_dump, standard
 from rankwise.tools.watch.ranks import outside_the_script
 
 STALL_TIMEOUT_S = 120.0
@@ -43,7 +42,6 @@ START_UP_S = 300.0
 HEARTBEAT = "progress"
 """The run directory's file every process's :func:`progress` touches."""
 DUMP = "stall-{who}-pid{pid}.txt"
-HEADER = "rankwise stall deadline: {who} main thread 0x{thread:016x} seconds {seconds:g}"
 
 _state: dict = {"file": None, "seconds": 0.0, "armed_at": 0.0, "heartbeat": None, "watchdog": None}
 
@@ -60,7 +58,7 @@ def arm(seconds: float, path: str | Path, who: str = "") -> None:
     if seconds <= 0:
         return
     handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open: the C thread writes to it)
-    handle.write(HEADER.format(who=who or Path(path).stem, thread=threading.main_thread().ident,
+    handle.write(HEADER.format(kind="stall deadline", who=who or Path(path).stem, thread=threading.main_thread().ident,
                                seconds=seconds) + "\n")
     handle.flush()
     heartbeat = Path(path).parent / HEARTBEAT
@@ -126,67 +124,13 @@ def disarm() -> None:
 
 # -- reading the dumps back ----------------------------------------------------------------------------------------
 
-_HEADER = re.compile(r"^rankwise stall deadline: (?P<who>\S+) main thread (?P<thread>0x[0-9a-f]+) "
-                     r"seconds (?P<seconds>[\d.]+)")
-_TIMEOUT = re.compile(r"^Timeout \((?P<time>[\d:.]+)\)!")
-_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<thread>0x[0-9a-f]+)")
-_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.+)$')
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{_short(self.file)}:{self.line} in {self.function}"
-
-
-@dataclass
-class Dump:
-    """One process's dump: who it was, its deadline, whether the deadline stopped it (else a SIGTERM did), and each
-    thread's frames, innermost first."""
-    who: str
-    seconds: float
-    timed_out: bool
-    main_thread: str | None
-    threads: dict[str, list[Frame]] = field(default_factory=dict)
-
-    @property
-    def main(self) -> list[Frame]:
-        """The main thread's frames (innermost first); the last thread dumped where the main one is not known."""
-        if self.main_thread in self.threads:
-            return self.threads[self.main_thread]
-        return next(reversed(self.threads.values()), [])
-
-
-def parse_dump(text: str) -> Dump | None:
-    """faulthandler's text (after :func:`arm`'s header line), or ``None`` where it wrote no stack: the process ended
-    without being stopped."""
-    header = _HEADER.match(text)
-    dump = Dump(who=header["who"] if header else "?", seconds=float(header["seconds"]) if header else 0.0,
-                timed_out=False, main_thread=header["thread"] if header else None)
-    frames = None
-    for line in text.splitlines():
-        if _TIMEOUT.match(line):
-            dump.timed_out = True
-        elif match := _THREAD.match(line):
-            frames = dump.threads.setdefault(match["thread"], [])
-        elif (match := _FRAME.match(line)) and frames is not None:
-            frames.append(Frame(match["file"], int(match["line"]), match["function"].strip()))
-    return dump if dump.threads else None
-
-
 def in_script(frames: list[Frame], script: str | Path | None = None) -> Frame | None:
     """The innermost frame in the user's script: ``script`` itself where given, else the innermost one outside
     torch, rankwise and Python's own library."""
-    if script is not None:
-        name = str(Path(script).resolve())
-        found = next((frame for frame in frames if _same_file(frame.file, name)), None)
-        if found is not None:
-            return found
-    return next((frame for frame in frames if not outside_the_script(frame.file) and not _standard(frame.file)
+    found = frame_in(frames, script) if script is not None else None
+    if found is not None:
+        return found
+    return next((frame for frame in frames if not outside_the_script(frame.file) and not standard(frame.file)
                  and "site-packages" not in frame.file), None)
 
 
@@ -223,25 +167,3 @@ def describe(dumps: list[Dump], script: str | Path | None = None) -> str | None:
 def _order(who: str) -> tuple[int, str]:
     number = who.removeprefix("rank")
     return (int(number), "") if number.isdigit() else (1 << 30, who)
-
-
-def _same_file(file: str, name: str) -> bool:
-    try:
-        return str(Path(file).resolve()) == name
-    except OSError:
-        return False
-
-
-_STDLIB = os.path.dirname(os.__file__)
-
-
-def _standard(file: str) -> bool:
-    return file.startswith(_STDLIB) and "site-packages" not in file
-
-
-def _short(file: str) -> str:
-    """A frame's file as a reader finds it: the script's name, or its path inside its package."""
-    for marker in ("site-packages/", "/src/"):
-        if marker in file:
-            return file.split(marker, 1)[1]
-    return Path(file).name if not _standard(file) else file.removeprefix(_STDLIB + "/")
