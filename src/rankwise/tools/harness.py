@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from rankwise.errors import ConfigError, Stopped
+from rankwise.launch.exits import HUNG_AT_EXIT
 from rankwise.launch.hosts import layout_from_slurm
 from rankwise.tools.stopping import stop_signals, stop_tree
 
@@ -155,7 +156,8 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
     """Run ``command`` (a ``rankwise train --json`` or a baseline loop) in fresh processes.
 
     Returns its result with ``wall_s``: the JSON of ``result_file`` when given, else its last stdout
-    line; or ``{"error": why, "wall_s": ...}``.  Output goes to ``OUT/bench.out`` and ``OUT/bench.log``
+    line (with ``hung_at_exit``: the launcher's lines for ranks that finished their work and were ended as they hung
+    at exit); or ``{"error": why, "wall_s": ...}``.  Output goes to ``OUT/bench.out`` and ``OUT/bench.log``
     (files, not pipes: a pipe nobody reads could stall the run); a run past ``timeout_s`` is killed
     with every worker it started.  ``on_poll`` is called about twice a second while it runs; ``cwd``: where it
     runs (its own relative outputs land there).
@@ -185,13 +187,17 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
                 raise Stopped(stopped.signum, f"ended the run it had started, its launcher and the {under} "
                                               f"processes under it (their output: {out / 'bench.log'})") from None
     wall = round(time.perf_counter() - started, 2)
-    if proc.returncode:
+    hung = []
+    if proc.returncode == HUNG_AT_EXIT:  # every rank finished its work; the exit guard ended some that hung after
+        hung = [line.strip() for line in (out / "bench.log").read_text(encoding="utf-8").splitlines()
+                if line.strip().startswith("rank ") and "hung at exit" in line]
+    elif proc.returncode:
         return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}
     if result_file and not result_file.exists():
         return {"error": f"it ended without writing {result_file.name}", "wall_s": wall, "no_result": True}
     text = result_file.read_text(encoding="utf-8") if result_file else \
         (out / "bench.out").read_text(encoding="utf-8").strip().splitlines()[-1]
-    return {**json.loads(text), "wall_s": wall}
+    return {**json.loads(text), "wall_s": wall, **({"hung_at_exit": hung} if hung else {})}
 
 
 def failure_reason(log: Path, returncode: int) -> str:

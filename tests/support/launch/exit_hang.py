@@ -35,9 +35,13 @@ class HoldsTheGil:
 
 def main():
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
-        model(torch.randn(8, 4)).sum().backward()
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
     rank = dist.get_rank()
     hangs = args.ranks == "all" or int(args.ranks) == rank
     dist.destroy_process_group()

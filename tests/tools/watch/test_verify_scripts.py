@@ -278,3 +278,21 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
     proc, report = _verify(tmp_path / "bad", "spawn_ddp.py", "--defective", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert any("set_epoch was never called" in text and "2 passes" in text for text in _errors(report)), report
+
+
+def test_a_rank_that_hangs_at_exit_is_ended_and_reported_and_the_comparison_stands(tmp_path, monkeypatch):
+    """The exit guard under verify: rank 1's interpreter waits for a thread that never ends; its launcher ends it
+    after RANKWISE_EXIT_GRACE_S (what `launch --exit-grace` sets) and verify's verdict still reads the whole run."""
+    from rankwise import cli
+
+    monkeypatch.setenv("RANKWISE_EXIT_GRACE_S", "3")
+    script = Path(__file__).parents[2] / "support" / "launch" / "exit_hang.py"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["verify", str(script), "--steps", "2", "--out", str(tmp_path / "run"), "--",
+                         str(tmp_path), "--hang", "thread", "--ranks", "1"])
+    report = json.loads((tmp_path / "run" / "verify.json").read_text())
+    assert code == 0 and report["verdict"] == "equivalent", out.getvalue()
+    hung = [text for text in _warnings(report) if "hung at exit" in text]
+    assert len(hung) == 1 and hung[0].startswith("in the distributed run, rank 1 (host"), out.getvalue()
+    assert "ended after 3 s" in hung[0] and "for thread 'never-ends'" in hung[0]

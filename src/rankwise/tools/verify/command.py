@@ -182,6 +182,9 @@ def run(args) -> int:
     return exit_code(report)
 
 
+_RUN_NAMES = {"candidate": "distributed", "reference": "one-process"}
+
+
 def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int,
           framework: str | None = None) -> dict:
     """Compare the two traced runs: every step, the first that differs, the diagnosis and the verdict."""
@@ -202,6 +205,10 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
                           ". Its training passes were cut short after the compared steps: a script that cannot "
                           "take a short pass (next() on an exhausted iterator) runs whole with --as-written"
                           if shortened else "")})
+    for name, result in results.items():
+        for line in result.get("hung_at_exit", ()):  # (the run's work is whole: the comparison stands)
+            noted.append({"level": "warning", "text": f"in the {_RUN_NAMES.get(name, name)} run, {line} (rankwise "
+                          "launch ends such a rank after --exit-grace seconds and exits 3)"})
     lines = compare(reference, candidate, limit, gradient_limit) if not failure else []
     first = first_difference(lines)
     start = start_differs(lines)
