@@ -29,6 +29,9 @@ Multi-node: run the same command on every node with --nnodes N --node-rank i
 per line; the first host is the master).  The network interface that routes to the
 master is chosen for gloo / NCCL unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set.
 
+A rank that finished its work and does not exit within --exit-grace seconds (default 30) is
+named with where it waited and ended; the run then exits 3 (1: a rank failed, 0: all exited).
+
 Strategy (read by rankwise.setup() in the script, which then needs no strategy of its own):
   --strategy NAME       any registered strategy or variant (below); default: ddp with several
                         processes, single with one

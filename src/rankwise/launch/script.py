@@ -6,7 +6,8 @@ script runs exactly as ``python script.py ARGS`` would run it (``sys.argv``, ``s
 :func:`rankwise.process.destroy_process_group` closes rankwise's own: its wrapped modules collected, a
 barrier so no rank leaves while another still communicates, then the group destroyed.  A script that
 returns with its group still open otherwise tears it down in the interpreter's exit, where gloo aborts
-or hangs (measured: a stock Accelerate loop hung at exit in 5 of 6 two-rank runs).
+or hangs (measured: a stock Accelerate loop hung at exit in 5 of 6 two-rank runs).  A rank that still does not
+exit once its work is done is named and ended by the exit guard (:mod:`rankwise.launch.exits`).
 """
 
 from __future__ import annotations
