@@ -90,6 +90,19 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
     assert "dropout in Net" in ddp["reason"]
 
 
+
+def test_a_row_whose_rank_hung_at_exit_keeps_its_numbers_and_says_so_under_the_table():
+    from rankwise.tools.bench.script import ScriptRow, summarize, table
+
+    run = {"steady_samples_per_s": 10.0, "wall_s": 1.0, "precision": "32-true", "peak_rss_mb": [1.0, 1.0],
+           "cuda_max_allocated_mb": [None], "samples_counted_by": "DataLoader"}
+    hung = "rank 1 (host h, local rank 1, pid 7) finished its work, hung at exit (after the script returned), ended"
+    summary = summarize([ScriptRow("ddp", 2)], {"ddp": [run, run | {"hung_at_exit": [hung]}]}, {})
+    row = summary["rows"][0]
+    assert row["status"] == "ok" and row["samples_per_s"] == 10.0
+    assert f"- ddp: a run's {hung}" in table(summary)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--script", "missing.py"], "--script missing.py: no such file"),
     (["--script", "examples/causal_lm.py", "--strategies", "horovod"], "not started by `rankwise launch`"),

@@ -212,6 +212,9 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             line["verdict"] = "reference"
         elif row.name in verdicts:
             line |= _equivalence(verdicts[row.name])
+        hung = next((run["hung_at_exit"][0] for run in good if run.get("hung_at_exit")), None)
+        if hung:  # its window was whole; the rank was ended after it, by the exit guard
+            line["reason"] = "; ".join(filter(None, [line.get("reason"), f"a run's {hung}"]))
         if first.get("samples_counted_by") is None:
             line["samples_per_s"], line["speedup"] = None, None
             line["reason"] = "; ".join(filter(None, [line.get("reason"),
