@@ -17,10 +17,11 @@ import pytest
 STALLS = Path(__file__).parents[1] / "support" / "tools" / "watch" / "scripts" / "stalls.py"
 
 
-@pytest.mark.parametrize("command", ["verify", "launch"])
+@pytest.mark.parametrize("command", ["verify", "launch", "comm"])
 def test_a_sigterm_mid_run_leaves_no_process_of_the_run_alive(command, tmp_path):
-    args = ["verify", str(STALLS), "--out", str(tmp_path / "run")] if command == "verify" else \
-        ["launch", "--nproc-per-node", "2", str(STALLS)]
+    args = {"verify": ["verify", str(STALLS), "--out", str(tmp_path / "run")],
+            "launch": ["launch", "--nproc-per-node", "2", str(STALLS)],
+            "comm": ["comm", "bench", "--iters", "1000"]}[command]  # (the spawn launcher's ranks)
     proc = subprocess.Popen([sys.executable, "-m", "rankwise.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
@@ -40,12 +41,13 @@ def test_a_sigterm_mid_run_leaves_no_process_of_the_run_alive(command, tmp_path)
             p.kill()
     assert alive == [], f"still running 10 s after rankwise {command} was stopped: {alive}"
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
-    assert f"rankwise {command}: stopped by SIGTERM" in stderr, stderr[-3000:]
+    assert f"rankwise {' '.join(args[:2] if command == 'comm' else args[:1])}: stopped by SIGTERM" in stderr, stderr
     if command == "verify":
         assert "ended the run it had started, its launcher and the 2 processes under it" in stderr, stderr[-3000:]
 
 
 def _is_rank(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
-        return bool({"rankwise.launch.script", "rankwise.tools.watch.bootstrap"} & set(process.cmdline()))
+        line = " ".join(process.cmdline())
+        return any(rank in line for rank in ("rankwise.launch.script", "rankwise.tools.watch.bootstrap", "spawn_main"))
     return False

@@ -88,11 +88,9 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         # grace period lets them write their errors, so the summary can tell the cause from its victims.
         while not context.join(grace_period=PEER_GRACE_S):
             pass
-    except mp.ProcessExitedException as e:
-        if received and e.exit_code == 128 + received[0]:
-            raise Stopped(received[0]) from None  # the workers checkpointed and exited as asked
-        raise LaunchError.from_ranks(_failures(context, e, node_rank, nprocs)) from None
-    except mp.ProcessRaisedException as e:
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        if received:  # the workers checkpointed and exited as asked, or ended by the signal (or lost a peer to it)
+            raise Stopped(received[0]) from None
         raise LaunchError.from_ranks(_failures(context, e, node_rank, nprocs)) from None
     finally:
         for sig, handler in previous.items():
