@@ -6,7 +6,9 @@ hung silently.
 
 The scripts: Accelerate's quick tour as users write it (``tests/support/launch/quick_tour_exit.py``: main(),
 gather_for_metrics, rank 0 saves, end_training) and a DDP script in the style of PyTorch's tutorial series
-(``tests/support/tools/watch/scripts/tutorial_ddp.py``).  A launch still running ``--hang-after`` seconds after it
+(``tests/support/tools/watch/scripts/tutorial_ddp.py``), and the deadlock's own pattern
+(``tests/support/launch/gloo_exit_deadlock.py``: a collective still in gloo's worker when the DDP model frees the
+destroyed group).  A launch still running ``--hang-after`` seconds after it
 started is a silent hang: it is stopped with every process it started and counted so.  The exit guard's ``--exit-grace``
 must stay below it.  Prints a table and writes ``OUT/exit-stress.json`` (each run's outcome and wall time).
 """
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {
     "accelerate quick tour": (ROOT / "tests/support/launch/quick_tour_exit.py", ["{tmp}"]),
     "DDP tutorial style": (ROOT / "tests/support/tools/watch/scripts/tutorial_ddp.py", ["--total-epochs", "2"]),
+    "gloo exit deadlock": (ROOT / "tests/support/launch/gloo_exit_deadlock.py", []),
 }
 OUTCOMES = ("clean", "named and ended", "failed", "silent hang")
 

@@ -8,9 +8,12 @@ user, often not at ``destroy_process_group()`` (which only forgets it) but when 
 holds the GIL.  If a worker is still waiting for the GIL then, neither moves again, silently (measured by an issue
 reporter: 4 of 10 runs of Accelerate's quick tour, whose last collective is ``gather_for_metrics``).
 
-rankwise avoids it where it can (:func:`settle`: before the script's group is destroyed, the main thread lets go of
-the GIL for a moment, so a worker still finishing its last collective's work can), and where it cannot, a bounded
-grace period (``--exit-grace``, :data:`EXIT_GRACE_S` by default) ends the rank:
+rankwise avoids it where it can: when the script destroys its group, the group is kept (:func:`install`) until the
+script's objects are gone, then freed through its Python wrapper, whose destructor lets go of the GIL
+(:func:`release_groups`); and the main thread lets go of the GIL for a moment first (:func:`settle`), so a worker
+still finishing its last collective's work can (else a group something keeps until the interpreter's exit aborts
+there: "terminate called without an active exception").  Where it cannot, a bounded grace period (``--exit-grace``,
+:data:`EXIT_GRACE_S` by default) ends the rank:
 
 * after the script destroyed its default group, a rank whose main thread keeps the GIL for the grace period is hung
   (a thread of this module re-arms a ``faulthandler`` deadline every second; holding the GIL starves it);
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import functools
+import gc
 import os
 import tempfile
 import threading
@@ -56,6 +60,8 @@ REARM_EVERY_S = 1.0
 _SINCE = "rankwise exit guard: the script "
 _THREAD = "rankwise exit guard: a thread the exit waits for: "
 _state: dict = {"file": None, "stop": None}
+_kept: list = []
+"""The process groups the script destroyed, until :func:`release_groups`."""
 
 
 def grace_s() -> float:
@@ -86,6 +92,10 @@ def install(who: str, watch_gil: bool = True) -> None:
     @functools.wraps(original)
     def destroy_process_group(group=None):
         default = group is None or group is c10d.GroupMember.WORLD
+        # Why: the groups must not be freed by their last DDP user (its Reducer frees them holding the GIL) but by
+        # release_groups(), whose Python wrapper frees them without it; and a worker still freeing the last
+        # collective's work needs the GIL a moment before the group goes.
+        _kept.extend(list(getattr(c10d._world, "pg_map", ())) if default else [group])
         if default:
             settle()
         original(group)
@@ -114,7 +124,8 @@ def work_done(who: str, what: str) -> None:
 
 
 def script_returned(who: str) -> None:
-    """The script returned and rankwise closed what it left open: this rank must be gone within the grace period."""
+    """The script returned and rankwise closed what it left open: this rank must be gone within the grace period;
+    the groups the script destroyed are freed now (:func:`release_groups`)."""
     if _state["stop"] is not None:
         _state["stop"].set()
         _state["stop"] = None
@@ -124,6 +135,16 @@ def script_returned(who: str) -> None:
                 _state["file"].write(f"{_THREAD}{thread.ident:#018x} {thread.name}\n")
         _state["file"].flush()
         faulthandler.dump_traceback_later(grace_s(), exit=True, file=_state["file"])
+    release_groups()  # (under the deadline: joining a worker that waits for a peer's late collective can hang)
+
+
+def release_groups() -> None:
+    """Free the process groups the script destroyed, once its own objects are gone (its DDP models with their
+    Reducers): the last owner is then this module's reference to each group's Python wrapper, whose destructor lets
+    go of the GIL while it joins gloo's worker threads."""
+    gc.collect()  # (the script's globals sit in a reference cycle with its functions)
+    _kept.clear()
+    gc.collect()
 
 
 def _open(who: str, what: str) -> bool:

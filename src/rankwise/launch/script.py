@@ -31,7 +31,7 @@ def run_as_main(path: str | Path, args: list[str]) -> None:
     runpy.run_path(str(path), run_name="__main__")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | str | None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print("usage: python -m rankwise.launch.script SCRIPT.py [ARGS]", file=sys.stderr)
@@ -40,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     to_terminal()
     who = f"rank{os.environ.get('RANK', '0')}"
     exits.install(who)  # a rank that finished its work and does not exit is named and ended
+    status = 0
     try:
         run_as_main(argv[0], argv[1:])
+    except SystemExit as exiting:  # `sys.exit(main())`: the same teardown as after a return, then its status
+        status = exiting.code
     except Exception as error:
         if not record_for_launcher(error):
             raise
@@ -49,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         process.destroy_process_group(clean=False)
         exits.script_returned(who)
         return 1
-    process.destroy_process_group(clean=True)
+    failed = status not in (0, None)  # (a failing status is a failed rank: its peers may never meet at a barrier)
+    process.destroy_process_group(clean=not failed)
     exits.script_returned(who)
-    return 0
+    return status
 
 
 if __name__ == "__main__":
