@@ -123,6 +123,7 @@ def _tier(item) -> str:
     return "multiproc" if any(_starts_processes(function, seen) for function in functions) else "unit"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker (an explicit one wins): ``pytest -m unit`` is the fast tier."""
     for item in items:
