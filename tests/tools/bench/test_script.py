@@ -178,5 +178,7 @@ def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(
     ddp = rows["ddp"]
     assert ddp["script_ended"] and ddp["pooled_runs"] > 1, ddp  # 32 steps a run: far from 2 s
     assert ddp["timed_steps"] > 32 and ddp["samples_per_s"] > 0, ddp
+    # The script's `with rankwise.setup()` closed its group before the window's end: every rank's peak memory still.
+    assert len(ddp["peak_rss_mb"]) == 2 and all(ddp["peak_rss_mb"]), ddp
     assert "runs of the script pooled" in proc.stdout
     assert (ddp["window_s"] >= 2.0) != ("ddp: the script ended before a 2 s window" in proc.stdout)

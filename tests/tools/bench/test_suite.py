@@ -163,3 +163,17 @@ def test_a_row_that_could_not_run_shows_its_error_once_under_the_table():
     text = report.table(summary)
     assert summary["rows"][0]["status"] == "could not run" and "| could not run |" in text
     assert text.count("ConfigError: boom") == 1 and f"- ddp: {error}" in text
+
+
+def test_the_png_shows_a_dash_not_zero_for_a_row_without_flops_and_every_ranks_peak_memory(tmp_path, monkeypatch):
+    labelled = []
+    label = report._bar_label
+    monkeypatch.setattr(report, "_bar_label", lambda *args: labelled.append(label(*args)) or labelled[-1])
+    row = {"status": "ok", "equivalent": True, "eval_count_ok": True, "samples_per_s": 500.0, "speedup": 1.1,
+           "accuracy": 0.8}
+    summary = {"rows": [{**row, "row": "single", "mfu": 0.012, "peak_rss_mb": [900.0]},
+                        {**row, "row": "horovod", "mfu": None, "peak_rss_mb": [812.0, 790.0]}],
+               "meta": {"preset": "quick", "data": "sentiment", "nproc": 2, "cores": 2}}
+    report.plot(summary, tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert {"1.2%", "—", "900", "812, 790"} <= set(labelled), labelled  # (no "0.00" MFU for the uncounted row)

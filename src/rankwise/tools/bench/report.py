@@ -216,16 +216,16 @@ def plot(summary: dict, path: Path) -> None:
     lines = [line for line in summary["rows"] if line["status"] == "ok"]
     names = [line["row"] for line in lines]
     colour = ["#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines]
-    figure, axes = plt.subplots(1, 4, figsize=(19, 0.45 * len(lines) + 2), sharey=True)
+    figure, axes = plt.subplots(1, 5, figsize=(23, 0.45 * len(lines) + 2), sharey=True)
     panels = (("samples_per_s", "training samples/s"), ("speedup", "speedup vs single (equal cores)"),
-              ("mfu", "MFU (of the measured peak)"), ("accuracy", "test accuracy"))
+              ("mfu", "MFU (of the measured peak)"), ("accuracy", "test accuracy"),
+              ("peak_rss_mb", "peak RSS MB (largest rank; every rank's)"))
     for axis, (key, title) in zip(axes, panels):
-        values = [line[key] or 0 for line in lines]
-        axis.barh(names, values, color=colour)
+        values = [max(line[key]) if key == "peak_rss_mb" and line[key] else line[key] for line in lines]
+        axis.barh(names, [value or 0 for value in values], color=colour)
         axis.set_title(title)
-        for y, value in enumerate(values):
-            axis.text(value, y, f" {value:.2f}" if key != "samples_per_s" else f" {value:.0f}", va="center",
-                      fontsize=8)
+        for y, (line, value) in enumerate(zip(lines, values)):
+            axis.text(value or 0, y, " " + _bar_label(key, value, line), va="center", fontsize=8)
         axis.margins(x=0.2)
     axes[0].invert_yaxis()  # the table's order, top to bottom (the axes share it)
     axes[1].axvline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -237,6 +237,17 @@ def plot(summary: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _bar_label(key: str, value: float | None, line: dict) -> str:
+    """A panel's number: "—" where the row has none (no FLOPs counted: not an MFU of 0)."""
+    if value is None:
+        return "—"
+    if key == "mfu":
+        return f"{value:.1%}"
+    if key == "peak_rss_mb":
+        return ", ".join(f"{peak:.0f}" for peak in line[key])
+    return f"{value:.0f}" if key == "samples_per_s" else f"{value:.2f}"
 
 
 def write(summary: dict, out: Path) -> dict[str, Path]:

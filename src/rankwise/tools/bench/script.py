@@ -32,6 +32,7 @@ from rankwise.launch.choice import Choice
 from rankwise.logs import get_logger
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
+from rankwise.tools.bench import disturbed
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, mfu_cell, run_line, tflops_cell
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
@@ -220,7 +221,9 @@ def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict
             line["reason"] = "; ".join(filter(None, [line.get("reason"),
                                                      "samples/s unknown: no training batch came from a DataLoader"]))
         lines.append(line)
-    passing = [line for line in lines if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]]
+    disturbed.mark(lines, ok, next((row.name for row in rows if row.reference), None))
+    passing = [line for line in lines if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]
+               and not line.get("disturbed")]
     fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)
     return {"rows": lines, "runs": runs, "verify": {name: report["verdict"] for name, report in verdicts.items()},
             "fastest": fastest["row"] if fastest else None, "min_window_s": min_window_s}
@@ -270,6 +273,8 @@ def table(summary: dict) -> str:
         speed = "—" if line["samples_per_s"] is None else f"{line['samples_per_s']:,.0f}"
         if line["samples_per_s"] is not None and line.get("spread") is not None:
             speed += f" ±{line['spread'] / 2:.0%}"  # half the spread over the repeats
+        if line.get("disturbed"):
+            speed += " (disturbed)"
         out.append(f"| {line['row']} | {line['processes']} | {speed} | {speedup} | {tflops_cell(line)} | "
                    f"{mfu_cell(line)} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
                    f"{_difference(line.get('max_gradient_diff'), line.get('gradient_tolerance'))} | "
@@ -289,6 +294,8 @@ def table(summary: dict) -> str:
                         and line["flops_counted"] != "first step"})
     notes += [f"no TFLOP/s: {why}" for why in uncounted]
     notes += [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
+    notes += [f"- {line['row']}: disturbed, not a figure to trust ({line['disturbed']}): left out of the fastest; "
+              "rerun the bench on a quiet machine" for line in summary["rows"] if line.get("disturbed")]
     notes += [f"- {note}" for note in summary.get("notes", [])]
     if summary.get("fastest"):
         notes.append(f"fastest row that passes: {summary['fastest']}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from rankwise.process import threads_per_process
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.harness import run_measured
-from rankwise.tools.watch import spawned, stall
+from rankwise.tools.watch import spawned, stall, window
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.rank import (
@@ -58,6 +58,8 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
                    *framework.launch_flags, *bootstrap]
     result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
                           result_file=run_dir / "probe.json")
+    if "error" not in result:
+        result = window.read_rank_peaks(run_dir, result)  # (a script that left its group before the window's end)
     started = spawned.read_records(run_dir) if framework.name == "spawn" else None
     if framework.name == "spawn" and started is None and ("error" not in result or result.get("no_result")):
         return {"error": "the script never called mp.spawn (nor torch.multiprocessing.start_processes): it started "

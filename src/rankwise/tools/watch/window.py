@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,20 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.memory import peak_rss_megabytes
 from rankwise.tools.watch.flops import utilisation
 from rankwise.tools.watch.ranks import gather, rank_and_world
+
+RANK_PEAKS = "window-peaks-rank{rank}.json"
+"""A rank's peak memory, written by every rank where the script left its group before the window's end."""
+
+
+def read_rank_peaks(directory, result: dict) -> dict:
+    """``result`` (probe.json's) with every rank's peak memory where each rank left its own file."""
+    files = sorted(Path(directory).glob(RANK_PEAKS.format(rank="*")),
+                   key=lambda path: int(path.stem.rsplit("rank", 1)[1]))
+    if len(files) <= 1:
+        return result
+    peaks = [json.loads(path.read_text(encoding="utf-8")) for path in files]
+    return {**result, "peak_rss_mb": [peak["peak_rss_mb"] for peak in peaks],
+            "cuda_max_allocated_mb": [peak["cuda_max_allocated_mb"] for peak in peaks]}
 
 
 def report(watcher, script_ended: bool) -> None:
@@ -34,6 +49,9 @@ def report(watcher, script_ended: bool) -> None:
     launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
     if world == 1 < launched:  # the script left its process group already: the ranks trained alike
         world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
+        # (no gather without a group: each rank leaves its own peak memory for the tool to read back)
+        write_text_atomic(watcher.directory / RANK_PEAKS.format(rank=os.environ.get("RANK", "0")), json.dumps(
+            {"peak_rss_mb": gathered[0][0], "cuda_max_allocated_mb": gathered[0][2]}))
     if rank == 0:
         samples = sum(count for _, count, _ in gathered) * ranks
         timed = watcher.step - watcher.warmup
@@ -49,6 +67,8 @@ def report(watcher, script_ended: bool) -> None:
             "peak_rss_mb": [rss for rss, _, _ in gathered],
             "cuda_max_allocated_mb": [c for _, _, c in gathered],
             **utilisation(*map(list, zip(*counted, strict=True)), device, watcher.flops.dtype, ranks),
+            "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
+            "load_average": round(os.getloadavg()[0], 2),  # (what else the machine ran: a disturbed row's evidence)
             "flops_counted": "first step" if watcher.flops.flops else watcher.flops.skipped or None, "model": {
                 "batch_dependent": watcher.facts["batch_dependent"],
                 "dropout": sorted({d["type"] for d in watcher.facts["dropout"]})}}, indent=2))
