@@ -52,7 +52,8 @@ def atomic_path(path: str | os.PathLike):
         yield tmp
         # Some writers create their file owner-only (safetensors: 0600), and the rename would keep it so: a
         # serving process of another user, or a team's shared directory, could not read the weights.
-        os.chmod(tmp, user_file_mode())
+        with contextlib.suppress(OSError):  # (a filesystem without modes: the file as it was written)
+            os.chmod(tmp, user_file_mode())
         fsync_file(tmp)
         os.replace(tmp, path)
     finally:
@@ -114,7 +115,8 @@ def save_weights_file(state: dict[str, torch.Tensor], path: str | os.PathLike, m
     kept, aliases = untie(strip_module_prefix(state))
     metadata = {**(metadata or {}), **({TIED: json.dumps(aliases)} if aliases else {})}
     save_file({k: v.detach().cpu().contiguous() for k, v in kept.items()}, str(path), metadata=metadata or None)
-    os.chmod(path, user_file_mode())  # (safetensors writes 0600 whatever the umask)
+    with contextlib.suppress(OSError):
+        os.chmod(path, user_file_mode())  # (safetensors writes 0600 whatever the umask)
 
 
 def load_weights_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:

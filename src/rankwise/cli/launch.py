@@ -114,8 +114,8 @@ def run_command_line(argv: list[str]) -> int:
     for variable in (STRATEGY, PRECISION, OPTIONS):
         os.environ.pop(variable, None)  # the workers inherit this process's environment
     os.environ.update(choice.environment())
-    if flags.exit_grace < 0:
-        raise ConfigError(f"--exit-grace: {flags.exit_grace:g} seconds; give 0 (no limit) or more")
+    if not (flags.exit_grace == 0 or 1 <= flags.exit_grace < float("inf")):  # (nan fails both)
+        raise ConfigError(f"--exit-grace: {flags.exit_grace:g} seconds; give 0 (no limit) or at least 1")
     os.environ[exits.GRACE] = f"{flags.exit_grace:g}"
     launch_command_line(argv, parser)
     return 0

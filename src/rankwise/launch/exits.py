@@ -33,6 +33,9 @@ import faulthandler
 import functools
 import gc
 import os
+import re
+import signal
+import sys
 import tempfile
 import threading
 import time
@@ -52,12 +55,16 @@ HUNG_AT_EXIT = HungAtExit.exit_code
 """``rankwise launch``'s exit status when every rank finished its work and some hung at exit and were ended: the
 run completed (0 would hide the hang; 1 is a failed run)."""
 DUMP = "exit-{who}-pid{pid}.txt"
+_FILE = re.compile(r"exit-rank(?P<rank>\d+)-pid(?P<pid>\d+)\.txt")
 KIND = "exit guard"
 SETTLE_S = 0.05
 """How long :func:`settle` lets go of the GIL: gloo's worker threads free a completed collective's work in far less."""
 REARM_EVERY_S = 1.0
 
 _SINCE = "rankwise exit guard: the script "
+RETURNED, FAILED, DESTROYED = "returned", "failed", "destroyed its process group"
+"""What the script had done when a rank's guard armed: only a script that returned or destroyed its group had
+finished its work."""
 _THREAD = "rankwise exit guard: a thread the exit waits for: "
 _state: dict = {"file": None, "stop": None}
 _kept: list = []
@@ -100,7 +107,7 @@ def install(who: str, watch_gil: bool = True) -> None:
             settle()
         original(group)
         if default and watch_gil:
-            work_done(who, "destroyed its process group")
+            work_done(who, DESTROYED)
 
     destroy_process_group.__rankwise_exit_guard__ = True
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
@@ -116,24 +123,28 @@ def work_done(who: str, what: str) -> None:
     handle, seconds = _state["file"], grace_s()
 
     def rearm() -> None:  # (starved of the GIL, it re-arms nothing: the deadline then fires)
-        while not stop.wait(REARM_EVERY_S):
+        while not stop.wait(min(REARM_EVERY_S, seconds / 4)):
             faulthandler.dump_traceback_later(seconds, exit=True, file=handle)
 
     faulthandler.dump_traceback_later(seconds, exit=True, file=handle)
     threading.Thread(target=rearm, daemon=True, name="rankwise-exit-guard").start()
 
 
-def script_returned(who: str) -> None:
-    """The script returned and rankwise closed what it left open: this rank must be gone within the grace period;
-    the groups the script destroyed are freed now (:func:`release_groups`)."""
+def script_returned(who: str, failed: bool = False) -> None:
+    """The script returned (``failed``: raised, or exited with a failing status) and rankwise closed what it left
+    open: this rank must be gone within the grace period; the groups the script destroyed are freed now
+    (:func:`release_groups`)."""
     if _state["stop"] is not None:
         _state["stop"].set()
         _state["stop"] = None
-    if _open(who, "returned"):
-        for thread in threading.enumerate():  # the interpreter's exit waits for these: name them
-            if not thread.daemon and thread is not threading.current_thread():
-                _state["file"].write(f"{_THREAD}{thread.ident:#018x} {thread.name}\n")
-        _state["file"].flush()
+    if _open(who, FAILED if failed else RETURNED):
+        try:
+            for thread in threading.enumerate():  # the interpreter's exit waits for these: name them
+                if not thread.daemon and thread is not threading.current_thread() and thread.ident is not None:
+                    _state["file"].write(f"{_THREAD}{thread.ident:#018x} {thread.name}\n")
+            _state["file"].flush()
+        except (OSError, ValueError):
+            pass  # (the names are a help: the deadline below is what matters)
         faulthandler.dump_traceback_later(grace_s(), exit=True, file=_state["file"])
     release_groups()  # (under the deadline: joining a worker that waits for a peer's late collective can hang)
 
@@ -148,17 +159,29 @@ def release_groups() -> None:
 
 
 def _open(who: str, what: str) -> bool:
-    """The dump file, once per process, with a line saying since when the rank's work is done."""
+    """The dump file, once per process, with a line saying what the script had done; ``False`` where there is no
+    guard (or no file to write: the guard never turns a finished rank into a failed one)."""
     seconds = grace_s()
     if seconds <= 0:
         return False
-    if _state["file"] is None:
-        path = Path(os.environ[DIRECTORY]) / DUMP.format(who=who, pid=os.getpid())
-        handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open: faulthandler writes to it)
-        handle.write(HEADER.format(kind=KIND, who=who, thread=threading.main_thread().ident, seconds=seconds) + "\n")
-        _state["file"] = handle
-    _state["file"].write(f"{_SINCE}{what}\n")
-    _state["file"].flush()
+    for stream in (sys.stdout, sys.stderr):  # (faulthandler ends the rank with _exit: buffered output would be lost)
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        if _state["file"] is None:
+            path = Path(os.environ[DIRECTORY]) / DUMP.format(who=who, pid=os.getpid())
+            handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open: faulthandler writes to it)
+            handle.write(HEADER.format(kind=KIND, who=who, thread=threading.main_thread().ident, seconds=seconds)
+                         + "\n")
+            _state["file"] = handle
+        _state["file"].write(f"{_SINCE}{what}\n")
+        _state["file"].flush()
+    except (OSError, ValueError):
+        return False
+    if threading.current_thread() is threading.main_thread():
+        # A rank its launcher stops meanwhile (another one was ended) says where it was too.
+        with contextlib.suppress(ValueError, RuntimeError):
+            faulthandler.register(signal.SIGTERM, file=_state["file"], all_threads=True, chain=True)
     return True
 
 
@@ -183,36 +206,59 @@ def dump_directory():
 
 @dataclass(frozen=True)
 class HungRank:
-    """A rank the guard ended: its dump, and what its script had done (destroyed its group, or returned)."""
+    """What a rank's guard left: its dump (a deadline's, or the launcher's SIGTERM's), and what its script had done
+    (:data:`RETURNED`, :data:`DESTROYED` or :data:`FAILED`)."""
+    rank: int
     dump: Dump
     since: str
     threads: dict[str, str]
     """The threads the interpreter's exit waited for: id (as faulthandler writes it) -> name."""
 
+    @property
+    def finished(self) -> bool:
+        """Known to have finished its work: ended by its own deadline after its work, or stopped by the launcher
+        after its script returned (one stopped after destroying its group may still have been working)."""
+        return self.since == RETURNED or (self.since == DESTROYED and self.dump.timed_out)
+
     def describe(self) -> str:
-        """"finished its work, hung at exit, ended after N s; it waited at ..." (its innermost frame in the script,
-        and the innermost of all)."""
+        """What happened to the rank and where it waited (its innermost frame in the script, and the innermost of
+        all)."""
         where = _where(self.dump.main)
         for ident, name in self.threads.items():
             frames = self.dump.threads.get(ident)
             if frames:
                 where += f"; for thread {name!r}, which waited {_where(frames)}"
-        return (f"finished its work, hung at exit (after the script {self.since}), ended after "
-                f"{self.dump.seconds:g} s; it waited {where}")
+        if not self.dump.timed_out:
+            done = "finished its work" if self.since == RETURNED else \
+                "had destroyed its process group (it may still have been working)"
+            return f"{done}, and was stopped by the launcher when another rank was ended; it was {where}"
+        done = "failed, then" if self.since == FAILED else "finished its work,"
+        return (f"{done} hung at exit (after the script {self.since}), ended after {self.dump.seconds:g} s; "
+                f"it waited {where}")
 
 
 def read_dumps(directory: str | Path) -> dict[int, HungRank]:
-    """The ranks the guard ended, from the dump files in ``directory``: global rank -> what it left."""
+    """What the guard left in ``directory`` where a rank was ended (by its deadline, or by the launcher after its
+    work was done): pid -> what it left.  Keyed by pid: a restarted group's ranks are other processes."""
     ended = {}
     for path in Path(directory).glob(DUMP.format(who="rank*", pid="*")):
+        named = _FILE.fullmatch(path.name)
         text = path.read_text(encoding="utf-8", errors="replace")
         dump = parse_dump(text)
-        if dump is not None and dump.timed_out and dump.kind == KIND and dump.who.removeprefix("rank").isdigit():
-            lines = text.splitlines()
-            since = [line.removeprefix(_SINCE) for line in lines if line.startswith(_SINCE)]
-            threads = dict(line.removeprefix(_THREAD).split(" ", 1) for line in lines if line.startswith(_THREAD))
-            ended[int(dump.who.removeprefix("rank"))] = HungRank(dump, since[-1] if since else "returned", threads)
+        if named is None or dump is None or dump.kind != KIND:
+            continue
+        lines = text.splitlines()
+        since = [line.removeprefix(_SINCE) for line in lines if line.startswith(_SINCE)]
+        threads = dict(line.removeprefix(_THREAD).split(" ", 1) for line in lines if line.startswith(_THREAD))
+        hung = HungRank(int(named["rank"]), dump, since[-1] if since else RETURNED, threads)
+        if dump.timed_out or hung.since != FAILED:
+            ended[int(named["pid"])] = hung
     return ended
+
+
+def completed(failed_pids: list[int], ended: dict[int, HungRank]) -> bool:
+    """Whether every failed rank (by pid) had finished its work: the run completed, some ranks hung at exit."""
+    return bool(failed_pids) and all(pid in ended and ended[pid].finished for pid in failed_pids)
 
 
 def _where(frames: list) -> str:

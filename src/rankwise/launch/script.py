@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int | str | None:
             raise
         # The launcher's summary prints it once, for the rank that failed first: no traceback from every rank.
         process.destroy_process_group(clean=False)
-        exits.script_returned(who)
+        exits.script_returned(who, failed=True)
         return 1
     failed = status not in (0, None)  # (a failing status is a failed rank: its peers may never meet at a barrier)
     process.destroy_process_group(clean=not failed)
-    exits.script_returned(who)
+    exits.script_returned(who, failed=failed)
     return status
 
 

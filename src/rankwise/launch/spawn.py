@@ -89,9 +89,13 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         while not context.join(grace_period=PEER_GRACE_S):
             pass
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
-        if received:  # the workers checkpointed and exited as asked, or ended by the signal (or lost a peer to it)
+        failures = _failures(context, e, node_rank, nprocs)
+        # The workers checkpointed and exited as asked, were ended by the signal, or lost a peer to it: stopped.  An
+        # error of its own while stopping (a full disk at the stop's checkpoint) is a failure, not a stop.
+        if received and not [f for f in failures if f.how == "an exception" and not f.victim
+                             and "KeyboardInterrupt" not in f.error]:
             raise Stopped(received[0]) from None
-        raise LaunchError.from_ranks(_failures(context, e, node_rank, nprocs)) from None
+        raise LaunchError.from_ranks(failures) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

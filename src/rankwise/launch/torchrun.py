@@ -114,9 +114,9 @@ def run_torchrun(args: argparse.Namespace, port_given: bool) -> None:
         try:
             run(args)
         except ChildFailedError as e:
-            hung = exits.read_dumps(dumps)
-            failures = [_rank_failure(rank, failure, hung.get(rank)) for rank, failure in e.failures.items()]
-            if all(rank in hung for rank in e.failures):  # every rank finished its work: the run completed
+            ended = exits.read_dumps(dumps)
+            failures = [_rank_failure(rank, failure, ended.get(failure.pid)) for rank, failure in e.failures.items()]
+            if exits.completed([failure.pid for failure in e.failures.values()], ended):  # the run completed
                 raise HungAtExit(failures) from None
             note = ""
             if args.max_restarts:
@@ -160,7 +160,7 @@ def _rank_failure(rank: int, failure, hung: exits.HungRank | None = None) -> Ran
     """torchrun's record of a failed worker (the error file ``@record`` wrote, if any) as a RankFailure; ``hung``:
     what the exit guard left where it ended the rank."""
     how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-    if hung is not None:
+    if hung is not None and hung.since != exits.FAILED:
         return RankFailure(rank, failure.local_rank, failure.pid, "the exit guard", hung.describe(), "",
                            socket.gethostname(), failure.timestamp)
     message = failure.message
@@ -173,5 +173,7 @@ def _rank_failure(rank: int, failure, hung: exits.HungRank | None = None) -> Ran
         error = message.strip()
     if failure.exitcode == -signal.SIGTERM:  # torchrun's own SIGTERM to the rest of a failed group
         error = "terminated by the launcher after another rank failed"
+    if hung is not None:  # it failed, then hung at exit: its error first
+        error = f"{error}; then hung at exit, ended after {hung.dump.seconds:g} s" if error else hung.describe()
     return RankFailure(rank, failure.local_rank, failure.pid, how, error, trace, socket.gethostname(),
                        failure.timestamp)

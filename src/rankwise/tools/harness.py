@@ -29,7 +29,7 @@ import torch
 from rankwise.errors import ConfigError, Stopped
 from rankwise.launch.exits import HUNG_AT_EXIT
 from rankwise.launch.hosts import layout_from_slurm
-from rankwise.tools.stopping import stop_signals, stop_tree
+from rankwise.tools.stopping import ignored_stop_signals, stop_signals, stop_tree
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -169,10 +169,11 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
             open(out / "bench.log", "w", encoding="utf-8") as stderr:
         # Its own session (a Ctrl-C in the terminal reaches this process, which stops the run as a whole); a run
         # that overstays, or a stop asked of this process, ends with every worker it started.
+        proc = None
         with stop_signals():
-            proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env,
-                                    start_new_session=True, cwd=cwd)
             try:
+                proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env,
+                                        start_new_session=True, cwd=cwd)
                 while proc.poll() is None:
                     if on_poll:
                         on_poll()
@@ -183,15 +184,18 @@ def run_measured(command: list[str], out: Path, *, env: dict[str, str] | None = 
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=0.5)
             except Stopped as stopped:
-                under = stop_tree(proc)
+                if proc is None:
+                    raise
+                with ignored_stop_signals():  # (a second Ctrl-C must not cut the stop short: the ranks would stay)
+                    under = stop_tree(proc)
                 raise Stopped(stopped.signum, f"ended the run it had started, its launcher and the {under} "
                                               f"processes under it (their output: {out / 'bench.log'})") from None
     wall = round(time.perf_counter() - started, 2)
     hung = []
     if proc.returncode == HUNG_AT_EXIT:  # every rank finished its work; the exit guard ended some that hung after
         hung = [line.strip() for line in (out / "bench.log").read_text(encoding="utf-8").splitlines()
-                if line.strip().startswith("rank ") and "hung at exit" in line]
-    elif proc.returncode:
+                if line.strip().startswith("rank ") and ("hung at exit" in line or "stopped by the launcher" in line)]
+    if proc.returncode and not hung:  # (an exit 3 of anything but `rankwise launch` is a failure like any other)
         return {"error": failure_reason(out / "bench.log", proc.returncode), "wall_s": wall}
     if result_file and not result_file.exists():
         return {"error": f"it ended without writing {result_file.name}", "wall_s": wall, "no_result": True}

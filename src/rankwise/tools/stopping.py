@@ -44,6 +44,20 @@ def stop_signals():
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def ignored_stop_signals():
+    """SIGTERM and SIGINT ignored while the block runs (main thread only): a stop under way is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int:
     """End ``proc`` and every process it started: SIGTERM to ``proc``, up to ``grace_s`` for it to end, then
     SIGKILL to each one still running.  Returns how many processes ``proc`` had started."""

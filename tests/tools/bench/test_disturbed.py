@@ -34,7 +34,7 @@ def test_a_reference_slowed_by_another_job_marks_both_rows_and_neither_is_the_fa
     said = "its ranks measured a matrix-product peak of 8-32 GFLOP/s per core against 75 in another row"
     assert said in single["disturbed"]
     assert "load average 3.1 on 2 cores" in single["disturbed"]
-    assert ddp["disturbed"].startswith("7.05x is more than 2 process(es) on 2 core(s) can give against 2")
+    assert ddp["disturbed"].startswith("7.05x is more than 2 process(es) on 2 core(s) can give against 1 on 2")
     assert summary["fastest"] is None
     shown = table(summary)
     assert "(disturbed)" in shown and "rerun the bench on a quiet machine" in shown
@@ -55,5 +55,8 @@ def test_a_quiet_bench_marks_nothing_and_a_wide_spread_alone_is_enough(monkeypat
 
 def test_the_hardware_bound_counts_gpus_or_the_cores_the_threads_use(monkeypatch):
     monkeypatch.setattr(disturbed, "usable_cores", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert disturbed.units(8, "cuda") == 8
     assert disturbed.units(1, "cpu") == 16 and disturbed.units(2, "cpu") == 16  # (threads: cores / processes)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's threads, as the launchers give them
+    assert disturbed.units(1, "cpu") == 1 and disturbed.units(2, "cpu") == 2

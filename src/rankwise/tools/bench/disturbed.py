@@ -16,6 +16,7 @@ The load average of the machine when the window ended is given with the evidence
 
 from __future__ import annotations
 
+import os
 import statistics
 
 from rankwise.process import usable_cores
@@ -35,7 +36,8 @@ def units(processes: int, device: str) -> int:
     if device == "cuda":
         return processes
     cores = usable_cores()
-    return min(cores, processes * max(1, cores // processes))  # (each process's threads: what the launcher sets)
+    threads = os.environ.get("OMP_NUM_THREADS")  # (each process's threads: the user's, else what the launcher sets)
+    return min(cores, processes * (int(threads) if threads and threads.isdigit() else max(1, cores // processes)))
 
 
 def rank_peaks(runs: list[dict], processes: int) -> list[float]:
@@ -53,12 +55,14 @@ def evidence(line: dict, runs: list[dict], reference: dict | None, best_peak: fl
     said = []
     device = runs[0].get("device", "cpu") if runs else "cpu"
     if reference and line.get("speedup") and reference.get("processes"):
-        bound = units(line["processes"], device) / units(reference["processes"], device)
+        # (processes too: one process's threads may scale poorly on a small model where processes do not)
+        bound = max(units(line["processes"], device) / units(reference["processes"], device),
+                    line["processes"] / reference["processes"])
         if line["speedup"] > SPEEDUP_SLACK * bound:
             said.append(f"{line['speedup']:.2f}x is more than {line['processes']} process(es) on "
                         f"{units(line['processes'], device)} {'GPU' if device == 'cuda' else 'core'}(s) can give "
-                        f"against {units(reference['processes'], device)} (at most {bound:.2g}x, x{SPEEDUP_SLACK} "
-                        "allowed): the reference row was slowed")
+                        f"against {reference['processes']} on {units(reference['processes'], device)} (at most "
+                        f"{bound:.2g}x, x{SPEEDUP_SLACK} allowed): this row or the reference was disturbed")
     peaks = rank_peaks(runs, line["processes"])
     if peaks and best_peak and statistics.median(peaks) < PEAK_FALL * best_peak:
         per = "GPU" if device == "cuda" else "core"

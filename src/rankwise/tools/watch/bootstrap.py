@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         lightning.launcher_devices()
         watcher.on_shorten.append(lightning.validate_at_each_pass_end)
     status = watched(watcher, lambda: run_as_main(argv[0], argv[1:]))
-    exits.script_returned(who)  # the rank must be gone within the launcher's grace period
+    exits.script_returned(who, failed=status != 0)  # the rank must be gone within the launcher's grace period
     return status
 
 

@@ -45,7 +45,13 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     this rank's record, and the process group closed.  1 where the script failed and the launcher has its error
     (else the error is raised)."""
     try:
-        run()
+        try:
+            run()
+        except WatchDone:
+            raise  # (a SystemExit too: the watcher's own)
+        except SystemExit as exiting:  # `sys.exit(main())`: a failing status is the script's failure
+            if exiting.code not in (0, None):
+                raise RuntimeError(f"the script exited with status {exiting.code}") from None
     except WatchDone:
         pass  # the watcher's last step: the script's work here is done
     except Exception as error:

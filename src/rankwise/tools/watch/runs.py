@@ -43,6 +43,8 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
     (:func:`rankwise.tools.watch.spawned.read_records`)."""
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(window.RANK_PEAKS.format(rank="*")):  # (an earlier run in the same directory)
+        stale.unlink()
     env = {**framework.environment_for(processes), DIRECTORY: str(run_dir.resolve()), STEPS: str(steps),
            WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
            SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s),

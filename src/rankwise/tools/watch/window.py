@@ -33,6 +33,13 @@ def read_rank_peaks(directory, result: dict) -> dict:
             "cuda_max_allocated_mb": [peak["cuda_max_allocated_mb"] for peak in peaks]}
 
 
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # (not on every platform)
+        return None
+
+
 def report(watcher, script_ended: bool) -> None:
     """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank (collectives)."""
     rank, world = rank_and_world()
@@ -68,7 +75,7 @@ def report(watcher, script_ended: bool) -> None:
             "cuda_max_allocated_mb": [c for _, _, c in gathered],
             **utilisation(*map(list, zip(*counted, strict=True)), device, watcher.flops.dtype, ranks),
             "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
-            "load_average": round(os.getloadavg()[0], 2),  # (what else the machine ran: a disturbed row's evidence)
+            "load_average": _load_average(),  # (what else the machine ran: a disturbed row's evidence)
             "flops_counted": "first step" if watcher.flops.flops else watcher.flops.skipped or None, "model": {
                 "batch_dependent": watcher.facts["batch_dependent"],
                 "dropout": sorted({d["type"] for d in watcher.facts["dropout"]})}}, indent=2))
