@@ -32,7 +32,7 @@ def test_accelerates_quick_tour_gets_a_row_per_world_size_and_a_passing_equivale
     assert two["verdict"] == "equivalent" and two["max_gradient_diff"] < 1e-6, two
     assert two["samples_per_s"] > 0 and len(two["peak_rss_mb"]) == 2 and two["strategy"] == "DDP (Accelerate, CPU)"
     assert "without a GPU Accelerate runs DDP only" in output
-    assert report["fastest"] in rows and f"fastest row that passes: {report['fastest']}" in output
+    _fastest_named(report, output, rows)
 
 
 def test_a_plain_ddp_scripts_defective_form_fails_its_row_with_the_finding(tmp_path):
@@ -57,7 +57,8 @@ def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
     assert code == 0, output
     rows = {row["row"]: row for row in report["rows"]}
     assert list(rows) == ["fabric x1", "fabric x2"] and rows["fabric x2"]["verdict"] == "equivalent"
-    assert rows["fabric x2"]["samples_per_s"] > 0 and report["fastest"] in rows
+    assert rows["fabric x2"]["samples_per_s"] > 0
+    _fastest_named(report, output, rows)
     # The model's FLOPs, counted in the first step: Linear(16, 32) and Linear(32, 2), 2 FLOPs a multiply-add;
     # forward 1,152 a sample, the weights' gradients as many, the input gradient of the second layer 128.
     for row in rows.values():
@@ -76,7 +77,21 @@ def test_fabric_strategies_are_rows_through_its_launch_setting_and_one_it_cannot
     # Fabric's own refusal, from the run (this machine has no GPU), not a rankwise guess.
     fsdp = rows["fabric fsdp x2"]
     assert fsdp["status"] == "could not run" and "FSDP is only available on GPU" in fsdp["reason"], fsdp
-    assert code == 4 and report["fastest"] in ("fabric x1", "fabric ddp x2")
+    assert code == 4
+    _fastest_named(report, output, ("fabric x1", "fabric ddp x2"))
+
+
+def _fastest_named(report: dict, output: str, among) -> None:
+    """The fastest passing row is named among ``among``, or, where the suite's other worker disturbed rows (their
+    measured peak fell: the bench is right to say so), each disturbed row is named as such and left out."""
+    disturbed = {line["row"] for line in report["rows"] if line.get("disturbed")}
+    for name in disturbed:
+        assert f"- {name}: disturbed, not a figure to trust" in output, output
+    if report["fastest"] is None:
+        assert disturbed, output
+    else:
+        assert report["fastest"] in among and report["fastest"] not in disturbed, report["fastest"]
+        assert f"fastest row that passes: {report['fastest']}" in output
 
 
 def test_framework_strategy_names_are_checked_before_anything_runs(tmp_path, capsys):
