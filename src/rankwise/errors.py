@@ -103,9 +103,7 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, LaunchError, Stopped)
 
 def exit_code(error: BaseException) -> int:
     """The exit code of a command that ended with ``error``: 128 + signal when stopped by one."""
-    if isinstance(error, Stopped):
-        return error.exit_code
-    if isinstance(error, HungAtExit):
+    if isinstance(error, (Stopped, HungAtExit)):
         return error.exit_code
     if isinstance(error, LaunchError):
         return FAILED

@@ -16,7 +16,8 @@ there: "terminate called without an active exception").  Where it cannot, a boun
 :data:`EXIT_GRACE_S` by default) ends the rank:
 
 * after the script destroyed its default group, a rank whose main thread keeps the GIL for the grace period is hung
-  (a thread of this module re-arms a ``faulthandler`` deadline every second; holding the GIL starves it);
+  (a thread of this module re-arms a ``faulthandler`` deadline within every quarter of it; holding the GIL
+  starves that thread);
 * after the script returned (and rankwise closed a group it left open), a rank still running after the grace period
   is hung, whatever it waits for (an interpreter-exit hook, a thread that never ends).
 
@@ -43,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankwise.errors import HungAtExit
-from rankwise.stacks import HEADER, Dump, parse_dump, standard
+from rankwise.launch.failures import in_user_code
+from rankwise.stacks import HEADER, Dump, parse_dump
 
 EXIT_GRACE_S = 30.0
 """The default grace period: how long a rank that finished its work may take to exit (or keep the GIL)."""
@@ -191,7 +193,7 @@ def _open(who: str, what: str) -> bool:
 @contextlib.contextmanager
 def dump_directory():
     """A directory for this launcher's ranks' dump files while the block runs (the workers inherit
-    :data:`DIRECTORY`); an empty one is removed after."""
+    :data:`DIRECTORY`), removed after it."""
     previous = os.environ.get(DIRECTORY)
     with tempfile.TemporaryDirectory(prefix="rankwise-exit-") as directory:
         os.environ[DIRECTORY] = directory
@@ -263,12 +265,9 @@ def completed(failed_pids: list[int], ended: dict[int, HungRank]) -> bool:
 
 def _where(frames: list) -> str:
     """"at script.py:12 in main (innermost: ...)": the innermost frame in the script, and the innermost of all."""
-    script = next((frame for frame in frames if not _library(frame.file)), None)
+    script = next((frame for frame in frames if in_user_code(frame.file)), None)
     where = f"at {script}" if script else "outside the script"
     if frames and frames[0] != script:
         where += f" (innermost: {frames[0]})"
     return where
 
-
-def _library(file: str) -> bool:
-    return "site-packages" in file or "/rankwise/" in file or file.startswith("<") or standard(file)

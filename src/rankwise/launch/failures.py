@@ -63,6 +63,14 @@ class RankFailure:
         return line
 
 
+def in_user_code(file: str) -> bool:
+    """Whether a frame's file is the user's own code: not Python's, a library's, rankwise's, nor ``<string>``."""
+    if file.startswith("<"):
+        return False
+    path = str(Path(file).resolve())
+    return not (path.startswith(LIBRARY_DIRS) or path.startswith(RANKWISE_DIR))
+
+
 def script_frame(traceback: str) -> str | None:
     """The innermost frame of ``traceback`` in the user's own code (not Python's, a library's or rankwise's), as
     ``FILE, line N: CODE``."""
@@ -70,10 +78,9 @@ def script_frame(traceback: str) -> str | None:
     found = None
     for i, text in enumerate(lines):
         match = _FRAME.match(text)
-        if not match or match["file"].startswith("<"):
+        if not match:
             continue
-        path = str(Path(match["file"]).resolve())
-        if path.startswith(LIBRARY_DIRS) or path.startswith(RANKWISE_DIR):
+        if not in_user_code(match["file"]):
             continue
         code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
         found = f"{match['file']}, line {match['line']}" + (f": {code}" if code else "")

@@ -26,36 +26,32 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextlib.contextmanager
+def _handled(handler):
+    """SIGTERM and SIGINT handled by ``handler`` while the block runs (where signals can be handled: the main
+    thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signum)
+
+
 def stop_signals():
-    """While the block runs, SIGTERM and SIGINT raise :class:`Stopped` in it (where signals can be handled: the
-    main thread; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, _frame):
-        raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    """While the block runs, SIGTERM and SIGINT raise :class:`Stopped` in it."""
+    return _handled(_raise_stopped)
 
 
-@contextlib.contextmanager
 def ignored_stop_signals():
-    """SIGTERM and SIGINT ignored while the block runs (main thread only): a stop under way is not cut short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    """SIGTERM and SIGINT ignored while the block runs: a stop under way is not cut short."""
+    return _handled(signal.SIG_IGN)
 
 
 def stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int:
