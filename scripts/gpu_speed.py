@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -107,11 +108,12 @@ def run_rankwise(cfg, data, batches: list[dict], warmup: int, steps: int) -> flo
         trainer.save = lambda epoch: None  # the epoch-end checkpoint is not training
         bar, stop = tqdm(disable=True), StopRequest()
         try:
-            trainer.total_steps = warmup
+            trainer.schedule = replace(trainer.schedule, total_steps=warmup, steps_per_epoch=len(batches),
+                                       evaluate_dev=False)
             trainer.train(bar, stop)
             torch.cuda.synchronize()
             started = time.perf_counter()
-            trainer.total_steps = warmup + steps
+            trainer.schedule = replace(trainer.schedule, total_steps=warmup + steps)
             trainer.train(bar, stop)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - started
