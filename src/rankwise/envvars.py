@@ -56,6 +56,8 @@ VARIABLES: tuple[EnvVar, ...] = (
          "Optimizer steps watched (default 20)."),
     EnvVar("RANKWISE_WATCH_WARMUP", "`tools/watch/runs.py`", "`tools/watch/rank.py`",
          "Steps left out of the timed window (default 1)."),
+    EnvVar("RANKWISE_WATCH_PROFILE", "`bench --script` (`tools/bench/script.py`)", "`tools/watch/rank.py`",
+         "Steps profiled after a benchmark's timed window for its step-time breakdown (default 0: none)."),
     EnvVar("RANKWISE_WATCH_MIN_WINDOW", "`bench --script --min-window`", "`tools/watch/rank.py`",
          "The least seconds a timed window lasts (default 2)."),
     EnvVar("RANKWISE_EXIT_GRACE_S", "the user; `launch --exit-grace`", "`launch/exits.py` (every launched rank)",

@@ -186,3 +186,10 @@ class StepRecord:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def generator_state() -> list[torch.Tensor]:
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append(torch.cuda.get_rng_state())
+    return states

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rankwise.breakdown import PROFILED_STEPS
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
@@ -117,7 +118,7 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
                 started_as = row.framework or rankwise_framework(row.strategy, precision)
                 measured.append(watched_run(script, script_args, started_as, row.processes, part, steps=steps,
                                             warmup=warmup, trace=False, keep_dropout=True, timeout_s=timeout_s,
-                                            min_window_s=min_window_s))
+                                            min_window_s=min_window_s, profile_steps=PROFILED_STEPS))
             result = _pooled(measured)
             runs[row.name].append({**result, "run_dir": str(run_dir)})
             done += 1

@@ -4,6 +4,7 @@ registers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -43,6 +44,8 @@ class CallWatch:
         """(rank, world size) of the process group when it was destroyed (by the script, a framework or rankwise)."""
         self.reads: dict[str, dict] = {}
         """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on a GPU."""
+        self.region: Callable[[str], contextlib.AbstractContextManager] = lambda site: contextlib.nullcontext()
+        """A context around each of those calls, by its site (a benchmark's profiled steps mark them)."""
 
     def install(self) -> None:
         patch(torch, "save", self._save)
@@ -67,11 +70,12 @@ class CallWatch:
             caller = sys._getframe(1).f_code.co_filename
             if outside_the_script(caller) or "site-packages" in caller:
                 return original(tensor)  # torch's, a framework's or rankwise's own read: not the script's line
-            started = time.perf_counter()
+            site, started = f".item() at {call_site()}", time.perf_counter()
             try:
-                return original(tensor)
+                with watcher.region(site):
+                    return original(tensor)
             finally:
-                _count(watcher.reads, f".item() at {call_site()}", time.perf_counter() - started, watcher.step())
+                _count(watcher.reads, site, time.perf_counter() - started, watcher.step())
         return item
 
     def _collective(self, name: str):
@@ -80,12 +84,13 @@ class CallWatch:
         def make(original):
             def call(*args, **kwargs):
                 site = f"{name} at {call_site(via=True)}"
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
+                started, by_torch = time.perf_counter(), "/torch/" in sys._getframe(1).f_code.co_filename
+                try:  # (torch's own, such as FSDP's all-gathers, are its communication, not the script's syncs)
+                    with contextlib.nullcontext() if by_torch else watcher.region(site):
+                        return original(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - started
-                    if name not in SYNCHRONISING and "/torch/" not in sys._getframe(1).f_code.co_filename:
+                    if name not in SYNCHRONISING and not by_torch:
                         watcher.calls += 1
                     _count(watcher.collectives, site, spent, watcher.step())
                     watcher.collective_seconds += spent

@@ -3,7 +3,7 @@
 A finding that needs no reference can only fire on what ran: ``set_epoch`` needs a second pass of a shuffling
 training loader, the evaluation count a whole evaluation pass, the checkpoint checks a save.  So the report lists
 the parts of the script that ran (epochs entered, how they were shortened, evaluation passes, saves, shutdown),
-read from rank 0's record (:meth:`rankwise.tools.watch.watcher.Watcher.rank_record`), and every check with what it
+read from rank 0's record (:func:`rankwise.tools.watch.seen.of`), and every check with what it
 covered or why it could not run.
 """
 

@@ -1,6 +1,6 @@
 """What a watched N-rank run shows by itself, without a reference: each finding with what was observed and the fix.
 
-Read from every rank's record (:meth:`rankwise.tools.watch.watcher.Watcher.rank_record`).  A finding is an
+Read from every rank's record (:func:`rankwise.tools.watch.seen.of`).  A finding is an
 ``error`` when it changes what the script computes or reports (exit 1), a ``warning`` when it costs speed
 or portability.
 """

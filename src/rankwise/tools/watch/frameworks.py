@@ -25,6 +25,7 @@ Horovod's ranks start under ``horovodrun``, not torchrun.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -182,3 +183,10 @@ def framework(name: str) -> Framework:
                                "under torchrun); the one process has the Trainer on one device",
                                {LIGHTNING: "1"}, strategy="the Trainer's (as written)"),
     }[name]
+
+
+def framework_world_size() -> int | None:
+    """The process count Accelerate settled on, where the script used it (it can settle on 1 in a torchrun job)."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None) or {}
+    return shared.get("num_processes")

@@ -22,6 +22,7 @@ TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
 FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
 MIN_WINDOW, AFTER = "RANKWISE_WATCH_MIN_WINDOW", "RANKWISE_WATCH_AFTER"
 STALL, SPAWN = "RANKWISE_WATCH_STALL", "RANKWISE_WATCH_SPAWN"
+PROFILE = "RANKWISE_WATCH_PROFILE"
 """The watcher's settings, as the tools hand them to each rank."""
 
 
@@ -32,7 +33,7 @@ def watcher_from_environment() -> Watcher:
                    follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
                    keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace,
                    min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)),
-                   after=os.environ.get(AFTER, "stop"))
+                   after=os.environ.get(AFTER, "stop"), profile_steps=int(os.environ.get(PROFILE) or 0))
 
 
 def arm_stall(who: str) -> None:

@@ -18,6 +18,7 @@ from rankwise.tools.watch.rank import (
     DROPOUT,
     FOLLOW,
     MIN_WINDOW,
+    PROFILE,
     SCALE,
     SPAWN,
     STALL,
@@ -30,13 +31,14 @@ from rankwise.tools.watch.rank import (
 def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,
                 steps: int, warmup: int = 1, trace: bool = True, follow: Path | None = None, scale: int = 1,
                 keep_dropout: bool = False, timeout_s: float = 900.0, min_window_s: float = MIN_WINDOW_S,
-                after: str = "stop", stall_s: float = 0.0) -> dict:
+                after: str = "stop", stall_s: float = 0.0, profile_steps: int = 0) -> dict:
     """``rankwise launch --nproc-per-node PROCESSES`` (with the framework's launch flags: a script on
     ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
     ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
     ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps).  ``after``: what
     the run does after its last traced step (:data:`~rankwise.tools.watch.watcher.AFTER_WINDOW`).  ``stall_s``:
     a rank that makes no progress for that long is stopped, and the error says where each rank waited (0: never).
+    ``profile_steps``: a benchmark profiles that many steps after its window, for its step-time breakdown.
 
     An ``mp.spawn`` script starts its own ranks: the bootstrap runs it as one ``python script.py``, its ``nprocs``
     as it passes them (PROCESSES 1: one process, the reference), and ``spawn`` says what it passed
@@ -48,7 +50,7 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
     env = {**framework.environment_for(processes), DIRECTORY: str(run_dir.resolve()), STEPS: str(steps),
            WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
            SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s),
-           STALL: str(stall_s), SPAWN: "", AFTER: after}
+           STALL: str(stall_s), SPAWN: "", AFTER: after, PROFILE: str(profile_steps)}
     bootstrap = ["-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
     if framework.name == "spawn":
         env[SPAWN] = spawned.ONE if processes == 1 else "as written"

@@ -25,9 +25,9 @@ batches (:meth:`~rankwise.tools.watch.loaders.LoaderWatch.shorten`) so the rest 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -38,6 +38,7 @@ import torch.optim.optimizer as optimizers
 from torch import nn
 
 from rankwise import observers
+from rankwise.breakdown import StepProfile
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.throughput import MIN_WINDOW_S, window_end
 from rankwise.tolerance import gradient_difference
@@ -47,16 +48,17 @@ from rankwise.tools.trace import (
     RandomOps,
     StepRecord,
     exchange_gradients,
+    generator_state,
     learning_rates,
     model_facts,
     switch_off_dropout,
     uses_tf32,
     weights_file,
 )
-from rankwise.tools.watch import stall, window
+from rankwise.tools.watch import seen, stall, window
 from rankwise.tools.watch.calls import CallWatch
 from rankwise.tools.watch.flops import StepFlops
-from rankwise.tools.watch.loaders import RANK_RECORD, LoaderWatch
+from rankwise.tools.watch.loaders import LoaderWatch
 from rankwise.tools.watch.ranks import assign, gather, patch, rank_and_world, whole
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_module.")
@@ -82,7 +84,7 @@ class WatchDone(observers.Finished):
 class Watcher:
     def __init__(self, directory: str | Path, *, steps: int, warmup: int = 1, follow: str | Path | None = None,
                  scale: int = 1, keep_dropout: bool = False, trace: bool = True, min_window_s: float = MIN_WINDOW_S,
-                 after: str = "stop"):
+                 after: str = "stop", profile_steps: int = 0):
         self.directory, self.steps, self.warmup = Path(directory), steps, warmup
         self.follow = Path(follow) if follow else None
         self.scale, self.keep_dropout, self.trace = scale, keep_dropout, trace
@@ -108,6 +110,11 @@ class Watcher:
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
         self.flops_samples = 0
+        self.profile = StepProfile(profile_steps) if profile_steps and not trace else None
+        """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled, then its timed
+        window (which the profiler's cost stays out of)."""
+        if self.profile is not None:
+            self.profile.after, self.warmup = warmup, warmup + profile_steps
         self.replicas_differ: list[int] = []
         self.facts = {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
                       "precision": "32-true", "device": "cpu", "comm_hook": "none", "tf32": False,
@@ -120,7 +127,7 @@ class Watcher:
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
         self.timed_samples = 0
-        self.end = steps
+        self.end = max(steps, self.warmup + 1)
         """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.reported = False
         self.joined: tuple[int, int] | None = None
@@ -152,13 +159,15 @@ class Watcher:
         patch(torch.Tensor, "backward", self._backward)
         self.data.install()
         self.calls.install()
+        if self.profile is not None:
+            self.calls.region = lambda site: self.profile.mark(f"sync {site}")
         from rankwise.tools.watch.runtime import RuntimeSteps  # (it drives this watcher: imported here, not at the top)
         observers.register(RuntimeSteps(self))
 
     def _batch_yielded(self) -> None:
         stall.progress()
         if self.trace:
-            self._state = _generator_state()  # did the forward draw random numbers? (compared at its backward)
+            self._state = generator_state()  # did the forward draw random numbers? (compared at its backward)
 
     # -- forward, backward -------------------------------------------------------------------------------------
 
@@ -167,6 +176,8 @@ class Watcher:
         if self._depth != 1:
             return
         stall.progress()
+        if self.profile is not None:
+            self.profile.begin("forward")
         if not any(ref() is module for ref in self.models):
             self.model_seen(module)
         if not self.trace and not self.step and torch.is_grad_enabled():
@@ -180,6 +191,8 @@ class Watcher:
 
     def _forward_done(self, module, args, output) -> None:
         self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self.profile is not None:
+            self.profile.end("forward")
 
     def model_seen(self, model: nn.Module) -> None:
         """A model's first forward (before it runs): dropout off, its facts, its parameters' names."""
@@ -218,7 +231,8 @@ class Watcher:
 
         def backward(tensor, *args, **kwargs):
             watcher._backward_seen(tensor)
-            return original(tensor, *args, **kwargs)
+            with watcher.profile.mark("backward") if watcher.profile is not None else contextlib.nullcontext():
+                return original(tensor, *args, **kwargs)
         return backward
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
@@ -241,7 +255,7 @@ class Watcher:
             self.record.losses.append(float(loss.detach().float()))
         self.runtime_loss = False
         if self._state is not None:
-            self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, _generator_state(),
+            self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, generator_state(),
                                                                             strict=True))
             self._state = None
 
@@ -281,6 +295,8 @@ class Watcher:
         gradient (kept in a one-process run)."""
         if not self.step:
             self.flops.stop()
+        if self.profile is not None:
+            self.profile.begin("optimizer")
         self.record.learning_rates = learning_rates(optimizer)
         if rank_and_world()[1] == 1:
             self.record.no_grad = no_grad
@@ -310,6 +326,9 @@ class Watcher:
         (every rank calls it); ``follow(theirs)``: start the next step from the N-rank run's weights."""
         stall.progress()
         self.step += 1
+        if self.profile is not None:
+            self.profile.end("optimizer")
+            self.profile.step_done()
         if rank_and_world()[1] > 1:
             self.joined = rank_and_world()
         now = time.perf_counter()
@@ -318,6 +337,9 @@ class Watcher:
         self.step_started, self.calls.collective_seconds = now, 0.0
         if self.step == 1:
             self.flops_samples = len(self.record.samples)
+        if self.profile is not None and self.step == self.profile.after:
+            # Why a barrier: it aligns the ranks' clocks for the arrival times, every rank at this same step.
+            self.profile.start(lambda: gather(None))
         if self.step == self.warmup:
             self.started, self.timed_samples = now, 0
         elif self.started is not None:
@@ -379,23 +401,9 @@ class Watcher:
 
     # -- what the script does around the steps -----------------------------------------------------------------
 
-    def rank_record(self) -> dict:
-        """What this rank saw, for the findings that need no reference (written at the end by every rank)."""
-        rank, world = self.joined or self.calls.left or rank_and_world()
-        return {"rank": rank, "world_size": world, "steps": self.step,
-                "passes": self.data.records(), "set_epoch_calls": self.data.set_epoch_calls,
-                "collectives": self.calls.records(), "reads": self.calls.read_records(), "device": self.facts["device"],
-                "saves": self.calls.saves, "replicas_differ": self.replicas_differ, "unscaled": self.data.unscaled,
-                "step_seconds": [round(s, 6) for s in self.step_seconds],
-                "step_collective_seconds": [round(s, 6) for s in self.step_collective_seconds],
-                "scale": self.scale, "dropout": self.facts["dropout"],
-                "framework_world_size": _framework_world_size(), "api": self.facts["api"],
-                "window_steps": self.end, "keep_batches": self.data.keep,
-                "ended_by": self.ended_by, "destroyed_group": self.calls.destroyed_group}
-
     def write_rank_record(self) -> None:
-        record = self.rank_record()
-        write_text_atomic(self.directory / RANK_RECORD.format(rank=record["rank"]), json.dumps(record, indent=2))
+        """What this rank saw, for the findings that need no reference (:func:`rankwise.tools.watch.seen.of`)."""
+        seen.write(self)
 
 
 def _take(named: list[tuple[str, torch.Tensor]], theirs: dict[str, torch.Tensor]) -> None:
@@ -403,17 +411,3 @@ def _take(named: list[tuple[str, torch.Tensor]], theirs: dict[str, torch.Tensor]
     for name, parameter in named:
         if name in theirs:
             assign(parameter, theirs[name])
-
-
-def _generator_state() -> list[torch.Tensor]:
-    states = [torch.random.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states.append(torch.cuda.get_rng_state())
-    return states
-
-
-def _framework_world_size() -> int | None:
-    """The process count Accelerate settled on, where the script used it (it can settle on 1 in a torchrun job)."""
-    state = sys.modules.get("accelerate.state")
-    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None) or {}
-    return shared.get("num_processes")

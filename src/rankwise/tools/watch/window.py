@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from rankwise.breakdown import combine, model_facts
 from rankwise.checkpoint import write_text_atomic
 from rankwise.memory import peak_rss_megabytes
 from rankwise.tools.watch.flops import utilisation
@@ -44,15 +45,18 @@ def report(watcher, script_ended: bool) -> None:
     """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank (collectives)."""
     rank, world = rank_and_world()
     seconds = time.perf_counter() - watcher.started if watcher.started else None
+    timed_samples, timed = watcher.timed_samples, watcher.step - watcher.warmup
     cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
         torch.cuda.is_initialized() else None
     # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
-    gathered = gather((peak_rss_megabytes(), watcher.timed_samples, cuda))
+    gathered = gather((peak_rss_megabytes(), timed_samples, cuda))
     # Why: every rank measures its matrix-product peak at once (sharing the machine as in training), after the
     # gather above has brought them to the same point.
     device = torch.device("cuda", torch.cuda.current_device()) if watcher.facts["device"] == "cuda" else \
         torch.device(watcher.facts["device"])
     counted = gather((watcher.flops.flops, watcher.flops_samples, watcher.flops.peak(device)))
+    # Why: rank 0 combines every rank's profiled steps (arrival times against the last rank's).
+    profiled = gather(watcher.profile.records()) if watcher.profile is not None else None
     launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
     if world == 1 < launched:  # the script left its process group already: the ranks trained alike
         world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
@@ -61,7 +65,6 @@ def report(watcher, script_ended: bool) -> None:
             {"peak_rss_mb": gathered[0][0], "cuda_max_allocated_mb": gathered[0][2]}))
     if rank == 0:
         samples = sum(count for _, count, _ in gathered) * ranks
-        timed = watcher.step - watcher.warmup
         write_text_atomic(watcher.directory / "probe.json", json.dumps({
             "strategy": watcher.facts.get("strategy", "script"), "world_size": world, "device": watcher.facts["device"],
             "steps": watcher.step,
@@ -76,6 +79,19 @@ def report(watcher, script_ended: bool) -> None:
             **utilisation(*map(list, zip(*counted, strict=True)), device, watcher.flops.dtype, ranks),
             "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
             "load_average": _load_average(),  # (what else the machine ran: a disturbed row's evidence)
+            "breakdown": _breakdown(watcher, profiled, seconds / timed if seconds and timed else None),
             "flops_counted": "first step" if watcher.flops.flops else watcher.flops.skipped or None, "model": {
                 "batch_dependent": watcher.facts["batch_dependent"],
                 "dropout": sorted({d["type"] for d in watcher.facts["dropout"]})}}, indent=2))
+
+
+def _breakdown(watcher, profiled: list[list[dict]] | None, step_s: float | None) -> dict | None:
+    """Every rank's step split into its parts (:mod:`rankwise.breakdown`), from the steps profiled before the
+    window."""
+    ranks = combine(profiled) if profiled else []
+    if not ranks:
+        return None
+    first = watcher.profile.after + 1
+    return {"steps": [first, first + ranks[0]["steps"] - 1], "ranks": ranks,
+            "window_step_ms": round(step_s * 1e3, 3) if step_s else None, "device": watcher.facts["device"],
+            "facts": model_facts(ref() for ref in watcher.models if ref() is not None)}

@@ -1,0 +1,150 @@
+"""Why a bench row is slow: its step-time breakdown (:mod:`rankwise.breakdown`) read into one cause and the change
+that recovers it, from evidence only.
+
+The loss a row can recover is what is not compute: waiting for the slowest rank, for the next batch, for
+communication compute did not hide, and host syncs.  The largest is named when it is at least
+:data:`NOISE` of the step; a rank the others wait for is explained by the part in which it spends more than they
+do before it arrives.
+"""
+
+from __future__ import annotations
+
+from rankwise.breakdown import LABELS, PARTS
+
+NOISE = 0.10
+"""A loss below this share of the step is not named: profiled steps vary by about this much on a shared CPU."""
+LOSSES = ("straggler", "data", "comm", "sync")
+DDP_DEFAULT_BUCKET_MB = 25.0
+_BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
+"""Parts a rank goes through before it arrives at the gradient exchange."""
+
+
+def explain(breakdown: dict | None) -> dict | None:
+    """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part`` None: nothing above
+    the noise), or None without a breakdown."""
+    ranks = (breakdown or {}).get("ranks") or []
+    if not ranks:
+        return None
+    step = max(r["step_ms"] for r in ranks) or 1e-9
+    loss, rank = max(((part, r) for part in LOSSES for r in ranks), key=lambda pr: pr[1]["parts_ms"][pr[0]])
+    ms = rank["parts_ms"][loss]
+    waiting = max(ranks, key=lambda r: r["parts_ms"]["straggler"])
+    if not _consistently_late(ranks):  # (a rank the machine delayed once or twice: noise, not a straggler)
+        loss, rank = max(((part, r) for part in LOSSES if part != "straggler" for r in ranks),
+                         key=lambda pr: pr[1]["parts_ms"][pr[0]])
+        ms = rank["parts_ms"][loss]
+    elif waiting["parts_ms"]["straggler"] >= max(NOISE * step, 0.5 * ms):  # (what the late rank lost, others wait)
+        loss, rank, ms = "straggler", waiting, waiting["parts_ms"]["straggler"]
+    if ms < NOISE * step:
+        compute = min(sum(r["parts_ms"][p] for p in ("forward", "backward", "optimizer")) / r["step_ms"]
+                      for r in ranks if r["step_ms"])
+        return {"part": None, "rank": None, "ms": 0.0, "share": 0.0,
+                "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} of each rank's "
+                        f"step computes"}
+    line = {"straggler": _straggler, "data": _data, "comm": _comm, "sync": _sync}[loss](ranks, rank, breakdown)
+    return {"part": loss, "rank": rank["rank"], "ms": ms, "share": round(ms / step, 3), "line": line}
+
+
+def _consistently_late(ranks: list[dict]) -> bool:
+    """Whether one rank arrived last at the gradient exchange in most of the profiled steps."""
+    late = max(ranks, key=lambda r: r.get("last_in", 0))
+    return late.get("last_in", 0) > late.get("steps_kept", 0) / 2
+
+
+def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
+    late = max(ranks, key=lambda r: r["late_ms"])
+    others = [r for r in ranks if r is not late]
+    excess = {part: late["parts_ms"][part] - sum(r["parts_ms"][part] for r in others) / len(others)
+              for part in _BEFORE_ARRIVAL}
+    part = max(excess, key=excess.get)
+    head = (f"rank {waiting['rank']} waits {waiting['parts_ms']['straggler']:.1f} ms a step for rank {late['rank']}, "
+            f"which arrives {late['late_ms']:.1f} ms late at the gradient exchange")
+    if excess[part] < 0.5 * late["late_ms"]:
+        return f"{head} (no one part of its step explains it) → look for what rank {late['rank']} does differently"
+    cause = {"data": f"its data loader waits {excess[part]:.1f} ms a step longer ({_workers(late)})",
+             "forward": f"its forward takes {excess[part]:.1f} ms a step longer",
+             "backward": f"its backward takes {excess[part]:.1f} ms a step longer",
+             "sync": f"its host syncs take {excess[part]:.1f} ms a step longer ({_sites(late)})",
+             "other": f"its own code between forward, backward and the optimizer takes {excess[part]:.1f} ms a step "
+                      "longer"}[part]
+    fix = {"data": "DataLoader(num_workers=2 or more, persistent_workers=True), or a lighter __getitem__/collate_fn",
+           "sync": "read values and synchronise every N steps, not every step"}.get(
+        part, f"find what rank {late['rank']} does that the others do not (more data, other work, a slower device)")
+    return f"{head}: {cause} → {fix}"
+
+
+def _data(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+    return (f"rank {rank['rank']} waits {rank['parts_ms']['data']:.1f} ms a step for its next batch "
+            f"({_workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
+            "persistent_workers=True)")
+
+
+def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+    facts = breakdown.get("facts") or {}
+    head = f"communication not hidden behind compute: {rank['parts_ms']['comm']:.1f} ms a step on rank {rank['rank']}"
+    ddp = facts.get("ddp")
+    if ddp and ddp["buckets"] > 1 and ddp["bucket_cap_mb"] < DDP_DEFAULT_BUCKET_MB:
+        return (f"{head}, {ddp['buckets']} all-reduces a step (bucket_cap_mb={ddp['bucket_cap_mb']:g} for "
+                f"{ddp['parameter_mb']:g} MB of gradients) → DistributedDataParallel(bucket_cap_mb=25), DDP's default")
+    if facts.get("fsdp_units") == 1:
+        return (f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → wrap each "
+                "layer (fully_shard every block, then the model)")
+    if ddp:
+        return (f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → more compute per "
+                "exchange: a larger batch per rank, or gradient accumulation under no_sync(); or bf16 gradients "
+                "(a comm hook)")
+    return f"{head} → more compute per exchange: a larger batch per rank, or fewer, larger collectives"
+
+
+def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+    return (f"host syncs {rank['parts_ms']['sync']:.1f} ms a step on rank {rank['rank']} ({_sites(rank)}) → "
+            "drop per-step barriers; reduce values for logging every N steps; add losses up on the device and "
+            "read them once")
+
+
+def _workers(rank: dict) -> str:
+    loader = rank.get("loader") or ""
+    if loader.startswith("_SingleProcess"):
+        return "num_workers=0: batches are built in the training process"
+    return "its worker processes do not keep up" if loader else "the loader's own time"
+
+
+def _sites(rank: dict) -> str:
+    sites = sorted(rank.get("sync_ms", {}).items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{site}: {ms:.1f} ms" for site, ms in sites[:3]) or "none named"
+
+
+def cells(breakdown: dict | None) -> dict:
+    """The table's cells, in milliseconds a step: compute averaged over the ranks, each loss the most any rank
+    spent in it (a straggler's own wait and the others' wait for it both show)."""
+    ranks = (breakdown or {}).get("ranks") or []
+    if not ranks:
+        return {}
+    compute = [r["parts_ms"]["forward"] + r["parts_ms"]["backward"] + r["parts_ms"]["optimizer"] for r in ranks]
+    return {"step_ms": round(max(r["step_ms"] for r in ranks), 3), "compute_ms": round(sum(compute) / len(ranks), 3),
+            **{f"{part}_ms": max(r["parts_ms"][part] for r in ranks) for part in LOSSES}}
+
+
+def detail(name: str, breakdown: dict | None) -> str:
+    """``--explain ROW``: every rank's parts, the steps profiled, and the cause."""
+    if not breakdown or not breakdown.get("ranks"):
+        return f"{name}: no step-time breakdown (the row did not run, or ended before its profiled steps)"
+    steps = breakdown.get("steps")
+    lines = [f"{name}: steps {steps[0]}-{steps[1]} profiled, between the warm-up and the timed window" if steps
+             else name]
+    window = breakdown.get("window_step_ms")
+    for r in breakdown["ranks"]:
+        cost = f", {r['step_ms'] / window - 1:+.0%} against the window's {window:.1f} ms" if window else ""
+        lines.append(f"  rank {r['rank']}: {r['step_ms']:.1f} ms a profiled step{cost}")
+        for part in PARTS:
+            ms = r["parts_ms"][part]
+            lines.append(f"    {LABELS[part]:<26}{ms:>9.2f} ms  {ms / r['step_ms']:>5.0%}" if r["step_ms"] else "")
+        for site, ms in sorted(r.get("sync_ms", {}).items(), key=lambda kv: -kv[1]):
+            lines.append(f"      {site}: {ms:.2f} ms")
+        if r["late_ms"] > 0.05:
+            lines.append(f"    arrives {r['late_ms']:.2f} ms after the first rank at the gradient exchange")
+    if breakdown.get("device") == "cuda":
+        lines.append("  (on a GPU these are the host's times: kernels are queued, not timed)")
+    why = explain(breakdown)
+    lines.append(f"  why: {why['line']}")
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""What a watched rank saw, written at its end for the findings that need no reference
+(:mod:`rankwise.tools.watch.findings`): its passes over the data, the script's collectives, reads and saves, its
+steps' times, how the script ended."""
+
+from __future__ import annotations
+
+import json
+
+from rankwise.checkpoint import write_text_atomic
+from rankwise.tools.watch.frameworks import framework_world_size
+from rankwise.tools.watch.loaders import RANK_RECORD
+from rankwise.tools.watch.ranks import rank_and_world
+
+
+def of(watcher) -> dict:
+    """What the rank of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`) saw."""
+    rank, world = watcher.joined or watcher.calls.left or rank_and_world()
+    return {"rank": rank, "world_size": world, "steps": watcher.step,
+            "passes": watcher.data.records(), "set_epoch_calls": watcher.data.set_epoch_calls,
+            "collectives": watcher.calls.records(), "reads": watcher.calls.read_records(),
+            "device": watcher.facts["device"], "saves": watcher.calls.saves,
+            "replicas_differ": watcher.replicas_differ, "unscaled": watcher.data.unscaled,
+            "step_seconds": [round(s, 6) for s in watcher.step_seconds],
+            "step_collective_seconds": [round(s, 6) for s in watcher.step_collective_seconds],
+            "scale": watcher.scale, "dropout": watcher.facts["dropout"],
+            "framework_world_size": framework_world_size(), "api": watcher.facts["api"],
+            "window_steps": watcher.end, "keep_batches": watcher.data.keep,
+            "ended_by": watcher.ended_by, "destroyed_group": watcher.calls.destroyed_group}
+
+
+def write(watcher) -> None:
+    record = of(watcher)
+    write_text_atomic(watcher.directory / RANK_RECORD.format(rank=record["rank"]), json.dumps(record, indent=2))

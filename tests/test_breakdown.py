@@ -1,0 +1,105 @@
+"""The step-time breakdown from profiler spans (unit): regions per step, arrival times against the last rank."""
+import pytest
+import torch
+
+from rankwise.breakdown import MARK, PARTS, Span, StepProfile, combine, step_records
+
+
+def span(name, start, end, *children):
+    s = Span(name, start * 1e3, end * 1e3, children=list(children))  # (milliseconds in, microseconds stored)
+    for child in children:
+        child.parent = s
+    return s
+
+
+def a_step(start, *, data=1.0, forward=2.0, backward=3.0, backward_compute=2.0, optimizer=1.0, sync=(), gap=0.5):
+    """A step of the given parts (milliseconds), laid out one after another from ``start``."""
+    t = start
+    spans = [span("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, t + data)]
+    t += data
+    spans.append(span(MARK + "forward", t, t + forward, span("aten::addmm", t, t + forward)))
+    t += forward + gap  # (a loss outside the model: an op outside every region)
+    spans.append(span("aten::cross_entropy_loss", t - gap, t))
+    spans.append(span(MARK + "backward", t, t + backward,
+                      span("autograd::engine::evaluate_function: AddmmBackward0", t, t + backward_compute)))
+    t += backward
+    for site, seconds in sync:
+        spans.append(span(f"{MARK}sync {site}", t, t + seconds))
+        t += seconds
+    spans.append(span("Optimizer.step#AdamW.step", t, t + optimizer, span(MARK + "optimizer", t, t + optimizer)))
+    t += optimizer
+    return span(MARK + "step", start, t, *spans), t
+
+
+def rank_records(starts_and_parts):
+    spans = [a_step(start, **parts)[0] for start, parts in starts_and_parts]
+    return step_records(spans)
+
+
+def test_a_step_splits_into_its_regions_and_they_add_up():
+    root, end = a_step(0.0, sync=[("barrier at train.py:9", 0.25)])
+    (record,) = step_records([root])
+    assert record["wall"] == pytest.approx(end / 1e3)
+    assert record["data"] == pytest.approx(1e-3)
+    assert record["forward"] == pytest.approx(2.5e-3)  # the model's forward and the loss outside it
+    assert record["backward_compute"] == pytest.approx(2e-3) and record["backward"] == pytest.approx(3e-3)
+    assert record["optimizer"] == pytest.approx(1e-3)  # torch's span, rankwise's mark inside it not counted twice
+    assert record["arrival"] == pytest.approx(5.5e-3)  # where backward compute ended
+    assert record["sync"] == [("barrier at train.py:9", pytest.approx(6.5e-3), pytest.approx(0.25e-3))]
+    assert record["loader"] == "_SingleProcessDataLoaderIter"
+
+
+def test_a_rank_that_arrives_late_makes_the_other_wait_and_the_wait_is_not_communication():
+    # Rank 1's data takes 30 ms more; rank 0 waits for it in its backward (DDP's all-reduce), then 1 ms of exchange.
+    late = [(0.0, {"data": 31.0, "backward": 4.0})]
+    early = [(0.0, {"data": 1.0, "backward": 34.0})]
+    ranks = combine([rank_records(early), rank_records(late)])
+    waiting, straggler = ranks
+    assert straggler["late_ms"] == pytest.approx(30.0)
+    assert waiting["parts_ms"]["straggler"] == pytest.approx(30.0)
+    assert waiting["parts_ms"]["comm"] == pytest.approx(2.0)  # 32 ms waited, 30 of them for rank 1
+    assert straggler["parts_ms"]["straggler"] == 0 and straggler["parts_ms"]["comm"] == pytest.approx(2.0)
+    assert straggler["parts_ms"]["data"] == pytest.approx(31.0)
+    for rank in ranks:  # the parts add up to the step, the remainder stated
+        assert sum(rank["parts_ms"].values()) == pytest.approx(rank["step_ms"], abs=1e-3)
+        assert set(rank["parts_ms"]) == set(PARTS)
+
+
+def test_a_script_collective_reached_late_is_waiting_for_the_slowest_rank_not_a_host_sync():
+    ranks = combine([rank_records([(0.0, {"sync": [("barrier at t.py:3", 10.0)]})]),
+                     rank_records([(0.0, {"forward": 11.5, "sync": [("barrier at t.py:3", 0.5)]})])])
+    # 9.5 ms at the barrier, and the 1 ms its backward waited at the gradient exchange, before rank 1 got there
+    assert ranks[0]["parts_ms"]["straggler"] == pytest.approx(10.5)
+    assert ranks[0]["parts_ms"]["sync"] == pytest.approx(0.5) and ranks[0]["parts_ms"]["comm"] == 0
+    assert ranks[0]["sync_ms"] == {"barrier at t.py:3": pytest.approx(10.0)}
+
+
+def test_a_step_a_busy_machine_paused_is_left_out_of_the_averages():
+    steps = [(0.0, {}), (20.0, {}), (40.0, {"data": 60.0}), (120.0, {})]
+    (rank,) = combine([rank_records(steps)])
+    assert rank["steps"] == 4 and rank["steps_kept"] == 3
+    assert rank["parts_ms"]["data"] == pytest.approx(1.0)
+
+
+def test_no_steps_no_breakdown():
+    assert combine([[], []]) == []
+
+
+def test_the_profiler_marks_real_steps_on_this_thread():
+    model, optimizer = torch.nn.Linear(8, 2), None
+    optimizer = torch.optim.SGD(model.parameters())
+    profile = StepProfile(2)
+    profile.start(lambda: None)
+    for _ in range(2):
+        profile.begin("forward")
+        loss = model(torch.randn(4, 8)).sum()
+        profile.end("forward")
+        with profile.mark("backward"):
+            loss.backward()
+        optimizer.step()
+        profile.step_done()
+    assert profile.finished and not profile.running
+    records = profile.records()
+    assert len(records) == 2
+    assert all(r["forward"] > 0 and r["backward_compute"] > 0 and r["optimizer"] > 0 for r in records)
+    assert all(r["wall"] >= r["forward"] + r["backward"] + r["optimizer"] for r in records)
