@@ -103,3 +103,11 @@ def test_the_profiler_marks_real_steps_on_this_thread():
     assert len(records) == 2
     assert all(r["forward"] > 0 and r["backward_compute"] > 0 and r["optimizer"] > 0 for r in records)
     assert all(r["wall"] >= r["forward"] + r["backward"] + r["optimizer"] for r in records)
+
+
+def test_a_rank_the_last_exchange_let_go_later_is_not_a_straggler_its_wait_is_communication():
+    # Both ranks do the same work; rank 1's step starts 4 ms later (its previous exchange ended later), so rank 0
+    # waits 4 ms more in its backward: communication, not a slower rank.
+    ranks = combine([rank_records([(0.0, {"backward": 8.0})]), rank_records([(4.0, {"backward": 4.0})])])
+    assert ranks[0]["parts_ms"]["straggler"] == 0 and ranks[0]["parts_ms"]["comm"] == pytest.approx(6.0)
+    assert ranks[1]["late_ms"] == 0 and ranks[1]["last_in"] == 0

@@ -9,10 +9,12 @@ the next batch), the optimizer's ``Optimizer.step#...``, autograd's ``autograd::
 optimizer compute; communication compute did not hide; waiting for the next batch; host syncs; waiting for the
 slowest rank; the remainder, stated as such.
 
-Waiting for the slowest rank comes from arrival times (:func:`combine`): at the gradient exchange a rank arrives
-when its backward compute ends, at each of the script's collectives when it calls it; whatever a rank waited there
-beyond the last rank's arrival is communication.  The ranks' clocks are aligned at a barrier when profiling
-starts.  On a GPU the regions are the host's view (kernels are queued, not timed), which the report says.
+Waiting for the slowest rank comes from arrival times (:func:`combine`), each counted from the start of the rank's
+own step (when the previous exchange let it go): at the gradient exchange a rank arrives when its backward compute
+ends, at each of the script's collectives when it calls it.  What a rank waited there for the last rank's later
+arrival is waiting for the slowest rank; the rest, communication (including an exchange that let the ranks go at
+different times).  The profiled steps start together, after a barrier.  On a GPU the regions are the host's
+view (kernels are queued, not timed), which the report says.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Span:
     name: str
     start: float
     end: float
-    """Microseconds, on this rank's clock, aligned to the profile's barrier."""
+    """Microseconds on this rank's clock, from the end of the barrier profiling started with."""
     parent: Span | None = None
     children: list[Span] = field(default_factory=list)
 
@@ -90,7 +92,7 @@ def _outermost(spans: Iterable[Span], keep: Callable[[Span], bool], stop: Callab
 
 
 def step_records(spans: list[Span]) -> list[dict]:
-    """This rank's profiled steps, one record each (seconds; times on the aligned clock), from its main thread's
+    """This rank's profiled steps, one record each (seconds; times from the profile's barrier), from its main thread's
     spans (roots with their children).  A step runs from one optimizer step's end to the next's; each region counts
     in the step it starts in (torch's ``Optimizer.step#`` span ends just after the hook that closes a step, so the
     spans do not nest).  Torch ops outside the regions (a loss computed outside the model's forward, ``zero_grad``)
@@ -103,7 +105,7 @@ def step_records(spans: list[Span]) -> list[dict]:
     for step in steps:
         def within(span: Span, step: Span = step) -> bool:
             return step.start <= span.start < step.end
-        record = {"wall": step.seconds, "end": step.end / 1e6, "data": 0.0, "forward": 0.0, "forward_comm": 0.0,
+        record = {"wall": step.seconds, "start": step.start / 1e6, "data": 0.0, "forward": 0.0, "forward_comm": 0.0,
                   "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0, "optimizer_comm": 0.0,
                   "sync": [], "loader": None}
         mine = [region for region in regions if within(region)]
@@ -147,17 +149,21 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
     per_step: list[list[dict]] = [[] for _ in ranks]
     for index in range(steps):
         records = [records[index] for records in ranks]
-        arrivals = [r["arrival"] for r in records if r["arrival"] is not None]
+        # A rank's arrival: how long after its step began (when the previous exchange let it go) it reached the
+        # gradient exchange.  Another rank's lateness is its own work, not when the exchange let each rank go.
+        arrivals = [r["arrival"] - r["start"] for r in records if r["arrival"] is not None]
         first, last = (min(arrivals), max(arrivals)) if len(arrivals) == len(records) else (None, None)
         # A script's own collectives are matched call by call where every rank made the same number.
         aligned_syncs = len({len(r["sync"]) for r in records}) == 1
         for parts_of_rank, record in zip(per_step, records, strict=True):
             waited = max(0.0, record["backward"] - record["backward_compute"])
-            behind_others = min(waited, max(0.0, last - record["arrival"])) if last is not None else 0.0
+            arrival = record["arrival"] - record["start"] if last is not None else 0.0
+            behind_others = min(waited, max(0.0, last - arrival)) if last is not None else 0.0
             sync = straggler = 0.0
             sites: dict[str, float] = {}
             for j, (site, start, seconds) in enumerate(record["sync"]):
-                behind = max(0.0, max(r["sync"][j][1] for r in records) - start) if aligned_syncs else 0.0
+                behind = max(0.0, max(r["sync"][j][1] - r["start"] for r in records) - (start - record["start"])) \
+                    if aligned_syncs else 0.0
                 sites[site] = sites.get(site, 0.0) + seconds
                 straggler += min(seconds, behind)
                 sync += seconds - min(seconds, behind)
@@ -166,8 +172,8 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
                 "optimizer": record["optimizer"] - record["optimizer_comm"],
                 "comm": waited - behind_others + record["forward_comm"] + record["optimizer_comm"],
                 "data": record["data"], "sync": sync, "straggler": behind_others + straggler,
-                "wall": record["wall"], "late": record["arrival"] - first if first is not None else 0.0,
-                "last": last is not None and record["arrival"] == last and last - first > LATE_S,
+                "wall": record["wall"], "late": arrival - first if first is not None else 0.0,
+                "last": last is not None and arrival == last and last - first > LATE_S,
                 "sites": sites, "loader": record["loader"]})
     combined = []
     for rank, records in enumerate(per_step):
@@ -215,12 +221,12 @@ class StepProfile:
         return self._records is not None
 
     def start(self, barrier: Callable[[], object]) -> None:
-        """Start profiling; ``barrier()`` (every rank) aligns the ranks' clocks."""
+        """Start profiling; ``barrier()`` (every rank) starts the profiled steps together."""
         activities = [torch.profiler.ProfilerActivity.CPU]
         self._profiler = torch.profiler.profile(activities=activities)
         self._profiler.__enter__()
         with record_function(MARK + "align"):
-            barrier()  # Why: every rank leaves it at (nearly) the same instant, the zero of the aligned clocks
+            barrier()  # Why: every rank leaves it at (nearly) the same instant: the first profiled steps start together
         self.begin("step")
 
     def begin(self, name: str) -> None:
@@ -263,8 +269,8 @@ class StepProfile:
 
 
 def main_thread_spans(events) -> list[Span]:
-    """The profiler's events on the thread that aligned the clocks, as spans (roots), aligned to the barrier's
-    end."""
+    """The profiler's events on the thread that started it (the training loop's), as spans (roots), timed from the
+    end of its barrier."""
     align = next((e for e in events if e.name == MARK + "align"), None)
     if align is None:
         return []

@@ -28,10 +28,11 @@ count), 4 when a row could not run (its error once, under the table, with the sc
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rankwise.errors import ConfigError
 from rankwise.throughput import MIN_WINDOW_S
-from rankwise.tools.bench import script, suite
+from rankwise.tools.bench import script, suite, why
 from rankwise.tools.bench.rows import ROWS, select
 from rankwise.tools.bench.suite import PRESETS
 from rankwise.tools.watch.frameworks import FRAMEWORKS
@@ -77,6 +78,10 @@ def add_parser(commands) -> None:
                    help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
                         "(default 5)")
     p.add_argument("--precision", help="--script: the precision every row runs at (default: the script's)")
+    p.add_argument("--explain", metavar="ROW", help="after the table, ROW's step-time breakdown: every rank's "
+                   "compute, exposed communication, data wait, host syncs and wait for the slowest rank, and the "
+                   "cause; with --report, from an earlier bench's report.json, without running anything")
+    p.add_argument("--report", metavar="REPORT.json", help="--explain: the report of an earlier `rankwise bench`")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
@@ -92,6 +97,11 @@ def _world_sizes(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        if not args.explain:
+            raise ConfigError("--report: give --explain ROW (the row of that report to explain)")
+        print(why.explain_report(Path(args.report), args.explain))
+        return 0
     if max(args.nproc) < 2:
         raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
     if args.repeats is not None and args.repeats < 1:

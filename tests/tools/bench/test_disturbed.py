@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rankwise.tools.bench import disturbed
-from rankwise.tools.bench.script import ScriptRow, summarize, table
+from rankwise.tools.bench.script import ScriptRow, summarize
+from rankwise.tools.bench.script_report import table
 
 pytestmark = pytest.mark.unit
 

@@ -74,7 +74,8 @@ def test_a_plain_data_loader_is_counted_from_what_reached_the_model_and_never_pa
 
 
 def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neither_pass_nor_fail():
-    from rankwise.tools.bench.script import ScriptRow, summarize, table
+    from rankwise.tools.bench.script import ScriptRow, summarize
+    from rankwise.tools.bench.script_report import table
 
     run = {"steady_samples_per_s": 10.0, "wall_s": 1.0, "precision": "32-true", "peak_rss_mb": [1.0],
            "cuda_max_allocated_mb": [None], "samples_counted_by": "DataLoader"}
@@ -92,7 +93,8 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
 
 
 def test_a_row_whose_rank_hung_at_exit_keeps_its_numbers_and_says_so_under_the_table():
-    from rankwise.tools.bench.script import ScriptRow, summarize, table
+    from rankwise.tools.bench.script import ScriptRow, summarize
+    from rankwise.tools.bench.script_report import table
 
     run = {"steady_samples_per_s": 10.0, "wall_s": 1.0, "precision": "32-true", "peak_rss_mb": [1.0, 1.0],
            "cuda_max_allocated_mb": [None], "samples_counted_by": "DataLoader"}
@@ -138,7 +140,8 @@ def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_re
     path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
                            "--steps", "10", "--repeats", "2", "--verify-steps", "2", "--out", str(tmp_path / "fast"),
-                           "--json", "--", "--epochs", "40"], capture_output=True, text=True, timeout=600,
+                           "--json", "--explain", "ddp", "--", "--epochs", "40"], capture_output=True, text=True,
+                          timeout=600,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)
@@ -155,6 +158,20 @@ def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_re
         assert len(speeds) == 2 and row["samples_per_s"] == pytest.approx(sum(speeds) / 2, abs=0.01), row
         assert row["spread"] == pytest.approx((speeds[1] - speeds[0]) / row["samples_per_s"], abs=1e-4), row
     assert "throughput window per run (median): single " in proc.stdout and " ±" in proc.stdout
+    # Each row's step, broken down (steps profiled between the warm-up and the window), with its cause; --explain
+    # shows every rank of one row, the same from the report afterwards.
+    for name, ranks in (("single", 1), ("ddp", 2)):
+        breakdown = rows[name]["breakdown"]
+        assert breakdown["steps"] == [3, 7] and len(breakdown["ranks"]) == ranks, breakdown
+        for rank in breakdown["ranks"]:
+            assert rank["parts_ms"]["forward"] > 0 and rank["parts_ms"]["backward"] > 0, rank
+        assert rows[name]["why"]["line"] and f"- {name}: why: " in proc.stdout
+    assert "step ms: compute · comm · data · sync · wait" in proc.stdout
+    explained = proc.stdout.split("wrote ", 1)[1]
+    assert "ddp: steps 3-7 profiled" in explained and "rank 1:" in explained and "waiting for slowest rank" in explained
+    again = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--explain", "ddp", "--report",
+                            str(tmp_path / "fast" / "report.json")], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() in explained, again.stdout + again.stderr
 
 
 def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):

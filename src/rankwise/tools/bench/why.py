@@ -9,7 +9,11 @@ do before it arrives.
 
 from __future__ import annotations
 
-from rankwise.breakdown import LABELS, PARTS
+import json
+from pathlib import Path
+
+from rankwise.breakdown import LABELS, PARTS, PROFILED_STEPS
+from rankwise.errors import ConfigError
 
 NOISE = 0.10
 """A loss below this share of the step is not named: profiled steps vary by about this much on a shared CPU."""
@@ -148,3 +152,75 @@ def detail(name: str, breakdown: dict | None) -> str:
     why = explain(breakdown)
     lines.append(f"  why: {why['line']}")
     return "\n".join(lines)
+
+
+def summary(breakdown: dict | None) -> dict:
+    """A bench row's breakdown entries: the per-rank detail, the table's cells, the cause."""
+    found = explain(breakdown)
+    return {"breakdown": breakdown, "steps": cells(breakdown) or None, "why": found}
+
+
+def step_cell(steps: dict | None) -> str:
+    """``compute · comm · data · sync · wait`` in milliseconds a step (or "—")."""
+    if not steps:
+        return "—"
+    return " · ".join(f"{steps[key]:.1f}" for key in ("compute_ms", "comm_ms", "data_ms", "sync_ms", "straggler_ms"))
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """The lines under the table: how the breakdown was measured, and each row's cause."""
+    explained = [line for line in rows if line.get("why")]
+    if not explained:
+        return []
+    first = next(line["breakdown"] for line in explained)
+    where = f"steps {first['steps'][0]}-{first['steps'][1]}" if first.get("steps") else f"{PROFILED_STEPS} steps"
+    out = [f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its timed window: compute "
+           "averaged over the ranks; exposed comm, data wait, host syncs and waiting for the slowest rank, the most "
+           "any rank spent (`rankwise bench --explain ROW` shows every rank)"]
+    if any(line["breakdown"].get("device") == "cuda" for line in explained):
+        out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")
+    out += [f"- {line['row']}: why: {line['why']['line']}" for line in explained]
+    return out
+
+
+def plot(axis, rows: list[dict]) -> None:
+    """A stacked bar per rank of each row: where its profiled step went."""
+    colours = {"forward": "tab:blue", "backward": "tab:cyan", "optimizer": "tab:purple", "comm": "tab:orange",
+               "data": "tab:brown", "sync": "tab:pink", "straggler": "tab:red", "other": "tab:gray"}
+    labels, bars = [], []
+    for line in rows:
+        for r in line["breakdown"]["ranks"]:
+            labels.append(f"{line['row']} r{r['rank']}")
+            bars.append(r["parts_ms"])
+    left = [0.0] * len(bars)
+    for part in PARTS:
+        widths = [max(0.0, parts[part]) for parts in bars]
+        axis.barh(labels, widths, left=left, color=colours[part], label=LABELS[part])
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    axis.invert_yaxis()
+    axis.set_xlabel("ms a profiled step")
+    axis.set_title("where each rank's step goes")
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def check_row(name: str | None, names: list[str]) -> None:
+    """``--explain NAME``: refused before anything runs where no row has that name."""
+    if name is not None and name not in names:
+        raise ConfigError(f"--explain {name}: no such row (rows: {', '.join(names)})")
+
+
+def explained(rows: list[dict], name: str) -> str:
+    """``--explain NAME`` after a run: that row's :func:`detail`."""
+    line = next((line for line in rows if line["row"] == name), None)
+    if line is None:
+        raise ConfigError(f"--explain {name}: no such row (rows: {', '.join(r['row'] for r in rows)})")
+    return detail(name, line.get("breakdown"))
+
+
+def explain_report(path: Path, name: str) -> str:
+    """``--explain NAME --report PATH``: the row's detail from an earlier bench's report.json."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"--report {path}: not a rankwise bench report.json ({error})") from None
+    return explained(rows, name)
