@@ -111,3 +111,8 @@ def test_a_rank_the_last_exchange_let_go_later_is_not_a_straggler_its_wait_is_co
     ranks = combine([rank_records([(0.0, {"backward": 8.0})]), rank_records([(4.0, {"backward": 4.0})])])
     assert ranks[0]["parts_ms"]["straggler"] == 0 and ranks[0]["parts_ms"]["comm"] == pytest.approx(6.0)
     assert ranks[1]["late_ms"] == 0 and ranks[1]["last_in"] == 0
+
+
+def test_one_process_has_no_communication_its_whole_backward_computes():
+    (rank,) = combine([rank_records([(0.0, {"backward": 5.0, "backward_compute": 3.0})])])
+    assert rank["parts_ms"]["comm"] == 0 and rank["parts_ms"]["backward"] == pytest.approx(5.0)

@@ -157,6 +157,9 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
         aligned_syncs = len({len(r["sync"]) for r in records}) == 1
         for parts_of_rank, record in zip(per_step, records, strict=True):
             waited = max(0.0, record["backward"] - record["backward_compute"])
+            if len(records) == 1:  # one process: nothing to wait for in its backward but the engine itself
+                record = {**record, "backward_compute": record["backward"]}
+                waited = 0.0
             arrival = record["arrival"] - record["start"] if last is not None else 0.0
             behind_others = min(waited, max(0.0, last - arrival)) if last is not None else 0.0
             sync = straggler = 0.0

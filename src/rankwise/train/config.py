@@ -122,6 +122,8 @@ class TrainConfig(_Section):
     """Compile the model with torch.compile (inductor) after the strategy's wrapping; the first steps pay for the compilation (left out of steady_samples_per_s by throughput_warmup_steps), and dropout masks come from inductor's generator (not dp)."""
     throughput_warmup_steps: int = Field(5, ge=0)
     """Optimizer steps left out of the summary's `steady_samples_per_s` and `tokens_per_s` (the first steps pay for allocation and caches; checkpoints and evaluations are always left out)."""
+    profile_steps: int = Field(0, ge=0)
+    """Optimizer steps profiled right after `throughput_warmup_steps` (torch's profiler) for the summary's `breakdown`: each rank's step split into compute, exposed communication, data wait and waiting for the slowest rank (`rankwise bench` sets it; 0: none). They are left out of the steady throughput."""
     eval_batch_size: int = Field(256, ge=1)
     """Global batch for evaluation."""
     seed: int = 0

@@ -36,6 +36,7 @@ from rankwise.train.evaluate import evaluate, forward_logits, write_report
 from rankwise.train.metrics import MetricsLog
 from rankwise.train.optim import lr_lambda, make_optimizer
 from rankwise.train.preemption import StopRequest
+from rankwise.train.profiling import LoopProfile
 from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.schedule import Schedule
 from rankwise.train.utilisation import utilisation
@@ -116,6 +117,8 @@ class Trainer:
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.profile = LoopProfile(rt, 0, 0)
+        """Steps profiled for the summary's breakdown (set up by :meth:`fit`, where ``profile_steps`` asks)."""
         self.schedule = Schedule.of(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                                     log_every=cfg.log_every, save_every=cfg.save_every,
                                     save_at_steps=cfg.save_at_steps,
@@ -193,17 +196,19 @@ class Trainer:
     def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
         batch = self.rt.to_device(batch)
         with self.rt.no_sync(self.model, enabled=not sync):
-            with self.rt.autocast():
+            with self.rt.autocast(), self.profile.mark("forward"):
                 logits = forward_logits(self.model, batch)
                 loss = nn.functional.cross_entropy(logits.float(), batch["labels"].to(logits.device),
                                                    label_smoothing=self.cfg.optim.label_smoothing)
-            self.rt.backward(loss / self.cfg.grad_accum, self.model)
+            with self.profile.mark("backward"):
+                self.rt.backward(loss / self.cfg.grad_accum, self.model)
         return loss.detach()
 
     def optimizer_step(self) -> None:
-        self.rt.step(self.optimizer, self.model, max_norm=self.cfg.optim.max_grad_norm)
-        self.rt.zero_grad(self.optimizer)
-        self.scheduler.step()
+        with self.profile.mark("optimizer"):
+            self.rt.step(self.optimizer, self.model, max_norm=self.cfg.optim.max_grad_norm)
+            self.rt.zero_grad(self.optimizer)
+            self.scheduler.step()
         self.step += 1
 
     def fit(self) -> dict:
@@ -217,7 +222,11 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
                    unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
         stop = StopRequest()
-        self.throughput = SteadyThroughput(cfg.throughput_warmup_steps)
+        # The steps right after the warm-up are profiled where asked (profile_steps); the throughput starts after them.
+        profiled = cfg.profile_steps if self.total_steps > start_step + cfg.throughput_warmup_steps + \
+            cfg.profile_steps else 0  # (a run too short to keep a steady step after them profiles none)
+        self.profile = LoopProfile(rt, profiled, start_step + cfg.throughput_warmup_steps)
+        self.throughput = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)
         finished = False
         try:
             train_time, stopped_by = self.train(bar, stop)
@@ -299,6 +308,7 @@ class Trainer:
             self.throughput.restart()
         for hook in self.step_end_hooks:
             hook(self.rt.rank, self.step)
+        self.profile.step_ended(self.step)
 
     def log_loss(self, epoch: int, loss: LossWindow, bar) -> None:
         mean_loss = loss.take_mean(self.rt)
@@ -332,6 +342,8 @@ class Trainer:
         # Why: each rank counted only its own shard's tokens.
         tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
         flops = utilisation(rt, self.flop_counter, self.flop_template, self.throughput, devices(self.model))
+        window = self.throughput.seconds / self.throughput.steps if self.throughput.steps else None
+        breakdown = self.profile.breakdown(self.model, rt.device.type, window)
         summary = {
             "strategy": cfg.strategy,
             "world_size": rt.world_size,
@@ -352,6 +364,7 @@ class Trainer:
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             **self.throughput.rates(tokens),
             **flops,
+            "breakdown": breakdown,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "run_dir": str(self.run_dir.root),
             "launch_id": os.environ.get(LAUNCH_ID),  # which launching process's workers wrote this

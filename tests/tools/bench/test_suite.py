@@ -10,7 +10,7 @@ from rankwise.tools.bench import report
 from rankwise.tools.bench.rows import ROWS, Row, select
 from rankwise.tools.bench.suite import plan, run_all
 
-TINY = ["data.limit=1000", "data.tokenizer=char", "data.max_length=32", "max_steps=8", "eval_batch_size=64"]
+TINY = ["data.limit=1000", "data.tokenizer=char", "data.max_length=32", "max_steps=12", "eval_batch_size=64"]
 # Deliberately wrong: another learning rate (so not what `single` computes), and the dev split (886 texts)
 # evaluated where the bench expects the test split's 1000.
 WRONG = Row("wrong", "ddp", ("optim.lr=0.01", "eval_split=dev"), about="deliberately not equivalent")
@@ -21,7 +21,7 @@ def summary(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     the_plan = plan("quick", [*select(["single", "plain-ddp"]), WRONG], nproc=2, out=out, extra=TINY)
     records = run_all(the_plan, progress=False)
-    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 8, "batch_size": 32, "nproc": 2,
+    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 12, "batch_size": 32, "nproc": 2,
             "repeats": 1, "equivalence_step": the_plan.equivalence_step, "libraries": {}, "cpu": "test",
             "cores": the_plan.cores, "cuda": None, "torch": "x", "python": "y"}
     result = report.summarize(records, meta)
@@ -55,6 +55,14 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
     markdown = paths["md"].read_text()
     assert f"| plain-ddp | 2 × {max(1, meta_cores(result) // 2)} |" in markdown and "## Reading" in markdown
     assert "| TFLOP/s | MFU |" in markdown and f"| {rows['single']['mfu']:.1%} |" in markdown
+    # rankwise rows break their step down (steps 6-10, between the warm-up and the window); the baseline does not.
+    for name, ranks in (("single", 1), ("wrong", 2)):
+        breakdown = rows[name]["breakdown"]
+        assert breakdown["steps"] == [6, 10] and len(breakdown["ranks"]) == ranks, breakdown
+        assert all(r["parts_ms"]["backward"] > 0 for r in breakdown["ranks"]) and rows[name]["why"]["line"]
+        assert f"- {name}: why: " in markdown
+    assert rows["plain-ddp"]["breakdown"] is None and "step ms: compute · comm" in markdown
+    assert rows["single"]["steps"]["comm_ms"] == 0 and rows["single"]["steps"]["straggler_ms"] == 0  # one process
 
 
 def meta_cores(result: dict) -> int:
@@ -103,6 +111,10 @@ def test_bad_flags_fail_before_anything_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--strategies", "ddp,fsdb", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown bench row(s) fsdb" in proc.stderr
+    assert not any(tmp_path.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--strategies", "ddp", "--explain", "fsdp",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--explain fsdp: no such row (rows: single, ddp)" in proc.stderr, proc.stderr
     assert not any(tmp_path.iterdir())
 
 
@@ -156,7 +168,7 @@ def test_a_row_that_could_not_run_shows_its_error_once_under_the_table():
     error = "rank 0 (host vm, local rank 0, pid 1) failed first, with exit code 1: ConfigError: boom"
     records = [{"row": "ddp", "about": "x", "processes": 2, "threads": 1, "tolerance": 1e-5, "missing": None,
                 "runs": [{"error": error, "wall_s": 1.0}]}]
-    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 8, "batch_size": 32, "nproc": 2,
+    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 12, "batch_size": 32, "nproc": 2,
             "repeats": 1, "equivalence_step": 5, "libraries": {}, "cpu": "test", "cores": 2, "cuda": None,
             "torch": "x", "python": "y"}
     summary = report.summarize(records, meta)

@@ -52,3 +52,9 @@ def test_cells_show_each_loss_at_its_worst_rank_and_detail_every_rank():
     assert "steps 6-10 profiled" in text and "rank 1" in text and "waiting for slowest rank" in text
     assert "why: rank 0 waits" in text
     assert explain(None) is None and cells(None) == {}
+
+
+def test_one_ddp_bucket_for_the_whole_gradient_is_named():
+    facts = {"ddp": {"buckets": 1, "bucket_cap_mb": 25.0, "parameter_mb": 6.56, "comm_hook": None}}
+    why = explain({"ranks": [rank(0, 60, comm=19), rank(1, 60, comm=18)], "facts": facts})
+    assert "one bucket" in why["line"] and "bucket_cap_mb=1" in why["line"]

@@ -85,7 +85,7 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
                             collate_fn=dataset.collate)
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                         bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=True)
-    timer = SteadyThroughput(cfg.throughput_warmup_steps)
+    timer = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)  # (the steps rankwise rows profile)
     done, epoch, train_peak = 0, 0, 0.0
     started = time.perf_counter()
     while done < steps:

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
+from rankwise.tools.bench import why
 
 ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
@@ -77,6 +78,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
             }
             if record.get("equivalence_error"):
                 line["equivalence_error"] = record["equivalence_error"]
+            line |= why.summary(first.get("breakdown"))
         lines.append(line)
     return {"rows": lines, "reading": reading(lines, ok), "meta": meta, "runs": records}
 
@@ -125,11 +127,12 @@ def _check(value: bool | None) -> str:
 def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
     head = ("| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak RSS MB/rank "
-            "| accuracy | macro-F1 | eval count | max Δparam (tol) | equivalent |")
-    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
+            "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | max Δparam (tol) "
+            "| equivalent |")
+    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | "
+            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | | "
                        f"{line['status']} |")
             continue
         diff = line["max_param_diff"]
@@ -140,11 +143,12 @@ def table(summary: dict) -> str:
         out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
                    f"{line['samples_per_s']:,.0f} | "
                    f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
-                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | {why.step_cell(line.get('steps'))} | "
                    f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
                    f"{_check(line['equivalent'])} |")
-    crashed = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line["status"] == "could not run"]
-    return "\n".join(out + ([""] + crashed if crashed else []))
+    notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line["status"] == "could not run"]
+    notes += why.notes(summary["rows"])
+    return "\n".join(out + ([""] + notes if notes else []))
 
 
 def tflops_cell(line: dict) -> str:
@@ -216,7 +220,7 @@ def plot(summary: dict, path: Path) -> None:
     lines = [line for line in summary["rows"] if line["status"] == "ok"]
     names = [line["row"] for line in lines]
     colour = ["#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines]
-    figure, axes = plt.subplots(1, 5, figsize=(23, 0.45 * len(lines) + 2), sharey=True)
+    figure, axes = plt.subplots(1, 6, figsize=(28, 0.45 * len(lines) + 2), sharey=True)
     panels = (("samples_per_s", "training samples/s"), ("speedup", "speedup vs single (equal cores)"),
               ("mfu", "MFU (of the measured peak)"), ("accuracy", "test accuracy"),
               ("peak_rss_mb", "peak RSS MB (largest rank; every rank's)"))
@@ -227,6 +231,7 @@ def plot(summary: dict, path: Path) -> None:
         for y, (line, value) in enumerate(zip(lines, values)):
             axis.text(value or 0, y, " " + _bar_label(key, value, line), va="center", fontsize=8)
         axis.margins(x=0.2)
+    why.plot_rows(axes[5], lines)
     axes[0].invert_yaxis()  # the table's order, top to bottom (the axes share it)
     axes[1].axvline(1.0, color="grey", linestyle="--", linewidth=1)
     if lines and lines[0]["row"] == "single":

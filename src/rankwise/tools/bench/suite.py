@@ -23,11 +23,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rankwise.breakdown import PROFILED_STEPS
 from rankwise.checkpoint import read_weights
 from rankwise.logs import get_logger
 from rankwise.process import usable_cores
 from rankwise.tolerance import max_param_diff
-from rankwise.tools.bench import report
+from rankwise.tools.bench import report, why
 from rankwise.tools.bench.rows import Row
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
@@ -70,7 +71,7 @@ def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | Non
     equivalence_step = 5
     settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "model.dropout=0.0", "eval_split=test",
                 f"throughput_warmup_steps={equivalence_step}", f"save_at_steps=[{equivalence_step}]",
-                "keep_checkpoints=100", "log_every=10", "dev_each_epoch=false",
+                "keep_checkpoints=100", "log_every=10", "dev_each_epoch=false", f"profile_steps={PROFILED_STEPS}",
                 f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
     if data:
         settings.append(f"data.source={json.dumps(data)}")
@@ -184,10 +185,10 @@ def _judge(record: dict, reference, split_size: int, plan: BenchPlan) -> None:
 
 def bench(rows: list[Row], args) -> int:
     """``rankwise bench``: run the plan, write report.md/json/png, print the table and the reading."""
-    from rankwise.tools.bench import report
     from rankwise.tools.machine import machine, versions
 
     out = Path(args.out or f"runs/bench-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    why.check_row(args.explain, [row.name for row in rows])
     the_plan = plan(args.preset, rows, nproc=args.nproc, out=out, data=args.data, model=args.model,
                     extra=args.set, repeats=args.repeats)
     cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
@@ -206,6 +207,8 @@ def bench(rows: list[Row], args) -> int:
     print()
     print(report.reading_text(summary))
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
+    if args.explain:
+        print(f"\n{why.explained(summary['rows'], args.explain)}")
     if args.json:
         print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
     failed = summary["reading"]["failing"]

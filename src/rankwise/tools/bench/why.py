@@ -19,6 +19,8 @@ NOISE = 0.10
 """A loss below this share of the step is not named: profiled steps vary by about this much on a shared CPU."""
 LOSSES = ("straggler", "data", "comm", "sync")
 DDP_DEFAULT_BUCKET_MB = 25.0
+ONE_BUCKET_MB = 1.0
+"""A bucket size that lets a model of a few MB overlap its exchange with backward."""
 _BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
 """Parts a rank goes through before it arrives at the gradient exchange."""
 
@@ -90,6 +92,10 @@ def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     if ddp and ddp["buckets"] > 1 and ddp["bucket_cap_mb"] < DDP_DEFAULT_BUCKET_MB:
         return (f"{head}, {ddp['buckets']} all-reduces a step (bucket_cap_mb={ddp['bucket_cap_mb']:g} for "
                 f"{ddp['parameter_mb']:g} MB of gradients) → DistributedDataParallel(bucket_cap_mb=25), DDP's default")
+    if ddp and ddp["buckets"] == 1 and ddp["parameter_mb"] > 2 * ONE_BUCKET_MB:
+        return (f"{head}: all {ddp['parameter_mb']:g} MB of gradients are one bucket, exchanged only once backward "
+                f"has ended, so nothing overlaps → DistributedDataParallel(bucket_cap_mb={ONE_BUCKET_MB:g}) starts "
+                "the exchange during backward (on a CPU only where cores are free for the backend's threads)")
     if facts.get("fsdp_units") == 1:
         return (f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → wrap each "
                 "layer (fully_shard every block, then the model)")
@@ -183,23 +189,34 @@ def notes(rows: list[dict]) -> list[str]:
     return out
 
 
+COLOURS = {"forward": "tab:blue", "backward": "tab:cyan", "optimizer": "tab:purple", "comm": "tab:orange",
+           "data": "tab:brown", "sync": "tab:pink", "straggler": "tab:red", "other": "tab:gray"}
+
+
 def plot(axis, rows: list[dict]) -> None:
     """A stacked bar per rank of each row: where its profiled step went."""
-    colours = {"forward": "tab:blue", "backward": "tab:cyan", "optimizer": "tab:purple", "comm": "tab:orange",
-               "data": "tab:brown", "sync": "tab:pink", "straggler": "tab:red", "other": "tab:gray"}
-    labels, bars = [], []
-    for line in rows:
-        for r in line["breakdown"]["ranks"]:
-            labels.append(f"{line['row']} r{r['rank']}")
-            bars.append(r["parts_ms"])
+    bars = [(f"{line['row']} r{r['rank']}", r["parts_ms"]) for line in rows for r in line["breakdown"]["ranks"]]
+    _stack(axis, [label for label, _ in bars], [parts for _, parts in bars])
+    axis.invert_yaxis()
+    axis.set_title("where each rank's step goes")
+
+
+def plot_rows(axis, rows: list[dict]) -> None:
+    """A stacked bar per row (its ranks' mean; the axis shared with the table's other panels, in its order)."""
+    means = [{part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
+             if (ranks := (line.get("breakdown") or {}).get("ranks")) else dict.fromkeys(PARTS, 0.0)
+             for line in rows]
+    _stack(axis, [line["row"] for line in rows], means)
+    axis.set_title("step ms, mean over ranks (profiled steps)")
+
+
+def _stack(axis, labels: list[str], bars: list[dict]) -> None:
     left = [0.0] * len(bars)
     for part in PARTS:
         widths = [max(0.0, parts[part]) for parts in bars]
-        axis.barh(labels, widths, left=left, color=colours[part], label=LABELS[part])
+        axis.barh(labels, widths, left=left, color=COLOURS[part], label=LABELS[part])
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    axis.invert_yaxis()
     axis.set_xlabel("ms a profiled step")
-    axis.set_title("where each rank's step goes")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
