@@ -58,3 +58,8 @@ def test_one_ddp_bucket_for_the_whole_gradient_is_named():
     facts = {"ddp": {"buckets": 1, "bucket_cap_mb": 25.0, "parameter_mb": 6.56, "comm_hook": None}}
     why = explain({"ranks": [rank(0, 60, comm=19), rank(1, 60, comm=18)], "facts": facts})
     assert "one bucket" in why["line"] and "bucket_cap_mb=1" in why["line"]
+
+
+def test_fsdp_units_are_counted_in_the_line():
+    why = explain({"ranks": [rank(0, 20, comm=9), rank(1, 20, comm=9)], "facts": {"fsdp_units": 3}})
+    assert "over its 3 units" in why["line"]

@@ -99,6 +99,9 @@ def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     if facts.get("fsdp_units") == 1:
         return (f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → wrap each "
                 "layer (fully_shard every block, then the model)")
+    if facts.get("fsdp_units"):
+        return (f"{head}, FSDP's all-gathers and reduce-scatters over its {facts['fsdp_units']} units → more compute "
+                "per exchange: a larger batch per rank; or ddp, where the whole model and its optimizer fit a rank")
     if ddp:
         return (f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → more compute per "
                 "exchange: a larger batch per rank, or gradient accumulation under no_sync(); or bf16 gradients "
