@@ -116,3 +116,13 @@ def test_a_rank_the_last_exchange_let_go_later_is_not_a_straggler_its_wait_is_co
 def test_one_process_has_no_communication_its_whole_backward_computes():
     (rank,) = combine([rank_records([(0.0, {"backward": 5.0, "backward_compute": 3.0})])])
     assert rank["parts_ms"]["comm"] == 0 and rank["parts_ms"]["backward"] == pytest.approx(5.0)
+
+
+def test_forward_and_backward_inside_the_optimizer_step_count_as_themselves():
+    # Lightning's automatic optimization: optimizer.step(closure), the closure runs forward and backward.
+    forward = span(MARK + "forward", 1.0, 4.0, span("aten::addmm", 1.0, 4.0))
+    backward = span(MARK + "backward", 4.0, 9.0, span("autograd::engine::evaluate_function: X", 4.0, 9.0))
+    step = span(MARK + "step", 0.0, 10.0, span("Optimizer.step#SGD.step", 0.5, 10.0, forward, backward))
+    (record,) = step_records([step])
+    assert record["forward"] == pytest.approx(3e-3) and record["backward_compute"] == pytest.approx(5e-3)
+    assert record["optimizer"] == pytest.approx(1.5e-3)  # its own time, less the closure's forward and backward

@@ -91,6 +91,25 @@ def _outermost(spans: Iterable[Span], keep: Callable[[Span], bool], stop: Callab
     return found
 
 
+def _every(spans: Iterable[Span], keep: Callable[[Span], bool]) -> list[Span]:
+    """Every span below ``spans`` that ``keep`` selects, nested or not."""
+    found: list[Span] = []
+
+    def walk(span: Span) -> None:
+        for child in span.children:
+            if keep(child):
+                found.append(child)
+            walk(child)
+    for span in spans:
+        walk(span)
+    return found
+
+
+def _inside(span: Span, other: Span) -> bool:
+    return other.start <= span.start and span.end <= other.end and (span.start, span.end) != (other.start,
+                                                                                                 other.end)
+
+
 def step_records(spans: list[Span]) -> list[dict]:
     """This rank's profiled steps, one record each (seconds; times from the profile's barrier), from its main thread's
     spans (roots with their children).  A step runs from one optimizer step's end to the next's; each region counts
@@ -99,7 +118,7 @@ def step_records(spans: list[Span]) -> list[dict]:
     count as forward compute."""
     top = [Span("", 0, 0, children=spans)]
     steps = sorted(_outermost(top, lambda s: s.name == MARK + "step", lambda s: False), key=lambda s: s.start)
-    regions = _outermost(top, lambda s: _kind(s.name) is not None, lambda s: False)
+    regions = _every(top, lambda s: _kind(s.name) is not None)
     outside = _outermost(top, lambda s: s.name.startswith("aten::"), lambda s: _kind(s.name) is not None)
     records = []
     for step in steps:
@@ -109,11 +128,19 @@ def step_records(spans: list[Span]) -> list[dict]:
                   "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0, "optimizer_comm": 0.0,
                   "sync": [], "loader": None}
         mine = [region for region in regions if within(region)]
+        # A region inside another of its kind is the same time (rankwise's optimizer mark in torch's span); one inside
+        # another kind is that kind's time, not the outer one's (a Lightning closure's forward and backward inside
+        # its optimizer step).  (By time: the profiler does not always nest spans a hook opened.)
+        kept: list[Span] = []
+        for r in sorted(mine, key=lambda r: (r.start, -r.end)):
+            if not any(_kind(o.name) == _kind(r.name) and o.start <= r.start and r.end <= o.end for o in kept):
+                kept.append(r)
+        mine = kept
         for region in mine:
-            if any(other is not region and other.start <= region.start and region.end <= other.end
-                   for other in mine):
-                continue  # (inside another region: the profiler does not always nest spans a hook opened)
-            kind, seconds = _kind(region.name), (min(region.end, step.end) - region.start) / 1e6
+            inner = [o for o in mine if o is not region and _inside(o, region)]
+            inner = [o for o in inner if not any(m is not o and _inside(o, m) for m in inner)]
+            kind = _kind(region.name)
+            seconds = (min(region.end, step.end) - region.start - sum(o.end - o.start for o in inner)) / 1e6
             if kind == "sync":
                 record["sync"].append((region.name[len(MARK) + 5:], region.start / 1e6, seconds))
                 continue
