@@ -71,7 +71,9 @@ EOF
 step_tests() {
     local parallel=()
     "$PY" -c "import xdist" 2>/dev/null && parallel=(-n "${GPU_TEST_WORKERS:-4}")
-    "$PY" -m pytest tests/gpu -v -rA -p no:cacheprovider "${parallel[@]}" --junitxml="$OUT/gpu-tests.xml"
+    # GPU_TESTS: a -k expression, to rerun some of them (default: all)
+    "$PY" -m pytest tests/gpu -v -rA -p no:cacheprovider "${parallel[@]}" --junitxml="$OUT/gpu-tests.xml" \
+        ${GPU_TESTS:+-k "$GPU_TESTS"}
 }
 
 step_speed() {

@@ -213,3 +213,30 @@ def test_comm_demo_over_nccl():
     demo = rankwise("comm", "demo", "--backend", "nccl", "--nproc-per-node", "2", timeout=180)
     assert demo.returncode == 0, demo.stderr[-4000:]
     assert "2 ranks on nccl (cuda)" in demo.stdout and ALL_PASSED.search(demo.stdout), demo.stdout[-2000:]
+
+
+# -- the step-time breakdown on a GPU: the host's view of each part -------------------------------------------------
+
+def test_a_train_step_breaks_down_on_cuda(tmp_path, data_cache):
+    summary = train(tmp_path, data_cache, "--strategy", "ddp", "--set", "profile_steps=3",
+                    "--set", "throughput_warmup_steps=2")
+    breakdown = summary["breakdown"]
+    assert breakdown["device"] == "cuda" and breakdown["steps"] == [3, 5] and len(breakdown["ranks"]) == 1
+    (rank,) = breakdown["ranks"]
+    assert rank["parts_ms"]["forward"] > 0 and rank["parts_ms"]["backward"] > 0 and rank["parts_ms"]["comm"] == 0
+    assert sum(rank["parts_ms"].values()) == pytest.approx(rank["step_ms"], abs=0.01)
+    assert summary["steady_steps"] == STEPS - 5  # (the profiled steps are not in the window)
+
+
+def test_bench_script_breaks_a_cuda_scripts_step_down(tmp_path):
+    from rankwise.tools.bench.why import detail
+    from rankwise.tools.watch.frameworks import rankwise_framework
+    from rankwise.tools.watch.runs import watched_run
+
+    script = Path(__file__).resolve().parents[2] / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
+    result = watched_run(script, ["--epochs", "2"], rankwise_framework("single"), 1, tmp_path, steps=12, warmup=2,
+                         trace=False, keep_dropout=True, min_window_s=0.5, profile_steps=3)
+    assert "error" not in result, result
+    assert result["breakdown"]["device"] == "cuda" and len(result["breakdown"]["ranks"]) == 1, result
+    print(detail("single", result["breakdown"]))
+    assert "host's times" in detail("single", result["breakdown"])
