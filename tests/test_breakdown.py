@@ -126,3 +126,12 @@ def test_forward_and_backward_inside_the_optimizer_step_count_as_themselves():
     (record,) = step_records([step])
     assert record["forward"] == pytest.approx(3e-3) and record["backward_compute"] == pytest.approx(5e-3)
     assert record["optimizer"] == pytest.approx(1.5e-3)  # its own time, less the closure's forward and backward
+
+
+def test_a_collective_inside_the_optimizer_step_is_its_communication_not_a_host_sync():
+    # DeepSpeed's engine.step(): its ZeRO all-gather, made through torch.distributed inside the step.
+    gather = span(MARK + "sync all_gather_into_tensor at train.py:9", 2.0, 5.0, span("c10d::allgather_", 2.0, 5.0))
+    step = span(MARK + "step", 0.0, 10.0, span("Optimizer.step#AdamW.step", 1.0, 9.0, gather))
+    (record,) = step_records([step])
+    assert record["sync"] == [] and record["optimizer"] == pytest.approx(8e-3)
+    assert record["optimizer_comm"] == pytest.approx(3e-3)

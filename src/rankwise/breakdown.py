@@ -135,7 +135,10 @@ def step_records(spans: list[Span]) -> list[dict]:
         for r in sorted(mine, key=lambda r: (r.start, -r.end)):
             if not any(_kind(o.name) == _kind(r.name) and o.start <= r.start and r.end <= o.end for o in kept):
                 kept.append(r)
-        mine = kept
+        # A collective made inside forward, backward or the optimizer step is the framework's own (DeepSpeed's
+        # reductions, Accelerate's): that region's communication, not a host sync the script wrote.
+        mine = [r for r in kept if _kind(r.name) != "sync" or not any(
+            _kind(o.name) not in ("sync", "data") and _inside(r, o) for o in kept)]
         for region in mine:
             inner = [o for o in mine if o is not region and _inside(o, region)]
             inner = [o for o in inner if not any(m is not o and _inside(o, m) for m in inner)]

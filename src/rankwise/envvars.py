@@ -81,6 +81,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("RANKWISE_WATCH_SPAWN", "`tools/watch/runs.py`", "`tools/watch/bootstrap.py`, `tools/watch/spawned.py`",
          "Set for an `mp.spawn` script: the bootstrap runs it as the process that starts its own ranks (`one`: the "
          "one-process reference)."),
+    EnvVar("RANKWISE_WATCH_DEEPSPEED", "`tools/watch/frameworks.py`", "`tools/watch/deepspeed_engine.py`",
+         "Set for a DeepSpeed-engine script: the watcher takes each step at `engine.step()`."),
     EnvVar("RANKWISE_WATCH_LIGHTNING", "`tools/watch/frameworks.py`", "`tools/watch/lightning.py`",
          "`1`: a Lightning Trainer script; each Trainer is built on the launcher's devices."),
     # test-only

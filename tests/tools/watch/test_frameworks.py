@@ -26,6 +26,8 @@ from rankwise.tools.watch.frameworks import detect, framework
     ("import torch\ntorch.multiprocessing.spawn(train, nprocs=2)\n", "spawn"),
     ("from torch.multiprocessing import start_processes\nstart_processes(train, nprocs=2)\n", "spawn"),
     ("import rankwise\nimport torch.multiprocessing as mp\nmp.spawn(train, nprocs=2)\n", "rankwise"),
+    ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", "deepspeed"),
+    ("import deepspeed\nfrom accelerate import Accelerator\nx = 'deepspeed.initialize'\n", "accelerate"),
 ])
 def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected):
     script = tmp_path / "train.py"
@@ -34,7 +36,6 @@ def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected
 
 
 @pytest.mark.parametrize(("source", "reason"), [
-    ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", "DeepSpeed engine"),
     ("import horovod.torch as hvd\n", "horovodrun"),
 ])
 def test_scripts_the_probe_cannot_follow_are_refused_with_the_reason(tmp_path, source, reason):
@@ -51,3 +52,8 @@ def test_accelerate_starts_in_its_cpu_mode_only_without_a_gpu(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     gpu = framework("accelerate")
     assert gpu.environment == {} and gpu.note is None
+
+
+def test_a_deepspeed_scripts_zero_stage_cannot_be_switched_by_a_launcher_setting_and_says_how_instead():
+    with pytest.raises(ConfigError, match="one bench per file"):
+        framework("deepspeed").with_strategy("deepspeed-zero3")

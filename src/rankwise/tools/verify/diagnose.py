@@ -123,10 +123,13 @@ def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *,
                                               located_random_ops(reference))))
     half = candidate.facts.get("half_params") or reference.facts.get("half_params")
     if half:
+        fix = ("turn the DeepSpeed config's \"bf16\"/\"fp16\" off (fp32 parameters, which its fp32 gradients "
+               "follow) and compute in 16 bits under torch.autocast" if candidate.facts.get("api") == "deepspeed" else
+               "keep fp32 parameters and compute in 16 bits with --precision bf16-mixed (autocast), whose gradients "
+               "accumulate in fp32")
         findings.append(("half", f"the trainable parameters are {', '.join(half)}, and so are their gradients: "
                          "accumulating micro-batches and averaging ranks round at every addition, in another order "
-                         f"on {world_size} ranks than in one process; keep fp32 parameters and compute in 16 bits "
-                         "with --precision bf16-mixed (autocast), whose gradients accumulate in fp32"))
+                         f"on {world_size} ranks than in one process; {fix}"))
     loss_differs = first is not None and first["step"] and not first["loss_ok"]
     scaled = _loss_scaled(first, world_size, framework) if loss_differs else None
     if scaled:  # (its evidence is its own — the loss N times one process's —, whatever else the model holds)

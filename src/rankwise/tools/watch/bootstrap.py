@@ -17,7 +17,7 @@ import sys
 from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
-from rankwise.tools.watch import lightning
+from rankwise.tools.watch import deepspeed_engine, lightning
 from rankwise.tools.watch.rank import DIRECTORY, SPAWN, STALL, arm_stall, watched, watcher_from_environment
 from rankwise.tools.watch.spawned import launcher_main
 
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     exits.install(who, watch_gil=not float(os.environ.get(STALL) or 0))  # (a stall deadline names one that keeps it)
     watcher = watcher_from_environment()
     watcher.install()
+    if os.environ.get(deepspeed_engine.ENVIRONMENT) == "1":
+        deepspeed_engine.watch(watcher)
     if os.environ.get(lightning.ENVIRONMENT) == "1":
         lightning.launcher_devices()
         watcher.on_shorten.append(lightning.validate_at_each_pass_end)

@@ -15,11 +15,11 @@ Detected from the script's imports (``--framework`` overrides):
 * ``spawn``: a script that starts its own ranks with ``mp.spawn`` (``torch.multiprocessing.spawn`` or
   ``start_processes``), as in the source documents — as ``python script.py`` starts itself, its spawned children
   watched (:mod:`rankwise.tools.watch.spawned`): under torchrun every rank would spawn ranks of its own;
+* ``deepspeed``: a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.step()``) — as torchrun (DeepSpeed
+  reads its variables); each step at ``engine.step()`` (:mod:`rankwise.tools.watch.deepspeed_engine`);
 * ``torch``: plain ``torch.distributed`` — as torchrun.
 
-DeepSpeed-engine scripts (``deepspeed.initialize``) and Horovod scripts are refused before anything runs:
-the engine steps its own flattened, partitioned optimizer that torch's optimizer hooks cannot name, and
-Horovod's ranks start under ``horovodrun``, not torchrun.
+Horovod scripts are refused before anything runs: Horovod's ranks start under ``horovodrun``, not torchrun.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 from rankwise.errors import ConfigError
+from rankwise.tools.watch.deepspeed_engine import ENVIRONMENT as DEEPSPEED
 from rankwise.tools.watch.lightning import ENVIRONMENT as LIGHTNING
 
-FRAMEWORKS = ("auto", "rankwise", "torch", "spawn", "accelerate", "trainer", "fabric", "lightning")
+FRAMEWORKS = ("auto", "rankwise", "torch", "spawn", "accelerate", "trainer", "fabric", "lightning", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ class Framework:
                        "the watcher's optimizer hooks cannot name parameter by parameter")
             return replace(self, environment={**self.environment, **ACCELERATE_STRATEGIES[name]}, choice=name,
                            strategy=f"Accelerate's {name}" + ("" if gpu else " (CPU)"), unavailable=why)
+        if self.name == "deepspeed":  # (DeepSpeed has no launcher setting for it: `deepspeed` passes no config)
+            raise ConfigError("--strategies: a DeepSpeed script's ZeRO stage is in the config it gives "
+                              "deepspeed.initialize, which no launcher setting changes; its rows are world sizes "
+                              "(--nproc-per-node 1,2). For a row per stage, let the script read its config from a "
+                              "file named by an argument and run one bench per file (-- --deepspeed_config z1.json)")
         raise ConfigError(f"--strategies: a {self.name} script chooses its strategy in its own code; its rows are "
                           "world sizes (--nproc-per-node 1,2)")
 
@@ -133,10 +139,8 @@ def detect(script: Path) -> str:
         raise ConfigError(f"{script}: a Horovod script starts under horovodrun, with Horovod's own ranks and "
                           "DistributedOptimizer; rankwise verify watches torchrun-started scripts only. Run it "
                           "with `rankwise launch` on rankwise.setup(strategy='horovod') instead")
-    if "deepspeed.initialize" in text:
-        raise ConfigError(f"{script}: the DeepSpeed engine steps its own flattened, partitioned fp32 copy of the "
-                          "weights, which torch's optimizer hooks cannot name parameter by parameter; verify the "
-                          "model on rankwise.setup(strategy='deepspeed-zero2') instead")
+    if "deepspeed.initialize" in text and not _imports(text, "rankwise", "accelerate", "lightning", "transformers"):
+        return "deepspeed"
     if _imports(text, "rankwise"):
         return "rankwise"  # (rankwise.spawn too: the Runtime's own launcher)
     if SPAWNS.search(text):
@@ -179,6 +183,9 @@ def framework(name: str) -> Framework:
                              note=only_ddp),
         "fabric": Framework("fabric", "as `fabric run --devices N` would start it", {} if gpu else {
                             "LT_ACCELERATOR": "cpu"}, strategy="Fabric's (DDP for several devices)"),
+        "deepspeed": Framework("deepspeed", "as torchrun would start it (deepspeed.init_distributed reads torchrun's "
+                               "variables, as under the deepspeed launcher)", {DEEPSPEED: "1"},
+                               strategy="the script's DeepSpeed config (as written)"),
         "lightning": Framework("lightning", "as torchrun would start it (Lightning's documentation: Trainer(devices=N) "
                                "under torchrun); the one process has the Trainer on one device",
                                {LIGHTNING: "1"}, strategy="the Trainer's (as written)"),

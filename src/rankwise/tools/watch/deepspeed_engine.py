@@ -1,0 +1,130 @@
+"""The watcher in a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.backward(loss)``, ``engine.step()``),
+unchanged.
+
+The engine steps its own copies of the weights: under ZeRO 1-2 (and bf16) an fp32 master partition per rank that
+torch's optimizer hooks only see flattened.  So here a step is ``engine.step()`` at a gradient-accumulation
+boundary (:func:`watch`), and DeepSpeed itself names each parameter's whole state (``deepspeed.utils``): the
+gradient the engine is about to apply, averaged over the ranks and unscaled (``safe_get_full_grad``), the fp32
+weights after it (``safe_get_full_fp32_param``).  The one-process reference (the same script, the same config, at
+world size 1) takes the N-rank gradient before its step (``safe_set_full_grad``) and the N-rank weights after it:
+the module's (what its forward uses) and the engine's fp32 masters (``safe_set_full_fp32_param``, what its next
+step updates).  The loss is the one ``engine.backward`` passes to torch's backward (divided by the accumulation
+steps, as DeepSpeed does in both runs).
+
+ZeRO-3 partitions the module's own parameters too: its step-0 weights would need gathering inside the engine's
+forward hooks, which this does not do; ``rankwise verify`` says so (its throughput rows run: they trace nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rankwise.compat.deepspeed_zero import skip_shm_comm_build
+from rankwise.errors import ConfigError
+from rankwise.tools.watch.ranks import patch
+
+ENVIRONMENT = "RANKWISE_WATCH_DEEPSPEED"
+"""Set (to 1) in a watched rank of a DeepSpeed-engine script."""
+
+
+def watch(watcher) -> None:
+    """Watch every DeepSpeed engine the script builds (``watcher``: the rank's
+    :class:`~rankwise.tools.watch.watcher.Watcher`)."""
+    skip_shm_comm_build()  # (before the script's init_distributed: a kernel only inference uses)
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    patch(DeepSpeedEngine, "forward", lambda original: _forward(watcher, original))
+    patch(DeepSpeedEngine, "step", lambda original: _step(watcher, original))
+
+
+def _named(engine) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(name, p) for name, p in engine.module.named_parameters() if p.requires_grad]
+
+
+def _stage(engine) -> int:
+    return int(engine.zero_optimization_stage())
+
+
+def _forward(watcher, original):
+    def forward(engine, *args, **kwargs):
+        if not getattr(engine, "_rankwise_seen", False):
+            engine._rankwise_seen = True
+            stage = _stage(engine)
+            watcher.facts |= {"api": "deepspeed", "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
+                              "shards_optimizer_state": stage >= 1,
+                              "precision": "bf16-true" if engine.bfloat16_enabled() else
+                              "16-mixed" if engine.fp16_enabled() else "32-true"}
+            if watcher.trace and stage == 3:
+                raise ConfigError("rankwise verify: this script's DeepSpeed config uses ZeRO-3, whose partitioned "
+                                  "module parameters the watcher does not gather yet; verify it at ZeRO stage 0-2 "
+                                  "(its bench rows run at any stage)")
+            if watcher.trace and watcher.follow is not None:
+                # The watcher's first forward gave the module the N-rank run's initial weights; the engine's fp32
+                # masters (what its first step updates) were copied before that: they take them too.
+                _set_masters(engine, {name: p.detach().float() for name, p in _named(engine)})
+        return original(engine, *args, **kwargs)
+    return forward
+
+
+def _set_masters(engine, weights: dict[str, torch.Tensor]) -> None:
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    if not _stage(engine) and not engine.bfloat16_enabled() and not engine.fp16_enabled():
+        return  # (ZeRO-0 in fp32: the client optimizer steps the module's own parameters)
+    for name, parameter in _named(engine):
+        if name in weights:
+            safe_set_full_fp32_param(parameter, weights[name].to(parameter.device))
+
+
+def _or(value: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
+    return default if value is None else value
+
+
+def _scale(engine) -> float:
+    """The loss scale of an fp16 engine (its gradients are scaled until its step), else 1."""
+    return float(getattr(engine.optimizer, "cur_scale", 1.0)) if engine.fp16_enabled() else 1.0
+
+
+def _step(watcher, original):
+    def step(engine, *args, **kwargs):
+        if not engine.is_gradient_accumulation_boundary():
+            return original(engine, *args, **kwargs)  # (a micro-step: DeepSpeed only counts it)
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_set_full_grad
+
+        named = _named(engine)
+        watcher.in_runtime_step = True  # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
+        watcher.step_begins(engine.optimizer, [])
+        if watcher.tracing:
+            scale = _scale(engine)
+            # Why: every rank takes part in each gather (ZeRO keeps each gradient partitioned); rank 0 writes them.
+            gradients = {name: safe_get_full_grad(p) for name, p in named}
+            applied = watcher.exchange({name: g.detach().float().cpu() / scale for name, g in gradients.items()
+                                        if g is not None})
+            if applied is not None:
+                # The reference steps with the N-rank gradient from the N-rank weights: the weights after the step
+                # must match what the N-rank engine did with it (clipping included), to rounding.
+                for name, parameter in named:
+                    if name in applied:
+                        safe_set_full_grad(parameter, (applied[name] * scale).reshape(parameter.shape)
+                                           .to(parameter.device))
+                watcher.record.followed = True
+        try:
+            result = original(engine, *args, **kwargs)
+        finally:
+            watcher.in_runtime_step = False
+
+        def weights() -> dict[str, torch.Tensor]:
+            # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO 1-2).
+            # (ZeRO-0 in fp32 keeps no masters: its parameters are the weights)
+            return {name: _or(safe_get_full_fp32_param(p), p).detach().float().cpu() for name, p in named}
+
+        def follow(theirs: dict[str, torch.Tensor]) -> None:
+            with torch.no_grad():
+                for name, parameter in named:
+                    if name in theirs:
+                        parameter.copy_(theirs[name].reshape(parameter.shape).to(parameter.device, parameter.dtype))
+            _set_masters(engine, theirs)
+
+        watcher.step_ends([p for _, p in named], weights, follow)
+        return result
+    return step

@@ -1,0 +1,54 @@
+"""`rankwise verify` and `bench --script` on a DeepSpeed-engine script in the source documents' pattern, unchanged
+(tests/support/tools/watch/scripts/deepspeed_engine.py: deepspeed.initialize with a ZeRO config and gradient
+clipping, engine.backward, engine.step, a DistributedSampler, engine.save_checkpoint); 2 ranks over gloo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.tools.watch.test_verify_scripts import SCRIPTS, _errors, _verify, _warnings
+
+SCRIPT = "deepspeed_engine.py"
+
+
+def test_an_unseeded_zero2_script_without_set_epoch_is_followed_step_by_step_and_its_defect_found(tmp_path):
+    """Its engine's fp32 masters start from the N-rank run's weights, so each step matches one process although the
+    two runs built different models; the missing set_epoch shows in its second epoch."""
+    proc, report = _verify(tmp_path / "bad", SCRIPT, "--defective", "--unseeded", steps=None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6, proc.stdout
+    assert all(line["max_param_diff"] <= report["tolerance"] for line in report["steps"][1:]), report["steps"]
+    assert any("set_epoch was never called" in text for text in _errors(report)), report["findings"]
+    assert any("two runs of this script start from different weights" in text for text in _warnings(report))
+    assert "deepspeed script" in proc.stdout and "ZeRO" not in report.get("failure", {})
+
+
+def test_zero0_in_fp32_is_equivalent(tmp_path):
+    proc, report = _verify(tmp_path / "zero0", SCRIPT, "--stage", "0", steps=3)
+    assert proc.returncode == 0 and report["verdict"] == "equivalent", proc.stdout + proc.stderr[-3000:]
+
+
+def test_a_bf16_config_is_not_equivalent_and_the_fix_is_in_the_deepspeed_config(tmp_path):
+    proc, report = _verify(tmp_path / "bf16", SCRIPT, "--stage", "1", "--bf16", steps=3)
+    assert proc.returncode == 1 and report["verdict"] == "not equivalent", proc.stdout + proc.stderr[-3000:]
+    assert any("bfloat16" in cause and "DeepSpeed config" in cause for cause in report["diagnosis"]), report
+
+
+def test_zero3_is_not_traced_and_says_why(tmp_path):
+    proc, report = _verify(tmp_path / "zero3", SCRIPT, "--stage", "3", steps=2)
+    assert proc.returncode == 4, proc.stdout + proc.stderr[-3000:]
+    assert "uses ZeRO-3" in proc.stdout + proc.stderr
+
+
+def test_bench_rows_by_world_size_with_lockstep_equivalence(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(SCRIPTS / SCRIPT),
+                           "--nproc-per-node", "1,2", "--steps", "8", "--verify-steps", "2", "--min-window", "0",
+                           "--out", str(tmp_path / "bench"), "--json"], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    assert rows["deepspeed x1"]["verdict"] == "reference" and rows["deepspeed x2"]["verdict"] == "equivalent", rows
+    assert rows["deepspeed x2"]["samples_per_s"] and len(rows["deepspeed x2"]["peak_rss_mb"]) == 2
+    assert len(rows["deepspeed x2"]["breakdown"]["ranks"]) == 2
