@@ -46,7 +46,7 @@ samples the N ranks took together.  A script that starts its own ranks with mp.s
 `python script.py` starts itself, its spawned children watched, on the world size and port it
 sets (not --nproc-per-node); its reference runs that mp.spawn with nprocs=1 at world size 1.
 A DeepSpeed-engine script (deepspeed.initialize) is stepped at engine.step(), DeepSpeed naming
-each parameter's whole gradient and fp32 weights (ZeRO 0-2); its reference runs the same config
+each parameter's whole gradient and fp32 weights (ZeRO 0-3); its reference runs the same config
 at world size 1.  A script on rankwise.setup() is checked under --strategy.
 
 Dropout modules are switched off (p=0) in both runs; --keep-dropout keeps them.  One verdict

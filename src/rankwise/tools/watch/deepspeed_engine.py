@@ -11,8 +11,9 @@ the module's (what its forward uses) and the engine's fp32 masters (``safe_set_f
 step updates).  The loss is the one ``engine.backward`` passes to torch's backward (divided by the accumulation
 steps, as DeepSpeed does in both runs).
 
-ZeRO-3 partitions the module's own parameters too: its step-0 weights would need gathering inside the engine's
-forward hooks, which this does not do; ``rankwise verify`` says so (its throughput rows run: they trace nothing).
+ZeRO-3 partitions the module's own parameters too (empty placeholders outside the engine's forward): their whole
+weights are gathered the same way (:func:`whole`), and the one-process reference, whose one partition is the whole
+parameter, writes the N-rank run's into that partition and into its fp32 master (:func:`assign`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from rankwise.compat.deepspeed_zero import skip_shm_comm_build
-from rankwise.errors import ConfigError
 from rankwise.tools.watch.ranks import patch
 
 ENVIRONMENT = "RANKWISE_WATCH_DEEPSPEED"
@@ -54,14 +54,11 @@ def _forward(watcher, original):
                               "shards_optimizer_state": stage >= 1,
                               "precision": "bf16-true" if engine.bfloat16_enabled() else
                               "16-mixed" if engine.fp16_enabled() else "32-true"}
-            if watcher.trace and stage == 3:
-                raise ConfigError("rankwise verify: this script's DeepSpeed config uses ZeRO-3, whose partitioned "
-                                  "module parameters the watcher does not gather yet; verify it at ZeRO stage 0-2 "
-                                  "(its bench rows run at any stage)")
             if watcher.trace and watcher.follow is not None:
                 # The watcher's first forward gave the module the N-rank run's initial weights; the engine's fp32
                 # masters (what its first step updates) were copied before that: they take them too.
-                _set_masters(engine, {name: p.detach().float() for name, p in _named(engine)})
+                # (A ZeRO-3 parameter took them into its master with its partition: see assign.)
+                _set_masters(engine, {name: p.detach().float() for name, p in _named(engine) if not partitioned(p)})
         return original(engine, *args, **kwargs)
     return forward
 
@@ -105,7 +102,7 @@ def _step(watcher, original):
                 # must match what the N-rank engine did with it (clipping included), to rounding.
                 for name, parameter in named:
                     if name in applied:
-                        safe_set_full_grad(parameter, (applied[name] * scale).reshape(parameter.shape)
+                        safe_set_full_grad(parameter, (applied[name] * scale).reshape(_shape(parameter))
                                            .to(parameter.device))
                 watcher.record.followed = True
         try:
@@ -121,10 +118,39 @@ def _step(watcher, original):
         def follow(theirs: dict[str, torch.Tensor]) -> None:
             with torch.no_grad():
                 for name, parameter in named:
-                    if name in theirs:
+                    if name in theirs and not partitioned(parameter):
                         parameter.copy_(theirs[name].reshape(parameter.shape).to(parameter.device, parameter.dtype))
+                    elif name in theirs:
+                        assign(parameter, theirs[name])
             _set_masters(engine, theirs)
 
         watcher.step_ends([p for _, p in named], weights, follow)
         return result
     return step
+
+
+def _shape(parameter: torch.Tensor) -> torch.Size:
+    return parameter.ds_shape if partitioned(parameter) else parameter.shape
+
+
+def partitioned(parameter: torch.Tensor) -> bool:
+    """A ZeRO-3 parameter: an empty placeholder outside its module's forward, its data in partitions."""
+    return hasattr(parameter, "ds_id")
+
+
+def whole(parameter: torch.Tensor) -> torch.Tensor:
+    """A ZeRO-3 parameter's whole fp32 weights (a collective: every rank gathers its partitions)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return safe_get_full_fp32_param(parameter).detach().float().cpu()
+
+
+def assign(parameter: torch.Tensor, value: torch.Tensor) -> None:
+    """Write whole weights into a ZeRO-3 parameter of a one-process run (its one partition holds all of it): the
+    partition its forward gathers from, and the fp32 master its next step updates."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    flat = value.reshape(-1)
+    with torch.no_grad():
+        parameter.ds_tensor.data[:flat.numel()].copy_(flat.to(parameter.ds_tensor.device, parameter.ds_tensor.dtype))
+    safe_set_full_fp32_param(parameter, value.reshape(parameter.ds_shape).to(parameter.ds_tensor.device))

@@ -38,14 +38,24 @@ def gather(value):
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on the CPU in fp32 (a collective for a sharded DTensor)."""
+    """The whole tensor on the CPU in fp32 (a collective for a sharded DTensor or a ZeRO-3 parameter)."""
+    if hasattr(tensor, "ds_id"):
+        from rankwise.tools.watch import deepspeed_engine
+
+        return deepspeed_engine.whole(tensor)
     if hasattr(tensor, "full_tensor"):
         tensor = tensor.full_tensor()
     return tensor.detach().float().cpu()
 
 
 def assign(target: torch.Tensor, whole: torch.Tensor) -> None:
-    """Copy a whole tensor into ``target`` (a DTensor here is one process's: its one shard is the whole)."""
+    """Copy a whole tensor into ``target`` (a DTensor here is one process's: its one shard is the whole; so is a
+    ZeRO-3 parameter's partition)."""
+    if hasattr(target, "ds_id"):
+        from rankwise.tools.watch import deepspeed_engine
+
+        deepspeed_engine.assign(target, whole)
+        return
     local = target.to_local() if hasattr(target, "to_local") else target
     with torch.no_grad():
         local.copy_(whole.reshape(local.shape).to(local.device, local.dtype))
