@@ -135,3 +135,18 @@ def test_a_collective_inside_the_optimizer_step_is_its_communication_not_a_host_
     (record,) = step_records([step])
     assert record["sync"] == [] and record["optimizer"] == pytest.approx(8e-3)
     assert record["optimizer_comm"] == pytest.approx(3e-3)
+
+
+def test_a_frameworks_wait_for_the_exchange_outside_backward_counts_as_the_exchange():
+    # Horovod waits for its allreduce in the optimizer's synchronize, after backward: rank 0 waits 20 ms there for
+    # rank 1, whose forward took 20 ms longer, then 1 ms for the exchange itself.
+    def horovod_step(forward, exchange):
+        t = 1.0 + forward + 3.0
+        return span(MARK + "step", 0.0, t + exchange + 1.0,
+                    span(MARK + "forward", 1.0, 1.0 + forward),
+                    span(MARK + "backward", 1.0 + forward, t,
+                         span("autograd::engine::evaluate_function: X", 1.0 + forward, t)),
+                    span(MARK + "exchange", t, t + exchange))
+    fast, slow = combine([step_records([horovod_step(2.0, 21.0)]), step_records([horovod_step(22.0, 1.0)])])
+    assert fast["parts_ms"]["straggler"] == pytest.approx(20.0) and fast["parts_ms"]["comm"] == pytest.approx(1.0)
+    assert slow["late_ms"] == pytest.approx(20.0) and slow["parts_ms"]["comm"] == pytest.approx(1.0)

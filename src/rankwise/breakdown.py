@@ -3,11 +3,12 @@
 A few steps between a benchmark's warm-up and its timed window are profiled (:class:`StepProfile`; the
 profiler's cost stays off the throughput).  rankwise marks each step and its regions with ``record_function``
 (``rankwise#step``, ``#forward``, ``#backward``, ``#optimizer``, ``#sync SITE`` around the script's own collectives
-and ``.item()`` reads); torch names the rest itself: the DataLoader's ``enumerate(DataLoader)#...`` (waiting for
-the next batch), the optimizer's ``Optimizer.step#...``, autograd's ``autograd::engine::evaluate_function: ...``
-(backward compute), c10d's collectives.  Per step and rank (:data:`PARTS`, milliseconds): forward, backward and
-optimizer compute; communication compute did not hide; waiting for the next batch; host syncs; waiting for the
-slowest rank; the remainder, stated as such.
+and ``.item()`` reads, ``#exchange`` around a framework's wait for the gradient exchange outside backward); torch
+names the rest itself: the DataLoader's ``enumerate(DataLoader)#...`` (waiting for the next batch), the
+optimizer's ``Optimizer.step#...``, autograd's ``autograd::engine::evaluate_function: ...`` (backward compute),
+c10d's collectives.  Per step and rank (:data:`PARTS`, milliseconds): forward, backward and optimizer compute;
+communication compute did not hide; waiting for the next batch; host syncs; waiting for the slowest rank; the
+remainder, stated as such.
 
 Waiting for the slowest rank comes from arrival times (:func:`combine`), each counted from the start of the rank's
 own step (when the previous exchange let it go): at the gradient exchange a rank arrives when its backward compute
@@ -68,7 +69,7 @@ def _kind(name: str) -> str | None:
         return "optimizer"
     if name.startswith(MARK):
         kind = name[len(MARK):].split(" ", 1)[0]
-        return kind if kind in ("forward", "backward", "optimizer", "sync") else None
+        return kind if kind in ("forward", "backward", "optimizer", "sync", "exchange") else None
     return None
 
 
@@ -124,7 +125,8 @@ def step_records(spans: list[Span]) -> list[dict]:
     for step in steps:
         def within(span: Span, step: Span = step) -> bool:
             return step.start <= span.start < step.end
-        record = {"wall": step.seconds, "start": step.start / 1e6, "data": 0.0, "forward": 0.0, "forward_comm": 0.0,
+        record = {"wall": step.seconds, "start": step.start / 1e6, "exchange": 0.0, "data": 0.0, "forward": 0.0,
+                  "forward_comm": 0.0,
                   "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0, "optimizer_comm": 0.0,
                   "sync": [], "loader": None}
         mine = [region for region in regions if within(region)]
@@ -148,8 +150,8 @@ def step_records(spans: list[Span]) -> list[dict]:
                 record["sync"].append((region.name[len(MARK) + 5:], region.start / 1e6, seconds))
                 continue
             record[kind] += seconds
-            if kind == "data":
-                record["loader"] = region.name[len(_DATA):].split(".", 1)[0]
+            if kind in ("data", "exchange"):
+                record["loader"] = region.name[len(_DATA):].split(".", 1)[0] if kind == "data" else record["loader"]
                 continue
             comm = sum(s.seconds for s in _outermost([region], lambda s: _is_comm(s.name), lambda s: False))
             if kind == "backward":
@@ -186,7 +188,8 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
         # A script's own collectives are matched call by call where every rank made the same number.
         aligned_syncs = len({len(r["sync"]) for r in records}) == 1
         for parts_of_rank, record in zip(per_step, records, strict=True):
-            waited = max(0.0, record["backward"] - record["backward_compute"])
+            # (an exchange a framework waits for outside backward, such as Horovod's synchronize, is waited there too)
+            waited = max(0.0, record["backward"] - record["backward_compute"]) + record.get("exchange", 0.0)
             if len(records) == 1:  # one process: nothing to wait for in its backward but the engine itself
                 record = {**record, "backward_compute": record["backward"]}
                 waited = 0.0

@@ -83,6 +83,8 @@ VARIABLES: tuple[EnvVar, ...] = (
          "one-process reference)."),
     EnvVar("RANKWISE_WATCH_DEEPSPEED", "`tools/watch/frameworks.py`", "`tools/watch/deepspeed_engine.py`",
          "Set for a DeepSpeed-engine script: the watcher takes each step at `engine.step()`."),
+    EnvVar("RANKWISE_WATCH_HOROVOD", "`tools/watch/frameworks.py`", "`tools/watch/horovod_optimizer.py`",
+         "Set for a Horovod script: the watcher takes each step at the DistributedOptimizer's `step`."),
     EnvVar("RANKWISE_WATCH_LIGHTNING", "`tools/watch/frameworks.py`", "`tools/watch/lightning.py`",
          "`1`: a Lightning Trainer script; each Trainer is built on the launcher's devices."),
     # test-only

@@ -171,10 +171,21 @@ def test_every_cause_is_listed_with_the_step_it_first_shows_in():
     """A later step that differs for another reason adds its cause; the first step's causes come first."""
     scaled = DIFFERENT_GRADIENT | {"gradient_scale": 2.0, "equivalent": False}
     update = FIRST | {"step": 3, "equivalent": False, "followed": True}
-    causes = diagnose(_run(steps=3), _run(steps=3, lrs=(0.0,)), [scaled, update], scaled, strategy="ddp",
-                      world_size=2)
+    candidate = _run(steps=3)
+    candidate.records[3] = [candidate.records[3][0] | {"learning_rates": [0.0]}]  # (from step 3 on)
+    causes = diagnose(_run(steps=3), candidate, [scaled, update], scaled, strategy="ddp", world_size=2)
     assert "summed over the ranks instead of averaged" in causes[0] and "(first shows" not in causes[0]
     assert "another learning rate at step 3" in causes[1] and causes[1].endswith("(first shows at step 3)")
+    assert len(causes) == 2
+
+
+def test_a_learning_rate_scaled_by_the_world_size_is_a_cause_of_its_own_beside_the_gradients():
+    """Horovod's examples scale the rate by hvd.size() and compress the gradients: both are named."""
+    compressed = DIFFERENT_GRADIENT | {"gradient_diff": 3e-4, "equivalent": False}
+    causes = diagnose(_run(), _run(lrs=(2e-3,), comm_hook="horovod_fp16_compression"), [compressed], compressed,
+                      strategy="ddp", world_size=2)
+    assert "Horovod's fp16 compression" in causes[0], causes
+    assert "learning rate differs at step 1: one process 0.001, 2 ranks 0.002: 2x" in causes[1], causes
 
 
 @pytest.mark.parametrize(("reference", "candidate", "first", "failure", "words"), [

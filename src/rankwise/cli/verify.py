@@ -47,7 +47,9 @@ samples the N ranks took together.  A script that starts its own ranks with mp.s
 sets (not --nproc-per-node); its reference runs that mp.spawn with nprocs=1 at world size 1.
 A DeepSpeed-engine script (deepspeed.initialize) is stepped at engine.step(), DeepSpeed naming
 each parameter's whole gradient and fp32 weights (ZeRO 0-3); its reference runs the same config
-at world size 1.  A script on rankwise.setup() is checked under --strategy.
+at world size 1.  A Horovod script starts as horovodrun --gloo starts it, each step at its
+DistributedOptimizer's step, on the gradients Horovod averaged.  A script on rankwise.setup()
+is checked under --strategy.
 
 Dropout modules are switched off (p=0) in both runs; --keep-dropout keeps them.  One verdict
 line, and the exit code it states: 0 equivalent; 1 not equivalent, or a finding in the script

@@ -4,10 +4,7 @@ clipping, engine.backward, engine.step, a DistributedSampler, engine.save_checkp
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
+from tests.support.tools.bench_rows import script_rows
 from tests.tools.watch.test_verify_scripts import SCRIPTS, _errors, _verify, _warnings
 
 SCRIPT = "deepspeed_engine.py"
@@ -43,12 +40,7 @@ def test_zero3_partitioned_parameters_are_gathered_and_followed_from_step_0(tmp_
 
 
 def test_bench_rows_by_world_size_with_lockstep_equivalence(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(SCRIPTS / SCRIPT),
-                           "--nproc-per-node", "1,2", "--steps", "8", "--verify-steps", "2", "--min-window", "0",
-                           "--out", str(tmp_path / "bench"), "--json"], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    rows = script_rows(SCRIPTS / SCRIPT, tmp_path)
     assert rows["deepspeed x1"]["verdict"] == "reference" and rows["deepspeed x2"]["verdict"] == "equivalent", rows
     assert rows["deepspeed x2"]["samples_per_s"] and len(rows["deepspeed x2"]["peak_rss_mb"]) == 2
     assert len(rows["deepspeed x2"]["breakdown"]["ranks"]) == 2

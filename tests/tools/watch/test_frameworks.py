@@ -27,6 +27,7 @@ from rankwise.tools.watch.frameworks import detect, framework
     ("from torch.multiprocessing import start_processes\nstart_processes(train, nprocs=2)\n", "spawn"),
     ("import rankwise\nimport torch.multiprocessing as mp\nmp.spawn(train, nprocs=2)\n", "rankwise"),
     ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", "deepspeed"),
+    ("import horovod.torch as hvd\nhvd.init()\n", "horovod"),
     ("import deepspeed\nfrom accelerate import Accelerator\nx = 'deepspeed.initialize'\n", "accelerate"),
 ])
 def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected):
@@ -35,14 +36,6 @@ def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected
     assert detect(script) == expected
 
 
-@pytest.mark.parametrize(("source", "reason"), [
-    ("import horovod.torch as hvd\n", "horovodrun"),
-])
-def test_scripts_the_probe_cannot_follow_are_refused_with_the_reason(tmp_path, source, reason):
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    with pytest.raises(ConfigError, match=reason):
-        detect(script)
 
 
 def test_accelerate_starts_in_its_cpu_mode_only_without_a_gpu(monkeypatch):

@@ -144,9 +144,16 @@ def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *,
         # another sample's: then it is only listed after what does explain it.
         alone = not findings and abs((first.get("gradient_scale") or 1.0) - 1) < 0.01
         findings.insert(0 if alone else len(findings), ("comm-hook", _compressed(hook, first)))
+    rates = _other_learning_rate(reference, candidate, first, world_size) if first is not None else None
     if first is not None and not findings:
-        findings.append(("gradient", _gradients(first, world_size)) if not first.get("gradient_ok", True) else
-                        ("update", _update(reference, candidate, first, strategy, world_size)))
+        if not first.get("gradient_ok", True):
+            findings.append(("gradient", _gradients(first, world_size)))
+        else:  # (the update's finding names another learning rate itself: one cause, listed once)
+            findings.append(("learning-rate" if rates else "update",
+                             _update(reference, candidate, first, strategy, world_size)))
+            rates = None
+    if rates:
+        findings.append(("learning-rate", rates))
     return findings
 
 
@@ -159,17 +166,21 @@ def _steps_missing(reference: TracedRun, candidate: TracedRun, asked: int | None
 
 
 COMPRESSION = {"fp16_compress": "rounds every gradient to fp16 (11 significant bits) before the all-reduce",
+               "horovod_fp16_compression": "rounds every gradient to fp16 (11 significant bits) before the "
+                                           "allreduce",
                "bf16_compress": "rounds every gradient to bf16 (8 significant bits) before the all-reduce",
                "powersgd": "sends a low-rank approximation of each gradient matrix instead of the gradient"}
 
 
 def _compressed(hook: str, first: dict) -> str:
     what = COMPRESSION.get(hook, "changes the gradients it exchanges")
-    return (f"the gradients were exchanged through DDP's {hook} communication hook (ddp.comm_hook={hook}), which "
-            f"{what}: at step {first['step']} the gradient the optimizer received differs from one process's by "
-            f"{first['gradient_diff']:.1e} relative. That is the compression working as designed, not a bug: "
+    how = "Horovod's fp16 compression (DistributedOptimizer(compression=hvd.Compression.fp16))" \
+        if hook.startswith("horovod") else f"DDP's {hook} communication hook (ddp.comm_hook={hook})"
+    return (f"the gradients were exchanged through {how}, which {what}: at step {first['step']} the gradient the "
+            f"optimizer received differs from one process's by {first['gradient_diff']:.1e} relative. That is the "
+            "compression working as designed, not a bug: "
             "the run trades exactness for less traffic (rankwise bench states the tolerance it accepts for it); "
-            "without the hook the exchange is exact")
+            "without it the exchange is exact")
 
 
 def _gradients(first: dict, world_size: int) -> str:
@@ -198,6 +209,22 @@ def _gradients(first: dict, world_size: int) -> str:
 def _learning_rates(run: TracedRun, step: int) -> list:
     ranks = run.records.get(step) or [{}]
     return ranks[0].get("learning_rates") or []
+
+
+def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str | None:
+    """The optimizer's learning rate differs between the runs at the first differing step (a rate scaled by the
+    world size, as Horovod's examples do): a cause of its own, whatever else differs."""
+    step = first["step"]
+    one, many = _learning_rates(reference, step), _learning_rates(candidate, step)
+    if not (one and many and one != many):
+        return None
+    ratios = {round(b / a, 3) for a, b in zip(one, many, strict=False)
+              if isinstance(a, float) and isinstance(b, float) and a}
+    scaled = f": {world_size}x, the script scales it by the world size" if ratios == {float(world_size)} else ""
+    return (f"the optimizer's learning rate differs at step {step}: one process {one[0]:.3g}, {world_size} ranks "
+            f"{many[0]:.3g}{scaled}. The {world_size} ranks already average their gradients over the global batch, "
+            "as one process computes it: a larger rate is a change of the hyper-parameters, not what distributing "
+            "the same training needs (keep it, or scale it knowingly, with its warm-up)")
 
 
 def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: str, world_size: int) -> str:

@@ -17,7 +17,7 @@ import sys
 from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
-from rankwise.tools.watch import deepspeed_engine, lightning
+from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning
 from rankwise.tools.watch.rank import DIRECTORY, SPAWN, STALL, arm_stall, watched, watcher_from_environment
 from rankwise.tools.watch.spawned import launcher_main
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
     if os.environ.get(SPAWN):  # an mp.spawn script: this process starts the ranks, and each is watched there
         return launcher_main(argv)
+    if os.environ.get(horovod_optimizer.ENVIRONMENT) == "1":
+        horovod_optimizer.ranks_from_horovodrun()
     who = f"rank{os.environ.get('RANK', '0')}"
     arm_stall(who)
     exits.install(who, watch_gil=not float(os.environ.get(STALL) or 0))  # (a stall deadline names one that keeps it)
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     watcher.install()
     if os.environ.get(deepspeed_engine.ENVIRONMENT) == "1":
         deepspeed_engine.watch(watcher)
+    if os.environ.get(horovod_optimizer.ENVIRONMENT) == "1":
+        horovod_optimizer.watch(watcher)
     if os.environ.get(lightning.ENVIRONMENT) == "1":
         lightning.launcher_devices()
         watcher.on_shorten.append(lightning.validate_at_each_pass_end)

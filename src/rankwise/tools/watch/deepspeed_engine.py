@@ -12,8 +12,8 @@ step updates).  The loss is the one ``engine.backward`` passes to torch's backwa
 steps, as DeepSpeed does in both runs).
 
 ZeRO-3 partitions the module's own parameters too (empty placeholders outside the engine's forward): their whole
-weights are gathered the same way (:func:`whole`), and the one-process reference, whose one partition is the whole
-parameter, writes the N-rank run's into that partition and into its fp32 master (:func:`assign`).
+weights are gathered the same way, and the one-process reference, whose one partition is the whole parameter,
+writes the N-rank run's into that partition and into its fp32 master (:func:`rankwise.tools.watch.ranks.assign`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from rankwise.compat.deepspeed_zero import skip_shm_comm_build
-from rankwise.tools.watch.ranks import patch
+from rankwise.tools.watch.ranks import assign, partitioned, patch
 
 ENVIRONMENT = "RANKWISE_WATCH_DEEPSPEED"
 """Set (to 1) in a watched rank of a DeepSpeed-engine script."""
@@ -131,26 +131,3 @@ def _step(watcher, original):
 
 def _shape(parameter: torch.Tensor) -> torch.Size:
     return parameter.ds_shape if partitioned(parameter) else parameter.shape
-
-
-def partitioned(parameter: torch.Tensor) -> bool:
-    """A ZeRO-3 parameter: an empty placeholder outside its module's forward, its data in partitions."""
-    return hasattr(parameter, "ds_id")
-
-
-def whole(parameter: torch.Tensor) -> torch.Tensor:
-    """A ZeRO-3 parameter's whole fp32 weights (a collective: every rank gathers its partitions)."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    return safe_get_full_fp32_param(parameter).detach().float().cpu()
-
-
-def assign(parameter: torch.Tensor, value: torch.Tensor) -> None:
-    """Write whole weights into a ZeRO-3 parameter of a one-process run (its one partition holds all of it): the
-    partition its forward gathers from, and the fp32 master its next step updates."""
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    flat = value.reshape(-1)
-    with torch.no_grad():
-        parameter.ds_tensor.data[:flat.numel()].copy_(flat.to(parameter.ds_tensor.device, parameter.ds_tensor.dtype))
-    safe_set_full_fp32_param(parameter, value.reshape(parameter.ds_shape).to(parameter.ds_tensor.device))

@@ -17,9 +17,9 @@ Detected from the script's imports (``--framework`` overrides):
   watched (:mod:`rankwise.tools.watch.spawned`): under torchrun every rank would spawn ranks of its own;
 * ``deepspeed``: a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.step()``) — as torchrun (DeepSpeed
   reads its variables); each step at ``engine.step()`` (:mod:`rankwise.tools.watch.deepspeed_engine`);
+* ``horovod``: ``hvd.init()`` and ``hvd.DistributedOptimizer`` — as ``horovodrun --gloo``; each step at the
+  wrapped optimizer's ``step``, on the gradients Horovod averaged (:mod:`rankwise.tools.watch.horovod_optimizer`);
 * ``torch``: plain ``torch.distributed`` — as torchrun.
-
-Horovod scripts are refused before anything runs: Horovod's ranks start under ``horovodrun``, not torchrun.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ import torch
 
 from rankwise.errors import ConfigError
 from rankwise.tools.watch.deepspeed_engine import ENVIRONMENT as DEEPSPEED
+from rankwise.tools.watch.horovod_optimizer import ENVIRONMENT as HOROVOD
 from rankwise.tools.watch.lightning import ENVIRONMENT as LIGHTNING
 
-FRAMEWORKS = ("auto", "rankwise", "torch", "spawn", "accelerate", "trainer", "fabric", "lightning", "deepspeed")
+FRAMEWORKS = ("auto", "rankwise", "torch", "spawn", "accelerate", "trainer", "fabric", "lightning", "deepspeed",
+              "horovod")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ class Framework:
                        "the watcher's optimizer hooks cannot name parameter by parameter")
             return replace(self, environment={**self.environment, **ACCELERATE_STRATEGIES[name]}, choice=name,
                            strategy=f"Accelerate's {name}" + ("" if gpu else " (CPU)"), unavailable=why)
+        if self.name == "horovod":
+            raise ConfigError("--strategies: a Horovod script has one strategy, Horovod's allreduce in its "
+                              "DistributedOptimizer; its rows are world sizes (--nproc-per-node 1,2)")
         if self.name == "deepspeed":  # (DeepSpeed has no launcher setting for it: `deepspeed` passes no config)
             raise ConfigError("--strategies: a DeepSpeed script's ZeRO stage is in the config it gives "
                               "deepspeed.initialize, which no launcher setting changes; its rows are world sizes "
@@ -135,10 +140,8 @@ SPAWNS = re.compile(r"\b(?:mp|multiprocessing)\.(?:spawn|start_processes)\s*\(|\
 
 def detect(script: Path) -> str:
     text = script.read_text(encoding="utf-8", errors="replace")
-    if _imports(text, "horovod"):
-        raise ConfigError(f"{script}: a Horovod script starts under horovodrun, with Horovod's own ranks and "
-                          "DistributedOptimizer; rankwise verify watches torchrun-started scripts only. Run it "
-                          "with `rankwise launch` on rankwise.setup(strategy='horovod') instead")
+    if _imports(text, "horovod", "horovod.torch") and not _imports(text, "rankwise"):
+        return "horovod"
     if "deepspeed.initialize" in text and not _imports(text, "rankwise", "accelerate", "lightning", "transformers"):
         return "deepspeed"
     if _imports(text, "rankwise"):
@@ -186,6 +189,9 @@ def framework(name: str) -> Framework:
         "deepspeed": Framework("deepspeed", "as torchrun would start it (deepspeed.init_distributed reads torchrun's "
                                "variables, as under the deepspeed launcher)", {DEEPSPEED: "1"},
                                strategy="the script's DeepSpeed config (as written)"),
+        "horovod": Framework("horovod", "as `horovodrun -np N -H localhost:N --gloo` would start it (one process: "
+                             "`python script.py`, as Horovod runs alone)", {HOROVOD: "1"},
+                             strategy="Horovod's DistributedOptimizer (as written)"),
         "lightning": Framework("lightning", "as torchrun would start it (Lightning's documentation: Trainer(devices=N) "
                                "under torchrun); the one process has the Trainer on one device",
                                {LIGHTNING: "1"}, strategy="the Trainer's (as written)"),

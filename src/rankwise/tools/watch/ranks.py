@@ -22,14 +22,25 @@ def patch(owner, name: str, make) -> None:
     setattr(owner, name, functools.wraps(original)(make(original)))
 
 
+def _horovod():
+    """Horovod's torch module where the script started Horovod (it opens no torch process group), else None."""
+    hvd = sys.modules.get("horovod.torch")
+    return hvd if hvd is not None and hvd.is_initialized() else None
+
+
 def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    if _horovod() is not None:
+        return _horovod().rank(), _horovod().size()
     return int(os.environ.get("RANK", 0)), 1
 
 
 def gather(value):
-    """Every rank's ``value`` (a collective: every rank calls it at the same point)."""
+    """Every rank's ``value`` (a collective: every rank calls it at the same point; over Horovod's own in a Horovod
+    script)."""
+    if not (dist.is_available() and dist.is_initialized()) and _horovod() is not None:
+        return _horovod().allgather_object(value) if _horovod().size() > 1 else [value]
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
     values = [None] * dist.get_world_size()
@@ -39,10 +50,10 @@ def gather(value):
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor on the CPU in fp32 (a collective for a sharded DTensor or a ZeRO-3 parameter)."""
-    if hasattr(tensor, "ds_id"):
-        from rankwise.tools.watch import deepspeed_engine
+    if partitioned(tensor):
+        from deepspeed.utils import safe_get_full_fp32_param
 
-        return deepspeed_engine.whole(tensor)
+        return safe_get_full_fp32_param(tensor).detach().float().cpu()  # (every rank gathers its partitions)
     if hasattr(tensor, "full_tensor"):
         tensor = tensor.full_tensor()
     return tensor.detach().float().cpu()
@@ -51,14 +62,28 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 def assign(target: torch.Tensor, whole: torch.Tensor) -> None:
     """Copy a whole tensor into ``target`` (a DTensor here is one process's: its one shard is the whole; so is a
     ZeRO-3 parameter's partition)."""
-    if hasattr(target, "ds_id"):
-        from rankwise.tools.watch import deepspeed_engine
-
-        deepspeed_engine.assign(target, whole)
+    if partitioned(target):
+        _assign_partitioned(target, whole)
         return
     local = target.to_local() if hasattr(target, "to_local") else target
     with torch.no_grad():
         local.copy_(whole.reshape(local.shape).to(local.device, local.dtype))
+
+
+def partitioned(parameter: torch.Tensor) -> bool:
+    """A ZeRO-3 parameter: an empty placeholder outside its module's forward, its data in partitions."""
+    return hasattr(parameter, "ds_id")
+
+
+def _assign_partitioned(parameter: torch.Tensor, value: torch.Tensor) -> None:
+    """Whole weights into a ZeRO-3 parameter of a one-process run (its one partition holds all of it): the partition
+    its forward gathers from, and the fp32 master its next step updates."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    flat, partition = value.reshape(-1), parameter.ds_tensor
+    with torch.no_grad():
+        partition.data[:flat.numel()].copy_(flat.to(partition.device, partition.dtype))
+    safe_set_full_fp32_param(parameter, value.reshape(parameter.ds_shape).to(partition.device))
 
 
 def outside_the_script(filename: str) -> bool:

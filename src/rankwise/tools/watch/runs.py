@@ -52,10 +52,16 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
            SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s),
            STALL: str(stall_s), SPAWN: "", AFTER: after, PROFILE: str(profile_steps)}
     bootstrap = ["-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
-    if framework.name == "spawn":
+    if framework.name == "horovod" and processes > 1:  # (Horovod's ranks: its launcher's, over gloo here)
+        command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(processes), "-H",
+                   f"localhost:{processes}", "--gloo", sys.executable, *bootstrap]
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes)))
+    elif framework.name == "spawn":
         env[SPAWN] = spawned.ONE if processes == 1 else "as written"
         # (what `rankwise launch` would set for its workers; the script's children inherit it)
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes))
+        command = [sys.executable, *bootstrap]
+    elif framework.name == "horovod":  # one process: Horovod runs alone, as `python script.py`
         command = [sys.executable, *bootstrap]
     else:
         command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),

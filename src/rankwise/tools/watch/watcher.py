@@ -263,8 +263,10 @@ class Watcher:
 
     @staticmethod
     def _is_wrapper(optimizer) -> bool:
-        """A framework's optimizer around a torch one (whose own step the hooks see)."""
-        return isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
+        """A framework's optimizer around a torch one (whose own step the hooks see), or one whose framework's
+        adapter watches its step itself (Horovod's: :mod:`rankwise.tools.watch.horovod_optimizer`)."""
+        return isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) or (
+            getattr(optimizer, "_rankwise_steps_itself", False) and not getattr(optimizer, "_rankwise_watch_now", 0))
 
     def _parameters(self, optimizer) -> list[tuple[str, torch.Tensor]]:
         return [(self.names.get(id(parameter), f"group{g}.param{i}"), parameter)
