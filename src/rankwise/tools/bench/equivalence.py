@@ -69,12 +69,18 @@ def criterion(row: Row, nproc: int) -> Criterion:
 
 def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str], out: Path, *, steps: int,
                timeout_s: float) -> dict:
-    """``rankwise verify`` of the built-in app under ``strategy`` with these ``--set`` overrides: its report."""
+    """``rankwise verify`` of the built-in app under ``strategy`` with these ``--set`` overrides: its report (one that
+    could not run, where verify itself failed: the timed rows' report stands)."""
     from rankwise.tools.bench import app
     from rankwise.tools.verify.command import verify_runs
 
-    return verify_runs(Path(app.__file__), [str(data_dir), *settings], strategy, processes, out, steps=steps,
-                       timeout_s=timeout_s)
+    try:
+        return verify_runs(Path(app.__file__), [str(data_dir), *settings], strategy, processes, out, steps=steps,
+                           timeout_s=timeout_s)
+    except Exception as e:  # noqa: BLE001 - the row's check could not run, said why
+        return {"verdict": "could not run", "failure": {"verify": f"{type(e).__name__}: {e}"}, "steps": [],
+                "diagnosis": [], "findings": [], "dropout": {"modules": []}, "tolerance": None,
+                "gradient_tolerance": None}
 
 
 def lockstep_columns(report: dict) -> dict:
