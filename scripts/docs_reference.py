@@ -123,7 +123,8 @@ def exit_codes_page() -> str:
              "| 128 + N | stopped by signal N (SIGTERM 143, SIGINT 130): the workers checkpointed and exited |",
              "\n## `rankwise verify`\n", "| code | verdict |", "|---:|---|"]
     lines += [f"| {code} | {verdict} |" for verdict, code in VERIFY_EXIT.items()]
-    lines += [f"\n`rankwise bench` exits 1 when a row fails a check, {EXIT_COULD_NOT_RUN} when a row could not run.\n",
+    lines += [f"\n`rankwise bench` exits 1 when a row fails a check, {EXIT_COULD_NOT_RUN} when a row or its "
+              "equivalence check could not run.\n",
              "\n## Errors\n", "| class | exit code | when |", "|---|---:|---|"]
     for cls in error_classes:
         code = "—" if not issubclass(cls, errors.USER_ERRORS) else \

@@ -2,16 +2,17 @@
 
 Two judgements use them.
 
-* ``rankwise train``'s bench rows and the strategy tests compare the weights after the same first
-  steps (same data order and seed, dropout off) by their largest absolute difference.
-* ``rankwise verify`` and ``bench --script`` judge step by step, in lockstep, what distribution is
-  responsible for (:func:`gradient_difference`): one process takes each step from the N-rank run's
-  weights, so differences never compound, and the gradient the N ranks' optimizer received must be
-  the one process's gradient up to :func:`gradient_tolerance`, relative to its size.  The optimizer
-  then steps from the same weights with that same gradient, so the weights after it must agree to
-  :func:`tolerance`.  An optimizer that amplifies rounding (Adam's update ``m / (sqrt(v) + eps)`` is
-  nearly a sign for a gradient near ``eps``: the last bit the all-reduce's summation order leaves in
-  it becomes a step of size ``lr``) can then no longer pass off summation order as a defect.
+* The strategy tests, and the ``rankwise bench`` rows verify cannot judge, compare the weights after the
+  same first steps (same data order and seed, dropout off) by their largest absolute difference.
+* ``rankwise verify`` and ``rankwise bench`` (its other rows, and ``--script``'s) judge step by step,
+  in lockstep, what distribution is responsible for (:func:`gradient_difference`): one process takes
+  each step from the N-rank run's weights, so differences never compound, and the gradient the N ranks'
+  optimizer received must be the one process's gradient up to :func:`gradient_tolerance`, relative to
+  its size.  The optimizer then steps from the same weights with that same gradient, so the weights
+  after it must agree to :func:`tolerance`.  An optimizer that amplifies rounding (Adam's update
+  ``m / (sqrt(v) + eps)`` is nearly a sign for a gradient near ``eps``: the last bit the all-reduce's
+  summation order leaves in it becomes a step of size ``lr``) can then no longer pass off summation
+  order as a defect.
 
 At fp32 only the order of the summations differs; a compressed gradient exchange or a lower
 precision adds its rounding.

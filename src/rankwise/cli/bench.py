@@ -14,15 +14,20 @@ and per-step-sync unless named.  Only when named: ddp+bf16-hook, ddp+powersgd an
 (one thread; adds DDP's scaling efficiency).  A row whose library is missing says so, with
 the install command.
 
-Method: data prepared once; dropout 0 and one seed everywhere, so every row should compute
-what `single` computes; `single`/`dp` get all C cores as threads, N ranks C/N each;
-throughput after the warm-up steps, checkpoints and evaluations left out; the weights
-after the first K steps are compared with `single`'s against the row's stated tolerance;
-repeats alternate the order and the report takes medians.
+Method: data prepared once; one seed everywhere, the app's stock settings (dropout on);
+`single`/`dp` get all C cores as threads, N ranks C/N each; throughput after the warm-up
+steps, checkpoints and evaluations left out; repeats alternate the order and the report
+takes medians.  Equivalence, by the criterion the table names for each row: `lockstep`
+is `rankwise verify` of the built-in app under the row's strategy (as --script rows have):
+K steps with dropout off, one process following the ranks step by step; rows verify cannot
+run or judge (the loops without rankwise, horovod under horovodrun, DDP's compression hooks,
+one-process variants of single) compare their weights after K steps with `single`'s, in
+separate untimed runs with dropout 0, against the row's stated tolerance (`weights`).
 
 Writes report.md, report.json (every number) and report.png to --out, and prints the table.
 Exit 0 when every row ran and passed, 1 when a row failed a check (equivalence, evaluation
-count), 4 when a row could not run (its error once, under the table, with the script's line).
+count), 4 when a row or its equivalence check could not run (its error once, under the table,
+with the script's line).
 """
 
 from __future__ import annotations

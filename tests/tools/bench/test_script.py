@@ -129,7 +129,7 @@ def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_t
     assert proc.returncode == 4, output[-3000:]
     shown = "\n".join(proc.stdout.splitlines()[:-1]) + proc.stderr  # what a reader sees (--json's line aside)
     assert shown.count("batch_size=15 is not divisible by world_size (2)") == 1, output
-    assert "| ddp | 2 | | | | | | | | could not run |" in proc.stdout
+    assert "| ddp | 2 | | | | | | | | | could not run |" in proc.stdout
     assert "bench [2/2] ddp (repeat 1/1):" in proc.stderr and "could not run (why: under the table)" in proc.stderr
     rows = {line["row"]: line for line in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
     assert rows["ddp"]["status"] == "could not run"

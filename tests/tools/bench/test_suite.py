@@ -3,17 +3,19 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from rankwise.tools.bench import report
+from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
 from rankwise.tools.bench.rows import ROWS, Row, select
 from rankwise.tools.bench.suite import plan, run_all
 
 TINY = ["data.limit=1000", "data.tokenizer=char", "data.max_length=32", "max_steps=12", "eval_batch_size=64"]
-# Deliberately wrong: another learning rate (so not what `single` computes), and the dev split (886 texts)
-# evaluated where the bench expects the test split's 1000.
-WRONG = Row("wrong", "ddp", ("optim.lr=0.01", "eval_split=dev"), about="deliberately not equivalent")
+# Deliberately wrong: another learning rate (so not what `single` trains), and the dev split (886 texts) evaluated
+# where the bench expects the test split's 1000.  Its equivalence is the lockstep one: ddp under its own settings.
+WRONG = Row("wrong", "ddp", ("optim.lr=0.01", "eval_split=dev"), about="deliberately not what single trains")
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +37,12 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
         line = rows[name]
         assert line["status"] == "ok"
         for key in ("wall_s", "samples_per_s", "tokens_per_s", "speedup", "peak_rss_mb", "accuracy", "macro_f1",
-                    "eval_samples", "max_param_diff"):
+                    "eval_samples"):
             assert line[key] is not None, (name, key)
         assert line["eval_count_ok"] and line["equivalent"] and line["accuracy_ok"]
         assert len(line["peak_rss_mb"]) == line["processes"]
-    assert rows["single"]["speedup"] == 1.0 and rows["single"]["max_param_diff"] == 0.0
+    assert rows["single"]["speedup"] == 1.0
+    assert rows["single"]["criterion"] == "reference" and rows["single"]["verdict"] == "reference"
     # rankwise rows count their FLOPs and measure a peak; the hand-written baseline loop does neither.
     single_run = next(record for record in result["runs"] if record["row"] == "single")["runs"][0]
     assert rows["single"]["tflops_per_s"] > 0 and single_run["peak_tflops_per_s"] > 0
@@ -48,7 +51,6 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
     assert rows["single"]["mfu"] == pytest.approx(rows["single"]["tflops_per_s"] / single_run["peak_tflops_per_s"],
                                                   rel=1e-2)
     assert rows["plain-ddp"]["tflops_per_s"] is None
-    assert rows["plain-ddp"]["max_param_diff"] < rows["plain-ddp"]["tolerance"]
     saved = json.loads(paths["json"].read_text())
     assert [line["row"] for line in saved["rows"]] == ["single", "plain-ddp", "wrong"]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 10_000
@@ -63,21 +65,125 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
         assert f"- {name}: why: " in markdown
     assert rows["plain-ddp"]["breakdown"] is None and "step ms: compute · comm" in markdown
     assert rows["single"]["steps"]["comm_ms"] == 0 and rows["single"]["steps"]["straggler_ms"] == 0  # one process
+    assert "| Δgradient (tol) | Δweights (tol) | equivalent | criterion |" in markdown
+
+
+def test_timed_rows_run_at_the_apps_stock_settings_and_each_row_says_which_check_judged_it(summary):
+    """The timed runs keep dropout on; ddp is judged by rankwise verify in lockstep (its own runs switch dropout
+    off), the hand-written loop, which verify does not run, by its weights after 5 steps in separate runs with
+    dropout 0."""
+    result, paths = summary
+    rows = {line["row"]: line for line in result["rows"]}
+    timed = {record["row"]: record["runs"][0]["run_dir"] for record in result["runs"]}
+    stock = json.loads((Path(timed["single"]) / "config.json").read_text())
+    assert stock["model"]["dropout"] == 0.1 and stock["optim"]["eps"] == 1e-6  # the app's defaults, untouched
+    wrong = rows["wrong"]
+    assert wrong["criterion"] == "lockstep" and wrong["verdict"] == "equivalent" and wrong["equivalent"] is True
+    assert wrong["compared_steps"] == 5 and wrong["compared"].startswith("dropout off (")
+    assert wrong["max_gradient_diff"] < wrong["gradient_tolerance"] and wrong["max_param_diff"] <= wrong["tolerance"]
+    verified = json.loads((paths["json"].parent / "verify" / "wrong" / "verify.json").read_text())
+    assert verified["strategy"] == "ddp" and verified["processes"] == 2 and "optim.lr=0.01" in \
+        verified["meta"]["script_args"]  # verify ran the app under the row's own settings
+    plain = rows["plain-ddp"]
+    assert plain["criterion"] == "weights" and plain["verdict"] == "equivalent"
+    assert plain["max_param_diff"] < plain["tolerance"] and "written without rankwise" in plain["criterion_note"]
+    weighed = json.loads((paths["json"].parent / "equivalence" / "plain-ddp" / "result.json").read_text())
+    assert weighed["steps"] == 5
+    assert json.loads((paths["json"].parent / "equivalence" / "single" / "config.json").read_text())[
+        "model"]["dropout"] == 0.0
+    text = report.table(result)
+    assert "| pass | lockstep (verify) |" in text and "| pass | weights (dropout 0) |" in text
+    assert "- plain-ddp, criterion: a loop written without rankwise" in text
 
 
 def meta_cores(result: dict) -> int:
     return result["meta"]["cores"]
 
 
-def test_a_wrong_run_fails_the_equivalence_and_count_checks(summary):
+def test_a_wrong_run_fails_the_count_check(summary):
     result, paths = summary
     wrong = next(line for line in result["rows"] if line["row"] == "wrong")
     assert wrong["status"] == "ok"
-    assert wrong["equivalent"] is False and wrong["max_param_diff"] > wrong["tolerance"]
     assert wrong["eval_count_ok"] is False and wrong["eval_samples"] != wrong["eval_expected"]
     assert result["reading"]["failing"] == ["wrong"]
     assert result["reading"]["fastest_passing"] in ("single", "plain-ddp")
     assert "| wrong |" in report.table(result) and "FAIL" in report.table(result)
+
+
+def _verify_report(verdict: str, **extra) -> dict:
+    return {"verdict": verdict, "steps": [{"step": 0, "max_param_diff": 0.0},
+                                          {"step": 1, "max_param_diff": 3e-4, "gradient_diff": 2.7e-4}],
+            "dropout": {"modules": [{"module": "bert.dropout"}]}, "diagnosis": [], "findings": [],
+            "tolerance": 1e-5, "gradient_tolerance": 5e-5, "failure": {}, **extra}
+
+
+def _record(name: str, equivalence: dict) -> dict:
+    run = {"steady_samples_per_s": 500.0, "wall_s": 3.0, "peak_rss_mb": [[500.0, 510.0]], "accuracy": 0.75,
+           "macro_f1": 0.7, "eval_samples": 10}
+    return {"row": name, "about": "x", "processes": 1 if name == "single" else 2, "threads": 1, "tolerance": 1e-5,
+            "missing": None, "runs": [run], "eval_expected": 10, "eval_count_ok": True, "equivalence": equivalence}
+
+
+def test_each_criterions_verdict_reaches_the_table_the_reading_and_the_json():
+    """A row verify finds not equivalent FAILs with verify's reason; a weight difference past the row's tolerance
+    FAILs; a check that could not run neither passes nor fails (the bench exits 4 for it)."""
+    why = "the gradients were exchanged through DDP's fp16_compress communication hook"
+    records = [_record("single", {"criterion": "reference", "verdict": "reference", "equivalent": True}),
+               _record("ddp", lockstep_columns(_verify_report("not equivalent", diagnosis=[why]))
+                       | {"criterion": "lockstep", "criterion_note": None}),
+               _record("fsdp", lockstep_columns(_verify_report("could not run", failure={"candidate": "boom"}))
+                       | {"criterion": "lockstep", "criterion_note": None}),
+               _record("plain-ddp", weights_columns(2e-3, 1e-5, 5) | {"criterion": "weights",
+                                                                       "criterion_note": "a loop written without"}),
+               _record("horovod", weights_columns(3e-8, 1e-5, 5) | {"criterion": "weights", "criterion_note": "h"})]
+    meta = {"preset": "quick", "data": "sentiment", "model": "tiny", "steps": 8, "batch_size": 32, "nproc": 2,
+            "repeats": 1, "equivalence_step": 5, "libraries": {}, "cpu": "test", "cores": 2, "cuda": None,
+            "torch": "x", "python": "y"}
+    summary = report.summarize(records, meta)
+    rows = {line["row"]: line for line in summary["rows"]}
+    assert rows["ddp"]["verdict"] == "not equivalent" and rows["ddp"]["reason"] == why
+    assert rows["ddp"]["max_gradient_diff"] == 2.7e-4 and rows["ddp"]["gradient_tolerance"] == 5e-5
+    assert rows["plain-ddp"]["verdict"] == "not equivalent" and rows["plain-ddp"]["max_param_diff"] == 2e-3
+    assert rows["horovod"]["verdict"] == "equivalent" and rows["horovod"]["max_param_diff"] == 3e-8
+    assert rows["fsdp"]["verdict"] == "could not run" and "boom" in rows["fsdp"]["reason"]
+    assert summary["reading"]["failing"] == ["ddp", "plain-ddp"]  # (fsdp: could not run, not failed)
+    assert summary["reading"]["fastest_passing"] in ("single", "horovod")
+    text = report.table(summary)
+    assert "| 2.7e-04 (5e-05) | 3.0e-04 (1e-05) | FAIL | lockstep (verify) |" in text
+    assert "| — | 2.0e-03 (1e-05) | FAIL | weights (dropout 0) |" in text
+    assert "| could not run | lockstep (verify) |" in text
+    assert f"- ddp: {why}" in text and "- fsdp: its verify run could not run: boom" in text
+    assert "- plain-ddp, criterion: a loop written without" in text
+
+
+def test_a_verify_that_fails_to_start_makes_the_rows_check_could_not_run_and_the_bench_goes_on(monkeypatch, tmp_path):
+    from rankwise.tools.verify import command
+
+    def boom(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(command, "verify_runs", boom)
+    columns = lockstep_columns(verify_app("ddp", 2, tmp_path, [], tmp_path / "verify", steps=5, timeout_s=1))
+    assert columns["verdict"] == "could not run" and columns["equivalent"] is None
+    assert columns["reason"] == "its verify run could not run: OSError: No space left on device"
+
+
+def test_every_row_has_a_criterion_verify_runs_what_torchrun_starts():
+    quick = {row.name: criterion(row, 2) for row in ROWS}
+    assert quick["single"].kind == "reference"
+    for name in ("dp", "ddp", "ddp+bf16", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "accelerate",
+                 "ddp+compile"):
+        assert quick[name].kind == "lockstep" and quick[name].note is None, name
+    assert quick["ddp"].strategy == "ddp" and quick["deepspeed-zero3"].strategy == "deepspeed-zero3"
+    assert quick["ddp-spawn"].kind == "lockstep" and quick["ddp-spawn"].strategy == "ddp"
+    assert "not spawn" in quick["ddp-spawn"].note
+    assert "horovodrun" in quick["horovod"].note and quick["horovod"].kind == "weights"
+    for name in ("plain-ddp", "plain-accelerate", "per-step-sync"):
+        assert quick[name].kind == "weights" and "without rankwise" in quick[name].note
+    for name in ("ddp+fp16-hook", "ddp+bf16-hook", "ddp+powersgd"):
+        assert quick[name].kind == "weights" and "comm_hook" in quick[name].note
+    for name in ("single-1t", "single+compile"):
+        assert quick[name].kind == "weights" and "compare single with itself" in quick[name].note
 
 
 def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries():
@@ -144,7 +250,7 @@ def test_a_log_gets_one_progress_line_per_run_not_per_update(tmp_path, monkeypat
     monkeypatch.setattr("rankwise.data.prepare.cache_entry", lambda cfg: tmp_path)
     runs = iter([{"steady_samples_per_s": 500.0, "wall_s": 3.0}, {"error": "boom", "wall_s": 1.0}] * 2)
     monkeypatch.setattr(suite, "_run_row", lambda *args: next(runs))
-    monkeypatch.setattr(suite, "_equivalence_weights", lambda *args: None)  # no weights were written here
+    monkeypatch.setattr(suite, "check_equivalence", lambda *args: {})  # no run wrote weights here
     the_plan = plan("quick", select(["single", "ddp"]), nproc=2, out=tmp_path, repeats=2)
     run_all(the_plan, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()

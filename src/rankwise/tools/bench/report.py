@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.bench import why
+from rankwise.tools.bench.equivalence import UNDECIDED, VERDICT_CELLS
 
 ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
@@ -71,13 +72,12 @@ def summarize(records: list[dict], meta: dict) -> dict:
                 "eval_samples": first["eval_samples"],
                 "eval_expected": record["eval_expected"],
                 "eval_count_ok": record["eval_count_ok"],
-                "max_param_diff": record.get("max_param_diff"),
-                "equivalent": record.get("equivalent"),
                 "accuracy_ok": (single_accuracy is not None
                                 and abs(first["accuracy"] - single_accuracy) <= ACCURACY_POINTS),
+                # The equivalence check by its criterion (tools/bench/equivalence.py): verdict, reason, differences.
+                "criterion": None, "verdict": None, "equivalent": None, "reason": None, "max_param_diff": None,
+                **record.get("equivalence", {}),
             }
-            if record.get("equivalence_error"):
-                line["equivalence_error"] = record["equivalence_error"]
             line |= why.summary(first.get("breakdown"))
         lines.append(line)
     return {"rows": lines, "reading": reading(lines, ok), "meta": meta, "runs": records}
@@ -104,7 +104,7 @@ def reading(lines: list[dict], ok: dict) -> dict:
         "ddp_vs_plain_accelerate": _paired_ratio(ok, "ddp", "plain-accelerate"),
         "plain_ddp_vs_per_step_sync": _paired_ratio(ok, "plain-ddp", "per-step-sync"),
         "scaling_efficiency": scaling_efficiency(measured),
-        "failing": [line["row"] for line in measured if line not in passing],
+        "failing": [line["row"] for line in measured if line not in passing and line["verdict"] not in UNDECIDED],
         "not_run": [line["row"] for line in lines if line["status"] != "ok"],
     }
 
@@ -127,16 +127,14 @@ def _check(value: bool | None) -> str:
 def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
     head = ("| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak RSS MB/rank "
-            "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | max Δparam (tol) "
-            "| equivalent |")
-    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|---|"]
+            "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | Δgradient (tol) "
+            "| Δweights (tol) | equivalent | criterion |")
+    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | | "
-                       f"{line['status']} |")
+            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | | | "
+                       f"{line['status']} | |")
             continue
-        diff = line["max_param_diff"]
-        diff_text = f"{diff:.1e} ({line['tolerance']:.0e})" if diff is not None else "—"
         count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
@@ -144,11 +142,26 @@ def table(summary: dict) -> str:
                    f"{line['samples_per_s']:,.0f} | "
                    f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
                    f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | {why.step_cell(line.get('steps'))} | "
-                   f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | {diff_text} | "
-                   f"{_check(line['equivalent'])} |")
-    notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line["status"] == "could not run"]
+                   f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | "
+                   f"{_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
+                   f"{_difference(line, 'max_param_diff', 'tolerance')} | {CELLS.get(line['verdict'], '—')} | "
+                   f"{CRITERIA.get(line['criterion'], '—')} |")
+    notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
+    notes += [f"- {line['row']}, criterion: {line['criterion_note']}" for line in summary["rows"]
+              if line.get("criterion_note")]
     notes += why.notes(summary["rows"])
     return "\n".join(out + ([""] + notes if notes else []))
+
+
+CRITERIA = {"reference": "reference", "lockstep": "lockstep (verify)", "weights": "weights (dropout 0)"}
+"""The table's criterion cell (tools/bench/equivalence.py)."""
+CELLS = {**VERDICT_CELLS, "could not run": "could not run"}
+"""The equivalence cell (the criterion cell beside it says which check could not run)."""
+
+
+def _difference(line: dict, key: str, limit: str) -> str:
+    value = line.get(key)
+    return "—" if value is None else f"{value:.1e} ({line[limit]:.0e})"
 
 
 def tflops_cell(line: dict) -> str:
@@ -185,7 +198,7 @@ def reading_text(summary: dict) -> str:
         said.append("Scaling efficiency (throughput / (processes × threads × `single-1t`)): " + ", ".join(
             f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items()) + ".")
     said.append(f"Failing a check: {', '.join(r['failing'])}." if r["failing"] else "Every measured row passes "
-                "its equivalence tolerance, the evaluation count and accuracy within 1 point of `single`.")
+                "its equivalence check, the evaluation count and accuracy within 1 point of `single`.")
     if r["not_run"]:
         said.append(f"Not measured: {', '.join(r['not_run'])} (see the table).")
     return "\n".join(f"- {line}" for line in said)
@@ -196,8 +209,8 @@ def markdown(summary: dict) -> str:
     return "\n".join([
         f"# rankwise bench — {meta['preset']} preset", "",
         f"{meta['data']} · model {meta['model']} · {meta['steps']} steps × batch {meta['batch_size']} · "
-        f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · dropout 0 · equivalence after "
-        f"{meta['equivalence_step']} steps against `single`", "",
+        f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · the app's stock settings (dropout on) · "
+        f"equivalence over the first {meta['equivalence_step']} steps against one process", "",
         f"Machine: {meta['cpu']}, {meta['cores']} cores, GPU {meta['cuda'] or 'none'}; torch {meta['torch']}, "
         f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()), "",
         table(summary), "",
@@ -206,8 +219,12 @@ def markdown(summary: dict) -> str:
         "MFU: that over the matrix-product peak measured in the same run at the run's dtype (all ranks), and "
         "over the datasheet peak after a slash on known GPUs; "
         "speedup: against `single` at the same total cores; peak RSS: each rank's resident memory during "
-        "training; eval count: predictions gathered against the split size; Δparam: largest parameter "
-        "difference from `single` after the same first steps, judged against the row's stated tolerance.", "",
+        "training; eval count: predictions gathered against the split size; equivalence by the row's criterion: "
+        "lockstep (`rankwise verify` of the built-in app under the row's strategy, dropout off, one process "
+        "following it step by step: Δgradient relative to the gradient, Δweights after each step) or, for a row "
+        "verify cannot run or judge (the reason is under the table), weights (the largest parameter difference "
+        "from `single` after the same first steps, in separate untimed runs with dropout 0, judged against the "
+        "row's stated tolerance).", "",
         "## Reading", "", reading_text(summary), ""])
 
 

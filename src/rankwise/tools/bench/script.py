@@ -33,6 +33,7 @@ from rankwise.logs import get_logger
 from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import disturbed, script_report, why
+from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
@@ -160,29 +161,6 @@ def _pooled(measured: list[dict]) -> dict:
             if samples and seconds else None, "timed_steps": sum(run.get("timed_steps") or 0 for run in measured),
             "wall_s": round(sum(run["wall_s"] for run in measured), 2), "pooled_runs": len(measured),
             "peak_rss_mb": [max(values) for values in zip(*(run["peak_rss_mb"] for run in measured), strict=True)]}
-
-
-def _equivalence(report: dict) -> dict:
-    """A row's equivalence columns from ``rankwise verify``'s report of it."""
-    lines = [line for line in report["steps"] if line["step"]]
-    gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
-    dropout = report["dropout"]["modules"]
-    reason = report["diagnosis"][0] if report["diagnosis"] else None
-    errors = [finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"]
-    verdict = "not equivalent" if errors and report["verdict"] == "equivalent" else report["verdict"]
-    reason = reason or (errors[0] if errors else None)
-    if verdict == "could not run":
-        reason = "its verify run could not run: " + "; ".join(report["failure"].values())
-    elif lines and all(line.get("data") == "unseen" for line in lines):
-        verdict, reason = "unchecked", ("no training batch came from a DataLoader, so nothing showed which samples "
-                                        "each rank trained on: build the loader with rt.loader (or a DataLoader "
-                                        "with a DistributedSampler)")
-    return {"equivalent": {"equivalent": True, "not equivalent": False}.get(verdict),
-            "verdict": verdict, "compared_steps": len(lines),
-            "compared": f"dropout off ({len(dropout)} modules)" if dropout else "as written (no dropout module)",
-            "max_param_diff": max((line["max_param_diff"] for line in lines), default=None),
-            "max_gradient_diff": max(gradients, default=None), "tolerance": report["tolerance"],
-            "gradient_tolerance": report["gradient_tolerance"], "reason": reason}
 
 
 def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict],

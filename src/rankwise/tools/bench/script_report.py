@@ -8,10 +8,8 @@ from pathlib import Path
 from rankwise.checkpoint import write_text_atomic
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import why
+from rankwise.tools.bench.equivalence import VERDICT_CELLS
 from rankwise.tools.bench.report import mfu_cell, tflops_cell
-
-VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
-                 "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
 
 
 def _difference(value: float | None, limit: float | None) -> str:

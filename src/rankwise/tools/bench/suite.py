@@ -2,12 +2,14 @@
 
 Method:
 * The data is prepared once (``data.cache_dir``); every row trains the same model on the
-  same seeded batches with dropout off, so every row should compute what ``single`` does.
+  same seeded batches at the app's stock settings (dropout on).
 * Fair cores: ``single`` and ``dp`` get C threads, N ranks C/N each (``OMP_NUM_THREADS``).
 * Throughput is the summary's steady rate: the first ``throughput_warmup_steps`` steps,
   checkpoints and evaluations are left out.
-* Equivalence: the weights after ``K`` steps (a checkpoint at exactly that step) against
-  ``single``'s, judged by the row's stated tolerance (:mod:`rankwise.tolerance`).
+* Equivalence, after the timed runs (:mod:`rankwise.tools.bench.equivalence`): ``rankwise verify``'s
+  lockstep judgement of the built-in app under the row's strategy for ``K`` steps, as ``--script`` rows
+  have; rows verify cannot run or judge compare their weights after ``K`` steps with ``single``'s, in
+  separate untimed runs with dropout 0, against the row's stated tolerance (:mod:`rankwise.tolerance`).
 * Repeats alternate the order (forward, then backward, ...) and the report takes medians.
 """
 
@@ -17,7 +19,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from rankwise.logs import get_logger
 from rankwise.process import usable_cores
 from rankwise.tolerance import max_param_diff
 from rankwise.tools.bench import report, why
+from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
 from rankwise.tools.bench.rows import Row
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
@@ -48,7 +51,8 @@ class BenchPlan:
     nproc: int
     repeats: int
     settings: list[str]
-    """``--set`` overrides every row shares (data, model, steps, batch, seed, dropout 0, ...)."""
+    """``--set`` overrides every row shares (data, model, steps, batch, seed, ...): the app's stock settings
+    otherwise (dropout on)."""
     out: Path
     equivalence_step: int
     cores: int = field(default_factory=usable_cores)
@@ -69,9 +73,9 @@ def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | Non
     values = PRESETS[preset]
     steps = values["max_steps"]
     equivalence_step = 5
-    settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "model.dropout=0.0", "eval_split=test",
-                f"throughput_warmup_steps={equivalence_step}", f"save_at_steps=[{equivalence_step}]",
-                "keep_checkpoints=100", "log_every=10", "dev_each_epoch=false", f"profile_steps={PROFILED_STEPS}",
+    settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "eval_split=test",
+                f"throughput_warmup_steps={equivalence_step}", "log_every=10", "dev_each_epoch=false",
+                f"profile_steps={PROFILED_STEPS}",
                 f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
     if data:
         settings.append(f"data.source={json.dumps(data)}")
@@ -110,9 +114,9 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
                 print(report.run_line(done, bar.total, row.name, repeat, plan.repeats, run), file=sys.stderr,
                       flush=True)
     bar.close()
-    reference = _equivalence_weights(records.get("single"), plan)
+    checks = check_equivalence(plan, records, runnable, data_dir)
     for row in plan.rows:
-        _judge(records[row.name], reference, split_size, plan)
+        _judge(records[row.name], checks.get(row.name), split_size)
     return [records[row.name] for row in plan.rows]
 
 
@@ -157,30 +161,77 @@ def _weights_at(run: dict, step: int):
     return read_weights(baseline if baseline.exists() else run_dir / "checkpoints" / f"step-{step:08d}")
 
 
-def _equivalence_weights(record: dict | None, plan: BenchPlan):
-    if not record or not record["runs"] or "error" in record["runs"][0]:
-        return None
-    return _weights_at(record["runs"][0], plan.equivalence_step)
+def check_equivalence(plan: BenchPlan, records: dict[str, dict], rows: list[Row], data_dir: Path) -> dict[str, dict]:
+    """Each row that ran: its equivalence columns by its criterion
+    (:func:`~rankwise.tools.bench.equivalence.criterion`), ``criterion`` and ``criterion_note`` among them."""
+    ran = {row.name: criterion(row, plan.nproc) for row in rows
+           if any("error" not in run for run in records[row.name]["runs"])}
+    checks = {name: {"criterion": "reference", "verdict": "reference", "equivalent": True} for name, rule in ran.items()
+              if rule.kind == "reference"}
+    steps, verified = plan.equivalence_step, {}
+    for row in rows:
+        rule = ran.get(row.name)
+        if rule is None or rule.kind != "lockstep":
+            continue
+        key = (rule.strategy, row.settings)  # (ddp-spawn trains as ddp does: one verify run for both)
+        if key not in verified:
+            verified[key] = verify_app(rule.strategy, row.processes(plan.nproc), data_dir,
+                                       [*_unprofiled(plan.settings), *row.settings], plan.out / "verify" / row.name,
+                                       steps=steps,
+                                       timeout_s=plan.timeout_s)
+        checks[row.name] = lockstep_columns(verified[key]) | {"criterion": "lockstep", "criterion_note": rule.note}
+        log.info(f"equivalence of {row.name} (rankwise verify of {rule.strategy}, {steps} steps, dropout off): "
+                 f"{checks[row.name]['verdict']}", stderr=True)
+    weighed = [row for row in rows if row.name in ran and ran[row.name].kind == "weights"]
+    if weighed:
+        checks |= _compare_weights(plan, weighed, data_dir, {row.name: ran[row.name].note for row in weighed})
+    return checks
 
 
-def _judge(record: dict, reference, split_size: int, plan: BenchPlan) -> None:
-    """Add the checks to ``record``: evaluation count, equivalence against ``single``."""
+def _unprofiled(settings: list[str]) -> list[str]:
+    """The settings without the breakdown's profiled steps (a check's runs are not timed)."""
+    return [setting for setting in settings if not setting.startswith("profile_steps=")]
+
+
+def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path, notes: dict[str, str]) -> dict[str, dict]:
+    """The rows verify cannot judge, and ``single``, for ``K`` more steps each with dropout 0 (untimed): each row's
+    columns from its weights after them against ``single``'s."""
+    steps = plan.equivalence_step
+    short = replace(plan, settings=[*plan.settings, "model.dropout=0.0", f"max_steps={steps}",
+                                    f"save_at_steps=[{steps}]"])
+    quiet = tqdm(disable=True)
+    where = plan.out / "equivalence"
+    runs = {row.name: _run_row(row, short, where / row.name, data_dir, quiet)
+            for row in [Row("single", "single"), *rows]}
+    reference, problem = None, runs["single"].get("error")
+    if problem is None:
+        try:
+            reference = _weights_at(runs["single"], steps)
+        except Exception as e:  # noqa: BLE001 - a missing checkpoint: every comparison says why
+            problem = str(e)
+    checks = {}
+    for row in rows:
+        difference, error = None, runs[row.name].get("error") or (problem and f"single's run: {problem}")
+        if error is None:
+            try:
+                difference = max_param_diff(_weights_at(runs[row.name], steps), reference)
+            except Exception as e:  # noqa: BLE001 - a missing or different checkpoint is a failed check, said why
+                error = str(e)
+        checks[row.name] = weights_columns(difference, row.tolerance, steps, error and error[:300]) | {
+            "criterion": "weights", "criterion_note": notes[row.name]}
+        log.info(f"equivalence of {row.name} (weights after {steps} steps against single's, dropout 0): "
+                 f"{checks[row.name]['verdict']}", stderr=True)
+    return checks
+
+
+def _judge(record: dict, equivalence: dict | None, split_size: int) -> None:
+    """Add the checks to ``record``: evaluation count, and its equivalence (``check_equivalence``'s columns)."""
     runs = [run for run in record["runs"] if "error" not in run]
     record["eval_expected"] = split_size
     if not runs:
         return
-    first = runs[0]
     record["eval_count_ok"] = all(run.get("eval_samples") == split_size for run in runs)
-    if reference is None:
-        record["max_param_diff"] = None
-        return
-    try:
-        weights = _weights_at(first, plan.equivalence_step)
-        record["max_param_diff"] = max_param_diff(weights, reference)
-    except Exception as e:  # noqa: BLE001 - a missing or different checkpoint is a failed check, said why
-        record["max_param_diff"] = None
-        record["equivalence_error"] = str(e)[:200]
-    record["equivalent"] = record["max_param_diff"] is not None and record["max_param_diff"] <= record["tolerance"]
+    record["equivalence"] = equivalence or {}
 
 
 def bench(rows: list[Row], args) -> int:
@@ -213,8 +264,13 @@ def bench(rows: list[Row], args) -> int:
         print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
     failed = summary["reading"]["failing"]
     crashed = [line["row"] for line in summary["rows"] if line["status"] == "could not run"]
+    unchecked = [line["row"] for line in summary["rows"] if line.get("verdict") == "could not run"]
     if failed:
         log.error(f"rankwise bench: {', '.join(failed)} failed a check (see the table)")
     if crashed:
         log.error(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)")
+    if unchecked:
+        log.error(f"rankwise bench: the equivalence check of {', '.join(unchecked)} could not run (why: under the "
+                  "table)")
+    crashed += unchecked
     return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0

@@ -110,7 +110,8 @@ class Watcher:
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
         self.flops_samples = 0
-        self.profile = StepProfile(profile_steps) if profile_steps and not trace else None
+        profile_steps = min(profile_steps, steps - warmup - 2)  # (the steps asked keep two timed ones)
+        self.profile = StepProfile(profile_steps) if profile_steps > 0 and not trace else None
         """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled, then its timed
         window (which the profiler's cost stays out of)."""
         if self.profile is not None:
