@@ -110,10 +110,10 @@ class Watcher:
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
         self.flops_samples = 0
-        profile_steps = min(profile_steps, steps - warmup - 2)  # (the steps asked keep two timed ones)
+        profile_steps = max(0, min(profile_steps, steps - warmup - 2))  # (fewer in a short run)
         self.profile = StepProfile(profile_steps) if profile_steps > 0 and not trace else None
-        """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled, then its timed
-        window (which the profiler's cost stays out of)."""
+        """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled, on top of the steps
+        asked, then its timed window (which the profiler's cost stays out of)."""
         if self.profile is not None:
             self.profile.after, self.warmup = warmup, warmup + profile_steps
         self.replicas_differ: list[int] = []
@@ -128,7 +128,7 @@ class Watcher:
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
         self.timed_samples = 0
-        self.end = max(steps, self.warmup + 1)
+        self.end = max(steps, warmup + 1) + (self.profile.steps if self.profile else 0)  # (profiled: extra steps)
         """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
         self.reported = False
         self.joined: tuple[int, int] | None = None

@@ -17,6 +17,7 @@ parser.add_argument("--barrier", action="store_true")
 parser.add_argument("--item", action="store_true")
 parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
 parser.add_argument("--epochs", type=int, default=4)
+parser.add_argument("--layers", type=int, default=8)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -27,7 +28,7 @@ torch.manual_seed(0)
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(8)])
+        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(args.layers)])
         self.head = nn.Linear(128, 10)
 
     def forward(self, x):
