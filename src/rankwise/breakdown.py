@@ -54,7 +54,6 @@ class Span:
     start: float
     end: float
     """Microseconds on this rank's clock, from the end of the barrier profiling started with."""
-    parent: Span | None = None
     children: list[Span] = field(default_factory=list)
 
     @property
@@ -151,7 +150,8 @@ def step_records(spans: list[Span]) -> list[dict]:
                 continue
             record[kind] += seconds
             if kind in ("data", "exchange"):
-                record["loader"] = region.name[len(_DATA):].split(".", 1)[0] if kind == "data" else record["loader"]
+                if kind == "data":
+                    record["loader"] = region.name[len(_DATA):].split(".", 1)[0]
                 continue
             comm = sum(s.seconds for s in _outermost([region], lambda s: _is_comm(s.name), lambda s: False))
             if kind == "backward":
@@ -320,7 +320,6 @@ def main_thread_spans(events) -> list[Span]:
         if parent is None:
             roots.append(span)
         else:
-            span.parent = parent
             parent.children.append(span)
     return roots
 

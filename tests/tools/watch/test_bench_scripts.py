@@ -124,3 +124,13 @@ def test_accelerate_strategies_on_a_machine_without_a_gpu_are_rows_that_say_why_
     fsdp, deepspeed = summary["rows"]
     assert deepspeed["status"] == "not available here" and "Accelerate runs DDP only" in deepspeed["reason"]
     assert fsdp["status"] == "not available here" and "Accelerate runs DDP only" in fsdp["reason"]
+
+
+def test_a_script_that_ends_during_its_profiled_steps_ends_cleanly(tmp_path):
+    """Its profiler, left running at exit, crashed the rank (SIGSEGV) in place of saying the script was short."""
+    from rankwise.tools.watch.frameworks import framework
+    from rankwise.tools.watch.runs import watched_run
+
+    result = watched_run(SCRIPTS / "accelerate_tour.py", [], framework("accelerate"), 2, tmp_path, steps=12, warmup=5,
+                         trace=False, keep_dropout=True, profile_steps=5)
+    assert result.get("ended_early") and "ended after 8 optimizer steps" in result["error"], result

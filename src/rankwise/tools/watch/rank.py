@@ -56,6 +56,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     except WatchDone:
         pass  # the watcher's last step: the script's work here is done
     except Exception as error:
+        stop_profiling(watcher)
         if not record_for_launcher(error):
             raise
         watcher.ended_by = "failure"
@@ -67,6 +68,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
         return 1
     else:
         watcher.ended_by = "script"
+        stop_profiling(watcher)
         if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
             watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
     ended()
@@ -74,3 +76,12 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     process.destroy_process_group(clean=True)  # (under the deadline still: a barrier a peer never reaches stalls)
     stall.disarm()
     return 0
+
+
+def stop_profiling(watcher: Watcher) -> None:
+    """A script that ended during its profiled steps leaves no profiler running (torch's crashes the process at
+    exit, SIGSEGV, where one is left on)."""
+    if watcher.profile is not None:
+        with contextlib.suppress(Exception):
+            watcher.profile.stop()
+
