@@ -13,6 +13,7 @@ optimizer state.  The second step is the steady one (the optimizer's state exist
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 import torch.distributed as torch_dist
@@ -38,11 +39,13 @@ def fake_ranks(world_size: int):
 
     if torch_dist.is_initialized():
         raise RuntimeError("rankwise plan measures FSDP on fake ranks: this process already has a process group")
+    hook = sys.excepthook  # (each init_process_group wraps it to prefix "[rank0]:", once more every time)
     torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield
     finally:
         torch_dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def _by_kind(snapshot: dict) -> dict[str, int]:
