@@ -153,6 +153,6 @@ def test_the_bandwidth_model_is_alpha_beta_with_nccl_tests_factors():
     link = Bandwidth({"all_reduce": 1e9, "all_gather": 1e9, "reduce_scatter": 1e9},
                      {"all_reduce": 1e-4, "all_gather": 1e-4, "reduce_scatter": 1e-4}, measured_at=2)
     assert link.seconds("all_reduce", 1e9, 1, 2) == pytest.approx(1e-4 + 1.0)  # 2(n-1)/n = 1 at two ranks
-    assert link.seconds("all_reduce", 1e9, 1, 8) == pytest.approx(7e-4 + 1.75)
-    assert link.seconds("all_gather", 1e9, 4, 8) == pytest.approx(4 * 7e-4 + 0.875)
+    assert link.seconds("all_reduce", 1e9, 1, 8) == pytest.approx(3e-4 + 1.75)  # latency x log2(8)
+    assert link.seconds("all_gather", 1e9, 4, 8) == pytest.approx(4 * 3e-4 + 0.875)
     assert link.seconds("all_reduce", 1e9, 1, 1) == 0

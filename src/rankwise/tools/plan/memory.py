@@ -113,7 +113,10 @@ def ddp(trace: Trace, setting: Setting) -> Memory:
     bucket, the buckets together covering every parameter's gradient, allocated when the model is wrapped and kept.
     With ``gradient_as_bucket_view`` (rankwise's default) each ``.grad`` is a view into its bucket, so the gradients
     are the buckets: G bytes held from the start.  Without it the gradients are separate tensors copied into the
-    buckets: G more, as buffers.  The all-reduce works in place on the buckets."""
+    buckets: G more, as buffers.  Under ``no_sync`` (a step of several micro-batches) the reducer's hooks stand aside
+    and autograd accumulates the gradients in tensors of its own; the step's last backward copies them into the
+    buckets, so until then both exist: G more from the first micro-batch's backward on.  The all-reduce works in
+    place on the buckets."""
     accumulating = setting.grad_accum > 1
     held = {"parameters": trace.param_bytes, "optimizer": trace.optimizer_bytes,
             "activations": fixed_activations(trace)}
@@ -121,7 +124,8 @@ def ddp(trace: Trace, setting: Setting) -> Memory:
         held["gradients"] = trace.gradient_bytes
 
         def during(s: Sample) -> dict[str, int]:
-            return {"activations": s.activations + s.optimizer_temporaries}
+            outside = grads_during(trace, s, accumulating) if accumulating and s.phase < 2 else 0
+            return {"activations": s.activations + s.optimizer_temporaries, "gradients": outside}
     else:
         held["buffers"] = trace.gradient_bytes
 
@@ -132,6 +136,8 @@ def ddp(trace: Trace, setting: Setting) -> Memory:
               "of the buckets) + the traced activations" if setting.ddp_bucket_view else
               "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp) + the traced gradients "
               "and activations")
+    if accumulating:
+        source += "; no_sync's gradients beside the buckets until the step's last backward"
     return Memory(trace.param_bytes, trace.gradient_bytes, trace.optimizer_bytes, peak_over(trace, held, during),
                   source)
 
@@ -165,7 +171,9 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
       gradient into its partition, ``grads_in_partition`` (d x φ).  At the optimizer step the partition's gradient is
       also copied to fp32 (4 x φ, a temporary).
     - Buffers: during the backward pass, the reduction bucket ``ipg_buffer`` of ``reduce_bucket_size`` elements at d
-      bytes (one: ``overlap_comm`` is false below stage 3).
+      bytes (one: ``overlap_comm`` is false below stage 3).  Measured here, not read in the code: on one rank with
+      gradient accumulation the previous micro-batch's bucket is still alive while the next one fills (two buckets;
+      the gradients are views of it), in most runs of examples/causal_lm.py at stages 1 and 2.
     - Activations: the trace's; the optimizer's temporaries scale with the partition."""
     def memory(trace: Trace, setting: Setting) -> Memory:
         n, phi, d = setting.world_size, trace.numel, trace.itemsize
@@ -174,7 +182,7 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
         optimizer = (4 + 4 * trace.optimizer_moments) * part
         gradients = d * flat if stage == 1 else d * part
         held = {"parameters": d * flat, "optimizer": round(optimizer), "activations": fixed_activations(trace)}
-        bucket = d * setting.zero_bucket
+        bucket = d * setting.zero_bucket * (2 if n == 1 and setting.grad_accum > 1 else 1)
 
         def during(s: Sample) -> dict[str, int]:
             if s.phase == 0:
