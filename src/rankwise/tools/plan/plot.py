@@ -42,6 +42,8 @@ def plot(plan: Plan, path: Path) -> None:
         axis.set_xlabel("ranks")
         if index % columns == 0:
             axis.set_ylabel("GiB per rank at the peak")
+    top = max([plan.device.memory_bytes] + [row.memory.peak for row in plan.rows]) / gib
+    axes[0][0].set_ylim(0, top * 1.12)  # (shared: room above the tallest bar for its label)
     for index in range(len(strategies), lines * columns):
         axes[index // columns][index % columns].axis("off")
     handles, names = axes[0][0].get_legend_handles_labels()
