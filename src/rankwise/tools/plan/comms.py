@@ -101,8 +101,11 @@ class Bandwidth:
     latency_s: dict[str, float]
     """Seconds of the smallest call per operation, at :attr:`measured_at` ranks."""
     measured_at: int = 2
+    """Ranks the latencies were measured at."""
     source: str = ""
+    """Where the numbers come from, in words."""
     notes: list[str] = field(default_factory=list)
+    """Caveats the plan's reading repeats."""
 
     def seconds(self, op: str, nbytes: float, calls: int, n: int) -> float:
         """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks."""

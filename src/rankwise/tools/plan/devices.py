@@ -51,6 +51,7 @@ class Device:
     efficiency: float = GPU_EFFICIENCY
     """The share of the peak a training step's FLOPs are assumed to run at."""
     source: str = "datasheet"
+    """Where the numbers come from."""
 
     def peak(self, half: bool) -> float:
         return self.peak_16 if half else self.peak_fp32

@@ -39,6 +39,7 @@ class Memory:
     source: str
     """How the numbers were obtained (a formula and its source, or a measurement)."""
     notes: list[str] = field(default_factory=list)
+    """Caveats for this row."""
 
     @property
     def peak(self) -> int:
@@ -83,7 +84,9 @@ class Setting:
     """What the formulas need besides the trace."""
 
     world_size: int
+    """Ranks in the job."""
     grad_accum: int = 1
+    """Micro-batches per optimizer step."""
     ddp_bucket_view: bool = True
     """DDP's ``gradient_as_bucket_view`` (rankwise's default: true)."""
     zero_bucket: int = 5_000_000

@@ -37,16 +37,23 @@ class Row:
     """One strategy at one world size."""
 
     strategy: str
+    """The strategy's registered name."""
     world_size: int
+    """Ranks in the job."""
     rows: int
     """Samples per rank per micro-batch."""
     memory: Memory
+    """One rank's memory."""
     fits: bool
     """Whether the peak stays under the device's memory less the headroom."""
     collectives: list[Collective]
+    """What the strategy communicates per optimizer step."""
     time: StepTime
+    """One optimizer step's time per rank."""
     precision: str
+    """The precision planned (``32-true``, ``bf16-mixed``, ``16-mixed``)."""
     checkpointing: bool
+    """Whether the layers recompute their activations in the backward pass."""
     change: str = ""
     """For a row that does not fit: the cheapest change that makes it fit (empty when it fits, or none does)."""
 
@@ -54,13 +61,19 @@ class Row:
 @dataclass
 class Plan:
     config: PlanConfig
+    """What was asked."""
     capture: Capture
+    """The script's captured step."""
     device: Device
+    """The device planned for."""
     bandwidth: Bandwidth
+    """The links (the widest job's, or ``--comm``'s measurement)."""
     nodes: dict[int, int]
     """Nodes each world size spans."""
     rows: list[Row] = field(default_factory=list)
+    """Every strategy at every world size (the rows tried as cheaper changes are not listed)."""
     notes: list[str] = field(default_factory=list)
+    """Lines the reading adds (what was assumed, how long planning took)."""
     elapsed_s: float = 0.0
     """Seconds the planning took (capture included)."""
     peak_rss_mb: float = 0.0

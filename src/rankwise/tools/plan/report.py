@@ -17,7 +17,8 @@ COLUMNS = ("strategy", "ranks", "rows", "params", "grads", "optim", "activ.", "b
 def size(nbytes: float) -> str:
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
+            value = nbytes / scale
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
     return f"{nbytes:.0f} B"
 
 
@@ -49,7 +50,17 @@ def summary(plan: Plan) -> list[str]:
     lines = [f"device: {device.name}, {size(device.memory_bytes)} a rank, {size(plan.limit)} usable "
              f"({plan.config.headroom:.0%} headroom); compute at {device.efficiency:.0%} of "
              f"{device.peak(plan.config.precision != '32-true') / 1e12:.3g} TFLOP/s ({device.source}) unless timed "
-             "here; " + plan.bandwidth.source]
+             "here"]
+    if plan.config.comm is not None:
+        lines.append("links: " + plan.bandwidth.source)
+    else:
+        from rankwise.tools.plan.comms import from_device
+
+        by_link: dict[str, list[str]] = {}
+        for world, nodes in plan.nodes.items():
+            if world > 1:
+                by_link.setdefault(from_device(device, nodes).source, []).append(str(world))
+        lines += [f"links at {', '.join(worlds)} ranks: {source}" for source, worlds in by_link.items()]
     for world in plan.config.world_sizes:
         best = plan.fastest(world)
         lines.append(f"{world} ranks: fastest that fits: {best.strategy} ({ms(best.time.total_s)} a step, "

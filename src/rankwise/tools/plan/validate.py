@@ -41,12 +41,20 @@ NOT_LAUNCHED = {"horovod": "started by horovodrun, not rankwise launch"}
 
 @dataclass
 class Checked:
+    """One strategy at one world size, planned against measured."""
+
     strategy: str
+    """The strategy's registered name."""
     world_size: int
+    """Ranks of the real run."""
     planned_bytes: int
+    """The plan's peak memory of one rank."""
     measured_bytes: int | None
+    """The largest rank's measured peak tensor memory (``None``: the run gave none)."""
     planned_s: float
+    """The plan's step time."""
     measured_s: float | None
+    """The slowest rank's measured median step time."""
     error: str = ""
     """Why the real run gave no measurement (empty when it did)."""
 
