@@ -71,3 +71,9 @@ def checkpoint_blocks(model: nn.Module) -> int:
         if type(layer) not in _CHECKPOINTED.values():  # idempotent: prepare may be called again
             layer.__class__ = _checkpointed(type(layer))
     return len(layers)
+
+
+def is_checkpointed(model: nn.Module) -> bool:
+    """Whether :func:`checkpoint_blocks` already made some of the model's layers recompute their activations."""
+    checkpointed = set(_CHECKPOINTED.values())
+    return any(type(module) in checkpointed for module in model.modules())

@@ -87,6 +87,10 @@ VARIABLES: tuple[EnvVar, ...] = (
          "Set for a Horovod script: the watcher takes each step at the DistributedOptimizer's `step`."),
     EnvVar("RANKWISE_WATCH_LIGHTNING", "`tools/watch/frameworks.py`", "`tools/watch/lightning.py`",
          "`1`: a Lightning Trainer script; each Trainer is built on the launcher's devices."),
+    # `rankwise plan --validate`: the probe in every rank of the real runs it measures
+    EnvVar("RANKWISE_PLAN_PROBE", "`plan --validate` (`tools/plan/validate.py`)", "`tools/plan/probe.py`",
+         "Directory each measured rank writes its peak tensor memory and steady step time to "
+         "(`probe-rank<R>.json`)."),
     # test-only
     EnvVar("RANKWISE_TEST_FAULT", "tests (`tests/launch/test_faults.py`)", "`testing/faults.py`, `tools/comm/demo.py`",
          "Test-only fault injection, e.g. `raise:rank=1:step=3`, `kill:...`, `hang:...`, `term:...`, `int:...`."),

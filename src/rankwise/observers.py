@@ -57,3 +57,10 @@ def register(observer: Observer) -> None:
 
 def registered() -> list[Observer]:
     return list(_registered)
+
+
+def unregister(observer: Observer) -> None:
+    """Stop watching Runtimes created from now on with ``observer`` (a tool that watched one script in its own
+    process: ``rankwise plan``)."""
+    if observer in _registered:
+        _registered.remove(observer)

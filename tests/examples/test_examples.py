@@ -100,3 +100,12 @@ def test_long_sequence_example_accumulates_and_saves_periodically(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step-*.safetensors")) == ["step-1.safetensors", "step-2.safetensors"]
     assert "on 64 documents of up to 512 tokens; 2 processes x 2 x 4 accumulation" in proc.stdout
     assert any((tmp_path / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize(("name", "args"), [("builtin_model.py", ["--steps", "3", "--samples", "64"]),
+                                            ("llama_pretrain.py", ["--steps", "10", "--samples", "64"])])
+def test_the_planning_examples_train_in_one_process(name, args):
+    """The scripts rankwise plan's how-to plans (the built-in model; a Llama at a size that trains here)."""
+    proc = _run_example(name, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loss" in proc.stdout

@@ -9,6 +9,7 @@ Commands
   rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
   rankwise verify   where your script on N ranks stops matching one process, step by step, and why
   rankwise comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
+  rankwise plan     memory and step time per strategy and world size, before you have the hardware
 
 Concepts
   world_size   number of processes in the job (nnodes x nproc_per_node)
@@ -27,6 +28,7 @@ Examples
   rankwise verify my_script.py --strategy fsdp --nproc-per-node 2 -- --my-arg 1
   rankwise comm demo --nproc-per-node 3
   rankwise comm bench --ops all_reduce --max-bytes 64M
+  rankwise plan examples/causal_lm.py --nproc-per-node 8,64 --device h100 --precision bf16-mixed
   rankwise predict --checkpoint runs/<name>/checkpoints/latest "这本书很好看" "质量太差了"
 """
 
@@ -36,11 +38,11 @@ import argparse
 import os
 import sys
 
-from rankwise.cli import bench, comm, doctor, export, launch, predict, train, verify
+from rankwise.cli import bench, comm, doctor, export, launch, plan, predict, train, verify
 from rankwise.errors import USAGE, USER_ERRORS, exit_code
 from rankwise.logs import to_terminal
 
-COMMANDS = (train, launch, predict, export, doctor, bench, verify, comm)
+COMMANDS = (train, launch, predict, export, doctor, bench, verify, comm, plan)
 """One module per command: ``add_parser(commands)`` registers it with ``set_defaults(run=...)``."""
 
 

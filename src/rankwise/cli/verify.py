@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from rankwise.cli import script_args
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 from rankwise.tools.watch.frameworks import FRAMEWORKS
@@ -104,22 +105,13 @@ def add_parser(commands) -> None:
                             usage="rankwise verify SCRIPT.py [--strategy NAME] [options] [-- SCRIPT ARGS]")
     _options(p)
     # The script's own flags may follow it: everything from SCRIPT on is parsed again in run().
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="SCRIPT.py [-- SCRIPT ARGS]")
-    p.set_defaults(run=run, verify_parser=p)
+    script_args.add_rest(p)
+    p.set_defaults(run=run)
 
 
 def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     """The options given after SCRIPT, the script, and its arguments after ``--``."""
-    parser = argparse.ArgumentParser(prog="rankwise verify", usage=args.verify_parser.usage, add_help=False)
-    _options(parser)
-    parser.add_argument("script")
-    parser.add_argument("script_args", nargs="*")
-    parser.set_defaults(**{k: v for k, v in vars(args).items() if k not in ("rest", "run", "command", "verify_parser")})
-    ours = args.rest[:args.rest.index("--")] if "--" in args.rest else args.rest
-    if "-h" in ours or "--help" in ours:
-        args.verify_parser.print_help()
-        args.verify_parser.exit(0)
-    return parser.parse_intermixed_args(args.rest)
+    return script_args.parse_rest(args, _options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,69 @@
+"""The captured model's real step timed on this machine, under each strategy, when the plan is for this CPU.
+
+A FLOP count at a stated efficiency says little about a small model on a CPU, where most of a step is per-operation
+overhead and the strategy's own machinery (FSDP's and ZeRO-3's hooks around every layer, ZeRO's flat copies) rather
+than arithmetic.  When ``--device cpu`` and the model fits comfortably (its traced one-process peak under
+:data:`MAX_SHARE` of this machine's memory), the plan builds a real copy (random weights,
+:func:`~rankwise.tools.plan.fake.real_copy`) and runs it in this process under the strategy itself, at one rank
+(``rankwise.Runtime`` with a one-process group: the same ``prepare`` / ``backward`` / ``step`` / ``zero_grad`` a script
+calls), on the micro-batch a rank gets at the planned world size and with the threads it gets there (cores / ranks
+per node): the median optimizer step of :data:`REPEATS` after :data:`WARMUP`.  What more ranks add, the
+communication, is the bandwidth model's (:mod:`~rankwise.tools.plan.comms`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+from rankwise.tools.plan.capture import Capture, loss_of
+from rankwise.tools.plan.fake import real_copy
+from rankwise.tools.plan.timing import Timed
+from rankwise.tools.plan.trace import resized
+
+MAX_SHARE = 0.25
+"""The largest share of this machine's memory a model the plan times for real may need."""
+WARMUP = 2
+REPEATS = 5
+
+
+def timed_step(capture: Capture, strategy: str, precision: str, rows: int, threads: int,
+               checkpointing: bool = False) -> Timed:
+    """Time ``strategy``'s optimizer step at one rank on ``rows`` samples a micro-batch, with ``threads`` threads
+    (``checkpointing``: the layers recompute their activations)."""
+    from rankwise.process import ProcessEnv
+    from rankwise.runtime import Runtime
+
+    accumulation = capture.grad_accum
+    args, kwargs = resized(capture, rows)
+    before, hook = torch.get_num_threads(), sys.excepthook  # (init_process_group wraps the hook every time)
+    torch.set_num_threads(threads)
+    seconds = []
+    try:
+        # (DeepSpeed calls torch's deprecated collectives on every step: one FutureWarning each, nothing to act on)
+        with warnings.catch_warnings(), Runtime(strategy, precision, seed=0, env=ProcessEnv()) as rt:
+            warnings.simplefilter("ignore", FutureWarning)
+            model, optimizer = real_copy(capture.model, capture.optimizer)
+            model, optimizer = rt.prepare(model, optimizer, grad_accum=accumulation, micro_batch_size=rows,
+                                          activation_checkpointing=checkpointing)
+            model.train()
+            for _ in range(WARMUP + REPEATS):
+                start = time.perf_counter()
+                for micro in range(accumulation):
+                    with rt.no_sync(model, enabled=micro < accumulation - 1):
+                        with rt.autocast() if capture.autocast else torch.autocast("cpu", enabled=False):
+                            loss = loss_of(model(*args, **kwargs))
+                        rt.backward(loss / accumulation, model)
+                rt.step(optimizer, model)
+                rt.zero_grad(optimizer)
+                seconds.append(time.perf_counter() - start)
+            del model, optimizer, loss
+    finally:
+        torch.set_num_threads(before)
+        sys.excepthook = hook
+    return Timed(statistics.median(seconds[WARMUP:]),
+                 f"{strategy}'s step timed here at one rank ({rows} rows, {threads} thread(s))")

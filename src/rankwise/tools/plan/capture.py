@@ -1,0 +1,210 @@
+"""The model, optimizer and micro-batch of a user's training step, captured without allocating the model.
+
+From a script (:func:`from_script`): the script runs in this process as ``__main__`` with its own arguments, every
+parameter its modules register fake (:class:`~rankwise.tools.plan.fake.FakeParameters`), until its first training
+forward: the call of the model an optimizer trains, with gradients on.  That call's inputs are the micro-batch one
+rank computes at world size 1; the script stops there (``CaptureDone``, a clean end: a ``rankwise.setup()``
+Runtime closes as after its loop).  A script on ``rankwise.setup()`` also tells, through the Runtime's observer
+points, its gradient accumulation (``rt.prepare``) and its global batch (``rt.loader``); whether its forward runs
+under ``rt.autocast()`` is recorded too.  From a factory (:func:`from_factory`): the same, for a model built in
+Python (tests, the library).
+
+What the plan then replays is ``model(*args, **kwargs)`` and, as the loss, the output's ``loss`` where it has one
+(transformers' models given labels), else the sum of its first tensor: a loss the script computes outside the
+model (a cross-entropy over logits) is not replayed, and costs a gradient of the logits' size in both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from rankwise import observers
+from rankwise.blocks import is_checkpointed
+from rankwise.errors import ConfigError
+from rankwise.precision import Precision
+from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
+
+
+class CaptureDone(observers.Finished):
+    """The script reached its first training forward: everything the plan needs is captured."""
+
+
+@dataclass
+class Capture:
+    model: nn.Module
+    """The model the script trains, its parameters fake, as it was at its first training forward."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer over the model's parameters (still without state)."""
+    args: tuple
+    """Positional inputs of the first training forward (real tensors: one rank's micro-batch at world size 1)."""
+    kwargs: dict
+    """Keyword inputs of that forward."""
+    mode: FakeTensorMode
+    """The mode the fake parameters belong to (every later fake tensor of the plan must share it)."""
+    autocast: bool = False
+    """Whether the forward ran under autocast (``rt.autocast()``, or the script's own ``torch.autocast``)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (``rt.prepare(..., grad_accum=)``; 1 for a script not on rankwise)."""
+    global_batch: int | None = None
+    """Samples per optimizer step over all ranks (``rt.loader``'s ``batch_size``), held fixed across world sizes as
+    rankwise does; ``None`` for a plain script (its per-rank batch is then held fixed instead)."""
+    source: str = ""
+    """What was captured, for the report (``examples/causal_lm.py --length 64``)."""
+    checkpointed: bool = field(default=False)
+    """Whether the script itself checkpoints the model's layers (``rt.prepare(..., activation_checkpointing=True)``)."""
+
+    @property
+    def rows(self) -> int:
+        """Samples in the captured micro-batch (dimension 0 of its first tensor)."""
+        for value in [*self.args, *self.kwargs.values()]:
+            if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                return int(value.shape[0])
+        raise ConfigError("the captured forward has no tensor input with a batch dimension")
+
+
+def loss_of(output) -> torch.Tensor:
+    """The loss the plan back-propagates from a forward's output (see the module's docstring)."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, torch.Tensor):
+        return output.float().sum()
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else []
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.float().sum()
+    raise ConfigError(f"cannot find a loss in the model's output ({type(output).__name__}): return a tensor, or an "
+                      "output with a .loss")
+
+
+def _root(params: list[torch.Tensor]) -> nn.Module | None:
+    """The model an optimizer trains: of the modules no other module contains, the one holding most of ``params``."""
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), nn.Module)]  # (type(): no __class__ lookups)
+    inside = {id(child) for module in modules for child in module.children()}
+    wanted = {id(p) for p in params}
+    best, best_count = None, 0
+    for module in modules:
+        if id(module) in inside:
+            continue
+        count = sum(1 for p in module.parameters() if id(p) in wanted)
+        if count > best_count:
+            best, best_count = module, count
+    return best
+
+
+class _Watch(observers.Observer):
+    """The Runtime's observer points during a capture: accumulation and global batch."""
+
+    def __init__(self):
+        self.grad_accum, self.global_batch = 1, None
+
+    def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
+        self.grad_accum = grad_accum
+
+    def loader(self, rt, global_batch: int, shuffle: bool) -> None:
+        if shuffle and self.global_batch is None:  # the training loader (evaluation loaders do not shuffle)
+            self.global_batch = global_batch
+
+
+class _Catcher:
+    """Finds the model each new optimizer trains and records the first forward of one with gradients on."""
+
+    def __init__(self, fakes: FakeParameters):
+        self.fakes = fakes
+        self.captured: tuple | None = None
+        self.autocast_called = False
+
+    @contextlib.contextmanager
+    def watching(self):
+        init, autocast = torch.optim.Optimizer.__init__, Precision.autocast
+        catcher = self
+
+        def optimizer_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if params and all(is_fake(p) for p in params):
+                model = _root(params)
+                if model is not None:
+                    model.register_forward_pre_hook(catcher.hook(optimizer), with_kwargs=True)
+
+        def precision_autocast(precision):
+            catcher.autocast_called = True
+            return autocast(precision)
+
+        torch.optim.Optimizer.__init__ = optimizer_init
+        Precision.autocast = precision_autocast
+        try:
+            yield self
+        finally:
+            torch.optim.Optimizer.__init__ = init
+            Precision.autocast = autocast
+
+    def hook(self, optimizer):
+        def first_training_forward(module, args, kwargs):
+            if self.captured is None and torch.is_grad_enabled() and module.training:
+                on = any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda") if _autocast_known(kind))
+                self.captured = (module, optimizer, args, kwargs, on or self.autocast_called)
+                raise CaptureDone()
+        return first_training_forward
+
+
+def _autocast_known(kind: str) -> bool:
+    return kind == "cpu" or torch.cuda.is_available()
+
+
+def from_script(script: Path, script_args: list[str]) -> Capture:
+    """Run ``script`` (as ``python script ARGS``) here up to its first training forward (see the module's docstring)."""
+    from rankwise.launch.script import run_as_main
+
+    if not script.is_file():
+        raise ConfigError(f"{script}: no such script")
+    mode = fake_mode()
+    watch = _Watch()
+    saved_argv, saved_path = list(os.sys.argv), list(os.sys.path)
+    observers.register(watch)
+    try:
+        with FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
+            try:
+                run_as_main(script, script_args)
+            except CaptureDone:
+                pass
+            except SystemExit as e:
+                if catcher.captured is None:
+                    raise ConfigError(f"{script} exited (status {e.code}) before its first training step") from None
+            except Exception as e:
+                if catcher.captured is None:
+                    raise ConfigError(f"{script} failed before its first training step, with its model's parameters "
+                                      f"fake (shapes only, no values): {type(e).__name__}: {e}") from e
+    finally:
+        observers.unregister(watch)
+        os.sys.argv[:], os.sys.path[:] = saved_argv, saved_path
+    if catcher.captured is None:
+        raise ConfigError(f"{script} ended without a training step: no model an optimizer trains ran forward with "
+                          "gradients on (build the optimizer before the training loop)")
+    model, optimizer, args, kwargs, autocast = catcher.captured
+    gc.collect()  # the script's frames are gone; whatever it built besides the capture goes with them
+    source = " ".join([str(script), *script_args])
+    return Capture(model, optimizer, tuple(args), dict(kwargs), mode, autocast, watch.grad_accum, watch.global_batch,
+                   source, is_checkpointed(model))
+
+
+def from_factory(build, batch: dict | tuple, *, grad_accum: int = 1, global_batch: int | None = None,
+                 autocast: bool = False, source: str = "") -> Capture:
+    """A capture of ``build()``'s ``(model, optimizer)``, built with fake parameters, and ``batch`` (a dict of keyword
+    inputs, or a tuple of positional ones: one rank's micro-batch at world size 1)."""
+    mode = fake_mode()
+    with FakeParameters(mode):
+        model, optimizer = build()
+    args, kwargs = (tuple(batch), {}) if isinstance(batch, tuple) else ((), dict(batch))
+    return Capture(model, optimizer, args, kwargs, mode, autocast, grad_accum, global_batch,
+                   source or getattr(build, "__name__", "model"), is_checkpointed(model))

@@ -1,0 +1,55 @@
+"""``rankwise plan``: capture the script's step, plan every strategy and world size, write and print the plan (and,
+with ``--validate``, check it against real runs here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from rankwise.logs import get_logger
+from rankwise.memory import peak_rss_megabytes
+from rankwise.tools.plan import comms, devices, report
+from rankwise.tools.plan.capture import from_script
+from rankwise.tools.plan.config import PlanConfig
+from rankwise.tools.plan.planner import Plan, Planner
+
+log = get_logger(__name__)
+
+
+def nodes_for(config: PlanConfig, device: devices.Device) -> dict[int, int]:
+    """Nodes each world size spans: ``--nnodes``, or more where a node cannot hold that many devices."""
+    return {world: max(config.nnodes, math.ceil(world / device.per_node)) for world in config.world_sizes}
+
+
+def make_plan(config: PlanConfig) -> Plan:
+    """Capture, then plan (no output written)."""
+    started = time.perf_counter()
+    log.info(f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ...")
+    capture = from_script(config.script, config.script_args)
+    device = devices.with_efficiency(devices.lookup(config.device, max(config.nproc_per_node)), config.efficiency)
+    nodes = nodes_for(config, device)
+    if config.comm is not None:
+        bandwidth, measured_nodes = comms.from_comm_bench(config.comm)
+        if measured_nodes == 1 and max(nodes.values()) > 1:
+            bandwidth.notes.append(f"{config.comm} was measured inside one node; world sizes that span several "
+                                   "nodes use it for the link between them too")
+    else:
+        bandwidth = comms.from_device(device, max(nodes.values()))
+    plan = Planner(config, capture, device, bandwidth, nodes).run()
+    plan.notes += bandwidth.notes
+    plan.elapsed_s, plan.peak_rss_mb = time.perf_counter() - started, peak_rss_megabytes()
+    plan.notes.append(f"planned in {plan.elapsed_s:.1f} s; this process's peak resident memory {plan.peak_rss_mb:,.0f} "
+                      "MB (the model's parameters were never allocated)")
+    return plan
+
+
+def run(config: PlanConfig, *, as_json: bool = False) -> int:
+    plan = make_plan(config)
+    paths = report.write(plan, config.out)
+    # The command's output (the table, the files): printed whatever the logging level.
+    print(report.table(plan))
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+    if as_json:
+        print(json.dumps({"out": str(config.out), "fastest": report.as_json(plan)["fastest"]}))
+    return 0

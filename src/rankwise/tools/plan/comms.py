@@ -1,0 +1,153 @@
+"""What a strategy communicates in one optimizer step, and how long a collective takes.
+
+Collectives per step (message sizes in the nccl-tests convention: the larger buffer, the whole gradient for an
+all-reduce, the gathered output for an all-gather, the input for a reduce-scatter):
+
+- ``ddp`` / ``accelerate``: the gradients all-reduced once per optimizer step (``no_sync`` on the other micro-batches),
+  in buckets of ``bucket_cap_mb``, each started as soon as its gradients are ready (overlapping the backward pass).
+- ``horovod``: the same volume, all-reduced through its fusion buffer, overlapping the backward pass.
+- ``fsdp``: each unit's parameters all-gathered before its forward and again before its backward (the root unit is
+  not resharded after forward), every micro-batch; the gradients reduce-scattered once per step.  FSDP2 prefetches
+  the next unit's all-gather, so they overlap computation.
+- ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and, after the optimizer
+  step, the updated 16/32-bit parameters all-gathered; ``overlap_comm`` is false below stage 3, so neither overlaps.
+- ``deepspeed-zero3``: partitioned parameters all-gathered before the forward and the backward of each module, every
+  micro-batch; the gradients reduce-scattered; ``overlap_comm`` and prefetching overlap both with computation.
+
+A collective's time is the alpha-beta model nccl-tests' bus bandwidth defines: ``latency + size x factor / busbw``,
+factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter; the latency, a call's time at two ranks,
+grows with log2(n) (small messages take NCCL's trees).  The bus bandwidth is the device's link
+(:mod:`~rankwise.tools.plan.devices`: NVLink inside a node, the network adapter across nodes, at
+``LINK_EFFICIENCY``), or what ``rankwise comm bench`` measured (``--comm comm.json``: the median busbw of messages
+of 4 MiB and more, and the smallest message's time as the latency).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rankwise.errors import ConfigError
+from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
+from rankwise.tools.plan.trace import Trace
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+LARGE = 4 * 2**20
+
+
+def factor(op: str, n: int) -> float:
+    """Bus bytes per message byte for ``op`` on ``n`` ranks (nccl-tests)."""
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str
+    """``all_reduce``, ``all_gather`` or ``reduce_scatter``."""
+    nbytes: int
+    """Bytes per step, summed over its calls (message sizes, the nccl-tests convention)."""
+    calls: int
+    """Calls per optimizer step."""
+    overlapped: str
+    """The pass the strategy runs it beside (``forward``, ``backward``), or ``""``: nothing hides it."""
+    what: str
+    """What it carries."""
+
+
+def _units(trace: Trace) -> int:
+    return len(trace.block_param_numels) + 1
+
+
+def collectives(strategy: str, trace: Trace, world: int, grad_accum: int, *, bucket_mb: float = 25.0,
+                zero_bucket: int = 5_000_000) -> list[Collective]:
+    """What ``strategy`` communicates per optimizer step at ``world`` ranks (see the module's docstring)."""
+    if world == 1 or strategy == "single":
+        return []
+    grads, params = trace.gradient_bytes, trace.param_bytes
+    if strategy in ("ddp", "accelerate", "horovod"):
+        bucket = (128 * 2**20) if strategy == "horovod" else bucket_mb * 2**20
+        return [Collective("all_reduce", grads, max(1, math.ceil(grads / bucket)), "backward", "gradients")]
+    if strategy == "fsdp":
+        units = _units(trace)
+        blocks = trace.itemsize * sum(trace.block_param_numels)
+        return [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
+                Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
+                           "parameters, backward"),
+                Collective("reduce_scatter", grads, units, "backward", "gradients")]
+    if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
+        calls = max(1, math.ceil(trace.numel / zero_bucket))
+        return [Collective("reduce_scatter", grads, calls, "", "gradients (reduced to their owners)"),
+                Collective("all_gather", params, calls, "", "updated parameters, after the step")]
+    if strategy == "deepspeed-zero3":
+        gathered = trace.itemsize * sum(n for n in trace.numels if n >= 100_000)
+        calls = max(1, math.ceil(trace.numel / zero_bucket))
+        return [Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "forward",
+                           "parameters, forward"),
+                Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "backward",
+                           "parameters, backward"),
+                Collective("reduce_scatter", grads, calls, "backward", "gradients")]
+    raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
+
+
+@dataclass
+class Bandwidth:
+    """Bus bandwidth and latency per collective, for one link."""
+
+    busbw: dict[str, float]
+    """Bytes/s per operation."""
+    latency_s: dict[str, float]
+    """Seconds of the smallest call per operation, at :attr:`measured_at` ranks."""
+    measured_at: int = 2
+    """Ranks the latencies were measured at."""
+    source: str = ""
+    """Where the numbers come from, in words."""
+    notes: list[str] = field(default_factory=list)
+    """Caveats the plan's reading repeats."""
+
+    def seconds(self, op: str, nbytes: float, calls: int, n: int) -> float:
+        """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        # Small messages go through trees (NCCL) or a few hops: the latency grows with log2 of the ranks.
+        steps = math.log2(n) / math.log2(max(2, self.measured_at))
+        return calls * self.latency_s[op] * steps + nbytes * factor(op, n) / self.busbw[op]
+
+
+def from_device(device: Device, nodes: int) -> Bandwidth:
+    """The device's own link: inside one node, or across nodes (the slower link every collective then crosses)."""
+    link = device.inter_node if nodes > 1 else device.intra_node
+    efficiency = 1.0 if device.name == "cpu" else LINK_EFFICIENCY
+    where = "across nodes" if nodes > 1 else "inside a node"
+    return Bandwidth(dict.fromkeys(OPS, link * efficiency), dict.fromkeys(OPS, device.latency_s),
+                     source=f"{device.name} {where}: {link * efficiency / 1e9:g} GB/s bus bandwidth "
+                            f"({device.source})")
+
+
+def from_comm_bench(path: Path) -> tuple[Bandwidth, int]:
+    """The bandwidth ``rankwise comm bench`` measured (its ``comm.json``), and how many nodes it spanned."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = result["results"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"--comm {path}: not a comm.json written by rankwise comm bench ({e})") from None
+    busbw, latency = {}, {}
+    for op in OPS:
+        mine = [row for row in rows if row["op"] == op]
+        if not mine:
+            continue
+        large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE] or [max(r["busbw_GBps"] for r in mine)]
+        busbw[op] = statistics.median(large) * 1e9
+        latency[op] = min(mine, key=lambda row: row["bytes"])["time_us"] / 1e6
+    if not busbw:
+        raise ConfigError(f"--comm {path}: it measured none of {', '.join(OPS)}")
+    for op in OPS:  # an operation it did not measure: the all_reduce's numbers (the same ring)
+        busbw.setdefault(op, busbw.get("all_reduce") or next(iter(busbw.values())))
+        latency.setdefault(op, latency.get("all_reduce") or next(iter(latency.values())))
+    world = int(result.get("world_size", 2))
+    return Bandwidth(busbw, latency, measured_at=world,
+                     source=f"rankwise comm bench ({path}: {world} ranks, {result.get('backend', '?')}): "
+                            + ", ".join(f"{op} {busbw[op] / 1e9:.2f} GB/s" for op in OPS)), \
+        int(result.get("nnodes", 1))

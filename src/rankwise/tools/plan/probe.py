@@ -1,0 +1,130 @@
+"""One rank of ``rankwise plan --validate``: a script on ``rankwise.setup()`` run for real, its memory and step
+time measured.  ``python -m rankwise.tools.plan.probe SCRIPT [ARGS]`` under ``rankwise launch`` (its strategy and
+precision flags), with :data:`PROBE` naming the directory each rank writes ``probe-rank<R>.json`` to.
+
+Peak tensor memory, not resident memory: torch's profiler records every allocation and free of the CPU allocator
+(``profile_memory=True``: each ``[memory]`` event carries the bytes, negative when freed), which is what every tensor
+this rank holds goes through: the strategy's buffers (DDP's buckets, DeepSpeed's flat partitions), gradients,
+optimizer state, activations.  It runs from before the script starts, because it records no free of a block
+allocated before it started (FSDP and ZeRO replace the model's parameters, and free them, after ``rt.prepare``).
+Live bytes at any moment = the model's parameters and buffers when ``rt.prepare`` was called + the sum of the
+events from then to that moment (what the script holds besides, its dataset, is left out).  The peak is their
+maximum during an optimizer step, measured in each of :data:`MEASURED_STEPS` (the first steps allocate lazily: the
+optimizer's state, DDP's rebuilt buckets) and reported as their median.  Resident memory would add the interpreter,
+the libraries and the allocator's caching, none of which the plan models.  Not seen: memory a library allocates
+outside torch's allocator (gloo's own transport buffers).
+
+Steady step time: after the profiler stops, the median interval between consecutive optimizer steps over
+:data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading its events, left out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rankwise import observers
+
+PROBE = "RANKWISE_PLAN_PROBE"
+"""Directory each measured rank writes its ``probe-rank<R>.json`` to."""
+MEASURED_STEPS = (3, 4, 5)
+"""The optimizer steps whose peak memory is measured (1-based)."""
+TIMED_STEPS = 8
+"""Intervals between optimizer steps the step time is the median of."""
+MARK = "rankwise.plan.step"
+
+
+def storage_bytes(tensors) -> int:
+    storages = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(storages.values())
+
+
+def peak_between(events, start_ns: int, end_ns: int, baseline: int) -> tuple[int, int]:
+    """``(peak live bytes in [start_ns, end_ns], live bytes at end_ns)`` from the profiler's memory events."""
+    live, peak = baseline, None
+    for at, nbytes in events:
+        if at > end_ns:
+            break
+        live += nbytes
+        if at >= start_ns:
+            peak = live if peak is None else max(peak, live)
+    return (peak if peak is not None else live), live
+
+
+class Probe(observers.Observer):
+    def __init__(self, directory: Path):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.directory = directory
+        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.baseline = 0
+        self.step_times: list[float] = []
+        self.result: dict = {}
+
+    def prepared(self, rt, model, grad_accum: int) -> None:
+        self.baseline = storage_bytes([*model.parameters(), *model.buffers()])
+        with torch.profiler.record_function(f"{MARK}0"):
+            pass
+
+    def stepped(self, rt, model) -> None:
+        step = rt.steps
+        if self.profiler is not None:
+            with torch.profiler.record_function(f"{MARK}{step}"):
+                pass
+            if step == MEASURED_STEPS[-1]:
+                self._measure_memory(rt)
+            return
+        self.step_times.append(time.perf_counter())
+        if len(self.step_times) > TIMED_STEPS + 1:
+            self._finish(rt)
+
+    def _measure_memory(self, rt) -> None:
+        profiler, self.profiler = self.profiler, None
+        profiler.__exit__(None, None, None)
+        events = profiler.profiler.kineto_results.events()
+        marks = {e.name(): e.start_ns() for e in events if e.name().startswith(MARK)}
+        memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"
+                        and e.start_ns() > marks[f"{MARK}0"])
+        peaks = []
+        for step in MEASURED_STEPS:
+            peak, after = peak_between(memory, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
+            peaks.append(peak)
+        self.result = {"peak_bytes": int(statistics.median(peaks)), "step_peaks": peaks, "held_bytes": after,
+                       "model_bytes": self.baseline}
+        self.step_times.append(time.perf_counter())
+
+    def _finish(self, rt) -> None:
+        times = self.step_times[1:]  # (the first interval paid for reading the profiler's events)
+        intervals = [b - a for a, b in zip(times, times[1:])]
+        result = {**self.result, "rank": rt.rank, "world_size": rt.world_size, "strategy": rt.strategy_name,
+                  "step_s": statistics.median(intervals), "step_intervals_s": intervals}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"probe-rank{rt.rank}.json").write_text(json.dumps(result), encoding="utf-8")
+        raise observers.Finished()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rankwise.launch.script import main as run_script
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or PROBE not in os.environ:
+        print(f"usage: {PROBE}=DIR python -m rankwise.tools.plan.probe SCRIPT.py [ARGS]", file=sys.stderr)
+        return 2
+    probe = Probe(Path(os.environ[PROBE]))
+    observers.register(probe)
+    probe.profiler.__enter__()
+    status = run_script(argv)
+    return status if isinstance(status, int) else 0 if status is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

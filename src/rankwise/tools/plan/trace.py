@@ -1,0 +1,255 @@
+"""One rank's training step at world size 1, replayed on fake tensors and measured: memory over time, by kind.
+
+The captured model (:mod:`rankwise.tools.plan.capture`) is copied (its parameters fake, optionally cast to 16 bits,
+its layers optionally checkpointed), given a fresh optimizer of the script's class and settings, and stepped twice
+on the captured micro-batch resized to the rows asked for: the first step creates the optimizer's state, the second
+is the steady step that is measured.  A dispatch mode (:class:`StepTracker`) sees every operation of that step and
+every tensor storage it creates, and follows each storage until it is freed (a weak reference, as torch's own
+``MemTracker`` does): live bytes after every allocation, split into activations (everything the forward and backward
+passes create that is not a gradient: saved activations, their gradients, temporaries), gradients (a parameter's
+``.grad``, from its post-accumulate hook) and the optimizer step's temporaries.  Parameters, buffers, the batch and
+the optimizer's state exist before the step and are counted once.  ``torch.utils.flop_counter.FlopCounterMode``
+counts the forward and backward passes' FLOPs in the same replay (activation checkpointing's recompute included).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from rankwise.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
+from rankwise.tools.plan.capture import Capture, loss_of
+from rankwise.tools.plan.fake import fake_copy
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Live bytes right after an allocation of the measured step (the peaks are right after allocations)."""
+
+    phase: int
+    """Index in :data:`PHASES`."""
+    activations: int
+    """Bytes of what the forward and backward passes created that is not a gradient."""
+    gradients: int
+    """Bytes of the parameters' gradients."""
+    optimizer_temporaries: int
+    """Bytes the optimizer step created that are not its state."""
+
+
+@dataclass
+class Trace:
+    """The measured step: what one rank holds when it trains alone, and how it changes during the step."""
+
+    rows: int
+    """Samples in the micro-batch the step ran."""
+    param_dtype: str
+    """The parameters' dtype during the step (``float32``, or ``bfloat16`` for a 16-bit engine's copy)."""
+    autocast: str | None
+    """The dtype the forward ran under autocast, else ``None``."""
+    checkpointed: bool
+    """Whether the layers recomputed their activations in the backward pass."""
+    numels: list[int]
+    """Elements of each trainable parameter (tied parameters once)."""
+    param_bytes: int
+    """Bytes of all parameters (tied ones once), trainable or not."""
+    buffer_bytes: int
+    """Bytes of the module buffers."""
+    input_bytes: int
+    """Bytes of the micro-batch."""
+    gradient_bytes: int
+    """Bytes of the gradients after the backward pass."""
+    optimizer_bytes: int
+    """Bytes of the optimizer's state after a step (what it keeps between steps)."""
+    optimizer_moments: float
+    """The optimizer's state per parameter element, in parameters' worth (Adam's two moments: 2; SGD's momentum: 1);
+    its scalars (a step count per parameter) left out."""
+    flops: int
+    """FLOPs of the micro-batch's forward and backward passes."""
+    forward_flops: int
+    """Of which the forward pass's."""
+    samples: list[Sample] = field(default_factory=list)
+    """Live bytes by kind during the steady step."""
+    block_param_numels: list[int] = field(default_factory=list)
+    """Elements of each transformer layer's parameters (FSDP's and ZeRO-3's units), in model order."""
+
+    @property
+    def numel(self) -> int:
+        """Trainable parameters."""
+        return sum(self.numels)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per parameter element."""
+        return torch.empty(0, dtype=getattr(torch, self.param_dtype)).element_size()
+
+    def peak(self, *, gradients_held: bool = False, accumulating: bool = False) -> tuple[int, Sample]:
+        """The step's peak of activations + gradients + optimizer temporaries, and the sample it is at.
+        ``gradients_held``: gradients live outside the step's allocations (DDP's buckets), so they are left out;
+        ``accumulating``: a step of several micro-batches holds the whole gradient from the first one's backward on."""
+        best, at = -1, None
+        for sample in self.samples:
+            grads = 0 if gradients_held else self.gradient_bytes if accumulating and sample.phase < 2 else \
+                sample.gradients
+            total = sample.activations + grads + sample.optimizer_temporaries
+            if total > best:
+                best, at = total, sample
+        return max(best, 0), at or Sample(0, 0, 0, 0)
+
+
+def _nbytes(storage) -> int:
+    return storage.nbytes()
+
+
+class StepTracker(TorchDispatchMode):
+    """Follows every tensor storage the operations inside it create (see the module's docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages = WeakIdKeyDictionary()
+        self.live = {"activations": 0, "gradients": 0, "optimizer_temporaries": 0}
+        self.phase = 0
+        self.samples: list[Sample] = []
+
+    def known(self, tensors) -> None:
+        """Storages that exist before the step (parameters, state, batch): never counted as created."""
+        for tensor in tensors:
+            self.storages[tensor.untyped_storage()] = (None, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        grew = False
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                grew |= self._created(value.untyped_storage(), "optimizer_temporaries" if self.phase == 2 else
+                                      "activations")
+        if grew:
+            self.samples.append(Sample(self.phase, *self.live.values()))
+        return out
+
+    def _created(self, storage, kind: str) -> bool:
+        if storage in self.storages:
+            return False
+        record = [kind, _nbytes(storage)]
+        self.storages[storage] = (record, weakref.ref(storage, partial(self._freed, record)))
+        self.live[kind] += record[1]
+        return record[1] > 0
+
+    def _freed(self, record: list, _ref) -> None:
+        self.live[record[0]] -= record[1]
+
+    def gradient(self, param: torch.Tensor) -> None:
+        """A parameter's gradient is complete: its storage counts as a gradient from here on."""
+        storage = param.grad.untyped_storage()
+        entry = self.storages.get(storage)
+        if entry is None:
+            self._created(storage, "gradients")
+        elif entry[0] is not None and entry[0][0] != "gradients":
+            record = entry[0]
+            self.live[record[0]] -= record[1]
+            record[0] = "gradients"
+            self.live["gradients"] += record[1]
+
+
+def resized(capture: Capture, rows: int) -> tuple[tuple, dict]:
+    """The captured inputs with ``rows`` samples (the captured ones repeated in order)."""
+    have = capture.rows
+    index = torch.arange(rows) % have
+
+    def resize(value):
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == have:
+            return value.index_select(0, index.to(value.device))
+        return value
+
+    return tuple(resize(v) for v in capture.args), {k: resize(v) for k, v in capture.kwargs.items()}
+
+
+def _unique(tensors) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def _storage_bytes(tensors) -> int:
+    storages = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[id(storage)] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _moments(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> float:
+    elementwise = sum(value.numel() for p in params for value in optimizer.state.get(p, {}).values()
+                      if isinstance(value, torch.Tensor) and value.numel() == p.numel() and p.numel() > 1)
+    total = sum(p.numel() for p in params)
+    return elementwise / total if total else 0.0
+
+
+def trace(capture: Capture, rows: int, *, param_dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
+          checkpointing: bool = False) -> Trace:
+    """Replay and measure the captured step with ``rows`` samples (see the module's docstring).  ``param_dtype``: the
+    parameters cast to it (a 16-bit engine's model); ``autocast``: the forward under autocast at that dtype (only
+    where the script's own forward ran under ``rt.autocast()``); ``checkpointing``: layers recompute activations."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, optimizer = fake_copy(capture.model, capture.optimizer, dtype=param_dtype)
+    if checkpointing and not is_checkpointed(model):
+        checkpoint_blocks(model)
+    model.train()
+    args, kwargs = resized(capture, rows)
+    use_autocast = autocast is not None and capture.autocast
+
+    def forward():
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=use_autocast):
+            return loss_of(model(*args, **kwargs))
+
+    loss = forward()  # the first step: the optimizer's state appears
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    del loss
+
+    params = _unique(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    inputs = [v for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor)]
+    tracker = StepTracker()
+    tracker.known([*params, *model.buffers(), *state, *inputs])
+    hooks = [p.register_post_accumulate_grad_hook(tracker.gradient) for p in trainable]
+    counter = FlopCounterMode(display=False)
+    try:
+        with tracker:
+            with counter:
+                loss = forward()
+                forward_flops = int(counter.get_total_flops())
+                tracker.phase = 1
+                loss.backward()
+            del loss
+            tracker.phase = 2
+            gradient_bytes = _storage_bytes(p.grad for p in trainable if p.grad is not None)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    blocks = transformer_blocks(model)
+    return Trace(rows=rows, param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
+                 autocast=str(autocast).removeprefix("torch.") if use_autocast else None,
+                 checkpointed=is_checkpointed(model), numels=[p.numel() for p in trainable],
+                 param_bytes=_storage_bytes(params), buffer_bytes=_storage_bytes(model.buffers()),
+                 input_bytes=_storage_bytes(inputs), gradient_bytes=gradient_bytes,
+                 optimizer_bytes=_storage_bytes(state), optimizer_moments=_moments(optimizer, trainable),
+                 flops=int(counter.get_total_flops()), forward_flops=forward_flops,
+                 samples=tracker.samples,
+                 block_param_numels=[sum(p.numel() for p in block.parameters()) for block in blocks])
+
