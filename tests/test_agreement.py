@@ -11,6 +11,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.support.multiproc import run_ranks
+from tests.support.tiers import starts_processes
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 STRATEGIES = ["ddp", "fsdp", "deepspeed-zero3"]
 
@@ -45,6 +48,7 @@ def _train(strategy: str) -> tuple[dict | None, list[str]]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def ddp_run():
     return run_ranks(_train, 2, "ddp")
 

@@ -7,11 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from rankwise.envvars import VARIABLES, registered
-
-pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).parents[1]
 NAME = re.compile(r"\bRANKWISE_[A-Z0-9_]*[A-Z0-9]\b")

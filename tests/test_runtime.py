@@ -17,6 +17,7 @@ from rankwise.errors import ConfigError
 from rankwise.tolerance import max_param_diff
 from tests.support import public_loop
 from tests.support.multiproc import run_ranks
+from tests.support.tiers import starts_processes
 
 TOLERANCE = 1e-5
 """fp32, same global batch: summation order is all that differs (measured below 1e-7)."""
@@ -41,6 +42,7 @@ def _phases(strategy: str, ranks: int, tmp_path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def single(tmp_path_factory) -> dict:
     return run_ranks(public_loop.train, 1, "single", str(tmp_path_factory.mktemp("single")), "full")[0]
 
@@ -96,6 +98,7 @@ def _step_twice(strategy: str) -> str:
         return "no error"
 
 
+@pytest.mark.multiproc
 def test_clipping_twice_in_one_step_is_refused():
     assert "already clipped and took this step" in run_ranks(_step_twice, 1, "single")[0]
 

@@ -10,6 +10,7 @@ import torch
 
 from rankwise import cli
 from rankwise.train import run
+from tests.support.tiers import starts_processes
 
 ROOT = Path(__file__).parents[2]
 
@@ -29,6 +30,7 @@ def _train_small_ddp(out: Path, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     return out, _train_small_ddp(out)
@@ -110,6 +112,7 @@ def test_bad_data_fails_before_any_worker_is_spawned(tmp_path, monkeypatch, caps
     assert not (tmp_path / "run" / "config.json").exists()
 
 
+@pytest.mark.multiproc
 def test_bad_data_exit_code_from_the_command_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_bytes("text\tlabel\n好\tpos\n".encode() + "坏\tneg\n".encode("gbk"))
@@ -268,6 +271,7 @@ def test_a_resume_on_changed_data_or_a_corrupted_order_digest_is_refused_before_
     assert "its sample order is not this run's" in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_same_command_same_weights_and_tokenizer(tmp_path):
     """Data preparation included: two fresh runs of the same command end bitwise equal."""
     from rankwise.checkpoint import read_weights

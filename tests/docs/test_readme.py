@@ -38,7 +38,6 @@ def test_the_readme_shows_make_demo_and_make_test_first():
     assert commands(README)[:2] == [["make", "demo"], ["make", "test"]]
 
 
-@pytest.mark.unit  # parses only: nothing is launched (the tier check cannot tell from the parser's name)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_rankwise_command_on_the_page_parses(page):
     shown = rankwise_commands(page)
@@ -53,12 +52,14 @@ def test_every_rankwise_command_on_the_page_parses(page):
     assert shown, f"{page.name} shows no rankwise command"
 
 
+@pytest.mark.multiproc
 def test_help_runs():
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "--help"], env=_env(), capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and "rankwise train" in proc.stdout, proc.stderr
 
 
+@pytest.mark.multiproc
 def test_the_quick_start_training_command_runs(tmp_path):
     """The first-run page's small `rankwise train` line, exactly as shown, with only --out added."""
     small = [argv for argv in rankwise_commands(FIRST_RUN) if argv[0] == "train" and "--max-steps" in argv]
@@ -99,6 +100,7 @@ epochs = 2
     return prelude + "\n".join(kept) + "\n"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("page", [PORTING, README], ids=["porting", "readme"])
 def test_the_ported_loop_runs_on_two_ranks_like_one_process(page, tmp_path):
     """The diff's '+' side is a working program: on 2 ranks it ends at the weights one process reaches."""

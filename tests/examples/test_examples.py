@@ -9,6 +9,8 @@ from safetensors.torch import load_file
 
 from rankwise.tolerance import max_param_diff
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "random_data_ddp.py"
 

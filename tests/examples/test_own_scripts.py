@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 ROOT = Path(__file__).parents[2]
 LM = ["--samples", "256", "--batch-size", "16", "--grad-accum", "2"]
 CNN = ["--samples", "256", "--batch-size", "32"]

@@ -22,6 +22,8 @@ from rankwise.checkpoint import read_weights
 from rankwise.tolerance import max_param_diff
 from tests.conftest import HOSTS, MASTER
 
+pytestmark = pytest.mark.multinode  # two hosts from network namespaces (conftest.two_hosts)
+
 ROOT = Path(__file__).parents[2]
 JOB = ("--data", "sentiment", "--set", "data.limit=300", "--set", "data.max_length=32", "--set", "data.tokenizer=char",
        "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--set", "eval_batch_size=64",

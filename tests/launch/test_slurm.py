@@ -23,6 +23,8 @@ from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData
 from rankwise.tolerance import max_param_diff
 
+pytestmark = pytest.mark.slurm  # a real Slurm cluster on this machine (installs slurm-wlm as root)
+
 ROOT = Path(__file__).parents[2]
 CLUSTER = ROOT / "scripts" / "local_slurm.sh"
 PROBE = "tests/support/launch/slurm_probe.py"

@@ -28,6 +28,7 @@ def _ranks(out: Path) -> list[dict]:
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
 
 
+@pytest.mark.multiproc
 def test_the_script_runs_the_strategy_the_launcher_names(tmp_path):
     chosen = _launch(tmp_path / "fsdp", "--strategy", "fsdp", "--precision", "bf16-mixed")
     assert chosen.returncode == 0, chosen.stderr[-3000:]
@@ -40,6 +41,7 @@ def test_the_script_runs_the_strategy_the_launcher_names(tmp_path):
         assert rank["options"]["bucket_cap_mb"] == 7
 
 
+@pytest.mark.multiproc
 def test_a_script_that_contradicts_the_launcher_is_refused_naming_both(tmp_path):
     proc = _launch(tmp_path, "--strategy", "fsdp", script_args=("ddp",))
     assert proc.returncode == 1

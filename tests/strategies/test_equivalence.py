@@ -13,6 +13,8 @@ from rankwise.train.config import build_config
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import CASES, case_weights, train_case
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 TOLERANCE = 1e-5
 
 

@@ -21,6 +21,9 @@ import pytest
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import max_param_diff
 from tests.support.strategies import assert_export_reproduces_the_runs_predictions
+from tests.support.tiers import starts_processes
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 TOLERANCE = 1e-6
 SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate
@@ -48,12 +51,14 @@ def _difference(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
     return out, _train(out, "single")
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def horovod_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod")
     return out, _train(out, "horovod", "--set", "save_every=3")

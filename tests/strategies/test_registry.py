@@ -7,6 +7,7 @@ from rankwise.errors import ConfigError
 from rankwise.strategies import lookup
 
 
+@pytest.mark.multiproc
 def test_every_strategy_is_found_after_one_module_was_imported_directly():
     # A fresh interpreter: the registry is process-global, and other tests have filled it already.
     code = ("import rankwise.strategies.deepspeed\n"

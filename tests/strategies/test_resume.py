@@ -12,6 +12,8 @@ from rankwise.tolerance import EXACT, max_param_diff
 from tests.support.multiproc import RanksFailed, run_ranks
 from tests.support.strategies import cut_back, train_toy
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3", "accelerate"])
 def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path):

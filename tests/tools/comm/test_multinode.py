@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import MASTER
+
+pytestmark = pytest.mark.multinode  # two hosts from network namespaces (conftest.two_hosts)
 
 ROOT = Path(__file__).parents[3]
 

@@ -31,6 +31,7 @@ def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkey
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_an_8b_model_too_large_for_this_machine_is_planned_without_allocating_it(tmp_path):
     """Llama 3 8B's shape: 32 GB of fp32 parameters on a machine of 24 GB, planned in a process of under 4 GB."""
     out = tmp_path / "plan"

@@ -13,8 +13,12 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from rankwise import cli
 from rankwise.tools.plan.validate import MEMORY_BOUND
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 ROOT = Path(__file__).parents[3]
 
