@@ -11,11 +11,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import strategies_for
 from tests.support.tiers import starts_processes
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed-zero3"]
+STRATEGIES = strategies_for("agreement")  # tests/support/strategies.py: COVERAGE
 
 
 def _train(strategy: str) -> tuple[dict | None, list[str]]:

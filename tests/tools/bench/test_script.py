@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.strategies import strategies_for
 from tests.support.tools.verify import loader_line
 
 ROOT = Path(__file__).parents[3]
@@ -22,7 +23,7 @@ def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subpro
                            *script_args], capture_output=True, text=True, timeout=900, cwd=out.parent)
 
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "accelerate"]
+STRATEGIES = strategies_for("scripts")  # every strategy `rankwise launch` starts (tests/support/strategies.py)
 
 
 # 16 launches of GPT-2 (6 throughput rows, 5 verify pairs): 144 s alone, 252 s beside another pytest-xdist worker
