@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from rankwise.envvars import VARIABLES, registered
+from tests.support.cli import ROOT
 
-ROOT = Path(__file__).parents[1]
 NAME = re.compile(r"\bRANKWISE_[A-Z0-9_]*[A-Z0-9]\b")
 REGISTRY = (ROOT / "src/rankwise/envvars.py").resolve()
 SHELL_FILES = ("Makefile", "scripts/*.sh", "examples/*.sbatch", "examples/*.yaml")

@@ -1,8 +1,5 @@
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,23 +7,15 @@ import torch
 
 from rankwise import cli
 from rankwise.train import run
+from tests.support.cli import json_summary, rankwise, tiny_text
 from tests.support.tiers import starts_processes
-
-ROOT = Path(__file__).parents[2]
-
-
-def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    return subprocess.run([sys.executable, "-m", "rankwise.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 def _train_small_ddp(out: Path, *extra: str) -> dict:
-    proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
-                "--batch-size", "16", "--out", str(out), "--json", "--set", "data.limit=300",
-                "--set", "data.max_length=32", "--set", "data.tokenizer=char", "--set", "eval_batch_size=64", *extra)
+    proc = rankwise("train", *tiny_text(), "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
+                    "--batch-size", "16", "--out", str(out), "--json", *extra)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_summary(proc)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +105,7 @@ def test_bad_data_fails_before_any_worker_is_spawned(tmp_path, monkeypatch, caps
 def test_bad_data_exit_code_from_the_command_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_bytes("text\tlabel\n好\tpos\n".encode() + "坏\tneg\n".encode("gbk"))
-    proc = _run("train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", timeout=60)
+    proc = rankwise("train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", timeout=60)
     assert proc.returncode == 2 and f"{bad}:3: not valid UTF-8" in proc.stderr
     assert "torch.distributed" not in proc.stderr  # nothing was launched
 
@@ -277,9 +266,10 @@ def test_same_command_same_weights_and_tokenizer(tmp_path):
     from rankwise.checkpoint import read_weights
 
     def run(out):
-        proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "8",
-                    "--batch-size", "16", "--seed", "7", "--out", str(out), "--json", "--set", "data.limit=600",
-                    "--set", "data.max_length=32", "--set", "data.vocab_size=1500", "--set", "eval_batch_size=64")
+        proc = rankwise("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2",
+                        "--max-steps", "8", "--batch-size", "16", "--seed", "7", "--out", str(out), "--json",
+                        "--set", "data.limit=600", "--set", "data.max_length=32", "--set", "data.vocab_size=1500",
+                        "--set", "eval_batch_size=64")
         assert proc.returncode == 0, proc.stderr[-3000:]
         return read_weights(out / "checkpoints" / "latest"), (out / "data" / "tokenizer.json").read_bytes()
 

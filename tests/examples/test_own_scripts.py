@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import ROOT
 from tests.support.strategies import strategies_for
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
-ROOT = Path(__file__).parents[2]
 LM = ["--samples", "256", "--batch-size", "16", "--grad-accum", "2"]
 CNN = ["--samples", "256", "--batch-size", "32"]
 STRATEGIES = strategies_for("scripts")  # every strategy `rankwise launch` starts (tests/support/strategies.py)

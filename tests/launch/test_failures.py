@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rankwise.errors import LaunchError
 from rankwise.launch.failures import RankFailure, script_frame
+from tests.support.cli import ROOT
 from tests.support.tools.verify import CASES, loader_line
 
-ROOT = Path(__file__).parents[2]
 SENTENCE = "batch_size=15 is not divisible by world_size (2) x grad_accum (1) = 2"
 
 TRACEBACK = f"""Traceback (most recent call last):

@@ -7,15 +7,14 @@ epoch: every fault strikes mid-epoch.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from rankwise.checkpoint import read_weights
+from tests.support.cli import RANK_VARIABLES, command_env, rankwise
 from tests.support.tiers import starts_processes
 
 JOB = ("--data", "toy", "--model", "mlp", "--set", "data.toy_samples=800", "--batch-size", "16", "--max-steps", "8",
@@ -23,12 +22,9 @@ JOB = ("--data", "toy", "--model", "mlp", "--set", "data.toy_samples=800", "--ba
 
 
 def train(out, *extra: str, fault: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
-    if fault:
-        env["RANKWISE_TEST_FAULT"] = fault
+    env = command_env((*RANK_VARIABLES, "LOCAL_RANK"), **({"RANKWISE_TEST_FAULT": fault} if fault else {}))
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *JOB, "--out", str(out), *extra],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = rankwise("train", *JOB, "--out", str(out), *extra, env=env, timeout=timeout, cwd=None)
     proc.wall_s = time.monotonic() - started
     return proc
 

@@ -2,7 +2,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,10 @@ from rankwise.errors import LaunchError
 from rankwise.launch import Entry, LaunchConfig
 from rankwise.launch.ports import free_port, port_in_use
 from rankwise.launch.torchrun import torchrun_args
+from tests.support.cli import RANK_VARIABLES, ROOT, command, command_env
 from tests.support.launch.rank_probe import main as probe
 
-RANKWISE = [sys.executable, "-m", "rankwise.cli"]
+RANKWISE = command()
 PROBE = str(Path(__file__).parents[1] / "support" / "launch" / "rank_probe.py")
 
 
@@ -23,9 +23,7 @@ def _read_ranks(out: Path) -> dict[int, dict]:
 
 
 def _env_without_dist():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "OMP_NUM_THREADS")}
-    env["PYTHONPATH"] = str(Path(__file__).parents[2])
-    return env
+    return command_env((*RANK_VARIABLES, "OMP_NUM_THREADS"), PYTHONPATH=str(ROOT))
 
 
 @pytest.mark.multiproc

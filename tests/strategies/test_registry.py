@@ -1,11 +1,11 @@
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rankwise.errors import ConfigError
 from rankwise.strategies import lookup
+from tests.support.cli import ROOT
 
 
 @pytest.mark.multiproc
@@ -69,12 +69,11 @@ NEW_STRATEGY_GETS = {
 def test_a_new_strategy_file_gets_the_contract_equivalence_checkpoint_and_public_loop_tests(tmp_path):
     """Collect the strategy tests with a throwaway strategy registered and run its contract check (in one pytest
     process; nothing trains): the tests it gets are exactly the lists' new entries."""
-    root = Path(__file__).parents[2]
     collected = tmp_path / "collected.txt"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.support.new_strategy", "-p", "no:xdist",
                            "-p", "no:cacheprovider", "--collected-to", str(collected), "-q",
                            "-k", "throwaway and contract", *NEW_STRATEGY_GETS],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     got: dict[str, list[str]] = {}
     for nodeid in collected.read_text(encoding="utf-8").splitlines():

@@ -18,9 +18,8 @@ import torch
 from rankwise.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
+from tests.support.cli import ROOT
 from tests.support.tools.verify import CASES, loader_line
-
-ROOT = Path(__file__).parents[2]
 
 
 def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[SimpleNamespace, dict]:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import ROOT
 from tests.support.strategies import strategies_for
 from tests.support.tools.verify import loader_line
-
-ROOT = Path(__file__).parents[3]
 
 
 def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subprocess.CompletedProcess:
