@@ -76,8 +76,6 @@ def two_hosts():
     _remove_hosts()
 
 
-
-
 # -- tiers ------------------------------------------------------------------------------------------------------
 # `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing installed, no root).
 # Tiers are marked explicitly (tests/support/tiers.py): a test's own marker, else what its fixtures declare, else
@@ -103,7 +101,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _unit_only(item):
-    """Refuse a process start inside a unit-tier test (its fixtures' set-up and teardown included)."""
+    """Refuse a process start inside a unit-tier test: its fixtures' set-up and its body.  (Not its teardown: that
+    also ends the module and session fixtures earlier tests left, such as two_hosts, which runs `ip netns del`.)"""
     return no_process_started(item.nodeid) if item.get_closest_marker("unit") else contextlib.nullcontext()
 
 
@@ -115,11 +114,5 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    with _unit_only(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item):
     with _unit_only(item):
         return (yield)

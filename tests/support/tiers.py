@@ -8,7 +8,8 @@ A test's tier is, in order:
 3. else ``unit``: no process started, nothing installed, no root -- ``make test-fast`` (``pytest -m unit``).
 
 A unit test that starts a process anyway (``subprocess``, ``multiprocessing``, ``os.fork``, ``os.posix_spawn``)
-fails, saying which tier to mark it with (:func:`no_process_started`): a missing mark cannot hide in the fast tier.
+fails, saying which tier to mark it with (:func:`no_process_started`, around its fixtures' set-up and its body): a
+missing mark cannot hide in the fast tier.
 """
 
 from __future__ import annotations
