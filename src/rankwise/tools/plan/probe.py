@@ -14,6 +14,12 @@ optimizer's state, DDP's rebuilt buckets) and reported as their median.  Residen
 the libraries and the allocator's caching, none of which the plan models.  Not seen: memory a library allocates
 outside torch's allocator (gloo's own transport buffers).
 
+The profiler records only the threads it profiles: a tensor whose last reference goes in another thread (an async
+gloo collective's buffers, released by gloo's worker thread when the work completes) is freed without an event, and
+counting its bytes as live would make memory grow step after step.  Every event carries its block's address (in the
+profiler's trace), so the events are read as a ledger: an allocation at the address of a block still live in it means
+that block was freed, unseen, before; it stops counting there, the latest moment it can have been freed.
+
 Steady step time: after the profiler stops, the median interval between consecutive optimizer steps over
 :data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading its events, left out).
 """
@@ -48,14 +54,36 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def peak_between(events, start_ns: int, end_ns: int, baseline: int) -> tuple[int, int]:
-    """``(peak live bytes in [start_ns, end_ns], live bytes at end_ns)`` from the profiler's memory events."""
+def live_bytes(events, since: float, baseline: int) -> list[tuple[float, int]]:
+    """Live bytes after each memory event from ``since`` on (``baseline`` then), from ``(time, address, bytes)``
+    events sorted by time (bytes negative when freed).  A block allocated at an address still live in the ledger
+    replaces one freed unseen (see the module's docstring): the older block stops counting, if it counted."""
+    ledger: dict[int, tuple[int, bool]] = {}  # address -> (bytes, allocated since ``since``)
+    live, series = baseline, []
+    for at, address, nbytes in events:
+        counted = at >= since
+        if nbytes > 0:
+            unseen_free = ledger.pop(address, None)
+            if unseen_free is not None and unseen_free[1]:
+                live -= unseen_free[0]
+            ledger[address] = (nbytes, counted)
+            live += nbytes if counted else 0
+        else:
+            ledger.pop(address, None)
+            live += nbytes if counted else 0
+        if counted:
+            series.append((at, live))
+    return series
+
+
+def peak_between(series: list[tuple[float, int]], start: float, end: float, baseline: int) -> tuple[int, int]:
+    """``(peak live bytes in [start, end], live bytes at end)`` from :func:`live_bytes`'s series."""
     live, peak = baseline, None
-    for at, nbytes in events:
-        if at > end_ns:
+    for at, now in series:
+        if at > end:
             break
-        live += nbytes
-        if at >= start_ns:
+        live = now
+        if at >= start:
             peak = live if peak is None else max(peak, live)
     return (peak if peak is not None else live), live
 
@@ -90,13 +118,19 @@ class Probe(observers.Observer):
     def _measure_memory(self, rt) -> None:
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
-        events = profiler.profiler.kineto_results.events()
-        marks = {e.name(): e.start_ns() for e in events if e.name().startswith(MARK)}
-        memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"
-                        and e.start_ns() > marks[f"{MARK}0"])
+        # (only the trace the profiler exports names each block's address)
+        trace = self.directory / f"trace-rank{rt.rank}.json"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+        trace.unlink()
+        marks = {e["name"]: e["ts"] for e in events if e.get("name", "").startswith(MARK)}
+        memory = sorted((e["ts"], e["args"]["Addr"], e["args"]["Bytes"]) for e in events
+                        if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+        series = live_bytes(memory, marks[f"{MARK}0"], self.baseline)
         peaks = []
         for step in MEASURED_STEPS:
-            peak, after = peak_between(memory, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
+            peak, after = peak_between(series, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
             peaks.append(peak)
         self.result = {"peak_bytes": int(statistics.median(peaks)), "step_peaks": peaks, "held_bytes": after,
                        "model_bytes": self.baseline}

@@ -11,7 +11,8 @@ Every rank runs one thread (``OMP_NUM_THREADS=1``, in the plan's own timing too)
 that runs anything else, the same one-process step took 24 ms in one run and 506 ms in the next (OpenMP's threads
 wait for a core another process holds), which no plan can predict.  Unless ``--comm`` gives one, the bandwidth
 model is calibrated first by a short ``rankwise comm bench`` at the largest world size validated (all_reduce,
-all_gather and reduce_scatter, 4 B to 8 MiB): what a collective costs on this machine as it is now.
+all_gather and reduce_scatter, 4 B to 8 MiB) and by what one call costs there between two computations
+(:mod:`~rankwise.tools.plan.between`): what a collective costs on this machine as it is now.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.process import usable_cores
 from rankwise.tools.harness import run_measured
 from rankwise.tools.plan import report
+from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.command import make_plan
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.planner import Row
@@ -90,7 +92,8 @@ def measure(config: PlanConfig, strategy: str, world: int, out: Path, timeout_s:
 
 
 def comm_bench(world: int, out: Path) -> Path:
-    """A short ``rankwise comm bench`` at ``world`` ranks; its ``comm.json``."""
+    """A short ``rankwise comm bench`` at ``world`` ranks, and each call's cost between computations beside it
+    (:mod:`~rankwise.tools.plan.between`); its ``comm.json``."""
     command = [sys.executable, "-m", "rankwise.cli", "comm", "bench", "--nproc-per-node", str(world), "--ops",
                "all_reduce,all_gather,reduce_scatter", "--max-bytes", "8M", "--iters", "10", "--warmup", "3",
                "--no-ceilings", "--no-progress", "--out", str(out)]
@@ -100,6 +103,15 @@ def comm_bench(world: int, out: Path) -> Path:
         from rankwise.errors import ConfigError
 
         raise ConfigError(f"rankwise comm bench failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    if world > 1:
+        between = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(world), "-m",
+                   "rankwise.tools.plan.between", str(out / BETWEEN)]
+        result = subprocess.run(between, capture_output=True, text=True)
+        if result.returncode or not (out / BETWEEN).is_file():
+            from rankwise.errors import ConfigError
+
+            raise ConfigError(f"measuring a call between computations failed (exit {result.returncode}): "
+                              f"{result.stderr[-2000:]}")
     return out / "comm.json"
 
 
