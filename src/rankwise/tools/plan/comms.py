@@ -77,10 +77,11 @@ def collectives(strategy: str, trace: Trace, world: int, grad_accum: int, *, buc
     if strategy == "fsdp":
         units = _units(trace)
         blocks = trace.itemsize * sum(trace.block_param_numels)
-        return [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
-                Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
-                           "parameters, backward"),
-                Collective("reduce_scatter", grads, units, "backward", "gradients")]
+        calls = [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
+                 Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
+                            "parameters, backward"),
+                 Collective("reduce_scatter", grads, units, "backward", "gradients")]
+        return [call for call in calls if call.calls]  # (one unit, the root: not gathered again for backward)
     if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
         calls = max(1, math.ceil(trace.numel / zero_bucket))
         return [Collective("reduce_scatter", grads, calls, "", "gradients (reduced to their owners)"),
