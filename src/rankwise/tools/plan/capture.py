@@ -62,6 +62,9 @@ class Capture:
     """What was captured, for the report (``examples/causal_lm.py --length 64``)."""
     checkpointed: bool = field(default=False)
     """Whether the script itself checkpoints the model's layers (``rt.prepare(..., activation_checkpointing=True)``)."""
+    on_rankwise: bool = False
+    """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies ``rankwise
+    launch`` chooses run it unchanged, so ``--validate`` can measure them."""
 
     @property
     def rows(self) -> int:
@@ -108,10 +111,10 @@ class _Watch(observers.Observer):
     """The Runtime's observer points during a capture: accumulation and global batch."""
 
     def __init__(self):
-        self.grad_accum, self.global_batch = 1, None
+        self.grad_accum, self.global_batch, self.prepared_seen = 1, None, False
 
     def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
-        self.grad_accum = grad_accum
+        self.grad_accum, self.prepared_seen = grad_accum, True
 
     def loader(self, rt, global_batch: int, shuffle: bool) -> None:
         if shuffle and self.global_batch is None:  # the training loader (evaluation loaders do not shuffle)
@@ -198,7 +201,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
     gc.collect()  # the script's frames are gone; whatever it built besides the capture goes with them
     source = " ".join([str(script), *script_args])
     return Capture(model, optimizer, tuple(args), dict(kwargs), mode, autocast, watch.grad_accum, watch.global_batch,
-                   source, is_checkpointed(model))
+                   source, is_checkpointed(model), watch.prepared_seen)
 
 
 def from_factory(build, batch: dict | tuple, *, grad_accum: int = 1, global_batch: int | None = None,

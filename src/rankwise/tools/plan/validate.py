@@ -29,7 +29,7 @@ from rankwise.process import usable_cores
 from rankwise.tools.harness import run_measured
 from rankwise.tools.plan import report
 from rankwise.tools.plan.between import FILE as BETWEEN
-from rankwise.tools.plan.command import make_plan
+from rankwise.tools.plan.command import capture_script, make_plan
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.planner import Row
 from rankwise.tools.plan.probe import PROBE
@@ -148,11 +148,19 @@ def run(config: PlanConfig, *, as_json: bool = False) -> int:
                           f"{usable_cores()} ranks (asked: --nnodes {config.nnodes}, --nproc-per-node "
                           f"{','.join(map(str, config.nproc_per_node))})")
     os.environ["OMP_NUM_THREADS"] = "1"  # (see the module's docstring; the launched ranks inherit it)
+    capture = capture_script(config)
+    if not capture.on_rankwise:
+        from rankwise.errors import ConfigError
+
+        raise ConfigError(f"--validate measures each strategy running {config.script} under rankwise launch, "
+                          "which needs a script on rankwise.setup() (docs/getting-started/porting.md); this one "
+                          "starts its own distributed job: plan it without --validate, or measure it with "
+                          "rankwise bench --script")
     out = config.out / "validate"
     if config.comm is None:
         config = replace(config, comm=comm_bench(max(runnable), out / "comm"))
     config = replace(config, nproc_per_node=runnable, device="cpu")
-    plan = make_plan(config)
+    plan = make_plan(config, capture)
     checked = []
     for row in plan.rows:
         if row.strategy in NOT_LAUNCHED:
