@@ -20,7 +20,10 @@ counting its bytes as live would make memory grow step after step.  Every event 
 profiler's trace), so the events are read as a ledger: an allocation at the address of a block still live in it means
 that block was freed, unseen, before; it stops counting there, the latest moment it can have been freed.
 
-Steady step time: after the profiler stops, the median interval between consecutive optimizer steps over
+On a GPU the allocator's own count is the measure: ``torch.cuda.max_memory_allocated`` during each measured step
+(reset after the one before), everything the rank holds on the device included.
+
+Steady step time: after the memory is measured, the median interval between consecutive optimizer steps over
 :data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading its events, left out).
 """
 
@@ -89,31 +92,51 @@ def peak_between(series: list[tuple[float, int]], start: float, end: float, base
 
 
 class Probe(observers.Observer):
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, cuda: bool = False):
         from torch.profiler import ProfilerActivity, profile
 
         self.directory = directory
-        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        # On a GPU the allocator counts for itself (torch.cuda.max_memory_allocated): no profiler.
+        self.cuda = cuda
+        self.profiler = None if cuda else profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self.baseline = 0
+        self.cuda_peaks: list[int] = []
         self.step_times: list[float] = []
         self.result: dict = {}
 
     def prepared(self, rt, model, grad_accum: int) -> None:
         self.baseline = storage_bytes([*model.parameters(), *model.buffers()])
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(rt.device)
+            return
         with torch.profiler.record_function(f"{MARK}0"):
             pass
 
     def stepped(self, rt, model) -> None:
         step = rt.steps
+        if self.cuda and step <= MEASURED_STEPS[-1]:
+            if step in MEASURED_STEPS:
+                self.cuda_peaks.append(torch.cuda.max_memory_allocated(rt.device))
+            torch.cuda.reset_peak_memory_stats(rt.device)  # (the next step's peak is its own)
+            if step == MEASURED_STEPS[-1]:
+                self.result = {"peak_bytes": int(statistics.median(self.cuda_peaks)), "step_peaks": self.cuda_peaks,
+                               "held_bytes": torch.cuda.memory_allocated(rt.device), "model_bytes": self.baseline}
+                self.step_times.append(self._now())
+            return
         if self.profiler is not None:
             with torch.profiler.record_function(f"{MARK}{step}"):
                 pass
             if step == MEASURED_STEPS[-1]:
                 self._measure_memory(rt)
             return
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(self._now())
         if len(self.step_times) > TIMED_STEPS + 1:
             self._finish(rt)
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()  # Why: a step's kernels run after the host returns; its end is when they end.
+        return time.perf_counter()
 
     def _measure_memory(self, rt) -> None:
         profiler, self.profiler = self.profiler, None
@@ -134,7 +157,7 @@ class Probe(observers.Observer):
             peaks.append(peak)
         self.result = {"peak_bytes": int(statistics.median(peaks)), "step_peaks": peaks, "held_bytes": after,
                        "model_bytes": self.baseline}
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(self._now())
 
     def _finish(self, rt) -> None:
         times = self.step_times[1:]  # (the first interval paid for reading the profiler's events)
@@ -153,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or PROBE not in os.environ:
         print(f"usage: {PROBE}=DIR python -m rankwise.tools.plan.probe SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
-    probe = Probe(Path(os.environ[PROBE]))
+    probe = Probe(Path(os.environ[PROBE]), cuda=torch.cuda.is_available())
     observers.register(probe)
-    probe.profiler.__enter__()
+    if probe.profiler is not None:
+        probe.profiler.__enter__()
     status = run_script(argv)
     return status if isinstance(status, int) else 0 if status is None else 1
 

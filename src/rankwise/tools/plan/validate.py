@@ -140,13 +140,17 @@ def table(checked: list[Checked]) -> str:
 
 
 def run(config: PlanConfig, *, as_json: bool = False) -> int:
-    runnable = [n for n in config.nproc_per_node if n <= usable_cores()]
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    most = gpus or usable_cores()  # a rank a GPU, or a rank a core
+    runnable = [n for n in config.nproc_per_node if n <= most]
     if config.nnodes != 1 or not runnable:
         from rankwise.errors import ConfigError
 
-        raise ConfigError(f"--validate runs the planned world sizes this machine can: one node, at most "
-                          f"{usable_cores()} ranks (asked: --nnodes {config.nnodes}, --nproc-per-node "
-                          f"{','.join(map(str, config.nproc_per_node))})")
+        raise ConfigError(f"--validate runs the planned world sizes this machine can: one node, at most {most} ranks "
+                          f"({'its GPUs' if gpus else 'its cores'}; asked: --nnodes {config.nnodes}, "
+                          f"--nproc-per-node {','.join(map(str, config.nproc_per_node))})")
     os.environ["OMP_NUM_THREADS"] = "1"  # (see the module's docstring; the launched ranks inherit it)
     capture = capture_script(config)
     if not capture.on_rankwise:
@@ -157,9 +161,10 @@ def run(config: PlanConfig, *, as_json: bool = False) -> int:
                           "starts its own distributed job: plan it without --validate, or measure it with "
                           "rankwise bench --script")
     out = config.out / "validate"
-    if config.comm is None:
+    if config.comm is None and max(runnable) > 1:
         config = replace(config, comm=comm_bench(max(runnable), out / "comm"))
-    config = replace(config, nproc_per_node=runnable, device="cpu")
+    # (on a GPU machine the plan is for the GPU present: --device's default)
+    config = replace(config, nproc_per_node=runnable, device=None if gpus else "cpu")
     plan = make_plan(config, capture)
     checked = []
     for row in plan.rows:
