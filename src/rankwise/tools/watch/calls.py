@@ -55,6 +55,11 @@ class CallWatch:
         from torch.nn.parallel import DistributedDataParallel
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
 
+    def take_collective_seconds(self) -> float:
+        """The seconds in the script's own collectives since the last optimizer step (each step takes them)."""
+        seconds, self.collective_seconds = self.collective_seconds, 0.0
+        return seconds
+
     def records(self) -> dict:
         return _summarised(self.collectives)
 

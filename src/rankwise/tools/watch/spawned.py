@@ -31,6 +31,7 @@ import torch.multiprocessing
 from torch.utils.data import DistributedSampler
 
 from rankwise.checkpoint import write_text_atomic
+from rankwise.compat.watch_patches import checked
 from rankwise.errors import ConfigError
 from rankwise.launch.ports import port_in_use
 from rankwise.launch.script import run_as_main
@@ -61,6 +62,8 @@ def install_spawn_patch(settings: WatchSettings) -> None:
     """``torch.multiprocessing.start_processes`` wraps the script's function in :class:`SpawnedRank`: patched where
     ``mp.spawn`` looks it up (its own module's globals) and where a script calls it (the package)."""
     module = sys.modules["torch.multiprocessing.spawn"]  # (the package's `spawn` attribute is the function)
+    checked(module, "start_processes")
+    checked(torch.multiprocessing, "start_processes")
     patched = _start_processes(module.start_processes, settings)
     module.start_processes = patched
     torch.multiprocessing.start_processes = patched

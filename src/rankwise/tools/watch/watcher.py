@@ -10,11 +10,12 @@ What it watches, and how:
 * every batch a ``DataLoader`` yields (:mod:`rankwise.tools.watch.loaders`): one digest per sample,
   assigned to the optimizer step whose backward consumed it.
 * every ``backward`` (the loss value) and whether the forward moved the random generator.
-* the collectives the script calls itself and ``torch.save`` (:mod:`rankwise.tools.watch.calls`).
+* the collectives the script calls itself (:mod:`rankwise.tools.watch.calls`) and ``torch.save``
+  (:mod:`rankwise.tools.watch.saves`).
 
 Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
 A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep
-(:mod:`rankwise.tools.trace`), on the N ranks' samples (``scale``: N).
+(:mod:`rankwise.tools.watch.lockstep`), on the N ranks' samples (``scale``: N).
 
 Each concern is a part with its own state: the models and their facts (:mod:`~rankwise.tools.watch.models`), the
 data (:mod:`~rankwise.tools.watch.loaders`), the step and its gradients (:mod:`~rankwise.tools.watch.steps`), the
@@ -223,8 +224,7 @@ class Watcher:
         steps.step += 1
         if rank_and_world()[1] > 1:
             self.calls.joined = rank_and_world()
-        now = self.window.stepped(steps.step, len(steps.record.samples), self.calls.collective_seconds)
-        self.calls.collective_seconds = 0.0
+        now = self.window.stepped(steps.step, len(steps.record.samples), self.calls.take_collective_seconds())
         # The replicas' weights, compared across ranks: every traced step, a benchmark's first, every
         # REPLICAS_EVERY-th after verify's window.
         compare = self.tracing or steps.step == 1 or (self.window_over and steps.step % REPLICAS_EVERY == 0)
