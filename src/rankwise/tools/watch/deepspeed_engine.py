@@ -51,9 +51,9 @@ def _forward(watcher, original):
             engine._rankwise_seen = True
             stage = _stage(engine)
             watcher.facts.update({"api": "deepspeed", "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
-                              "shards_optimizer_state": stage >= 1,
-                              "precision": "bf16-true" if engine.bfloat16_enabled() else
-                              "16-mixed" if engine.fp16_enabled() else "32-true"})
+                                   "shards_optimizer_state": stage >= 1,
+                                   "precision": "bf16-true" if engine.bfloat16_enabled() else
+                                   "16-mixed" if engine.fp16_enabled() else "32-true"})
             if watcher.settings.trace and watcher.lockstep.follow is not None:
                 # The watcher's first forward gave the module the N-rank run's initial weights; the engine's fp32
                 # masters (what its first step updates) were copied before that: they take them too.

@@ -34,8 +34,8 @@ class RuntimeSteps(observers.Observer):
         watcher.data.given = {}  # the Runtime's loaders give one process the N ranks' global batches themselves
         watcher.model_seen(model)
         watcher.facts.update({"api": "rankwise", "strategy": rt.strategy_name, "precision": rt.strategy.precision.name,
-                          "device": rt.device.type, "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
-                          "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
+                              "device": rt.device.type, "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
+                              "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
                               "shards_optimizer_state": rt.strategy.shards_optimizer_state})
 
     def backward(self, rt, loss: torch.Tensor) -> None:
