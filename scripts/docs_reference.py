@@ -3,7 +3,8 @@
 Nothing here is written twice: the command reference is each parser's own ``--help``, the configuration
 reference the config models' field docstrings (``describe_fields``), the strategy table the registry's
 descriptions, the environment variables ``rankwise.envvars``, the exit codes ``rankwise.errors``, the workarounds
-for other libraries the ``Workaround`` records in ``rankwise.compat``.
+for other libraries the ``Workaround`` records in ``rankwise.compat`` (and what the watcher replaces in them, the
+``Patch`` records).
 Run by ``mkdocs build``; ``python scripts/docs_reference.py OUT_DIR`` writes the same pages to a folder.
 """
 
@@ -26,6 +27,7 @@ from rankwise import errors  # noqa: E402
 from rankwise.cli import build_parser  # noqa: E402
 from rankwise.cli import launch as launch_command  # noqa: E402
 from rankwise.compat.versions import Workaround  # noqa: E402
+from rankwise.compat.watch_patches import PATCHES  # noqa: E402
 from rankwise.envvars import VARIABLES  # noqa: E402
 from rankwise.strategies import lookup, strategy_names  # noqa: E402
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN  # noqa: E402
@@ -186,6 +188,14 @@ def workarounds_page() -> str:
         lines.append(f"| `compat/{module_name}.py` `{function_name}` | {record.library} | "
                      f"{_cell(_first_sentence(inspect.getdoc(function) or ''))} | {_upstream(record.upstream)} | "
                      f"{', '.join(record.seen_on)} | {record.fixed_in or 'not yet'} | {callers} | {test_cell} |")
+    lines += ["\n## What the watcher replaces\n\nTo watch a script unchanged (`verify`, `bench --script`), the watcher "
+              "replaces these attributes of torch and the frameworks, each recorded as a `Patch` "
+              "(`compat/watch_patches.py`): a target not recorded there is refused, and on a release series it was "
+              "not checked on it warns once per process. `tests/compat/test_watch_patches.py` shows each target on "
+              "the installed releases.\n",
+              "| replaced | library | private | what for | checked on |", "|---|---|---|---|---|"]
+    lines += [f"| `{p.target}` | {p.library} | {'yes' if p.private else 'no'} | {_cell(p.why)} | "
+              f"{', '.join(p.seen_on)} |" for p in PATCHES.values()]
     lines.append("\nOther adaptations to the environment rankwise runs in (network addresses, glibc's allocator, "
                  "teardown order, a Horovod build) are not version-checked and stay next to the code they protect: "
                  "see [Architecture](../architecture.md#where-the-workarounds-for-other-libraries-live).\n")

@@ -240,3 +240,18 @@ def test_bench_script_breaks_a_cuda_scripts_step_down(tmp_path):
     assert result["breakdown"]["device"] == "cuda" and len(result["breakdown"]["ranks"]) == 1, result
     print(detail("single", result["breakdown"]))
     assert "host's times" in detail("single", result["breakdown"])
+
+
+def test_plan_validate_on_one_gpu(tmp_path):
+    """`rankwise plan --validate` on the GPU present: the plan for it against real runs at one rank, memory measured
+    with torch.cuda.max_memory_allocated (the numbers go to the notes: printed)."""
+    proc = rankwise("plan", "examples/causal_lm.py", "--validate", "--nproc-per-node", "1", "--strategies",
+                    "ddp,fsdp,deepspeed-zero2", "--out", str(tmp_path / "plan"), "--", "--out",
+                    str(tmp_path / "lm"), "--samples", "512", timeout=600)
+    print(proc.stdout[-4000:])
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "plan" / "validate.json").read_text())
+    assert {row["strategy"] for row in rows} >= {"single", "ddp", "fsdp"} and all(not r["error"] for r in rows)
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["device"]["name"] != "cpu"  # planned for the GPU present
+    assert all(row["measured_bytes"] > 0 and row["measured_s"] > 0 for row in rows)

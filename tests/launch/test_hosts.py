@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from rankwise import cli
@@ -11,7 +9,7 @@ from rankwise.cli.launch import command_line_parser
 from rankwise.errors import ConfigError
 from rankwise.launch.hosts import layout_from_hostfile, layout_from_kubeflow, layout_from_slurm, parse_hostfile
 from rankwise.process import ProcessEnv, expand_nodelist
-from rankwise.tools.harness import check_layout
+from rankwise.tools.harness import NodeLayout, check_layout
 from rankwise.train import run
 from rankwise.train.rundir import RunDir
 
@@ -137,10 +135,8 @@ def test_train_launch_and_doctor_under_srun_take_the_layout_from_slurm(monkeypat
     assert cli.main(["launch", "--nproc-per-node", "2", "--master-port", "29999", "x.py"]) == 0
     flags, _ = command_line_parser().parse_known_args(launched[0])
     assert (flags.nnodes, flags.node_rank, flags.master_addr, flags.master_port) == ("2", 1, "gpu07", 29999)
-    doctor_args = argparse.Namespace(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1",
-                                     master_port=None)
-    check_layout(doctor_args, min_ranks=1)
-    assert (doctor_args.nnodes, doctor_args.node_rank, doctor_args.master_addr) == (2, 1, "gpu07")
+    doctor = check_layout(NodeLayout(nproc_per_node=1), min_ranks=1)
+    assert (doctor.nnodes, doctor.node_rank, doctor.master_addr) == (2, 1, "gpu07")
 
 
 def test_train_as_one_of_several_slurm_tasks_per_node_is_refused(monkeypatch, capsys):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 
+from rankwise.cli.node_flags import add_node_flags, node_layout
 from rankwise.tools.comm import bench, demo
-from rankwise.tools.harness import add_node_flags, check_layout, resolve_backend
+from rankwise.tools.harness import check_layout, resolve_backend
 
 
 def add_parser(commands) -> None:
@@ -33,7 +34,7 @@ def add_parser(commands) -> None:
                    help="only this operation (repeatable); a family name such as 'reduce' selects every ReduceOp")
     d.add_argument("--composed", action="store_true",
                    help="run each operation's composition from simpler operations instead of the native call")
-    d.set_defaults(run=run, tool=demo.run, command_name="comm demo")
+    d.set_defaults(run=run_demo, command_name="comm demo")
 
     b = sub.add_parser("bench", help="time the collectives over message sizes, with ceilings",
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,9 +51,17 @@ def add_parser(commands) -> None:
     b.add_argument("--out", help="report directory (default runs/comm-<time>)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print comm.json's summary as the last stdout line")
-    b.set_defaults(run=run, tool=bench.run, command_name="comm bench")
+    b.set_defaults(run=run_bench, command_name="comm bench")
 
 
-def run(args: argparse.Namespace) -> int:
-    check_layout(args)
-    return args.tool(args, resolve_backend(args.backend, args.nproc_per_node))
+def run_demo(args: argparse.Namespace) -> int:
+    layout = check_layout(node_layout(args))
+    return demo.run(args.op, args.composed, layout, resolve_backend(args.backend, layout.nproc_per_node))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    layout = check_layout(node_layout(args))
+    backend = resolve_backend(args.backend, layout.nproc_per_node)
+    settings = bench.settings(args.ops, args.min_bytes, args.max_bytes, args.dtype, args.iters, args.warmup, backend,
+                              layout.timeout_s, progress=not args.no_progress)
+    return bench.run(settings, layout, out=args.out, ceilings=not args.no_ceilings, as_json=args.json)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from rankwise.cli.node_flags import add_node_flags, node_layout
 from rankwise.tools import doctor
-from rankwise.tools.harness import add_node_flags, check_layout
+from rankwise.tools.harness import check_layout
 
 
 def add_parser(commands) -> None:
@@ -17,5 +18,4 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_layout(args, min_ranks=1)
-    return doctor.run(args)
+    return doctor.run(check_layout(node_layout(args), min_ranks=1))

@@ -9,4 +9,8 @@ workaround that fails when the upstream behaviour changes, so that the workaroun
 * :mod:`~rankwise.compat.deepspeed_zero` — alias ZeRO-3's fp32 masters, skip the CPU shared-memory kernel build,
   clip for one step, pad the last ZeRO-3 partition.
 * :mod:`~rankwise.compat.accelerate_state` — reset Accelerate's process-wide state.
+
+Besides the workarounds, :mod:`~rankwise.compat.watch_patches` records every attribute of torch and the frameworks
+that the watcher (``rankwise.tools.watch``) replaces to watch a script unchanged, each a
+:class:`~rankwise.compat.versions.Patch` with the releases it was checked on and the same kind of version check.
 """

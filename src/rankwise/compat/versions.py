@@ -53,3 +53,34 @@ class Workaround:
                           f"{version}, a release it was not checked on (checked: {', '.join(self.seen_on)}); "
                           f"run tests/compat to see whether it is still needed", stacklevel=3)
         return True
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute of another library that rankwise replaces at run time: not a bug's workaround but code written
+    against that library's insides all the same (often private ones), so it is recorded and version-checked alike."""
+
+    target: str
+    """What is replaced, as ``module.Class.attribute`` or ``module.function``, where the owner's ``__module__`` and
+    ``__qualname__`` (a module's ``__name__``) place it."""
+    library: str
+    """The distribution it belongs to (``torch``, ``deepspeed``, ``accelerate``, ``horovod``, ``lightning``)."""
+    why: str
+    """What the replacement records or changes, and why no public API gives it."""
+    seen_on: tuple[str, ...]
+    """Release series (``major.minor``) on which it was checked: the attribute is there and behaves as relied on."""
+
+    @property
+    def private(self) -> bool:
+        """Whether the owner or the attribute is private to the library (a leading underscore, dunders aside)."""
+        return any(part.startswith("_") and not part.startswith("__") for part in self.target.split("."))
+
+    def check(self) -> None:
+        """The version check, where the patch is made: on a release series it was not checked on it is still made,
+        with one warning per process (``tests/compat/test_watch_patches.py`` says whether it still holds)."""
+        version = installed(self.library)
+        if version is not None and series(version) not in self.seen_on and self.target not in _warned:
+            _warned.add(self.target)
+            warnings.warn(f"rankwise replaces {self.target} ({'private, ' if self.private else ''}{self.why}) on "
+                          f"{self.library} {version}, a release it was not checked on (checked: "
+                          f"{', '.join(self.seen_on)}); run tests/compat to see whether it still holds", stacklevel=3)

@@ -16,6 +16,10 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rankwise.tools.harness import NodeLayout
 
 DEFAULT_PORT = 29500
 """The port checked on one machine when no --master-port is given (torchrun's default)."""
@@ -94,40 +98,40 @@ def check_machine(report: Report, multi_node: bool, port: int) -> None:
                f"choose another --master-port than {port}")
 
 
-def check_nodes(report: Report, args) -> object | None:
+def check_nodes(report: Report, layout: NodeLayout) -> object | None:
     """The checks between nodes; returns the rendezvous store (None when the master is unreachable)."""
     from torch.distributed import TCPStore
 
     from rankwise.launch.network import resolve, route_to
     from rankwise.tools.machine import versions
 
-    node = args.node_rank
+    node = layout.node_rank
     try:
-        address = resolve(args.master_addr)
-        report.add("master name", True, f"{args.master_addr} resolves to {address}")
+        address = resolve(layout.master_addr)
+        report.add("master name", True, f"{layout.master_addr} resolves to {address}")
     except OSError as e:
-        report.add("master name", False, f"node {node} cannot resolve {args.master_addr}: {e}",
+        report.add("master name", False, f"node {node} cannot resolve {layout.master_addr}: {e}",
                    "check --master-addr and DNS / /etc/hosts")
         return None
-    interface = route_to(args.master_addr)
+    interface = route_to(layout.master_addr)
     report.add("interface", interface is not None and not interface.address.startswith("127.")
                or address.startswith("127."),
                f"node {node} reaches the master over {interface.name} ({interface.address})" if interface else
                f"node {node} has no route to {address}", "check the network between the nodes")
-    timeout = datetime.timedelta(seconds=args.timeout)
+    timeout = datetime.timedelta(seconds=layout.timeout_s)
     try:
-        store = TCPStore(args.master_addr, args.master_port, world_size=args.nnodes, is_master=node == 0,
+        store = TCPStore(layout.master_addr, layout.master_port, world_size=layout.nnodes, is_master=node == 0,
                          timeout=timeout, wait_for_workers=False)
         store.set(f"doctor/versions/{node}", json.dumps(versions()))
-        report.add("master port", True, f"node {node} reached {args.master_addr}:{args.master_port}")
+        report.add("master port", True, f"node {node} reached {layout.master_addr}:{layout.master_port}")
     except Exception as e:  # noqa: BLE001 - TCPStore raises several types for an unreachable or busy port
         why = "it is in use here" if node == 0 else "firewall, wrong --master-addr / --master-port, or node 0 not up"
-        report.add("master port", False, f"node {node} cannot reach {args.master_addr}:{args.master_port}: "
+        report.add("master port", False, f"node {node} cannot reach {layout.master_addr}:{layout.master_port}: "
                                          f"{str(e).splitlines()[0][:160]}", why)
         return None
     try:
-        store.wait([f"doctor/versions/{n}" for n in range(args.nnodes)], timeout)
-        everyone = [json.loads(store.get(f"doctor/versions/{n}")) for n in range(args.nnodes)]
+        store.wait([f"doctor/versions/{n}" for n in range(layout.nnodes)], timeout)
+        everyone = [json.loads(store.get(f"doctor/versions/{n}")) for n in range(layout.nnodes)]
         differ = {k for k in everyone[0] if len({json.dumps(v.get(k)) for v in everyone}) > 1 and k != "rankwise"}
         report.add("versions agree", not differ,
                    "the same on every node" if not differ else
@@ -135,7 +139,7 @@ def check_nodes(report: Report, args) -> object | None:
                              for k in sorted(differ)),
                    "install the same versions on every node")
     except Exception as e:  # noqa: BLE001 - a node that never came up
-        report.add("versions agree", False, f"not every node reported within {args.timeout} s: {e}",
+        report.add("versions agree", False, f"not every node reported within {layout.timeout_s} s: {e}",
                    "start `rankwise doctor` with the same flags on every node")
     return store
 
@@ -150,38 +154,38 @@ def measure_all_reduce(env, device, size_bytes: int) -> dict:
     return measure(OPS["all_reduce"], size_bytes, torch.float32, device, iters=5, warmup=1)
 
 
-def check_all_reduce(report: Report, args) -> None:
+def check_all_reduce(report: Report, layout: NodeLayout) -> None:
     from rankwise.errors import LaunchError
     from rankwise.tools.harness import resolve_backend, run_on_ranks
 
-    backend = resolve_backend("auto", args.nproc_per_node)
+    backend = resolve_backend("auto", layout.nproc_per_node)
     try:
         # The next port: node 0 still hosts the doctor's own store on --master-port.
-        row = run_on_ranks(measure_all_reduce, (ALL_REDUCE_BYTES,), args, backend, master_port=args.master_port + 1)
+        row = run_on_ranks(measure_all_reduce, (ALL_REDUCE_BYTES,), layout, backend, master_port=layout.master_port + 1)
     except LaunchError as e:
-        report.add("all_reduce", False, f"node {args.node_rank}: {str(e).splitlines()[1].strip()[:200]}",
+        report.add("all_reduce", False, f"node {layout.node_rank}: {str(e).splitlines()[1].strip()[:200]}",
                    "see the checks above; GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, firewalls")
         return
     if row is None:
         report.add("all_reduce", True, "this node's ranks took part (rank 0's node reports the bandwidth)")
         return
-    ranks = args.nproc_per_node * args.nnodes
+    ranks = layout.nproc_per_node * layout.nnodes
     report.add("all_reduce", row["wrong"] == 0,
                f"{ranks} ranks on {backend}, {row['bytes'] / 2**20:.0f} MiB fp32: {row['time_us'] / 1e3:.1f} ms, "
                f"algbw {row['algbw_GBps']:.2f} GB/s, busbw {row['busbw_GBps']:.2f} GB/s",
                f"{row['wrong']} element(s) of the sum were wrong: report it with the versions above")
 
 
-def run(args) -> int:
-    multi_node = args.nnodes > 1
-    report = Report(args.node_rank)
-    check_machine(report, multi_node, args.master_port or DEFAULT_PORT)
+def run(layout: NodeLayout) -> int:
+    multi_node = layout.nnodes > 1
+    report = Report(layout.node_rank)
+    check_machine(report, multi_node, layout.master_port or DEFAULT_PORT)
     if multi_node:
-        store = check_nodes(report, args)
+        store = check_nodes(report, layout)
         if store is not None and report.ok:  # a node missing already: an all_reduce would only wait for it
-            check_all_reduce(report, args)
+            check_all_reduce(report, layout)
     print(report.render(), flush=True)
     failed = [c for c in report.checks if not c.ok]
-    print(f"node {args.node_rank}: " + ("every check passed" if not failed else
+    print(f"node {layout.node_rank}: " + ("every check passed" if not failed else
                                         f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}"))
     return 0 if not failed else 1

@@ -1,8 +1,8 @@
 """What every tool shares: its node flags, one way to run a function on N ranks (and nodes), and one way
 to run ``rankwise train`` as a measured subprocess.
 
-* :func:`add_node_flags` — ``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--master-addr``,
-  ``--master-port``, ``--timeout`` with one set of defaults (``--backend`` where a tool picks one).
+* :class:`NodeLayout` — this node's ranks and how the nodes meet (the node flags, parsed once in ``cli/``);
+  :func:`check_layout` refuses one that cannot run, or takes Slurm's.
 * :func:`run_on_ranks` — ``fn(env, device, *args)`` on every rank through the spawn launcher; rank 0's
   JSON-able result comes back to node 0 (other nodes get ``None``); every rank tears its group down.
 * :func:`run_train` / :func:`run_measured` — ``rankwise train ... --json`` (or a baseline loop) in fresh
@@ -11,7 +11,6 @@ to run ``rankwise train`` as a measured subprocess.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -21,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,43 +36,48 @@ DEFAULT_NPROC = 2
 """Ranks per node: a collective needs at least two."""
 
 
-NODE_DEFAULTS = {"nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": None}
-"""The node flags' defaults: one node, its own master."""
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where a tool's ranks run: this node's share of the job and how the nodes meet (the node flags,
+    :func:`rankwise.cli.node_flags.add_node_flags`, parsed once)."""
+
+    nproc_per_node: int = DEFAULT_NPROC
+    """Ranks on this node."""
+    nnodes: int = 1
+    """Nodes in the job; the same command runs on each."""
+    node_rank: int = 0
+    """This node's index, 0 .. nnodes-1."""
+    master_addr: str = "127.0.0.1"
+    """Node 0's address."""
+    master_port: int | None = None
+    """Node 0's port (``None``: chosen free, on one node)."""
+    timeout_s: float = 120.0
+    """Seconds a rank waits for the others (rendezvous and each operation)."""
+
+    @property
+    def nodes_given(self) -> bool:
+        """Whether any of the four node flags differs from its default (one node, its own master)."""
+        default = NodeLayout()
+        return any(getattr(self, key) != getattr(default, key)
+                   for key in ("nnodes", "node_rank", "master_addr", "master_port"))
 
 
-def add_node_flags(p: argparse.ArgumentParser, *, backend: bool = False, timeout_s: float = 120.0) -> None:
-    """The multi-node flags of every tool (the same command runs on every node)."""
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=DEFAULT_NPROC,
-                   help=f"ranks on this node (default {DEFAULT_NPROC})")
-    p.add_argument("--nnodes", type=int, default=NODE_DEFAULTS["nnodes"],
-                   help="nodes in the job; start the same command on each (under srun with one task per node, "
-                        "the four node flags come from Slurm)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=NODE_DEFAULTS["node_rank"],
-                   help="this node's index, 0 .. nnodes-1")
-    p.add_argument("--master-addr", "--master_addr", default=NODE_DEFAULTS["master_addr"], help="node 0's address")
-    p.add_argument("--master-port", "--master_port", type=int, default=NODE_DEFAULTS["master_port"],
-                   help="node 0's port (chosen free on one node; required with --nnodes > 1)")
-    if backend:
-        p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with CUDA, else gloo")
-    p.add_argument("--timeout", type=float, default=timeout_s,
-                   help=f"seconds a rank waits for the others (rendezvous and each operation; default {timeout_s:g})")
-
-
-def check_layout(args: argparse.Namespace, min_ranks: int = 2) -> None:
-    """Refuse a node layout that cannot run: before any process starts.  Under ``srun`` with one task per node
-    and none of the node flags given, the layout is Slurm's (:func:`rankwise.launch.hosts.layout_from_slurm`)."""
+def check_layout(layout: NodeLayout, min_ranks: int = 2) -> NodeLayout:
+    """The layout to run, or a refusal of one that cannot run: before any process starts.  Under ``srun`` with one
+    task per node and none of the node flags given, the layout is Slurm's
+    (:func:`rankwise.launch.hosts.layout_from_slurm`)."""
     slurm = layout_from_slurm(os.environ)
-    if slurm and all(getattr(args, key) == NODE_DEFAULTS[key] for key in NODE_DEFAULTS):
-        for key, value in slurm.items():
-            setattr(args, key, value)
-    if args.nproc_per_node < 1 or args.nnodes < 1:
+    if slurm and not layout.nodes_given:
+        layout = replace(layout, **slurm)
+    if layout.nproc_per_node < 1 or layout.nnodes < 1:
         raise ConfigError("--nproc-per-node and --nnodes must be at least 1")
-    if args.nproc_per_node * args.nnodes < min_ranks:
+    if layout.nproc_per_node * layout.nnodes < min_ranks:
         raise ConfigError(f"this needs at least {min_ranks} ranks: use --nproc-per-node {min_ranks} (or more nodes)")
-    if not 0 <= args.node_rank < args.nnodes:
-        raise ConfigError(f"--node-rank {args.node_rank} is outside 0 .. {args.nnodes - 1}")
-    if args.nnodes > 1 and args.master_port is None:
+    if not 0 <= layout.node_rank < layout.nnodes:
+        raise ConfigError(f"--node-rank {layout.node_rank} is outside 0 .. {layout.nnodes - 1}")
+    if layout.nnodes > 1 and layout.master_port is None:
         raise ConfigError("--nnodes > 1 needs --master-port (the same on every node)")
+    return layout
 
 
 def resolve_backend(backend: str, nproc_per_node: int = 1) -> str:
@@ -119,10 +124,10 @@ def _rank_main(local_rank: int, fn: Callable, fn_args: tuple, backend: str, time
     destroy_process_group()
 
 
-def run_on_ranks(fn: Callable[..., Any], fn_args: tuple, args: argparse.Namespace, backend: str,
+def run_on_ranks(fn: Callable[..., Any], fn_args: tuple, layout: NodeLayout, backend: str,
                  master_port: int | None = None) -> Any | None:
-    """Run ``fn(env, device, *fn_args)`` on this node's ``--nproc-per-node`` ranks, joined over ``backend``
-    with every node of the job; returns rank 0's result (JSON-able) on node 0 and ``None`` elsewhere.
+    """Run ``fn(env, device, *fn_args)`` on this node's ranks, joined over ``backend`` with every node of the job;
+    returns rank 0's result (JSON-able) on node 0 and ``None`` elsewhere.
 
     ``fn`` must be importable (a module-level function).  A failed rank raises
     :class:`~rankwise.errors.LaunchError` naming it, its host and its error.
@@ -131,10 +136,10 @@ def run_on_ranks(fn: Callable[..., Any], fn_args: tuple, args: argparse.Namespac
 
     with tempfile.TemporaryDirectory(prefix="rankwise-") as tmp:
         out_file = os.path.join(tmp, "rank0.json")
-        spawn(_rank_main, args.nproc_per_node, (fn, fn_args, backend, args.timeout, out_file), nnodes=args.nnodes,
-              node_rank=args.node_rank, master_addr=args.master_addr, master_port=master_port or args.master_port,
-              rdzv_timeout_s=args.timeout)
-        if args.node_rank != 0:
+        spawn(_rank_main, layout.nproc_per_node, (fn, fn_args, backend, layout.timeout_s, out_file),
+              nnodes=layout.nnodes, node_rank=layout.node_rank, master_addr=layout.master_addr,
+              master_port=master_port or layout.master_port, rdzv_timeout_s=layout.timeout_s)
+        if layout.node_rank != 0:
             return None
         with open(out_file, encoding="utf-8") as handle:
             return json.load(handle)

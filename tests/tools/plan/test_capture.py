@@ -34,6 +34,22 @@ def test_a_plain_torch_script_is_captured_at_its_first_training_forward():
     assert measured.optimizer_moments == 1  # SGD's momentum buffer
 
 
+@pytest.mark.parametrize("script", ["tutorial_ddp.py", "spawn_ddp.py"])
+def test_a_script_that_starts_its_own_ddp_job_is_captured_as_one_rank(script):
+    """PyTorch's DDP tutorial (torchrun's variables, env:// rendezvous, ``DDP(model)``) and the documents' mp.spawn
+    script (two ranks asked for in code): one rank here, the model as the script built it, nothing left behind."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    capture = from_script(ROOT / "tests/support/tools/watch/scripts" / script, [])
+    assert not isinstance(capture.model, DistributedDataParallel) and type(capture.model).__name__ != "StandAside"
+    assert all(is_fake(p) for p in capture.model.parameters()) and capture.rows > 0
+    assert not dist.is_initialized() and "RANK" not in os.environ  # the one-rank world is gone
+    assert torch.nn.parallel.DistributedDataParallel is DistributedDataParallel  # and the wrapper put back
+
+
 def test_a_script_that_never_trains_is_a_clear_error():
     with pytest.raises(ConfigError, match="ended without a training step"):
         from_script(PLAIN, ["--never-train"])

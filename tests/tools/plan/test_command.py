@@ -56,3 +56,10 @@ def _llama_8b_numels() -> list[int]:
     layer = [hidden * hidden, hidden * kv, hidden * kv, hidden * hidden, inter * hidden, inter * hidden,
              hidden * inter, hidden, hidden]
     return [vocab * hidden] + layer * layers + [hidden, vocab * hidden]
+
+
+def test_validate_refuses_a_script_that_starts_its_own_job_before_measuring_anything(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("rankwise.tools.plan.validate.comm_bench", lambda *a: pytest.fail("calibrated"))
+    script = ROOT / "tests/support/tools/watch/scripts/tutorial_ddp.py"
+    assert cli.main(["plan", str(script), "--validate", "--nproc-per-node", "1", "--out", str(tmp_path)]) == 2
+    assert "needs a script on rankwise.setup()" in capsys.readouterr().err

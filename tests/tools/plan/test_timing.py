@@ -87,6 +87,25 @@ def test_comm_bench_results_calibrate_the_model(tmp_path):
         from_comm_bench(tmp_path / "bad.json")
 
 
+def test_a_call_between_computations_costs_what_was_measured_where_every_core_computes(tmp_path):
+    rows = [{"op": "all_gather", "bytes": b, "time_us": t, "busbw_GBps": g}
+            for b, t, g in ((4, 200.0, 0.0001), (8 * 2**20, 8000.0, 1.0))]
+    (tmp_path / "comm.json").write_text(json.dumps({"world_size": 2, "results": rows}))
+    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}  # not measured: the latency stands in
+    (tmp_path / "between.json").write_text(json.dumps({"world_size": 2, "call_us": {"all_gather": 2000.0}}))
+    bandwidth, _ = from_comm_bench(tmp_path / "comm.json")
+    assert bandwidth.call_s == {"all_gather": pytest.approx(2e-3)} and "between computations" in bandwidth.source
+    by_bytes = 2**20 * 0.5 / 1e9
+    assert bandwidth.seconds("all_gather", 2**20, 3, 2) == pytest.approx(3 * 200e-6 + by_bytes)
+    assert bandwidth.seconds("all_gather", 2**20, 3, 2, busy=True) == pytest.approx(3 * 2e-3 + by_bytes)
+    cpu = replace(H100, overlaps=False)  # every core computes: each call costs what was measured between them
+    t = step_time("fsdp", fake_trace(), 2, 1, cpu, False, [Collective("all_gather", 2**20, 3, "forward", "p")],
+                  bandwidth)
+    assert t.exposed_comm_s == pytest.approx(3 * 2e-3 + by_bytes)
+    (tmp_path / "between.json").write_text(json.dumps({"world_size": 4, "call_us": {"all_gather": 2000.0}}))
+    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}  # measured at another world size: not used
+
+
 def test_devices_from_their_datasheets_and_refusals():
     assert H100.memory_bytes == 80 * 2**30 and H100.peak_16 == pytest.approx(989.4e12)
     assert devices.lookup("a100", 8).peak_fp32 == pytest.approx(19.5e12)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from rankwise.throughput import MIN_WINDOW_S
-from rankwise.tools.watch import watcher as watcher_module
 from rankwise.tools.watch import window
+from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 
@@ -20,9 +20,8 @@ def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(tmp_path
     is pushed further until it lasted MIN_WINDOW_S, never cut short after a fixed number of decisions."""
     now, step_s = [0.0], [first_step_s]
     clock = SimpleNamespace(perf_counter=lambda: now[0])
-    monkeypatch.setattr(watcher_module, "time", clock)
-    monkeypatch.setattr(window, "time", clock)  # (the window's report reads the same clock)
-    watcher = Watcher(tmp_path, steps=10, warmup=1, trace=False)
+    monkeypatch.setattr(window, "time", clock)  # (the window times the steps and reports them)
+    watcher = Watcher(WatchSettings(tmp_path, steps=10, warmup=1, trace=False))
     with pytest.raises(WatchDone):
         for _ in range(20_000):
             now[0] += step_s[0]

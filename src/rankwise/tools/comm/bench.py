@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as torch_dist
@@ -35,6 +36,9 @@ import torch.distributed as torch_dist
 from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import all_gather_tensor, reduce_scatter_tensor
+
+if TYPE_CHECKING:
+    from rankwise.tools.harness import NodeLayout
 
 log = get_logger(__name__)
 
@@ -304,54 +308,59 @@ def on_rank(env, device: torch.device, settings: Settings) -> dict:
     return measured
 
 
-def settings_from(args: argparse.Namespace, backend: str) -> Settings:
-    ops = [name.strip() for name in args.ops.split(",") if name.strip()]
-    unknown = [name for name in ops if name not in OPS]
-    if unknown or not ops:
+def settings(ops: str, min_bytes: int, max_bytes: int, dtype: str, iters: int, warmup: int, backend: str,
+             timeout_s: float, progress: bool = True) -> Settings:
+    """What to measure, from the command's flags (``ops``: comma-separated), or a refusal naming the flag."""
+    names = [name.strip() for name in ops.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OPS]
+    if unknown or not names:
         raise ConfigError(f"--ops: unknown operation(s) {', '.join(unknown) or '(none given)'}; "
                           f"choose from {', '.join(OPS)}")
-    if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
-        raise ConfigError(f"--min-bytes {args.min_bytes} and --max-bytes {args.max_bytes}: need 1 <= min <= max")
-    if args.iters < 1 or args.warmup < 0:
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ConfigError(f"--min-bytes {min_bytes} and --max-bytes {max_bytes}: need 1 <= min <= max")
+    if iters < 1 or warmup < 0:
         raise ConfigError("--iters must be at least 1 and --warmup at least 0")
-    return Settings(ops, sizes_between(args.min_bytes, args.max_bytes), args.dtype, args.iters, args.warmup, backend,
-                    args.timeout, progress=not args.no_progress)
+    return Settings(names, sizes_between(min_bytes, max_bytes), dtype, iters, warmup, backend, timeout_s,
+                    progress=progress)
 
 
-def run(args: argparse.Namespace, backend: str) -> int:
-    from rankwise.tools.comm import ceilings, report
+def run(settings: Settings, layout: NodeLayout, *, out: str | None = None, ceilings: bool = True,
+        as_json: bool = False) -> int:
+    """``rankwise comm bench``: measure, then (on node 0) print and write the report under ``out``; ``ceilings``:
+    this machine's TCP and memcpy ceilings too; exit 1 when an element came back wrong."""
+    from rankwise.tools.comm import ceilings as machine_ceilings
+    from rankwise.tools.comm import report
     from rankwise.tools.harness import run_on_ranks
     from rankwise.tools.machine import machine
 
-    settings = settings_from(args, backend)
-    out = Path(args.out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = Path(out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}")
     limits = {}
-    if not args.no_ceilings:  # before the ranks start, so nothing competes with the measurements
-        if args.node_rank == 0:
+    if ceilings:  # before the ranks start, so nothing competes with the measurements
+        if layout.node_rank == 0:
             log.info("measuring this machine's ceilings (loopback TCP, memcpy) ...", stderr=True, every_rank=True)
-            limits = ceilings.measure()
-        if args.nnodes > 1 and args.node_rank <= 1:
+            limits = machine_ceilings.measure()
+        if layout.nnodes > 1 and layout.node_rank <= 1:
             log.info("measuring TCP between node 0 and node 1 ...", stderr=True, every_rank=True)
             try:
-                limits |= ceilings.between_nodes(args.node_rank, args.master_addr, args.master_port + 1,
-                                                 args.timeout)
+                limits |= machine_ceilings.between_nodes(layout.node_rank, layout.master_addr,
+                                                         layout.master_port + 1, layout.timeout_s)
             except (OSError, OverflowError) as e:  # the collectives can still run: go on without this ceiling
-                log.warning(f"rankwise comm bench: node {args.node_rank}: no TCP ceiling between the nodes "
-                            f"(port {args.master_port + 1}): {e}", every_rank=True)
-    measured = run_on_ranks(on_rank, (settings,), args, backend)
+                log.warning(f"rankwise comm bench: node {layout.node_rank}: no TCP ceiling between the nodes "
+                            f"(port {layout.master_port + 1}): {e}", every_rank=True)
+    measured = run_on_ranks(on_rank, (settings,), layout, settings.backend)
     if measured is None:
-        log.info(f"node {args.node_rank}: this node's ranks took part; node 0 printed and wrote the results",
+        log.info(f"node {layout.node_rank}: this node's ranks took part; node 0 printed and wrote the results",
                  every_rank=True)
         return 0
     result = {**measured, "settings": asdict(settings), "ceilings": limits, "machine": machine()}
     result["analysis"] = report.analyse(result)
-    paths = report.write(result, out)
+    paths = report.write(result, out_dir)
     # The command's output (the table, the files, the JSON): printed whatever the logging level.
     print(report.table(result))
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     wrong = sum(row["wrong"] for row in result["results"])
-    if args.json:
-        print(json.dumps({"out": str(out), "wrong": wrong, **result["analysis"]}))
+    if as_json:
+        print(json.dumps({"out": str(out_dir), "wrong": wrong, **result["analysis"]}))
     if wrong:
         log.error(f"rankwise comm bench: {wrong} element(s) came back wrong; see the #wrong column")
     return 1 if wrong else 0

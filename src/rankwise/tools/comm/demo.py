@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import LACKING, UNSUPPORTED, Ctx, Op
+
+if TYPE_CHECKING:
+    from rankwise.tools.harness import NodeLayout
 
 log = get_logger(__name__)
 
@@ -153,19 +156,20 @@ def on_rank(env, device: torch.device, names: list[str] | None, composed: bool, 
     return [asdict(r) for r in results]
 
 
-def run(args, backend: str) -> int:
-    """``rankwise comm demo``: exit 1 when any operation returned a wrong result."""
+def run(names: list[str] | None, composed: bool, layout: NodeLayout, backend: str) -> int:
+    """``rankwise comm demo`` of the operations ``names`` select (``None``: every one; ``composed``: each built from
+    simpler ones): exit 1 when any operation returned a wrong result."""
     from rankwise.errors import ConfigError
     from rankwise.tools.comm import ops
     from rankwise.tools.harness import run_on_ranks
 
     try:
-        ops.select(args.op)
+        ops.select(names)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    results = run_on_ranks(on_rank, (args.op, args.composed, backend), args, backend)
+    results = run_on_ranks(on_rank, (names, composed, backend), layout, backend)
     if results is None:
-        log.info(f"node {args.node_rank}: this node's ranks took part; node 0 printed the results", every_rank=True)
+        log.info(f"node {layout.node_rank}: this node's ranks took part; node 0 printed the results", every_rank=True)
         return 0
     failed = [r["name"] for r in results if r["status"] == FAIL]
     if failed:

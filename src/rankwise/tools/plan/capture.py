@@ -3,11 +3,12 @@
 From a script (:func:`from_script`): the script runs in this process as ``__main__`` with its own arguments, every
 parameter its modules register fake (:class:`~rankwise.tools.plan.fake.FakeParameters`), until its first training
 forward: the call of the model an optimizer trains, with gradients on.  That call's inputs are the micro-batch one
-rank computes at world size 1; the script stops there (``CaptureDone``, a clean end: a ``rankwise.setup()``
-Runtime closes as after its loop).  A script on ``rankwise.setup()`` also tells, through the Runtime's observer
-points, its gradient accumulation (``rt.prepare``) and its global batch (``rt.loader``); whether its forward runs
-under ``rt.autocast()`` is recorded too.  From a factory (:func:`from_factory`): the same, for a model built in
-Python (tests, the library).
+rank computes at world size 1 (a script that starts its own distributed job runs it as one rank, its DDP or FSDP
+wrapper standing aside: :mod:`~rankwise.tools.plan.own_world`); the script stops there (``CaptureDone``, a clean
+end: a ``rankwise.setup()`` Runtime closes as after its loop).  A script on ``rankwise.setup()`` also tells,
+through the Runtime's observer points, its gradient accumulation (``rt.prepare``) and its global batch
+(``rt.loader``); whether its forward runs under ``rt.autocast()`` is recorded too.  From a factory
+(:func:`from_factory`): the same, for a model built in Python (tests, the library).
 
 What the plan then replays is ``model(*args, **kwargs)`` and, as the loss, the output's ``loss`` where it has one
 (transformers' models given labels), else the sum of its first tensor: a loss the script computes outside the
@@ -31,6 +32,7 @@ from rankwise.blocks import is_checkpointed
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
+from rankwise.tools.plan.own_world import one_rank, unwrapped
 
 
 class CaptureDone(observers.Finished):
@@ -60,6 +62,9 @@ class Capture:
     """What was captured, for the report (``examples/causal_lm.py --length 64``)."""
     checkpointed: bool = field(default=False)
     """Whether the script itself checkpoints the model's layers (``rt.prepare(..., activation_checkpointing=True)``)."""
+    on_rankwise: bool = False
+    """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies ``rankwise
+    launch`` chooses run it unchanged, so ``--validate`` can measure them."""
 
     @property
     def rows(self) -> int:
@@ -106,10 +111,10 @@ class _Watch(observers.Observer):
     """The Runtime's observer points during a capture: accumulation and global batch."""
 
     def __init__(self):
-        self.grad_accum, self.global_batch = 1, None
+        self.grad_accum, self.global_batch, self.prepared_seen = 1, None, False
 
     def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
-        self.grad_accum = grad_accum
+        self.grad_accum, self.prepared_seen = grad_accum, True
 
     def loader(self, rt, global_batch: int, shuffle: bool) -> None:
         if shuffle and self.global_batch is None:  # the training loader (evaluation loaders do not shuffle)
@@ -173,7 +178,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
     saved_argv, saved_path = list(os.sys.argv), list(os.sys.path)
     observers.register(watch)
     try:
-        with FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
+        with one_rank(), FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
             try:
                 run_as_main(script, script_args)
             except CaptureDone:
@@ -192,10 +197,11 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
         raise ConfigError(f"{script} ended without a training step: no model an optimizer trains ran forward with "
                           "gradients on (build the optimizer before the training loop)")
     model, optimizer, args, kwargs, autocast = catcher.captured
+    model = unwrapped(model)
     gc.collect()  # the script's frames are gone; whatever it built besides the capture goes with them
     source = " ".join([str(script), *script_args])
     return Capture(model, optimizer, tuple(args), dict(kwargs), mode, autocast, watch.grad_accum, watch.global_batch,
-                   source, is_checkpointed(model))
+                   source, is_checkpointed(model), watch.prepared_seen)
 
 
 def from_factory(build, batch: dict | tuple, *, grad_accum: int = 1, global_batch: int | None = None,

@@ -10,7 +10,7 @@ import time
 from rankwise.logs import get_logger
 from rankwise.memory import peak_rss_megabytes
 from rankwise.tools.plan import comms, devices, report
-from rankwise.tools.plan.capture import from_script
+from rankwise.tools.plan.capture import Capture, from_script
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.planner import Plan, Planner
 
@@ -22,11 +22,15 @@ def nodes_for(config: PlanConfig, device: devices.Device) -> dict[int, int]:
     return {world: max(config.nnodes, math.ceil(world / device.per_node)) for world in config.world_sizes}
 
 
-def make_plan(config: PlanConfig) -> Plan:
-    """Capture, then plan (no output written)."""
-    started = time.perf_counter()
+def capture_script(config: PlanConfig) -> Capture:
     log.info(f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ...")
-    capture = from_script(config.script, config.script_args)
+    return from_script(config.script, config.script_args)
+
+
+def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
+    """Capture (unless given), then plan (no output written)."""
+    started = time.perf_counter()
+    capture = capture or capture_script(config)
     device = devices.with_efficiency(devices.lookup(config.device, max(config.nproc_per_node)), config.efficiency)
     nodes = nodes_for(config, device)
     if config.comm is not None:

@@ -19,7 +19,10 @@ factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter; the l
 grows with log2(n) (small messages take NCCL's trees).  The bus bandwidth is the device's link
 (:mod:`~rankwise.tools.plan.devices`: NVLink inside a node, the network adapter across nodes, at
 ``LINK_EFFICIENCY``), or what ``rankwise comm bench`` measured (``--comm comm.json``: the median busbw of messages
-of 4 MiB and more, and the smallest message's time as the latency).
+of 4 MiB and more, and the smallest message's time as the latency).  Where every core computes (a CPU whose ranks'
+threads use them all) a call costs more than its back-to-back latency: the transport waits for a core; a
+``between.json`` beside the ``comm.json`` (:mod:`~rankwise.tools.plan.between`, measured by ``--validate``) gives
+each call's cost between two computations, used instead.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankwise.errors import ConfigError
+from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
 from rankwise.tools.plan.trace import Trace
 
@@ -73,10 +77,11 @@ def collectives(strategy: str, trace: Trace, world: int, grad_accum: int, *, buc
     if strategy == "fsdp":
         units = _units(trace)
         blocks = trace.itemsize * sum(trace.block_param_numels)
-        return [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
-                Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
-                           "parameters, backward"),
-                Collective("reduce_scatter", grads, units, "backward", "gradients")]
+        calls = [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
+                 Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
+                            "parameters, backward"),
+                 Collective("reduce_scatter", grads, units, "backward", "gradients")]
+        return [call for call in calls if call.calls]  # (one unit, the root: not gathered again for backward)
     if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
         calls = max(1, math.ceil(trace.numel / zero_bucket))
         return [Collective("reduce_scatter", grads, calls, "", "gradients (reduced to their owners)"),
@@ -102,18 +107,23 @@ class Bandwidth:
     """Seconds of the smallest call per operation, at :attr:`measured_at` ranks."""
     measured_at: int = 2
     """Ranks the latencies were measured at."""
+    call_s: dict[str, float] = field(default_factory=dict)
+    """Seconds a call costs between two computations, per operation, where every core computes
+    (:mod:`~rankwise.tools.plan.between`; empty: not measured, the latency stands in)."""
     source: str = ""
     """Where the numbers come from, in words."""
     notes: list[str] = field(default_factory=list)
     """Caveats the plan's reading repeats."""
 
-    def seconds(self, op: str, nbytes: float, calls: int, n: int) -> float:
-        """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks."""
+    def seconds(self, op: str, nbytes: float, calls: int, n: int, busy: bool = False) -> float:
+        """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks; ``busy``: every core computes, so each
+        call costs :attr:`call_s` where it was measured."""
         if n <= 1 or nbytes <= 0:
             return 0.0
         # Small messages go through trees (NCCL) or a few hops: the latency grows with log2 of the ranks.
         steps = math.log2(n) / math.log2(max(2, self.measured_at))
-        return calls * self.latency_s[op] * steps + nbytes * factor(op, n) / self.busbw[op]
+        latency = self.call_s.get(op, self.latency_s[op]) if busy else self.latency_s[op]
+        return calls * latency * steps + nbytes * factor(op, n) / self.busbw[op]
 
 
 def from_device(device: Device, nodes: int) -> Bandwidth:
@@ -147,7 +157,22 @@ def from_comm_bench(path: Path) -> tuple[Bandwidth, int]:
         busbw.setdefault(op, busbw.get("all_reduce") or next(iter(busbw.values())))
         latency.setdefault(op, latency.get("all_reduce") or next(iter(latency.values())))
     world = int(result.get("world_size", 2))
-    return Bandwidth(busbw, latency, measured_at=world,
-                     source=f"rankwise comm bench ({path}: {world} ranks, {result.get('backend', '?')}): "
-                            + ", ".join(f"{op} {busbw[op] / 1e9:.2f} GB/s" for op in OPS)), \
-        int(result.get("nnodes", 1))
+    source = (f"rankwise comm bench ({path}: {world} ranks, {result.get('backend', '?')}): "
+              + ", ".join(f"{op} {busbw[op] / 1e9:.2f} GB/s" for op in OPS))
+    call_s = _between(Path(path).with_name(BETWEEN), world)
+    if call_s:
+        source += "; a call between computations " + ", ".join(f"{op} {call_s[op] * 1e3:.2f} ms" for op in call_s)
+    return Bandwidth(busbw, latency, measured_at=world, call_s=call_s, source=source), int(result.get("nnodes", 1))
+
+
+def _between(path: Path, world: int) -> dict[str, float]:
+    """Each call's cost between computations from ``between.json`` (empty when there is none for ``world``)."""
+    if not path.is_file():
+        return {}
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if int(result["world_size"]) != world:
+            return {}
+        return {op: float(us) / 1e6 for op, us in result["call_us"].items() if op in OPS}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: not a between.json written by rankwise plan --validate ({e})") from None

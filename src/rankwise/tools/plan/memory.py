@@ -173,10 +173,9 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
     - Gradients: stage 1 keeps whole gradients through the backward pass (d x Φ); stage 2 copies each reduced
       gradient into its partition, ``grads_in_partition`` (d x φ).  At the optimizer step the partition's gradient is
       also copied to fp32 (4 x φ, a temporary).
-    - Buffers: during the backward pass, the reduction bucket ``ipg_buffer`` of ``reduce_bucket_size`` elements at d
-      bytes (one: ``overlap_comm`` is false below stage 3).  Measured here, not read in the code: on one rank with
-      gradient accumulation the previous micro-batch's bucket is still alive while the next one fills (two buckets;
-      the gradients are views of it), in most runs of examples/causal_lm.py at stages 1 and 2.
+    - Buffers: during the backward pass, the reduction bucket of ``reduce_bucket_size`` elements at d bytes (one:
+      ``overlap_comm`` is false below stage 3, so ``setup_buckets`` allocates no second buffer; each micro-batch's
+      replaces the last's).
     - Activations: the trace's; the optimizer's temporaries scale with the partition."""
     def memory(trace: Trace, setting: Setting) -> Memory:
         n, phi, d = setting.world_size, trace.numel, trace.itemsize
@@ -185,7 +184,7 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
         optimizer = (4 + 4 * trace.optimizer_moments) * part
         gradients = d * flat if stage == 1 else d * part
         held = {"parameters": d * flat, "optimizer": round(optimizer), "activations": fixed_activations(trace)}
-        bucket = d * setting.zero_bucket * (2 if n == 1 and setting.grad_accum > 1 else 1)
+        bucket = d * setting.zero_bucket
 
         def during(s: Sample) -> dict[str, int]:
             if s.phase == 0:

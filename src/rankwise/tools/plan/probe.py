@@ -14,7 +14,16 @@ optimizer's state, DDP's rebuilt buckets) and reported as their median.  Residen
 the libraries and the allocator's caching, none of which the plan models.  Not seen: memory a library allocates
 outside torch's allocator (gloo's own transport buffers).
 
-Steady step time: after the profiler stops, the median interval between consecutive optimizer steps over
+The profiler records only the threads it profiles: a tensor whose last reference goes in another thread (an async
+gloo collective's buffers, released by gloo's worker thread when the work completes) is freed without an event, and
+counting its bytes as live would make memory grow step after step.  Every event carries its block's address (in the
+profiler's trace), so the events are read as a ledger: an allocation at the address of a block still live in it means
+that block was freed, unseen, before; it stops counting there, the latest moment it can have been freed.
+
+On a GPU the allocator's own count is the measure: ``torch.cuda.max_memory_allocated`` during each measured step
+(reset after the one before), everything the rank holds on the device included.
+
+Steady step time: after the memory is measured, the median interval between consecutive optimizer steps over
 :data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading its events, left out).
 """
 
@@ -48,59 +57,107 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def peak_between(events, start_ns: int, end_ns: int, baseline: int) -> tuple[int, int]:
-    """``(peak live bytes in [start_ns, end_ns], live bytes at end_ns)`` from the profiler's memory events."""
+def live_bytes(events, since: float, baseline: int) -> list[tuple[float, int]]:
+    """Live bytes after each memory event from ``since`` on (``baseline`` then), from ``(time, address, bytes)``
+    events sorted by time (bytes negative when freed).  A block allocated at an address still live in the ledger
+    replaces one freed unseen (see the module's docstring): the older block stops counting, if it counted."""
+    ledger: dict[int, tuple[int, bool]] = {}  # address -> (bytes, allocated since ``since``)
+    live, series = baseline, []
+    for at, address, nbytes in events:
+        counted = at >= since
+        if nbytes > 0:
+            unseen_free = ledger.pop(address, None)
+            if unseen_free is not None and unseen_free[1]:
+                live -= unseen_free[0]
+            ledger[address] = (nbytes, counted)
+            live += nbytes if counted else 0
+        else:
+            ledger.pop(address, None)
+            live += nbytes if counted else 0
+        if counted:
+            series.append((at, live))
+    return series
+
+
+def peak_between(series: list[tuple[float, int]], start: float, end: float, baseline: int) -> tuple[int, int]:
+    """``(peak live bytes in [start, end], live bytes at end)`` from :func:`live_bytes`'s series."""
     live, peak = baseline, None
-    for at, nbytes in events:
-        if at > end_ns:
+    for at, now in series:
+        if at > end:
             break
-        live += nbytes
-        if at >= start_ns:
+        live = now
+        if at >= start:
             peak = live if peak is None else max(peak, live)
     return (peak if peak is not None else live), live
 
 
 class Probe(observers.Observer):
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, cuda: bool = False):
         from torch.profiler import ProfilerActivity, profile
 
         self.directory = directory
-        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        # On a GPU the allocator counts for itself (torch.cuda.max_memory_allocated): no profiler.
+        self.cuda = cuda
+        self.profiler = None if cuda else profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self.baseline = 0
+        self.cuda_peaks: list[int] = []
         self.step_times: list[float] = []
         self.result: dict = {}
 
     def prepared(self, rt, model, grad_accum: int) -> None:
         self.baseline = storage_bytes([*model.parameters(), *model.buffers()])
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(rt.device)
+            return
         with torch.profiler.record_function(f"{MARK}0"):
             pass
 
     def stepped(self, rt, model) -> None:
         step = rt.steps
+        if self.cuda and step <= MEASURED_STEPS[-1]:
+            if step in MEASURED_STEPS:
+                self.cuda_peaks.append(torch.cuda.max_memory_allocated(rt.device))
+            torch.cuda.reset_peak_memory_stats(rt.device)  # (the next step's peak is its own)
+            if step == MEASURED_STEPS[-1]:
+                self.result = {"peak_bytes": int(statistics.median(self.cuda_peaks)), "step_peaks": self.cuda_peaks,
+                               "held_bytes": torch.cuda.memory_allocated(rt.device), "model_bytes": self.baseline}
+                self.step_times.append(self._now())
+            return
         if self.profiler is not None:
             with torch.profiler.record_function(f"{MARK}{step}"):
                 pass
             if step == MEASURED_STEPS[-1]:
                 self._measure_memory(rt)
             return
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(self._now())
         if len(self.step_times) > TIMED_STEPS + 1:
             self._finish(rt)
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()  # Why: a step's kernels run after the host returns; its end is when they end.
+        return time.perf_counter()
 
     def _measure_memory(self, rt) -> None:
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
-        events = profiler.profiler.kineto_results.events()
-        marks = {e.name(): e.start_ns() for e in events if e.name().startswith(MARK)}
-        memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"
-                        and e.start_ns() > marks[f"{MARK}0"])
+        # (only the trace the profiler exports names each block's address)
+        trace = self.directory / f"trace-rank{rt.rank}.json"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+        trace.unlink()
+        marks = {e["name"]: e["ts"] for e in events if e.get("name", "").startswith(MARK)}
+        memory = sorted((e["ts"], e["args"]["Addr"], e["args"]["Bytes"]) for e in events
+                        if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+        series = live_bytes(memory, marks[f"{MARK}0"], self.baseline)
         peaks = []
         for step in MEASURED_STEPS:
-            peak, after = peak_between(memory, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
+            peak, after = peak_between(series, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
             peaks.append(peak)
         self.result = {"peak_bytes": int(statistics.median(peaks)), "step_peaks": peaks, "held_bytes": after,
                        "model_bytes": self.baseline}
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(self._now())
 
     def _finish(self, rt) -> None:
         times = self.step_times[1:]  # (the first interval paid for reading the profiler's events)
@@ -119,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or PROBE not in os.environ:
         print(f"usage: {PROBE}=DIR python -m rankwise.tools.plan.probe SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
-    probe = Probe(Path(os.environ[PROBE]))
+    probe = Probe(Path(os.environ[PROBE]), cuda=torch.cuda.is_available())
     observers.register(probe)
-    probe.profiler.__enter__()
+    if probe.profiler is not None:
+        probe.profiler.__enter__()
     status = run_script(argv)
     return status if isinstance(status, int) else 0 if status is None else 1
 

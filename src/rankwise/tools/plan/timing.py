@@ -9,7 +9,9 @@
 - Communication (:mod:`~rankwise.tools.plan.comms`): every collective's alpha-beta time.  A collective the strategy
   runs beside a pass is hidden by that pass's compute time, except the last call of the backward pass's (its
   gradients are ready only when the pass ends); one the strategy runs apart (ZeRO-1/2) is not.  Where the device
-  cannot compute and communicate at once (a CPU whose cores the ranks' threads all use), nothing is hidden.
+  cannot compute and communicate at once (a CPU whose cores the ranks' threads all use), nothing is hidden, and each
+  call costs what it was measured to cost between two computations where that was measured
+  (:mod:`~rankwise.tools.plan.between`).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def step_time(strategy: str, trace: Trace, world: int, grad_accum: int, device: 
     total_comm, exposed, beside = 0.0, 0.0, {"forward": 0.0, "backward": 0.0}
     last_backward = 0.0
     for call in calls:
-        seconds = bandwidth.seconds(call.op, call.nbytes, call.calls, world)
+        seconds = bandwidth.seconds(call.op, call.nbytes, call.calls, world, busy=not device.overlaps)
         total_comm += seconds
         if call.overlapped and device.overlaps:
             beside[call.overlapped] += seconds

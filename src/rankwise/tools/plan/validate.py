@@ -11,7 +11,8 @@ Every rank runs one thread (``OMP_NUM_THREADS=1``, in the plan's own timing too)
 that runs anything else, the same one-process step took 24 ms in one run and 506 ms in the next (OpenMP's threads
 wait for a core another process holds), which no plan can predict.  Unless ``--comm`` gives one, the bandwidth
 model is calibrated first by a short ``rankwise comm bench`` at the largest world size validated (all_reduce,
-all_gather and reduce_scatter, 4 B to 8 MiB): what a collective costs on this machine as it is now.
+all_gather and reduce_scatter, 4 B to 8 MiB) and by what one call costs there between two computations
+(:mod:`~rankwise.tools.plan.between`): what a collective costs on this machine as it is now.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.process import usable_cores
 from rankwise.tools.harness import run_measured
 from rankwise.tools.plan import report
-from rankwise.tools.plan.command import make_plan
+from rankwise.tools.plan.between import FILE as BETWEEN
+from rankwise.tools.plan.command import capture_script, make_plan
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.planner import Row
 from rankwise.tools.plan.probe import PROBE
@@ -90,7 +92,8 @@ def measure(config: PlanConfig, strategy: str, world: int, out: Path, timeout_s:
 
 
 def comm_bench(world: int, out: Path) -> Path:
-    """A short ``rankwise comm bench`` at ``world`` ranks; its ``comm.json``."""
+    """A short ``rankwise comm bench`` at ``world`` ranks, and each call's cost between computations beside it
+    (:mod:`~rankwise.tools.plan.between`); its ``comm.json``."""
     command = [sys.executable, "-m", "rankwise.cli", "comm", "bench", "--nproc-per-node", str(world), "--ops",
                "all_reduce,all_gather,reduce_scatter", "--max-bytes", "8M", "--iters", "10", "--warmup", "3",
                "--no-ceilings", "--no-progress", "--out", str(out)]
@@ -100,6 +103,15 @@ def comm_bench(world: int, out: Path) -> Path:
         from rankwise.errors import ConfigError
 
         raise ConfigError(f"rankwise comm bench failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    if world > 1:
+        between = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(world), "-m",
+                   "rankwise.tools.plan.between", str(out / BETWEEN)]
+        result = subprocess.run(between, capture_output=True, text=True)
+        if result.returncode or not (out / BETWEEN).is_file():
+            from rankwise.errors import ConfigError
+
+            raise ConfigError(f"measuring a call between computations failed (exit {result.returncode}): "
+                              f"{result.stderr[-2000:]}")
     return out / "comm.json"
 
 
@@ -128,19 +140,32 @@ def table(checked: list[Checked]) -> str:
 
 
 def run(config: PlanConfig, *, as_json: bool = False) -> int:
-    runnable = [n for n in config.nproc_per_node if n <= usable_cores()]
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    most = gpus or usable_cores()  # a rank a GPU, or a rank a core
+    runnable = [n for n in config.nproc_per_node if n <= most]
     if config.nnodes != 1 or not runnable:
         from rankwise.errors import ConfigError
 
-        raise ConfigError(f"--validate runs the planned world sizes this machine can: one node, at most "
-                          f"{usable_cores()} ranks (asked: --nnodes {config.nnodes}, --nproc-per-node "
-                          f"{','.join(map(str, config.nproc_per_node))})")
+        raise ConfigError(f"--validate runs the planned world sizes this machine can: one node, at most {most} ranks "
+                          f"({'its GPUs' if gpus else 'its cores'}; asked: --nnodes {config.nnodes}, "
+                          f"--nproc-per-node {','.join(map(str, config.nproc_per_node))})")
     os.environ["OMP_NUM_THREADS"] = "1"  # (see the module's docstring; the launched ranks inherit it)
+    capture = capture_script(config)
+    if not capture.on_rankwise:
+        from rankwise.errors import ConfigError
+
+        raise ConfigError(f"--validate measures each strategy running {config.script} under rankwise launch, "
+                          "which needs a script on rankwise.setup() (docs/getting-started/porting.md); this one "
+                          "starts its own distributed job: plan it without --validate, or measure it with "
+                          "rankwise bench --script")
     out = config.out / "validate"
-    if config.comm is None:
+    if config.comm is None and max(runnable) > 1:
         config = replace(config, comm=comm_bench(max(runnable), out / "comm"))
-    config = replace(config, nproc_per_node=runnable, device="cpu")
-    plan = make_plan(config)
+    # (on a GPU machine the plan is for the GPU present: --device's default)
+    config = replace(config, nproc_per_node=runnable, device=None if gpus else "cpu")
+    plan = make_plan(config, capture)
     checked = []
     for row in plan.rows:
         if row.strategy in NOT_LAUNCHED:

@@ -18,8 +18,10 @@ from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning
-from rankwise.tools.watch.rank import DIRECTORY, SPAWN, STALL, arm_stall, watched, watcher_from_environment
+from rankwise.tools.watch.rank import arm_stall, watched
+from rankwise.tools.watch.settings import DIRECTORY, WatchSettings
 from rankwise.tools.watch.spawned import launcher_main
+from rankwise.tools.watch.watcher import Watcher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,14 +30,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]", file=sys.stderr)
         return 2
     to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
-    if os.environ.get(SPAWN):  # an mp.spawn script: this process starts the ranks, and each is watched there
-        return launcher_main(argv)
+    settings = WatchSettings.from_environment()
+    if settings.spawn:  # an mp.spawn script: this process starts the ranks, and each is watched there
+        return launcher_main(argv, settings)
     if os.environ.get(horovod_optimizer.ENVIRONMENT) == "1":
         horovod_optimizer.ranks_from_horovodrun()
     who = f"rank{os.environ.get('RANK', '0')}"
-    arm_stall(who)
-    exits.install(who, watch_gil=not float(os.environ.get(STALL) or 0))  # (a stall deadline names one that keeps it)
-    watcher = watcher_from_environment()
+    arm_stall(who, settings)
+    exits.install(who, watch_gil=not settings.stall_s)  # (a stall deadline names one that keeps it)
+    watcher = Watcher(settings)
     watcher.install()
     if os.environ.get(deepspeed_engine.ENVIRONMENT) == "1":
         deepspeed_engine.watch(watcher)

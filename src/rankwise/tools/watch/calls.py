@@ -1,15 +1,13 @@
-"""What a script does around its steps: the collectives it calls itself (by call site, timed), the values it reads
-back to Python (``.item()``: on a GPU each waits for the device), ``torch.save``, and the DDP communication hook it
-registers."""
+"""The collectives and sync points of a script: the collectives it calls itself (by call site, timed), the values
+it reads back to Python (``.item()``: on a GPU each waits for the device), the DDP communication hook it registers,
+and the process group it joined and left.  (Its ``torch.save`` calls: :mod:`rankwise.tools.watch.saves`.)"""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,7 +26,6 @@ class CallWatch:
         self.step = step
         """Returns the optimizer steps taken so far."""
         self.collectives: dict[str, dict] = {}
-        self.saves: list[dict] = []
         self.comm_hook = "none"
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
@@ -40,6 +37,8 @@ class CallWatch:
         self._frameworks_patched = False
         self.destroyed_group = False
         """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
+        self.joined: tuple[int, int] | None = None
+        """(rank, world size) while the script's process group was open (a script may close it before the end)."""
         self.left: tuple[int, int] | None = None
         """(rank, world size) of the process group when it was destroyed (by the script, a framework or rankwise)."""
         self.reads: dict[str, dict] = {}
@@ -48,7 +47,6 @@ class CallWatch:
         """A context around each of those calls, by its site (a benchmark's profiled steps mark them)."""
 
     def install(self) -> None:
-        patch(torch, "save", self._save)
         patch(torch.Tensor, "item", self._item)
         for name in COLLECTIVES:
             if hasattr(dist, name):
@@ -56,6 +54,11 @@ class CallWatch:
         patch(dist, "destroy_process_group", self._destroy)
         from torch.nn.parallel import DistributedDataParallel
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
+
+    def take_collective_seconds(self) -> float:
+        """The seconds in the script's own collectives since the last optimizer step (each step takes them)."""
+        seconds, self.collective_seconds = self.collective_seconds, 0.0
+        return seconds
 
     def records(self) -> dict:
         return _summarised(self.collectives)
@@ -133,19 +136,6 @@ class CallWatch:
             watcher.comm_hook = getattr(hook, "__name__", str(hook))
             return original(ddp, state, hook)
         return register
-
-    def _save(self, original):
-        watcher = self
-
-        def save(obj, f, *args, **kwargs):
-            keys = list(obj.keys()) if isinstance(obj, dict) else []
-            nested = [k for value in (obj.values() if isinstance(obj, dict) else []) if isinstance(value, dict)
-                      for k in value]
-            prefixed = any(isinstance(k, str) and k.startswith("module.") for k in keys + nested)
-            watcher.saves.append({"path": str(Path(f).resolve()) if isinstance(f, (str, os.PathLike)) else repr(f),
-                                  "site": call_site(), "module_prefix": prefixed, "step": watcher.step()})
-            return original(obj, f, *args, **kwargs)
-        return save
 
 
 def caller_is_the_script() -> bool:

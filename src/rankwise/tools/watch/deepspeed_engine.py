@@ -50,11 +50,11 @@ def _forward(watcher, original):
         if not getattr(engine, "_rankwise_seen", False):
             engine._rankwise_seen = True
             stage = _stage(engine)
-            watcher.facts |= {"api": "deepspeed", "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
-                              "shards_optimizer_state": stage >= 1,
-                              "precision": "bf16-true" if engine.bfloat16_enabled() else
-                              "16-mixed" if engine.fp16_enabled() else "32-true"}
-            if watcher.trace and watcher.follow is not None:
+            watcher.facts.update({"api": "deepspeed", "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
+                                   "shards_optimizer_state": stage >= 1,
+                                   "precision": "bf16-true" if engine.bfloat16_enabled() else
+                                   "16-mixed" if engine.fp16_enabled() else "32-true"})
+            if watcher.settings.trace and watcher.lockstep.follow is not None:
                 # The watcher's first forward gave the module the N-rank run's initial weights; the engine's fp32
                 # masters (what its first step updates) were copied before that: they take them too.
                 # (A ZeRO-3 parameter took them into its master with its partition: see assign.)
@@ -89,7 +89,7 @@ def _step(watcher, original):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_set_full_grad
 
         named = _named(engine)
-        watcher.in_runtime_step = True  # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
+        watcher.steps.in_runtime_step = True  # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
         watcher.step_begins(engine.optimizer, [])
         if watcher.tracing:
             scale = _scale(engine)
@@ -104,11 +104,11 @@ def _step(watcher, original):
                     if name in applied:
                         safe_set_full_grad(parameter, (applied[name] * scale).reshape(_shape(parameter))
                                            .to(parameter.device))
-                watcher.record.followed = True
+                watcher.steps.record.followed = True
         try:
             result = original(engine, *args, **kwargs)
         finally:
-            watcher.in_runtime_step = False
+            watcher.steps.in_runtime_step = False
 
         def weights() -> dict[str, torch.Tensor]:
             # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO 1-2).

@@ -45,11 +45,11 @@ def _not_a_step(watcher, original):
     """``hvd.broadcast_optimizer_state`` steps a fresh optimizer once with zero gradients, to create the state it
     broadcasts: not a training step (the watcher leaves it alone, in every run alike)."""
     def broadcast(*args, **kwargs):
-        watcher.in_runtime_step = True
+        watcher.steps.in_runtime_step = True
         try:
             return original(*args, **kwargs)
         finally:
-            watcher.in_runtime_step = False
+            watcher.steps.in_runtime_step = False
     return broadcast
 
 
@@ -62,7 +62,8 @@ def _compression(optimizer) -> str:
 def _step(watcher, original):
     def step(optimizer, closure=None):
         if optimizer._should_synchronize:
-            with watcher.profile.mark("exchange") if watcher.profile is not None else contextlib.nullcontext():
+            profile = watcher.window.profile
+            with profile.mark("exchange") if profile is not None else contextlib.nullcontext():
                 optimizer.synchronize()  # what Horovod's step does first: the averaged gradients are in .grad now
         watcher.calls.comm_hook = _compression(optimizer)  # (what the report names the exchange by)
         optimizer._rankwise_watch_now = True

@@ -86,6 +86,8 @@ class LoaderWatch:
         """After the compared window: the batches a training pass yields before it is cut (``None``: as written)."""
         self.training: set[int] = set()
         """The loaders a backward consumed a batch of."""
+        self.consumed_batches = 0
+        """Batches a backward consumed (in the window: its micro-batches per step)."""
         self._length = DataLoader.__len__
         """A loader's own length (a cut training loader's is ``keep``: what it will yield)."""
         self.collectives: Callable[[], tuple[int, int]] = lambda: (0, 0)
@@ -107,6 +109,7 @@ class LoaderWatch:
         if not feeding:
             return None
         current = max(feeding, key=lambda p: p.last_yield)
+        self.consumed_batches += 1
         self.training.add(current.record["loader"])
         digests, tokens = current.pending.popleft()
         current.record["trained"] += len(digests)

@@ -1,5 +1,5 @@
-"""One watched rank: its settings from the environment, its watcher and stall deadline, the script run under them
-and the teardown after it.
+"""One watched rank: its watcher and stall deadline (on the settings parsed from the environment,
+:mod:`rankwise.tools.watch.settings`), the script run under them and the teardown after it.
 
 Shared by the two ways a watched rank starts: :mod:`rankwise.tools.watch.bootstrap` (a rank torchrun started) and
 :mod:`rankwise.tools.watch.spawned` (a rank an ``mp.spawn`` script started itself).
@@ -8,37 +8,18 @@ Shared by the two ways a watched rank starts: :mod:`rankwise.tools.watch.bootstr
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 
 from rankwise import process
 from rankwise.launch.failures import record_for_launcher
-from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.watch import stall
+from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
-DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
-TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"
-FOLLOW, SCALE = "RANKWISE_WATCH_FOLLOW", "RANKWISE_WATCH_SCALE"
-MIN_WINDOW, AFTER = "RANKWISE_WATCH_MIN_WINDOW", "RANKWISE_WATCH_AFTER"
-STALL, SPAWN = "RANKWISE_WATCH_STALL", "RANKWISE_WATCH_SPAWN"
-PROFILE = "RANKWISE_WATCH_PROFILE"
-"""The watcher's settings, as the tools hand them to each rank."""
 
-
-def watcher_from_environment() -> Watcher:
-    steps = int(os.environ.get(STEPS, "20"))
-    trace = os.environ.get(TRACE) == "1"
-    return Watcher(os.environ[DIRECTORY], steps=steps, warmup=max(1, min(int(os.environ.get(WARMUP, "1")), steps - 1)),
-                   follow=os.environ.get(FOLLOW) or None, scale=int(os.environ.get(SCALE, "1")),
-                   keep_dropout=os.environ.get(DROPOUT) == "keep", trace=trace,
-                   min_window_s=float(os.environ.get(MIN_WINDOW, MIN_WINDOW_S)),
-                   after=os.environ.get(AFTER, "stop"), profile_steps=int(os.environ.get(PROFILE) or 0))
-
-
-def arm_stall(who: str) -> None:
-    """This process's progress deadline (``who``: ``rank0``, ...), as the tool set it (0 or unset: none)."""
-    stall.arm(float(os.environ.get(STALL) or 0), stall.dump_path(os.environ[DIRECTORY], who), who)
+def arm_stall(who: str, settings: WatchSettings) -> None:
+    """This process's progress deadline (``who``: ``rank0``, ...), as the tool set it (0: none)."""
+    stall.arm(settings.stall_s, stall.dump_path(settings.directory, who), who)
 
 
 def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], None] = lambda: None) -> int:
@@ -69,7 +50,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
     else:
         watcher.ended_by = "script"
         stop_profiling(watcher)
-        if not watcher.trace and not watcher.reported and watcher.step >= watcher.steps:
+        if not watcher.settings.trace and not watcher.window.reported and watcher.step >= watcher.settings.steps:
             watcher.finish(script_ended=True)  # a benchmark's window, cut short by the script's own length
     ended()
     watcher.write_rank_record()
@@ -81,7 +62,7 @@ def watched(watcher: Watcher, run: Callable[[], object], ended: Callable[[], Non
 def stop_profiling(watcher: Watcher) -> None:
     """A script that ended during its profiled steps leaves no profiler running (torch's crashes the process at
     exit, SIGSEGV, where one is left on)."""
-    if watcher.profile is not None:
+    if watcher.window.profile is not None:
         with contextlib.suppress(Exception):
-            watcher.profile.stop()
+            watcher.window.profile.stop()
 

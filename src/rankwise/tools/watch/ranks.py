@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rankwise.compat.watch_patches import checked
 from rankwise.launch.failures import RANKWISE_DIR
 
 _all_gather_object = dist.all_gather_object
@@ -17,7 +18,9 @@ _all_gather_object = dist.all_gather_object
 
 
 def patch(owner, name: str, make) -> None:
-    """Replace ``owner.name`` by ``make(original)``, keeping the original's name and docstring."""
+    """Replace ``owner.name`` by ``make(original)``, keeping the original's name and docstring: only what
+    :mod:`rankwise.compat.watch_patches` records (its version checked there)."""
+    checked(owner, name)
     original = getattr(owner, name)
     setattr(owner, name, functools.wraps(original)(make(original)))
 

@@ -12,7 +12,7 @@ from rankwise.tools.harness import run_measured
 from rankwise.tools.watch import spawned, stall, window
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
-from rankwise.tools.watch.rank import (
+from rankwise.tools.watch.settings import (
     AFTER,
     DIRECTORY,
     DROPOUT,
@@ -36,7 +36,7 @@ def watched_run(script: Path, script_args: list[str], framework: Framework, proc
     ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
     ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
     ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps).  ``after``: what
-    the run does after its last traced step (:data:`~rankwise.tools.watch.watcher.AFTER_WINDOW`).  ``stall_s``:
+    the run does after its last traced step (:data:`~rankwise.tools.watch.settings.AFTER_WINDOW`).  ``stall_s``:
     a rank that makes no progress for that long is stopped, and the error says where each rank waited (0: never).
     ``profile_steps``: a benchmark profiles that many steps after its window, for its step-time breakdown.
 

@@ -33,19 +33,19 @@ class RuntimeSteps(observers.Observer):
         watcher.runtime = rt
         watcher.data.given = {}  # the Runtime's loaders give one process the N ranks' global batches themselves
         watcher.model_seen(model)
-        watcher.facts |= {"api": "rankwise", "strategy": rt.strategy_name, "precision": rt.strategy.precision.name,
-                          "device": rt.device.type, "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
-                          "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
-                          "shards_optimizer_state": rt.strategy.shards_optimizer_state}
+        watcher.facts.update({"api": "rankwise", "strategy": rt.strategy_name, "precision": rt.strategy.precision.name,
+                              "device": rt.device.type, "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
+                              "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
+                              "shards_optimizer_state": rt.strategy.shards_optimizer_state})
 
     def backward(self, rt, loss: torch.Tensor) -> None:
-        if self.watcher.trace:
-            self.watcher.record.losses.append(float(loss.detach().float().sum()))
-            self.watcher.runtime_loss = True
+        if self.watcher.settings.trace:
+            self.watcher.steps.record.losses.append(float(loss.detach().float().sum()))
+            self.watcher.steps.runtime_loss = True
 
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         watcher = self.watcher
-        watcher.in_runtime_step = True
+        watcher.steps.in_runtime_step = True
         no_grad = [name for name, p in rt.strategy.unwrap(model).named_parameters()
                    if p.requires_grad and p.grad is None]
         watcher.step_begins(optimizer, no_grad)
@@ -61,10 +61,10 @@ class RuntimeSteps(observers.Observer):
         for name, param in rt.strategy.unwrap(model).named_parameters():
             grad = applied.get(name)
             param.grad = None if grad is None else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
-        watcher.record.followed = True
+        watcher.steps.record.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:
-        self.watcher.in_runtime_step = False
+        self.watcher.steps.in_runtime_step = False
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
             lambda: {k: v.detach().float().cpu() for k, v in rt.state_dict(model).items()},  # a collective if sharded
@@ -74,6 +74,6 @@ class RuntimeSteps(observers.Observer):
         """The script's loop ended before the watcher's last step, its process group still open: a benchmark past
         its asked steps reports the window it had (every rank)."""
         watcher = self.watcher
-        if not watcher.trace and not watcher.reported and watcher.started is not None and \
-                watcher.step >= watcher.steps:
+        if not watcher.settings.trace and not watcher.window.reported and watcher.window.started is not None and \
+                watcher.step >= watcher.settings.steps:
             watcher.finish(script_ended=True)

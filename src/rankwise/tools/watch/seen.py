@@ -14,20 +14,21 @@ from rankwise.tools.watch.ranks import rank_and_world
 
 def of(watcher) -> dict:
     """What the rank of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`) saw."""
-    rank, world = watcher.joined or watcher.calls.left or rank_and_world()
+    rank, world = watcher.calls.joined or watcher.calls.left or rank_and_world()
     return {"rank": rank, "world_size": world, "steps": watcher.step,
             "passes": watcher.data.records(), "set_epoch_calls": watcher.data.set_epoch_calls,
             "collectives": watcher.calls.records(), "reads": watcher.calls.read_records(),
-            "device": watcher.facts["device"], "saves": watcher.calls.saves,
-            "replicas_differ": watcher.replicas_differ, "unscaled": watcher.data.unscaled,
-            "step_seconds": [round(s, 6) for s in watcher.step_seconds],
-            "step_collective_seconds": [round(s, 6) for s in watcher.step_collective_seconds],
-            "scale": watcher.scale, "dropout": watcher.facts["dropout"],
+            "device": watcher.facts["device"], "saves": watcher.saves.saves,
+            "replicas_differ": watcher.steps.replicas_differ, "unscaled": watcher.data.unscaled,
+            "step_seconds": [round(s, 6) for s in watcher.window.step_seconds],
+            "step_collective_seconds": [round(s, 6) for s in watcher.window.step_collective_seconds],
+            "scale": watcher.settings.scale, "dropout": watcher.facts["dropout"],
             "framework_world_size": framework_world_size(), "api": watcher.facts["api"],
-            "window_steps": watcher.end, "keep_batches": watcher.data.keep,
+            "window_steps": watcher.window.end, "keep_batches": watcher.data.keep,
             "ended_by": watcher.ended_by, "destroyed_group": watcher.calls.destroyed_group}
 
 
 def write(watcher) -> None:
     record = of(watcher)
-    write_text_atomic(watcher.directory / RANK_RECORD.format(rank=record["rank"]), json.dumps(record, indent=2))
+    path = watcher.settings.directory / RANK_RECORD.format(rank=record["rank"])
+    write_text_atomic(path, json.dumps(record, indent=2))

@@ -31,23 +31,26 @@ import torch.multiprocessing
 from torch.utils.data import DistributedSampler
 
 from rankwise.checkpoint import write_text_atomic
+from rankwise.compat.watch_patches import checked
 from rankwise.errors import ConfigError
 from rankwise.launch.ports import port_in_use
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import stall
-from rankwise.tools.watch.rank import DIRECTORY, SPAWN, arm_stall, watched, watcher_from_environment
+from rankwise.tools.watch.rank import arm_stall, watched
 from rankwise.tools.watch.ranks import patch
+from rankwise.tools.watch.settings import WatchSettings
+from rankwise.tools.watch.watcher import Watcher
 
 SPAWN_RECORD, CHILD_RECORD = "spawn.json", "spawn-rank{index}.json"
 ONE = "one"
 """``RANKWISE_WATCH_SPAWN``'s value for the one-process reference (any other non-empty value: the script's ranks)."""
 
 
-def launcher_main(argv: list[str]) -> int:
+def launcher_main(argv: list[str], settings: WatchSettings) -> int:
     """The script's own process (it starts the ranks): the spawn patch, the script as ``__main__``."""
-    arm_stall("launcher")  # (paused once the ranks start: each has its own deadline)
-    install_spawn_patch()
+    arm_stall("launcher", settings)  # (paused once the ranks start: each has its own deadline)
+    install_spawn_patch(settings)
     try:
         run_as_main(argv[0], argv[1:])
     finally:
@@ -55,24 +58,18 @@ def launcher_main(argv: list[str]) -> int:
     return 0
 
 
-def _reference() -> bool:
-    return os.environ.get(SPAWN) == ONE
-
-
-def _directory() -> Path:
-    return Path(os.environ[DIRECTORY])
-
-
-def install_spawn_patch() -> None:
+def install_spawn_patch(settings: WatchSettings) -> None:
     """``torch.multiprocessing.start_processes`` wraps the script's function in :class:`SpawnedRank`: patched where
     ``mp.spawn`` looks it up (its own module's globals) and where a script calls it (the package)."""
     module = sys.modules["torch.multiprocessing.spawn"]  # (the package's `spawn` attribute is the function)
-    patched = _start_processes(module.start_processes)
+    checked(module, "start_processes")
+    checked(torch.multiprocessing, "start_processes")
+    patched = _start_processes(module.start_processes, settings)
     module.start_processes = patched
     torch.multiprocessing.start_processes = patched
 
 
-def _start_processes(original):
+def _start_processes(original, settings: WatchSettings):
     signature = inspect.signature(original)
 
     def start_processes(*args, **kwargs):
@@ -80,13 +77,13 @@ def _start_processes(original):
         bound.apply_defaults()
         arguments = bound.arguments
         asked = arguments["nprocs"]
-        reference = _reference()
+        reference = settings.spawn == ONE
         if not reference and asked < 2:
             raise ConfigError(f"the script starts mp.spawn(nprocs={asked}): a distributed run needs at least 2 ranks "
                               "(pass the script's own flag for its world size after --)")
         arguments["nprocs"] = 1 if reference else asked
         arguments["fn"] = SpawnedRank(arguments["fn"], asked)
-        write_text_atomic(_directory() / SPAWN_RECORD, json.dumps({
+        write_text_atomic(settings.directory / SPAWN_RECORD, json.dumps({
             "nprocs": asked, "started": arguments["nprocs"], "start_method": arguments["start_method"],
             "reference": reference}, indent=2))
         stall.pause()  # this process only waits for its ranks now; each has its own deadline
@@ -103,16 +100,17 @@ class SpawnedRank:
 
     def __call__(self, index: int, *args) -> None:
         to_terminal()  # a rank of `verify`: rankwise's messages as under `rankwise launch`
-        arm_stall(f"rank{index}")
-        seen = InitSeen(index, one_process=_reference())
+        settings = WatchSettings.from_environment()  # (this child's: inherited from the process that spawned it)
+        arm_stall(f"rank{index}", settings)
+        seen = InitSeen(index, one_process=settings.spawn == ONE)
         seen.install(self.fn)
-        watcher = watcher_from_environment()
+        watcher = Watcher(settings)
         watcher.install()
 
         def ended() -> None:
-            if watcher.joined is None and not (dist.is_available() and dist.is_initialized()):
-                watcher.joined = (index, 1)  # never joined a group: its record is still this rank's, not rank 0's
-            write_text_atomic(_directory() / CHILD_RECORD.format(index=index), json.dumps(seen.record, indent=2))
+            if watcher.calls.joined is None and not (dist.is_available() and dist.is_initialized()):
+                watcher.calls.joined = (index, 1)  # never joined a group: its record is still this rank's, not rank 0's
+            write_text_atomic(settings.directory / CHILD_RECORD.format(index=index), json.dumps(seen.record, indent=2))
 
         watched(watcher, lambda: self.fn(index, *args), ended)
 
