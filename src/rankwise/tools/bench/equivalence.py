@@ -19,6 +19,7 @@ from pathlib import Path
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup
+from rankwise.tools.bench.records import EquivalenceColumns
 from rankwise.tools.bench.rows import Row
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
@@ -50,6 +51,7 @@ def criterion(row: Row, nproc: int) -> Criterion:
         return Criterion("weights", note=f"ddp.comm_hook={row.comm_hook} compresses the gradient exchange, which "
                                          "rankwise verify names as a difference by design; the row's stated "
                                          "tolerance judges it instead")
+    assert row.strategy is not None  # not a baseline
     variant = lookup(row.strategy)
     if variant.strategy == "single":
         return Criterion("weights", note="one process, as single: verify would compare single with itself; the "
@@ -83,7 +85,7 @@ def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str
                 "gradient_tolerance": None}
 
 
-def lockstep_columns(report: dict) -> dict:
+def lockstep_columns(report: dict) -> EquivalenceColumns:
     """A row's equivalence columns from ``rankwise verify``'s report of it."""
     lines = [line for line in report["steps"] if line["step"]]
     gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
@@ -106,7 +108,8 @@ def lockstep_columns(report: dict) -> dict:
             "gradient_tolerance": report["gradient_tolerance"], "reason": reason}
 
 
-def weights_columns(difference: float | None, tolerance: float, steps: int, error: str | None = None) -> dict:
+def weights_columns(difference: float | None, tolerance: float, steps: int,
+                    error: str | None = None) -> EquivalenceColumns:
     """A row's equivalence columns from its weights after ``steps`` against ``single``'s (``None``: not compared,
     ``error`` says why)."""
     verdict = "could not run" if difference is None else \

@@ -150,7 +150,7 @@ def exit_code(report: dict) -> int:
 
 def run(args) -> int:
     script, processes, watched = check(args)
-    label = args.strategy or f"{watched.name}-script"
+    label = (args.strategy or f"{watched.name}-script") if watched else args.strategy  # (check: one of them)
     out = Path(args.out or f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     progress = lambda text: log.info(f"verify: {text}", stderr=True)  # noqa: E731
     if watched is None:

@@ -93,8 +93,8 @@ def render(report: dict) -> str:
     out += _failures(report)
     if report["steps"]:
         out += step_table(report)
-    if evolution(report):
-        out.append(evolution(report))
+    if curve := evolution(report):
+        out.append(curve)
     if report["first_difference"]:
         out += [""] + first_difference(report["first_difference"], report["tolerance"], report["gradient_tolerance"])
     elif len(report["steps"]) <= 1 and not report["failure"]:

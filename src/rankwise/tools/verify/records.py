@@ -1,0 +1,67 @@
+"""``rankwise verify``'s step record: one line per optimizer step both traced runs reached, as
+:func:`rankwise.tools.verify.compare.compare` writes it into the report (``report.json``'s ``steps``, ``--json``) and
+the diagnosis, the report's table and ``rankwise bench``'s equivalence columns read it.  JSON is the wire format;
+tuples come back as lists."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from typing_extensions import NotRequired
+
+
+class GradientDifference(TypedDict):
+    """One step's gradient of the N-rank run against one process's at the same weights
+    (:func:`rankwise.tolerance.gradient_difference`)."""
+
+    difference: float
+    """The relative norm of the difference, ``|g_N - g_1| / |g_1|`` (0 where both are 0, inf where only one is)."""
+    top: list[tuple[str, float]]
+    """The parameters that differ most, relatively: (name, relative difference)."""
+    scale: float | None
+    """``<g_N, g_1> / |g_1|^2``: the N-rank gradient's size in units of one process's (1: the same; N: summed, not
+    averaged), None where one process's is 0."""
+    only_one: list[str]
+    """Parameters only one of the runs gave a (non-zero) gradient."""
+
+
+class StepLine(TypedDict):
+    """One optimizer step compared (step 0: the weights as prepared)."""
+
+    step: int
+    """The optimizer step after which the weights are compared (0: as built)."""
+    max_param_diff: float
+    """The largest absolute difference of any weight after the step."""
+    top: list[tuple[str, float]]
+    """The tensors that differ most: (name, largest absolute difference)."""
+    unmatched_tensors: list[str]
+    """Tensors only one run has, or whose shapes differ."""
+    data: str
+    """The step's samples, the N ranks together against the one process: ``same``, ``differs``, ``unmatched``,
+    ``unseen`` (no DataLoader batch), or ``—`` (step 0)."""
+    data_detail: str
+    """What differs about the samples, in words ("" where they are the same)."""
+    loss_reference: float | None
+    """The one process's loss at the step (the sum of its micro-batch losses); None where it gave none."""
+    loss_candidate: float | None
+    """The N-rank loss: the mean over ranks of each rank's summed micro-batch losses."""
+    loss_diff: float | None
+    """``|loss_reference - loss_candidate|`` (None where either is missing)."""
+    followed: bool
+    """Whether the one process started this step from the N-rank weights and applied the N-rank gradient."""
+    gradient_diff: float | None
+    """:attr:`GradientDifference.difference` (None: no gradient compared at this step)."""
+    gradient_top: list[tuple[str, float]]
+    """:attr:`GradientDifference.top`."""
+    gradient_scale: float | None
+    """:attr:`GradientDifference.scale`."""
+    gradient_only_one: list[str]
+    """:attr:`GradientDifference.only_one`."""
+    loss_ok: NotRequired[bool]
+    """The losses agree within the tolerance (relative above 1), or one is missing."""
+    params_ok: NotRequired[bool]
+    """Every weight within the tolerance, and no tensor unmatched."""
+    gradient_ok: NotRequired[bool]
+    """The gradients agree within the gradient tolerance (or none was compared) and none exists in one run alone."""
+    equivalent: NotRequired[bool]
+    """Weights, loss and gradient agree and the samples do not differ."""
