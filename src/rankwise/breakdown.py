@@ -127,10 +127,9 @@ def step_records(spans: list[Span]) -> list[dict]:
             return step.start <= span.start < step.end
         # keyed by region kind below (record[kind] += ...): a plain dict
         record: dict[str, Any] = {
-                  "wall": step.seconds, "start": step.start / 1e6, "exchange": 0.0, "data": 0.0, "forward": 0.0,
-                  "forward_comm": 0.0,
-                  "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0, "optimizer_comm": 0.0,
-                  "sync": [], "loader": None}
+            "wall": step.seconds, "start": step.start / 1e6, "exchange": 0.0, "data": 0.0, "forward": 0.0,
+            "forward_comm": 0.0, "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0,
+            "optimizer_comm": 0.0, "sync": [], "loader": None}
         mine = [region for region in regions if within(region)]
         # A region inside another of its kind is the same time (rankwise's optimizer mark in torch's span); one inside
         # another kind is that kind's time, not the outer one's (a Lightning closure's forward and backward inside

@@ -17,11 +17,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import tensor_differences
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
-from rankwise.tools.verify.records import GradientDifference, StepLine
+from rankwise.tools.verify.records import StepLine, TracedStep
 
 TOP_TENSORS = 3
 
@@ -32,7 +33,7 @@ class TracedRun:
     probe: dict = field(default_factory=dict)
     """``probe.json``: empty when the script ended before the probe's last step."""
     facts: dict = field(default_factory=dict)
-    records: dict[int, list[dict]] = field(default_factory=dict)
+    records: dict[int, list[TracedStep]] = field(default_factory=dict)
     """Step -> each rank's record."""
 
     @classmethod
@@ -53,7 +54,7 @@ class TracedRun:
         """Optimizer steps the run recorded."""
         return max(self.records, default=0)
 
-    def seen(self, what: str) -> bool:
+    def seen(self, what: Literal["samples", "losses"]) -> bool:
         """Whether any rank recorded ``samples`` (batches a DataLoader yielded, a backward consumed) or ``losses``."""
         return any(rank[what] for ranks in self.records.values() for rank in ranks)
 
@@ -73,7 +74,7 @@ class TracedRun:
         return sum(sum(rank["losses"]) for rank in ranks) / len(ranks)
 
 
-def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, str]:
+def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) -> tuple[str, str]:
     """One step's samples, the N ranks together against the one process: ``("same" | "differs" | "unmatched" |
     "unseen", detail)``.  ``differs``: other counts, or every rank saw the same samples (a failure by itself);
     ``unmatched``: as many samples, other digests (another order, or padding the digest does not recognise)."""
@@ -118,7 +119,7 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
                 "gradient_top": [], "gradient_scale": None, "gradient_only_one": []}
         if step:
             ours = reference.records[step][0]
-            gradient: GradientDifference | None = ours.get("gradient")
+            gradient = ours.get("gradient")
             line["followed"] = bool(ours.get("followed"))
             if gradient:
                 line |= {"gradient_diff": gradient["difference"], "gradient_top": gradient["top"],

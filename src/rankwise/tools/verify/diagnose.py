@@ -11,7 +11,7 @@ from __future__ import annotations
 from rankwise.strategies import lookup
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.compare import random_ops as located_random_ops
-from rankwise.tools.verify.records import StepLine
+from rankwise.tools.verify.records import StepLine, TracedStep
 
 UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_parameters")
 """What DDP says when a parameter got no gradient in the previous step."""
@@ -42,7 +42,7 @@ def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: i
             f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}")
 
 
-def _first_ranks(run: TracedRun) -> list[dict]:
+def _first_ranks(run: TracedRun) -> list[TracedStep]:
     return [ranks[0] for _, ranks in sorted(run.records.items())]
 
 
@@ -208,8 +208,8 @@ def _gradients(first: StepLine, world_size: int) -> str:
 
 
 def _learning_rates(run: TracedRun, step: int) -> list:
-    ranks = run.records.get(step) or [{}]
-    return ranks[0].get("learning_rates") or []
+    ranks = run.records.get(step)
+    return (ranks[0].get("learning_rates") if ranks else None) or []
 
 
 def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int) -> str | None:

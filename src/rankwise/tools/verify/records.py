@@ -65,3 +65,30 @@ class StepLine(TypedDict):
     """The gradients agree within the gradient tolerance (or none was compared) and none exists in one run alone."""
     equivalent: NotRequired[bool]
     """Weights, loss and gradient agree and the samples do not differ."""
+
+
+class TracedStep(TypedDict):
+    """One rank's line of one step in ``trace.jsonl``, as the watcher writes it (its
+    :class:`~rankwise.tools.trace.StepRecord`, whose docstrings say more, and the weights' digest) and
+    :class:`~rankwise.tools.verify.compare.TracedRun` reads it back."""
+
+    samples: list[str]
+    """One digest per sample the step trained on."""
+    tokens: list[int]
+    """Each micro-batch's tokens, where the batch says it."""
+    losses: list[float]
+    """Every loss given to backward."""
+    random_draws: int
+    """Micro-batches whose forward moved the random generator."""
+    random_ops: dict[str, int]
+    """Random operations located in the forward (``"op in module"``: count)."""
+    no_grad: list[str]
+    """In a one-process run: trainable parameters without a gradient."""
+    gradient: GradientDifference | None
+    """In a following run: its gradient against the N-rank one."""
+    followed: bool
+    """Whether this step started from the N-rank weights and applied the N-rank gradient."""
+    learning_rates: list[float | None]
+    """Each parameter group's learning rate at the step."""
+    weights_digest: str
+    """A digest of the rank's weights after the step (replicas that differ are a finding)."""
