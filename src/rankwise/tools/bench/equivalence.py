@@ -21,6 +21,7 @@ from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup
 from rankwise.tools.bench.records import EquivalenceColumns
 from rankwise.tools.bench.rows import Row
+from rankwise.tools.verify.records import VerifyReport
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
                  "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
@@ -70,7 +71,7 @@ def criterion(row: Row, nproc: int) -> Criterion:
 
 
 def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str], out: Path, *, steps: int,
-               timeout_s: float) -> dict:
+               timeout_s: float) -> VerifyReport:
     """``rankwise verify`` of the built-in app under ``strategy`` with these ``--set`` overrides: its report (one that
     could not run, where verify itself failed: the timed rows' report stands)."""
     from rankwise.tools.bench import app
@@ -80,15 +81,16 @@ def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str
         return verify_runs(Path(app.__file__), [str(data_dir), *settings], strategy, processes, out, steps=steps,
                            timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001 - the row's check could not run, said why
-        return {"verdict": "could not run", "failure": {"verify": f"{type(e).__name__}: {e}"}, "steps": [],
+        return {"strategy": strategy, "processes": processes,
+                "verdict": "could not run", "failure": {"verify": f"{type(e).__name__}: {e}"}, "steps": [],
                 "diagnosis": [], "findings": [], "dropout": {"modules": []}, "tolerance": None,
                 "gradient_tolerance": None}
 
 
-def lockstep_columns(report: dict) -> EquivalenceColumns:
+def lockstep_columns(report: VerifyReport) -> EquivalenceColumns:
     """A row's equivalence columns from ``rankwise verify``'s report of it."""
     lines = [line for line in report["steps"] if line["step"]]
-    gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
+    gradients = [gradient for line in lines if (gradient := line.get("gradient_diff")) is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None
     errors = [finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"]

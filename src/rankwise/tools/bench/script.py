@@ -39,6 +39,7 @@ from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
 from rankwise.tools.bench.records import RunResult
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.verify.command import verify_runs, verify_watched
+from rankwise.tools.verify.records import VerifyReport
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
 
@@ -166,7 +167,7 @@ def _pooled(measured: list[dict]) -> dict:
             "peak_rss_mb": [max(values) for values in zip(*(run["peak_rss_mb"] for run in measured), strict=True)]}
 
 
-def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict],
+def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, VerifyReport],
               min_window_s: float = MIN_WINDOW_S) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
     base_speed = median(ok.get(next((row.name for row in rows if row.reference), "single"), []),

@@ -1,13 +1,16 @@
-"""``rankwise verify``'s step record: one line per optimizer step both traced runs reached, as
-:func:`rankwise.tools.verify.compare.compare` writes it into the report (``report.json``'s ``steps``, ``--json``) and
-the diagnosis, the report's table and ``rankwise bench``'s equivalence columns read it.  JSON is the wire format;
-tuples come back as lists."""
+"""``rankwise verify``'s records: its report (``verify.json``, what ``rankwise bench`` judges a row by), the step
+record in it (one line per optimizer step both traced runs reached, as
+:func:`rankwise.tools.verify.compare.compare` writes it; the diagnosis, the report's table and ``rankwise bench``'s
+equivalence columns read it), and a rank's line of a step in the trace.  JSON is the wire format; tuples come back
+as lists."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from typing_extensions import NotRequired
+
+from rankwise.tools.watch.records import DropoutModule, FindingRecord
 
 
 class GradientDifference(TypedDict):
@@ -92,3 +95,95 @@ class TracedStep(TypedDict):
     """Each parameter group's learning rate at the step."""
     weights_digest: str
     """A digest of the rank's weights after the step (replicas that differ are a finding)."""
+
+
+class FrameworkRun(TypedDict):
+    """How a script not on ``rankwise.setup()`` was started."""
+
+    name: str
+    """The framework (``torch``, ``accelerate``, ``lightning``, ``spawn``, ...)."""
+    launch: str
+    """How its ranks were started, in words."""
+
+
+class Check(TypedDict):
+    """One check of the findings that need no reference."""
+
+    check: str
+    """The check, in words."""
+    not_run: str | None
+    """Why it could not run (None: it ran, over what ``check`` says)."""
+
+
+class DropoutSummary(TypedDict):
+    """The dropout modules of the traced runs' models."""
+
+    modules: list[DropoutModule]
+    """Every dropout module with p > 0 (the reference's)."""
+    known: NotRequired[bool]
+    """Whether the reference recorded its facts at all."""
+    kept: NotRequired[bool]
+    """Whether they kept their p (``--keep-dropout``) rather than being set to 0."""
+
+
+class ReportExtra(TypedDict, total=False):
+    """What the watched runs add to a report (:func:`rankwise.tools.verify.watched.watched_runs`)."""
+
+    framework: FrameworkRun
+    """How the script was started."""
+    reference_made: str
+    """How the one-process reference was made, in words."""
+    findings: list[FindingRecord]
+    """The findings that need no reference (the distributed run's own)."""
+    processes: int
+    """The distributed run's process count (the comparison's; the watched runs', where a script started its own
+    ranks)."""
+    ran: list[str]
+    """The parts of the script the run reached, in words."""
+    checks: list[Check]
+    """Each check of the findings, and why it could not run."""
+
+
+class VerifyReport(ReportExtra):
+    """``rankwise verify``'s report (``verify.json``; ``--json`` prints a part of it)."""
+
+    strategy: str
+    """The strategy checked, or ``<framework> script``."""
+    tolerance: float | None
+    """The weights' tolerance for the precision the distributed run ran (None: the check could not run)."""
+    gradient_tolerance: float | None
+    """The gradients' tolerance (relative)."""
+    precision: NotRequired[str | None]
+    """The precision the distributed run ran, where rankwise or DeepSpeed said it."""
+    comm_hook: NotRequired[str]
+    """DDP's gradient communication hook."""
+    steps: list[StepLine]
+    """One line per step both runs reached (step 0: the weights as prepared)."""
+    steps_asked: NotRequired[int]
+    """The steps the comparison asked for."""
+    steps_reached: NotRequired[list[int]]
+    """The steps each run recorded: the reference's, the distributed run's."""
+    first_difference: NotRequired[StepLine | None]
+    """The first optimizer step that differs."""
+    diagnosis: list[str]
+    """Why the runs differ, where the evidence says (one cause a line)."""
+    failure: dict[str, str]
+    """A run that crashed: its name (``candidate``, ``reference``, ``verify``) and its error."""
+    random_ops: NotRequired[dict[str, int]]
+    """The random operations the reference's forward ran, located."""
+    dropout: DropoutSummary
+    """The models' dropout modules."""
+    verdict: str
+    """``equivalent``, ``not equivalent``, ``not comparable``, ``vacuous`` or ``could not run``."""
+    equivalent: NotRequired[bool]
+    """Whether the verdict is ``equivalent``."""
+    vacuous: NotRequired[str | None]
+    """Why the compared steps prove nothing (nothing trained), else None."""
+    comparison_findings: NotRequired[list[FindingRecord]]
+    """The comparison's own findings (merged into ``findings`` before the report is written)."""
+    meta: NotRequired[dict[str, Any]]
+    """The command's arguments (script, its arguments, steps, precision, settings)."""
+    exit_code: NotRequired[int]
+    """The command's exit code."""
+    verdict_line: NotRequired[str]
+    """The report's last line."""

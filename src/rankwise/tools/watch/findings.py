@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankwise.tools.watch.loaders import RANK_RECORD
-from rankwise.tools.watch.records import PassRecord, RankRecord
+from rankwise.tools.watch.records import FindingRecord, PassRecord, RankRecord
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Finding:
     """``error`` (changes results: exit 1) or ``warning``."""
     text: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> FindingRecord:
         return {"level": self.level, "text": self.text}
 
 

@@ -155,3 +155,13 @@ class RankRecord(TypedDict):
     """How the script ended: ``watcher``, ``script`` or ``failure``."""
     destroyed_group: bool
     """Whether the script closed its process group itself."""
+
+
+class FindingRecord(TypedDict):
+    """A finding as a report holds it (:class:`rankwise.tools.watch.findings.Finding`, or the comparison's own):
+    something the runs showed besides the comparison."""
+
+    level: str
+    """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or ``warning``."""
+    text: str
+    """What was found and what to do, in words."""
