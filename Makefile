@@ -1,5 +1,5 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
-# make test   - same set-up, then ruff, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make test   - same set-up, then ruff, mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
 # make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -35,11 +35,13 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests examples scripts
+	$(PY) -m mypy  # src/rankwise, configured in pyproject.toml ([tool.mypy])
 	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict mode counts
 	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts
+	$(PY) -m mypy
 	$(PY) -m pytest -q -m unit tests
 
 docs: $(STAMP)

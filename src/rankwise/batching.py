@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
@@ -46,7 +47,21 @@ def check_enough_samples(samples: int, batch_size: int, what: str = "the trainin
                           "lower --batch-size")
 
 
-def iterate_steps(loader: Iterable, grad_accum: int):
+class SizedIterable(Protocol):
+    """What :func:`iterate_steps` reads: a loader that knows its length and yields batches."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+def dataset_size(dataset: Dataset) -> int:
+    """The samples a map-style dataset holds.  torch's ``Dataset`` declares no ``__len__``; every dataset a
+    DistributedSampler shards has one (the sampler reads it too)."""
+    return len(dataset)  # type: ignore[arg-type]  # reason: Dataset declares no __len__ (see above)
+
+
+def iterate_steps(loader: SizedIterable, grad_accum: int):
     """Yield ``(micro_index, is_last_micro, batch)`` for whole optimizer steps only.
 
     Micro-batches left over at the end of an epoch (fewer than ``grad_accum``) are
@@ -107,6 +122,7 @@ class ShardSampler(DistributedSampler):
             self._place(epoch)
 
     def _place(self, asked: int) -> None:
+        assert self.pending is not None  # resume_at and set_epoch call this with a resume pending
         epoch, position, at_end = self.pending
         if asked == epoch:  # the loop restarts the checkpoint's epoch: continue it (all of it passed over at its end)
             super().set_epoch(epoch)
@@ -169,15 +185,15 @@ class LengthGroupedSampler(ShardSampler):
 
     def __init__(self, dataset: Dataset, lengths: Sequence[int], group_size: int, *, num_replicas: int, rank: int,
                  seed: int = 0):
-        if len(lengths) != len(dataset):
-            raise ValueError(f"{len(lengths)} lengths for a dataset of {len(dataset)} samples")
+        if len(lengths) != dataset_size(dataset):
+            raise ValueError(f"{len(lengths)} lengths for a dataset of {dataset_size(dataset)} samples")
         if group_size % num_replicas:
             raise ValueError(f"global batch {group_size} is not divisible by {num_replicas} ranks")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
         self.group_size = group_size
         # Whole global batches only, so every step of every rank has a full share.
-        self.total_size = len(dataset) // group_size * group_size
+        self.total_size = dataset_size(dataset) // group_size * group_size
         self.num_samples = self.total_size // num_replicas
 
     def global_order(self) -> list[int]:
@@ -204,16 +220,17 @@ def global_order(sampler: DistributedSampler) -> list[int]:
     if isinstance(sampler, LengthGroupedSampler):
         return sampler.global_order()
     if not sampler.shuffle:
-        return list(range(len(sampler.dataset)))
+        return list(range(dataset_size(sampler.dataset)))
     generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)  # DistributedSampler's own draw
-    return torch.randperm(len(sampler.dataset), generator=generator).tolist()
+    return torch.randperm(dataset_size(sampler.dataset), generator=generator).tolist()
 
 
 def epoch_order(sampler: DistributedSampler, epoch: int, samples: int | None = None) -> list[int]:
     """The global order of ``sampler``'s ``epoch`` (its first ``samples``), leaving the sampler, and a resume it
     holds, as they are."""
     at = copy.copy(sampler)  # the loader's own sampler keeps the epoch it is iterating
-    at.pending = None  # a ShardSampler's resume would overrule the epoch asked for
+    if isinstance(at, ShardSampler):
+        at.pending = None  # a ShardSampler's resume would overrule the epoch asked for
     at.set_epoch(epoch)
     return global_order(at)[:samples]
 

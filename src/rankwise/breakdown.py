@@ -24,6 +24,7 @@ import contextlib
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
@@ -124,10 +125,11 @@ def step_records(spans: list[Span]) -> list[dict]:
     for step in steps:
         def within(span: Span, step: Span = step) -> bool:
             return step.start <= span.start < step.end
-        record = {"wall": step.seconds, "start": step.start / 1e6, "exchange": 0.0, "data": 0.0, "forward": 0.0,
-                  "forward_comm": 0.0,
-                  "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0, "optimizer_comm": 0.0,
-                  "sync": [], "loader": None}
+        # keyed by region kind below (record[kind] += ...): a plain dict
+        record: dict[str, Any] = {
+            "wall": step.seconds, "start": step.start / 1e6, "exchange": 0.0, "data": 0.0, "forward": 0.0,
+            "forward_comm": 0.0, "backward": 0.0, "backward_compute": 0.0, "arrival": None, "optimizer": 0.0,
+            "optimizer_comm": 0.0, "sync": [], "loader": None}
         mine = [region for region in regions if within(region)]
         # A region inside another of its kind is the same time (rankwise's optimizer mark in torch's span); one inside
         # another kind is that kind's time, not the outer one's (a Lightning closure's forward and backward inside
@@ -144,6 +146,7 @@ def step_records(spans: list[Span]) -> list[dict]:
             inner = [o for o in mine if o is not region and _inside(o, region)]
             inner = [o for o in inner if not any(m is not o and _inside(o, m) for m in inner)]
             kind = _kind(region.name)
+            assert kind is not None  # regions are the spans of a kind
             seconds = (min(region.end, step.end) - region.start - sum(o.end - o.start for o in inner)) / 1e6
             if kind == "sync":
                 record["sync"].append((region.name[len(MARK) + 5:], region.start / 1e6, seconds))
@@ -220,11 +223,11 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
         parts = {part: statistics.fmean(r[part] for r in kept) for part in PARTS if part != "other"}
         step = statistics.fmean(r["wall"] for r in kept)
         parts["other"] = step - sum(parts.values())
-        sites = {site for r in kept for site in r["sites"]}
+        seen_sites = {site for r in kept for site in r["sites"]}
         combined.append({"rank": rank, "step_ms": _ms(step), "parts_ms": {p: _ms(parts[p]) for p in PARTS},
                          "late_ms": _ms(statistics.fmean(r["late"] for r in kept)),
                          "sync_ms": {site: _ms(statistics.fmean(r["sites"].get(site, 0.0) for r in kept))
-                                     for site in sorted(sites)},
+                                     for site in sorted(seen_sites)},
                          "loader": next((r["loader"] for r in kept if r["loader"]), None), "steps": steps,
                          "steps_kept": len(kept), "last_in": sum(r["last"] for r in kept)})
     return combined
@@ -244,7 +247,7 @@ class StepProfile:
         self.after = 0
         """The step profiling starts after (set by its user)."""
         self.done = 0
-        self._profiler = None
+        self._profiler: torch.profiler.profile | None = None
         self._open: dict[str, list] = {}
         self._records: list[dict] | None = None
 
@@ -259,8 +262,8 @@ class StepProfile:
     def start(self, barrier: Callable[[], object]) -> None:
         """Start profiling; ``barrier()`` (every rank) starts the profiled steps together."""
         activities = [torch.profiler.ProfilerActivity.CPU]
-        self._profiler = torch.profiler.profile(activities=activities)
-        self._profiler.__enter__()
+        self._profiler = profiler = torch.profiler.profile(activities=activities)
+        profiler.__enter__()
         with record_function(MARK + "align"):
             barrier()  # Why: every rank leaves it at (nearly) the same instant: the first profiled steps start together
         self.begin("step")
@@ -296,6 +299,7 @@ class StepProfile:
             while self._open[name]:
                 self.end(name)
         profiler, self._profiler = self._profiler, None
+        assert profiler is not None  # running
         profiler.__exit__(None, None, None)
         self._records = step_records(main_thread_spans(profiler.events()))
 

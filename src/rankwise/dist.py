@@ -104,9 +104,9 @@ def all_gather(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     # Why: all_gather needs equal shapes, so ranks first agree on each one's length, then pad to the longest.
     local_len = torch.tensor([tensor.shape[0]], device=tensor.device)
-    lengths = [torch.zeros_like(local_len) for _ in range(n)]
-    torch_dist.all_gather(lengths, local_len)
-    lengths = [int(x.item()) for x in lengths]
+    gathered = [torch.zeros_like(local_len) for _ in range(n)]
+    torch_dist.all_gather(gathered, local_len)
+    lengths = [int(x.item()) for x in gathered]
     longest = max(lengths)
     padded = tensor
     if tensor.shape[0] < longest:

@@ -47,7 +47,8 @@ class FlopCounter:
         self.mode = FakeTensorMode()
         self.forward = forward
         # A copy whose parameters and buffers are fake: the real model is neither copied nor touched.
-        memo = {id(p): nn.Parameter(self.mode.from_tensor(p.detach()), p.requires_grad) for p in model.parameters()}
+        memo: dict[int, torch.Tensor] = {id(p): nn.Parameter(self.mode.from_tensor(p.detach()), p.requires_grad)
+                                         for p in model.parameters()}
         memo.update({id(b): self.mode.from_tensor(b) for b in model.buffers()})
         self.model = copy.deepcopy(model, memo)
         self.cache: dict[tuple, int] = {}

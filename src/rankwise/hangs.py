@@ -34,6 +34,7 @@ WHERE = "rankwise/where/attempt-{attempt}/{rank}"
 def _store(env: ProcessEnv, timeout_s: float):
     from torch.distributed import TCPStore
 
+    assert env.master_port is not None  # a multi-node rank: its launcher set MASTER_PORT
     return TCPStore(env.master_addr, env.master_port, is_master=False,
                     timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)))
 

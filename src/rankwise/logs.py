@@ -43,7 +43,10 @@ class RankLogger(logging.LoggerAdapter):
     """A module's logger that speaks on rank 0 only unless ``every_rank=True``; ``stderr=True`` marks a note the
     commands print on stderr (warnings and errors go there anyway)."""
 
-    def log(self, level, msg, *args, every_rank: bool = False, stderr: bool = False, **kwargs) -> None:
+    # ignore[override]: two keyword-only flags added (LoggerAdapter's **kwargs is typed object); every other
+    # keyword passes on to Logger.log unchanged
+    def log(self, level, msg, *args, every_rank: bool = False, stderr: bool = False,  # type: ignore[override]
+            **kwargs) -> None:
         if not self.isEnabledFor(level) or not (every_rank or this_rank() == 0):
             return
         if stderr:

@@ -40,6 +40,9 @@ class ResumableLoader(DataLoader):
     from there after ``rt.load_state``.  ``gather``: every rank's object (the Runtime's ``all_gather_object``);
     ``say``: how rank 0 prints; ``name``: how messages call it."""
 
+    sampler: ShardSampler  # checked in __init__
+    batch_size: int  # a ResumableLoader batches (rt.loader passes one)
+
     def __init__(self, *args, gather, say, world_size: int, name: str = "rt.loader", **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.sampler, ShardSampler):
@@ -120,6 +123,7 @@ class ResumableLoader(DataLoader):
         """At the first optimizer step after a resume (every rank, a collective): did the ranks train the order's
         next samples?  Prints the record on rank 0; stops a loop that passed over batches itself."""
         resumed, self.resumed = self.resumed, None
+        assert resumed is not None  # the Runtime calls this only while a resume is pending
         # Why: the ranks' shares together are the step's global batch.
         everyone = self._gather(resumed.handed)
         recorded = resumed.recorded

@@ -8,10 +8,12 @@ the CPU is refused: it is slow and unsupported for many CPU kernels.
 from __future__ import annotations
 
 import contextlib
+from typing import Literal, get_args
 
 import torch
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 
 
 class Precision:

@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from rankwise import checkpoint as ckpt
 from rankwise import dist, hangs, observers, state
 from rankwise.agreement import agree_with_rank0
-from rankwise.batching import check_enough_samples, longest_first, micro_batch_size, rank_sampler
+from rankwise.batching import check_enough_samples, dataset_size, longest_first, micro_batch_size, rank_sampler
 from rankwise.launch.choice import settle
 from rankwise.launch.failures import record_for_launcher
 from rankwise.position import ResumableLoader
@@ -171,7 +171,7 @@ class Runtime:
 
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool | None = None,
                seed: int | None = None, collate_fn=None, num_workers: int = 0,
-               lengths: Sequence[int] | None = None, group_size: int | None = None) -> DataLoader:
+               lengths: Sequence[int] | None = None, group_size: int | None = None) -> ResumableLoader:
         """A DataLoader over this rank's shard; ``batch_size`` is the *global* batch.
 
         Training loaders (``shuffle=True``) drop the last incomplete global batch, so each
@@ -194,7 +194,7 @@ class Runtime:
                                seed=seed, lengths=lengths, group_size=group_size)
         per_rank = batch_size // self.world_size
         if drop_last:
-            check_enough_samples(len(dataset), batch_size)
+            check_enough_samples(dataset_size(dataset), batch_size)
         # A private generator: iterating the loader must not consume the global RNG (dropout's),
         # or a resumed run would draw different dropout masks than an uninterrupted one.
         loader = ResumableLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
@@ -227,8 +227,8 @@ class Runtime:
         """This rank's share of an evaluation set, as the strategy shards it; feed each batch's per-sample
         outputs to an :meth:`eval_gatherer`, which returns them in index order.  ``lengths`` (one per
         sample): evaluate the longest first, so a batch padded to its longest pads little."""
-        if lengths is not None and len(lengths) != len(dataset):
-            raise ValueError(f"{len(lengths)} lengths for an evaluation set of {len(dataset)} samples")
+        if lengths is not None and len(lengths) != dataset_size(dataset):
+            raise ValueError(f"{len(lengths)} lengths for an evaluation set of {dataset_size(dataset)} samples")
         order = longest_first(lengths) if lengths is not None else None
         return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn, order)
 

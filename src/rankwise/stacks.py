@@ -68,7 +68,8 @@ def parse_dump(text: str) -> Dump | None:
 
 def parse_threads(text: str) -> tuple[bool, dict[str, list[Frame]]]:
     """Whether a deadline wrote the dump (rather than a signal), and each thread's frames, innermost first."""
-    timed_out, threads, frames = False, {}, None
+    timed_out, frames = False, None
+    threads: dict[str, list[Frame]] = {}
     for line in text.splitlines():
         if TIMEOUT.match(line):
             timed_out = True

@@ -98,7 +98,9 @@ def cpu_copies(state: dict[str, torch.Tensor], convert=lambda t: t.detach().cpu(
 
 def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """One entry per tensor in memory, and ``{alias: kept key}`` for the keys that shared it."""
-    kept, aliases, first = {}, {}, {}
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first: dict[object, str] = {}
     for key, value in state.items():
         where = memory_of(value)
         if where in first and value.numel():

@@ -57,8 +57,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         state = load_weights_file(path)
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("model", state) if isinstance(state, dict) and "model" in state else state
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        state = loaded.get("model", loaded) if isinstance(loaded, dict) and "model" in loaded else loaded
     return strip_module_prefix(state)
 
 
@@ -112,14 +112,15 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
         else:
             shutil.copyfile(content, tmp / name)
     # Strategy files (FSDP shards, DeepSpeed state) live in subdirectories: checksum them all.
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    written = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {"step": step, "meta": meta or {},
-                "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in files}}
-    for p in files:
+                "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
+                          for p in written}}
+    for p in written:
         fsync_file(p)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     fsync_file(tmp / MANIFEST)
-    for directory in {p.parent for p in files} | {tmp}:
+    for directory in {p.parent for p in written} | {tmp}:
         fsync_dir(directory)
     if final.exists():  # re-saving the same step (e.g. epoch end == max_steps): replace it whole
         shutil.rmtree(final)

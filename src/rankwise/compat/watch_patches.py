@@ -15,6 +15,8 @@ optimizer step hooks and module forward hooks.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from rankwise.compat.versions import Patch
 
 TORCH = ("2.13",)
@@ -78,13 +80,13 @@ PATCHES: dict[str, Patch] = {record.target: record for record in (
 """Every record, by target."""
 
 
-def target(owner: object, name: str) -> str:
+def target(owner: type | ModuleType, name: str) -> str:
     """``owner.name`` as a record names it: a class by its ``__module__`` and ``__qualname__``, a module by name."""
     where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
     return f"{where}.{name}"
 
 
-def checked(owner: object, name: str) -> Patch:
+def checked(owner: type | ModuleType, name: str) -> Patch:
     """The record of replacing ``owner.name``, its version checked (:meth:`~rankwise.compat.versions.Patch.check`);
     ``LookupError`` where there is none: every replacement is recorded here first."""
     record = PATCHES.get(target(owner, name))

@@ -50,6 +50,7 @@ class TokenizedTextDataset(Dataset):
     def _ngram_batch(self, indices: list[int]) -> torch.Tensor:
         """Each text's n-gram ids in a row, padded with 0 (a (batch, n-grams) tensor splits by
         sample like every other input, also under DataParallel's scatter)."""
+        assert self.ngrams is not None  # collate calls this only for a dataset with n-grams
         flat, offsets = self.ngrams
         rows = [flat[offsets[i]:offsets[i + 1]] for i in indices]
         out = torch.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=torch.long)

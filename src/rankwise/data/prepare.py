@@ -14,6 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,6 +75,7 @@ class PreparedData:
             return FeatureDataset(part["features"], part["labels"])
         if ngrams and self.ngrams is None:
             raise ValueError("the model reads character n-grams but the data has none (data.char_ngrams=0)")
+        assert self.encoder is not None  # text data (not features) is tokenized: it has an encoder
         return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id,
                                     part["ngrams"] if ngrams else None)
 
@@ -134,8 +136,10 @@ def prepare_text(config: DataConfig) -> PreparedData:
     records = load_records(config)
     given_split = any(r.split for r in records)
     drop = config.drop_duplicates if config.drop_duplicates is not None else not given_split
+    stats: dict[str, Any]  # counts, then the audit's warnings
     if drop:
-        records, stats = clean(records)
+        records, counts = clean(records)
+        stats = {**counts}
     else:  # the user's split, exactly as given
         stats = {"rows": len(records), "duplicates_removed": 0, "contradictory_texts_removed": 0,
                  "kept": len(records)}

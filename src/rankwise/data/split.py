@@ -39,7 +39,8 @@ def _labels_by_text(records: Iterable[Record]) -> dict[str, set[str]]:
 def _first_and_repeated(records: list[Record]) -> tuple[list[Record], list[Record]]:
     """The first row of each (text, label) pair, and the rows that repeat an earlier one."""
     seen: set[tuple[str, str]] = set()
-    first, repeated = [], []
+    first: list[Record] = []
+    repeated: list[Record] = []
     for record in records:
         key = (record.text, record.label)
         (repeated if key in seen else first).append(record)

@@ -19,7 +19,7 @@ from typing import Any
 from rankwise.errors import ConfigError
 from rankwise.precision import PRECISIONS
 from rankwise.strategies import check_world_size, lookup, resolve_options, unavailable
-from rankwise.strategies.options import parse_value
+from rankwise.strategies.options import Options, parse_value
 
 STRATEGY, PRECISION, OPTIONS = "RANKWISE_STRATEGY", "RANKWISE_PRECISION", "RANKWISE_OPTIONS"
 """The variables a launcher sets for its workers."""
@@ -94,8 +94,8 @@ class Choice:
         return cls(env.get(STRATEGY) or None, env.get(PRECISION) or None, json.loads(env.get(OPTIONS) or "{}"))
 
 
-def settle(strategy: str | None, precision: str | None, options: Mapping[str, Any] | None, world_size: int,
-           env: Mapping[str, str] = os.environ) -> tuple[str, str, Mapping[str, Any] | None]:
+def settle(strategy: str | None, precision: str | None, options: Options | Mapping[str, Any] | None, world_size: int,
+           env: Mapping[str, str] = os.environ) -> tuple[str, str, Options | Mapping[str, Any] | None]:
     """The strategy, precision and options a process runs with: the script's, else its launcher's,
     else ``ddp`` (several processes) or ``single`` and ``32-true``.  A script's value that its
     launcher contradicts is an error naming both."""

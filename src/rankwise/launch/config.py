@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-LAUNCHERS = ("torchrun", "spawn", "horovodrun")
+Launcher = Literal["torchrun", "spawn", "horovodrun"]
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 """How worker processes start (``launch.launcher``)."""
 
 
@@ -15,7 +16,7 @@ class LaunchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
-    launcher: Literal[LAUNCHERS] = "torchrun"
+    launcher: Launcher = "torchrun"
     """How worker processes start: torchrun's elastic agent in-process, torch.multiprocessing spawn, or horovodrun (chosen for the horovod strategy)."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes on this node (usually one per GPU)."""

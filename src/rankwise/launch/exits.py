@@ -111,7 +111,8 @@ def install(who: str, watch_gil: bool = True) -> None:
         if default and watch_gil:
             work_done(who, DESTROYED)
 
-    destroy_process_group.__rankwise_exit_guard__ = True
+    # a marker on the wrapper (install() is idempotent by it); functions take attributes, their type does not say
+    destroy_process_group.__rankwise_exit_guard__ = True  # type: ignore[attr-defined]
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
 
 

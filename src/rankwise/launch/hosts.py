@@ -43,7 +43,7 @@ def parse_hostfile(path: str | Path) -> list[Host]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise ConfigError(f"--hostfile {path}: {e.strerror}") from None
-    hosts = []
+    hosts: list[Host] = []
     for number, line in enumerate(lines, 1):
         fields = line.split("#", 1)[0].split()
         if not fields:

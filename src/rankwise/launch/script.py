@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int | str | None:
     to_terminal()
     who = f"rank{os.environ.get('RANK', '0')}"
     exits.install(who)  # a rank that finished its work and does not exit is named and ended
-    status = 0
+    status: int | str | None = 0
     try:
         run_as_main(argv[0], argv[1:])
     except SystemExit as exiting:  # `sys.exit(main())`: the same teardown as after a return, then its status

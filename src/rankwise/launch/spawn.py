@@ -103,7 +103,8 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), *, nnodes: int = 1, node_
         raise Stopped(received[0])
 
 
-def _failures(context, first: Exception, node_rank: int, nprocs: int) -> list[RankFailure]:
+def _failures(context, first: mp.ProcessExitedException | mp.ProcessRaisedException, node_rank: int,
+              nprocs: int) -> list[RankFailure]:
     """Every failed rank of this node: the one ``join`` reported and each other that wrote an error (the first
     to be reported is not always the cause: a peer that lost its connection to the cause may exit sooner)."""
     host = socket.gethostname()

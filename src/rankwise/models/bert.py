@@ -98,7 +98,8 @@ def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | 
     if name in BERT_PRESETS:
         if vocab_size is None:
             raise ValueError("a BERT preset needs the tokenizer's vocabulary size")
-        config = BertConfig(vocab_size=vocab_size, max_position_embeddings=max_length, pad_token_id=pad_id,
+        # ignore[call-arg]: num_labels is PretrainedConfig's, passed on through BertConfig's **kwargs
+        config = BertConfig(vocab_size=vocab_size, max_position_embeddings=max_length, pad_token_id=pad_id,  # type: ignore[call-arg]
                             num_labels=num_labels, hidden_dropout_prob=dropout,
                             attention_probs_dropout_prob=dropout, **BERT_PRESETS[name])
         spec = {"kind": "hf", "config": config.to_dict(), "pooling": pooling, "ngrams": ngrams}
@@ -125,10 +126,12 @@ def bert_from_spec(spec: dict) -> nn.Module:
 
     settings = dict(spec["config"])
     config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    model: nn.Module
     if spec.get("pooling", "cls") == "mean":
         model = MeanPooledBert(config)
     else:
         model = AutoModelForSequenceClassification.from_config(config)
     if spec.get("ngrams"):
+        assert config.num_labels is not None  # every spec's config was built with its labels
         model = WideAndDeepBert(model, spec["ngrams"]["buckets"], config.num_labels)
     return model

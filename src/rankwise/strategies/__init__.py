@@ -175,7 +175,7 @@ def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | Non
     return merged
 
 
-def _did_you_mean(error: dict, section: str, fields: list[str]) -> str:
+def _did_you_mean(error: Mapping[str, Any], section: str | None, fields: list[str]) -> str:
     """For an unknown option, the known one it most resembles (``ddp.bucket_cap`` -> ``ddp.bucket_cap_mb``)."""
     if error.get("type") != "extra_forbidden":
         return ""

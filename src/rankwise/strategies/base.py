@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from rankwise import dist, process
 from rankwise.batching import OrderedShardSampler
@@ -233,6 +233,7 @@ class Strategy(abc.ABC):
     def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None) -> DataLoader:
         """This rank's shard of an evaluation set: every sample once, the last shard padded by repeats; in
         ``order`` when given (else index order)."""
+        sampler: Sampler
         if order is not None:
             sampler = OrderedShardSampler(order, self.env.world_size, self.env.rank)
         else:
@@ -304,7 +305,9 @@ class Strategy(abc.ABC):
         model and optimizer: how any strategy's checkpoint enters this one (every rank calls it)."""
         self.load_model_state_dict(model, weights)
         if optim is not None:
-            optimizer.load_state_dict(by_index(optim, self.optimizer_names(self.unwrap(model), optimizer)))
+            names = self.optimizer_names(self.unwrap(model), optimizer)
+            assert names is not None  # optimizer state comes only with an optimizer (read_whole_state)
+            optimizer.load_state_dict(by_index(optim, names))
 
     @property
     @abc.abstractmethod

@@ -7,6 +7,7 @@ variant under ``torch.multiprocessing`` spawn (``mp.spawn``, a Python function p
 from __future__ import annotations
 
 import inspect
+from typing import Any, cast
 
 import torch
 import torch.distributed as torch_dist
@@ -54,7 +55,7 @@ class DDP(Strategy):
     def no_sync(self, model: nn.Module):
         # Why: skipping the all-reduce on all but the last micro-batch is what makes
         # accumulation cost one synchronisation per optimizer step.
-        return model.no_sync()
+        return cast(DistributedDataParallel, model).no_sync()  # wrap made it one
 
     @property
     @override
@@ -78,7 +79,7 @@ def broadcast_buffers(model: nn.Module, options: DDPOptions) -> bool:
     return options.broadcast_buffers == "always"
 
 
-def buffer_sync(every_forward: bool) -> dict[str, bool]:
+def buffer_sync(every_forward: bool) -> dict[str, Any]:
     """DDP's keyword for syncing rank 0's buffers at every forward: ``forward_sync_buffers`` where torch has
     it (torch 2.13 deprecates ``broadcast_buffers`` with a warning per rank), ``broadcast_buffers`` before."""
     if FORWARD_SYNC_BUFFERS:

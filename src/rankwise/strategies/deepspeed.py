@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,9 +41,13 @@ from rankwise.strategies.deepspeed_state import (
     partitions_fit,
     read_whole,
 )
-from rankwise.strategies.options import DeepSpeedOptions
+from rankwise.strategies.options import DeepSpeedOptions, Options
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
+
+Engine = Any
+"""The ``deepspeed.DeepSpeedEngine`` :meth:`DeepSpeedStrategy.wrap` returns, which the loop then passes back as its
+model (deepspeed ships no type information)."""
 
 
 def import_deepspeed():
@@ -107,7 +112,8 @@ class DeepSpeed(Strategy):
 
     @classmethod
     @override
-    def check_options(cls, options: DeepSpeedOptions) -> None:
+    def check_options(cls, options: Options | None) -> None:
+        assert isinstance(options, DeepSpeedOptions)  # resolve_options builds this strategy's own type
         if options.offload_param and options.zero_stage != 3:
             raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
         if options.config_file:
@@ -159,7 +165,7 @@ class DeepSpeed(Strategy):
                                "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)")
 
     @override
-    def compile(self, model: nn.Module) -> nn.Module:
+    def compile(self, model: Engine) -> nn.Module:
         """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
         hooks in step), with the module compiled through a frame Dynamo traces (``compat.torch_compile``)."""
         model.compile()
@@ -172,7 +178,7 @@ class DeepSpeed(Strategy):
 
     @contextlib.contextmanager
     @override
-    def no_sync(self, model: nn.Module):
+    def no_sync(self, model: Engine):
         # Why: marks the micro-batch as inside an accumulation window, so DeepSpeed defers
         # the gradient reduction (stages 0-1) and the optimizer step to the last one.
         model.set_gradient_accumulation_boundary(False)
@@ -182,7 +188,7 @@ class DeepSpeed(Strategy):
             model.set_gradient_accumulation_boundary(True)
 
     @override
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+    def backward(self, loss: torch.Tensor, model: Engine) -> None:
         # The loop already divided the loss by grad_accum: do not let DeepSpeed divide again.
         model.backward(loss, scale_wrt_gas=False)
         self._backwards += 1
@@ -190,7 +196,7 @@ class DeepSpeed(Strategy):
             model.step()  # advances DeepSpeed's micro-step count; no update inside the window
 
     @override
-    def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
+    def step(self, optimizer, model: Engine, max_norm: float | None = None):
         if not self._backwards:
             raise RuntimeError("rt.step under deepspeed, but no backward pass of this step went through "
                                "rt.backward(loss, model): DeepSpeed reduces the gradients into its partitions in its "
@@ -201,7 +207,7 @@ class DeepSpeed(Strategy):
         finally:
             self._stepping = False
 
-    def _step(self, model: nn.Module, max_norm: float | None):
+    def _step(self, model: Engine, max_norm: float | None):
         zero_optimizer = model.optimizer
         if not hasattr(zero_optimizer, "clip_grad"):
             # ZeRO stage 0 in fp32 steps the client optimizer directly: the averaged gradients sit
@@ -245,7 +251,7 @@ class DeepSpeed(Strategy):
         return None
 
     @override
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def model_state_dict(self, model: Engine) -> dict[str, torch.Tensor]:
         """Full fp32 weights on the CPU; under ZeRO-3 gathered from every rank (a collective) and
         complete on rank 0 only, as with FSDP: other ranks get an empty dict."""
         module = self.unwrap(model)
@@ -275,7 +281,7 @@ class DeepSpeed(Strategy):
         if current.keys() != state.keys():
             missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
             raise RuntimeError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        names = {}
+        names: dict[int, str] = {}
         for key, value in current.items():
             if isinstance(value, nn.Parameter):
                 names.setdefault(id(value), key)
@@ -295,7 +301,7 @@ class DeepSpeed(Strategy):
         return (directory / FOLDER / TAG).is_dir()
 
     @override
-    def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
+    def save_state(self, directory: Path, model: Engine, optimizer) -> None:
         # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
         # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
         from rankwise.checkpoint import CollectiveSaveError
@@ -319,7 +325,7 @@ class DeepSpeed(Strategy):
         return retie({**weights, **masters}, module), optim
 
     @override
-    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
+    def load_state(self, directory: Path, model: Engine, optimizer, writer: type[Strategy] | None = None) -> None:
         """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
         checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
         if partitions_fit(directory / FOLDER / TAG, self.env.world_size, self.options.zero_stage):
@@ -344,6 +350,8 @@ class DeepSpeed(Strategy):
     def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
                          optim: dict | None) -> None:
         self.load_model_state_dict(model, weights)
+        if optim is None:  # no optimizer (the contract's None); wrap always keeps the group names, so unseen
+            return
         if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
             optimizer.load_state_dict(by_index(optim, self.group_names))
         else:

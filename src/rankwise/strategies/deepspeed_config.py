@@ -19,6 +19,7 @@ OWNED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "
 def read_user_config(options: DeepSpeedOptions) -> dict:
     """The JSON of ``deepspeed.config_file``; a ConfigError names the file for bad JSON or keys rankwise owns."""
     path = options.config_file
+    assert path is not None  # called where deepspeed.config_file is set
     try:
         user = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:

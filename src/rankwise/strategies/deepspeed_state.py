@@ -98,7 +98,8 @@ def _allocate_optimizer_state(zero, keys: set[str], step: float | None) -> None:
 
 def chunks_of(params: list[nn.Parameter], elements: int):
     """Consecutive groups of parameters of about ``elements`` elements (a larger one alone)."""
-    chunk, size = [], 0
+    chunk: list[nn.Parameter] = []
+    size = 0
     for param in params:
         numel = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
         if chunk and size + numel > elements:

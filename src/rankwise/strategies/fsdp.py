@@ -44,7 +44,7 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_b
     for group in optimizer.param_groups:
         group["params"] = [current[names_by_id[id(p)]] for p in group["params"]]
     if isinstance(getattr(optimizer, "_params", None), list):  # LBFGS keeps its (one) group's list of its own
-        optimizer._params = optimizer.param_groups[0]["params"]
+        optimizer._params = optimizer.param_groups[0]["params"]  # type: ignore[attr-defined]  # (LBFGS's private list)
     return optimizer
 
 
@@ -84,12 +84,13 @@ class FSDP(Strategy):
     @override
     def no_sync(self, model: nn.Module):
         # Why: without the reduce-scatter on all but the last micro-batch, gradients accumulate
-        # unsharded locally and are reduced once per optimizer step.
-        model.set_requires_gradient_sync(False)
+        # unsharded locally and are reduced once per optimizer step.  (ignore[operator]: the model is fully_shard's
+        # FSDPModule; nn.Module's __getattr__ types the method as Tensor | Module.)
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
     @override
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -98,13 +99,15 @@ class FSDP(Strategy):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         # The gather copies each key apart: tied parameters (an LM's output layer and embedding) become one again.
-        return retie(get_model_state_dict(model, options=options), model)
+        # (ignore[arg-type], here and below: torch's state-dict helpers type values as ValueType, a union of tensors,
+        # DTensors and containers; a model's full state dict holds tensors.)
+        return retie(get_model_state_dict(model, options=options), model)  # type: ignore[arg-type]
 
     @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))  # type: ignore[arg-type]
 
     @staticmethod
     def _sharded_state(model: nn.Module, optimizer) -> dict:
@@ -167,7 +170,7 @@ class FSDP(Strategy):
         if optim is None:
             self.load_model_state_dict(model, weights)
             return
-        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,  # type: ignore[arg-type]
                        options=StateDictOptions(full_state_dict=True))
 
 

@@ -119,6 +119,7 @@ def check_nodes(report: Report, layout: NodeLayout) -> object | None:
                f"node {node} reaches the master over {interface.name} ({interface.address})" if interface else
                f"node {node} has no route to {address}", "check the network between the nodes")
     timeout = datetime.timedelta(seconds=layout.timeout_s)
+    assert layout.master_port is not None  # several nodes: check_layout required --master-port
     try:
         store = TCPStore(layout.master_addr, layout.master_port, world_size=layout.nnodes, is_master=node == 0,
                          timeout=timeout, wait_for_workers=False)
@@ -159,6 +160,7 @@ def check_all_reduce(report: Report, layout: NodeLayout) -> None:
     from rankwise.tools.harness import resolve_backend, run_on_ranks
 
     backend = resolve_backend("auto", layout.nproc_per_node)
+    assert layout.master_port is not None  # several nodes: check_layout required --master-port
     try:
         # The next port: node 0 still hosts the doctor's own store on --master-port.
         row = run_on_ranks(measure_all_reduce, (ALL_REDUCE_BYTES,), layout, backend, master_port=layout.master_port + 1)

@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 
 from rankwise.checkpoint import read_weights, write_weights
+from rankwise.tools.watch.records import DropoutModule
 
 TRACE_FILE, FACTS_FILE = "trace.jsonl", "trace-facts.json"
 
@@ -71,9 +73,9 @@ def gradients_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"grad-{step:05d}.safetensors"
 
 
-def switch_off_dropout(model: nn.Module, keep: bool) -> list[dict]:
+def switch_off_dropout(model: nn.Module, keep: bool) -> list[DropoutModule]:
     """Every dropout module with p > 0 (set to 0 unless ``keep``), as ``{"module", "type", "p"}``."""
-    found = []
+    found: list[DropoutModule] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
             found.append({"module": name, "type": type(module).__name__, "p": module.p})
@@ -99,7 +101,7 @@ class RandomOps(TorchFunctionMode):
         self.names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
         self.stack: list[str] = []
         self.found: dict[str, int] = {}
-        self.hooks = []
+        self.hooks: list[RemovableHandle] = []
 
     def __enter__(self):
         from torch.nn.modules import module as modules

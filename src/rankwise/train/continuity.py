@@ -23,7 +23,7 @@ from pathlib import Path
 
 from torch.utils.data import DistributedSampler
 
-from rankwise.batching import epoch_order, global_order, order_digest, rank_sampler
+from rankwise.batching import dataset_size, epoch_order, global_order, order_digest, rank_sampler
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 
@@ -57,8 +57,9 @@ def position(sampler: DistributedSampler, steps_per_epoch: int, batch_size: int,
 
 def training_sampler(samples: int, batch_size: int, seed: int, lengths=None) -> DistributedSampler:
     """The training loader's sampler as one process builds it (the order is the same at every world size)."""
-    return rank_sampler(range(samples), batch_size, 1, 0, shuffle=True, drop_last=True, seed=seed, lengths=lengths,
-                        group_size=batch_size)
+    # ignore[arg-type]: a range is a map-style dataset of its own indices (sized, indexable), all a sampler reads
+    return rank_sampler(range(samples), batch_size, 1, 0,  # type: ignore[arg-type]
+                        shuffle=True, drop_last=True, seed=seed, lengths=lengths, group_size=batch_size)
 
 
 def check_before_launch(checkpoint: str | Path, recorded: dict, data_digest: str, sampler: DistributedSampler,
@@ -74,7 +75,7 @@ def check_before_launch(checkpoint: str | Path, recorded: dict, data_digest: str
                           f"{recorded['data']}, {data_source} now gives {data_digest}): continuing would train on "
                           "other samples in another order; restore the data the run started with, or start a new "
                           "run from the checkpoint's weights (--set model.init_weights=...)")
-    steps_per_epoch = len(sampler.dataset) // batch_size
+    steps_per_epoch = dataset_size(sampler.dataset) // batch_size
     now = position(sampler, steps_per_epoch, batch_size, recorded["step"])
     if (now["epoch"], now["position"], now["order"], now["consumed"]) != \
             (recorded["epoch"], recorded["position"], recorded["order"], recorded["consumed"]):

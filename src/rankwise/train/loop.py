@@ -99,7 +99,8 @@ class Trainer:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         # Counts the model's FLOPs on a fake copy made before the strategy shards or compiles it.
-        self.flop_counter, self.flop_template = fake_counter(model, forward_logits), None
+        self.flop_counter = fake_counter(model, forward_logits)
+        self.flop_template: dict | None = None
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
         self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
@@ -131,7 +132,7 @@ class Trainer:
         """The last logged loss ({"step", "value"}), recorded in checkpoints for the continuity record."""
         self.continuity_check: continuity.PendingCheck | None = None
         """After a resume, until its first step has trained and been checked."""
-        self.step_tokens, self.step_shapes = 0, []
+        self.step_tokens, self.step_shapes = 0, list[tuple[int, int | None]]()
         """This rank's tokens and micro-batch shapes of the step in progress (for throughput and FLOPs)."""
         self.checkpoint_path: Path | None = None
         self.saved_step: int | None = None
@@ -139,7 +140,7 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def save(self, epoch: int) -> None:
-        files = {artifacts.CONFIG: self.cfg.to_json(),
+        files: dict[str, str | Path] = {artifacts.CONFIG: self.cfg.to_json(),
                  artifacts.MODEL_SPEC: json.dumps(self.model_spec, indent=2, ensure_ascii=False),
                  artifacts.LABELS: json.dumps(self.data.label_names, ensure_ascii=False)}
         if self.run_dir.tokenizer.is_file():
@@ -173,13 +174,14 @@ class Trainer:
         log.info(f"resumed at step {self.step}")
         if state.get("continuity") and self.step < self.total_steps:
             # This run's own schedule at the step (its lambdas come from this run's configuration).
-            lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](self.step)
+            lr = float(self.scheduler.base_lrs[0]) * self.scheduler.lr_lambdas[0](self.step)
             self.continuity_check = continuity.PendingCheck(state["continuity"], lr)
 
     def report_continuity(self, loss_sum: torch.Tensor) -> None:
         """After the first resumed step: check and record that the data continued (a collective)."""
         loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()  # only this step's loss is in the sum
         check, self.continuity_check = self.continuity_check, None
+        assert check is not None  # called at the first step after a resume, while its check is pending
         record = continuity.first_step_record(
             self.rt, self.loader, check.facts, check.trained, step=self.step - 1,
             steps_per_epoch=self.steps_per_epoch, batch_size=self.cfg.batch_size, lr_resumed=check.lr,

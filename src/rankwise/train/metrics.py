@@ -37,6 +37,7 @@ class MetricsLog:
     def log(self, step: int, **values) -> None:
         if not self.enabled:
             return
+        assert self.file is not None and self.writer is not None  # enabled: opened in __init__
         self.file.write(json.dumps({"step": step, **values}) + "\n")
         self.file.flush()
         for key, value in values.items():
@@ -45,6 +46,7 @@ class MetricsLog:
 
     def close(self) -> None:
         if self.enabled:
+            assert self.file is not None and self.writer is not None  # enabled: opened in __init__
             self.file.close()
             self.writer.close()
 

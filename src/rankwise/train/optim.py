@@ -12,7 +12,8 @@ from rankwise.train.config import TrainConfig
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only: never on biases, LayerNorm weights or other 1-D parameters."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue

@@ -8,6 +8,7 @@ naming the key.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rankwise.batching import check_enough_samples, micro_batch_size
 from rankwise.checkpoint import check_compatible, manifest_meta
@@ -66,12 +67,18 @@ def check_master_port(cfg: TrainConfig) -> None:
                           "node; choose another --master-port (or leave it unset on a single node)")
 
 
+def _latest(cfg: TrainConfig) -> Path:
+    """``--resume latest``: the run directory's latest checkpoint."""
+    assert cfg.out is not None  # train() set it (default_run_dir) before these checks
+    return RunDir(Path(cfg.out)).latest
+
+
 def resumable(cfg: TrainConfig) -> None:
     """``--resume``: a checkpoint exists that this run can continue (any known strategy's, at any world size:
     ``strategies.portable``)."""
     if cfg.resume is None:
         return
-    path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume
+    path = _latest(cfg) if cfg.resume == "latest" else cfg.resume
     try:
         meta = manifest_meta(path)
     except (CheckpointError, OSError) as e:
@@ -88,7 +95,7 @@ def continues_the_data(cfg: TrainConfig, data: PreparedData) -> None:
     data replaces the run directory's: a changed data file is refused, and the run's own data kept)."""
     if cfg.resume is None:
         return
-    path = RunDir(cfg.out).latest if cfg.resume == "latest" else cfg.resume
+    path = _latest(cfg) if cfg.resume == "latest" else cfg.resume
     try:
         recorded = manifest_meta(path).get("continuity")
     except (CheckpointError, OSError):

@@ -63,7 +63,8 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 
 def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
     """Read, validate, split and tokenize the data here, once: bad input fails before any worker starts."""
-    run_dir = RunDir(cfg.out)
+    assert cfg.out is not None  # train() set it (default_run_dir)
+    run_dir = RunDir(Path(cfg.out))
     if cfg.resume is None and run_dir.result.exists() and not quiet:
         log.info(f"note: {run_dir.root} already holds a finished run; it will be overwritten", stderr=True)
     data = prepare_data(cfg.data)

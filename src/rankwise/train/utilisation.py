@@ -26,6 +26,7 @@ def utilisation(rt: Runtime, counter: FlopCounter | None, template: dict | None,
     ranks, ``mfu`` against it and ``mfu_datasheet`` (known GPUs); None where no step was steady (a collective).
     ``devices``: the devices each rank computes on (DataParallel's GPUs, a model split over two): the peaks are
     one device's times that."""
+    mine: float
     try:
         mine = LengthFlops(counter, template).total(throughput.shapes) if counter and template and throughput.steps \
             else 0

@@ -23,7 +23,7 @@ from rankwise.train.rundir import RunDir
 
 
 def train_from_run_dir(run_dir: str | Path) -> dict:
-    layout = RunDir(run_dir)
+    layout = RunDir(Path(run_dir))
     cfg = load_config_json(layout.config)
     # A restarted group (or one a node joined) continues from the latest checkpoint: Trainer.latest_to_continue.
     return run_training(cfg, PreparedData.load(layout.data), layout.root, faults.step_end_hooks())

@@ -62,6 +62,7 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
     data = PreparedData.load(data_dir)
     torch.manual_seed(cfg.seed)
     ngrams = data.ngrams.to_dict() if data.ngrams else None
+    assert data.encoder is not None  # the bench's data is text, tokenized
     model, spec = build_model(cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
                               vocab_size=data.encoder.vocab_size, pad_id=data.encoder.pad_id,
                               max_length=cfg.data.max_length, ngrams=ngrams)
@@ -69,6 +70,7 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
     optimizer = make_optimizer(model, cfg, device)  # AdamW, fused where the device has the kernel
     torch.manual_seed(cfg.seed + rank)  # each rank its own dropout stream, as in rankwise
     steps = cfg.max_steps
+    assert steps is not None  # the bench sets max_steps for every row
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.optim.schedule, int(cfg.optim.warmup_ratio * steps), steps))
     dataset = data.dataset("train", ngrams=reads_ngrams(spec))
@@ -100,10 +102,12 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
             loss = nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.optim.label_smoothing)
             if accelerator is not None:
                 accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                if cfg.optim.max_grad_norm is not None:  # (None: no clipping, as in rankwise's loop)
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
             else:
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                if cfg.optim.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()

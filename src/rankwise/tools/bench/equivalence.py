@@ -19,7 +19,9 @@ from pathlib import Path
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup
+from rankwise.tools.bench.records import EquivalenceColumns
 from rankwise.tools.bench.rows import Row
+from rankwise.tools.verify.records import VerifyReport
 
 VERDICT_CELLS = {"equivalent": "pass", "not equivalent": "FAIL", "not comparable": "not comparable",
                  "could not run": "could not run (verify)", "reference": "reference", "unchecked": "FAIL (unchecked)"}
@@ -50,6 +52,7 @@ def criterion(row: Row, nproc: int) -> Criterion:
         return Criterion("weights", note=f"ddp.comm_hook={row.comm_hook} compresses the gradient exchange, which "
                                          "rankwise verify names as a difference by design; the row's stated "
                                          "tolerance judges it instead")
+    assert row.strategy is not None  # not a baseline
     variant = lookup(row.strategy)
     if variant.strategy == "single":
         return Criterion("weights", note="one process, as single: verify would compare single with itself; the "
@@ -68,7 +71,7 @@ def criterion(row: Row, nproc: int) -> Criterion:
 
 
 def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str], out: Path, *, steps: int,
-               timeout_s: float) -> dict:
+               timeout_s: float) -> VerifyReport:
     """``rankwise verify`` of the built-in app under ``strategy`` with these ``--set`` overrides: its report (one that
     could not run, where verify itself failed: the timed rows' report stands)."""
     from rankwise.tools.bench import app
@@ -78,15 +81,16 @@ def verify_app(strategy: str, processes: int, data_dir: Path, settings: list[str
         return verify_runs(Path(app.__file__), [str(data_dir), *settings], strategy, processes, out, steps=steps,
                            timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001 - the row's check could not run, said why
-        return {"verdict": "could not run", "failure": {"verify": f"{type(e).__name__}: {e}"}, "steps": [],
+        return {"strategy": strategy, "processes": processes,
+                "verdict": "could not run", "failure": {"verify": f"{type(e).__name__}: {e}"}, "steps": [],
                 "diagnosis": [], "findings": [], "dropout": {"modules": []}, "tolerance": None,
                 "gradient_tolerance": None}
 
 
-def lockstep_columns(report: dict) -> dict:
+def lockstep_columns(report: VerifyReport) -> EquivalenceColumns:
     """A row's equivalence columns from ``rankwise verify``'s report of it."""
     lines = [line for line in report["steps"] if line["step"]]
-    gradients = [line["gradient_diff"] for line in lines if line.get("gradient_diff") is not None]
+    gradients = [gradient for line in lines if (gradient := line.get("gradient_diff")) is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None
     errors = [finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"]
@@ -106,7 +110,8 @@ def lockstep_columns(report: dict) -> dict:
             "gradient_tolerance": report["gradient_tolerance"], "reason": reason}
 
 
-def weights_columns(difference: float | None, tolerance: float, steps: int, error: str | None = None) -> dict:
+def weights_columns(difference: float | None, tolerance: float, steps: int,
+                    error: str | None = None) -> EquivalenceColumns:
     """A row's equivalence columns from its weights after ``steps`` against ``single``'s (``None``: not compared,
     ``error`` says why)."""
     verdict = "could not run" if difference is None else \

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.bench import why
 from rankwise.tools.bench.equivalence import UNDECIDED, VERDICT_CELLS
+from rankwise.tools.bench.records import BenchRow, RowRecord
 
 ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
@@ -38,16 +40,16 @@ def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: di
     return f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
 
 
-def summarize(records: list[dict], meta: dict) -> dict:
+def summarize(records: list[RowRecord], meta: dict) -> dict:
     """One line per row (medians over repeats), the reading, and everything measured."""
     ok = {r["row"]: [run for run in r["runs"] if "error" not in run] for r in records}
     reference = median(ok.get("single", []), "steady_samples_per_s")
     single_accuracy = ok["single"][0]["accuracy"] if ok.get("single") else None
-    lines = []
+    lines: list[BenchRow] = []
     for record in records:
         runs = ok[record["row"]]
-        line = {"row": record["row"], "about": record["about"], "processes": record["processes"],
-                "threads": record["threads"], "tolerance": record["tolerance"]}
+        line: BenchRow = {"row": record["row"], "about": record["about"], "processes": record["processes"],
+                          "threads": record["threads"], "tolerance": record["tolerance"], "status": ""}  # (set below)
         if record["missing"]:
             line["status"] = f"not installed: {record['missing']}"
         elif not runs:
@@ -76,8 +78,8 @@ def summarize(records: list[dict], meta: dict) -> dict:
                                 and abs(first["accuracy"] - single_accuracy) <= ACCURACY_POINTS),
                 # The equivalence check by its criterion (tools/bench/equivalence.py): verdict, reason, differences.
                 "criterion": None, "verdict": None, "equivalent": None, "reason": None, "max_param_diff": None,
-                **record.get("equivalence", {}),
             }
+            line |= record.get("equivalence", {})
             line |= why.summary(first.get("breakdown"))
         lines.append(line)
     return {"rows": lines, "reading": reading(lines, ok), "meta": meta, "runs": records}
@@ -93,7 +95,7 @@ def _paired_ratio(ok: dict, a: str, b: str) -> dict | None:
             "pairs": [round(x / y, 3) for x, y in pairs]}
 
 
-def reading(lines: list[dict], ok: dict) -> dict:
+def reading(lines: list[BenchRow], ok: dict) -> dict:
     measured = [line for line in lines if line["status"] == "ok"]
     passing = [line for line in measured if line["equivalent"] and line["eval_count_ok"] and line["accuracy_ok"]]
     fastest = max(passing, key=lambda line: line["samples_per_s"] or 0, default=None)
@@ -109,7 +111,7 @@ def reading(lines: list[dict], ok: dict) -> dict:
     }
 
 
-def scaling_efficiency(measured: list[dict]) -> dict[str, float]:
+def scaling_efficiency(measured: list[BenchRow]) -> dict[str, float]:
     """Each multi-process row's throughput / (the cores it used x one process on one thread), when ``single-1t``
     ran.  Cores are processes x threads: on C cores a row of N ranks runs C/N threads each, so dividing by N
     alone credited the ranks' threads to the scaling (on 16 cores, 2 ranks x 8 threads counted as 2 cores)."""
@@ -159,24 +161,25 @@ CELLS = {**VERDICT_CELLS, "could not run": "could not run"}
 """The equivalence cell (the criterion cell beside it says which check could not run)."""
 
 
-def _difference(line: dict, key: str, limit: str) -> str:
+def _difference(line: Mapping[str, object], key: str, limit: str) -> str:
     value = line.get(key)
     return "—" if value is None else f"{value:.1e} ({line[limit]:.0e})"
 
 
-def tflops_cell(line: dict) -> str:
+def tflops_cell(line: BenchRow) -> str:
     value = line.get("tflops_per_s")
     return f"{value:.3g}" if value else "—"
 
 
-def mfu_cell(line: dict) -> str:
+def mfu_cell(line: BenchRow) -> str:
     """Against the peak measured in the run; the datasheet's after a slash on known GPUs."""
-    if line.get("mfu") is None:
+    mfu = line.get("mfu")
+    if mfu is None:
         return "—"
-    if line["mfu"] < 0.001:
+    if mfu < 0.001:
         return "<0.1%"  # a toy model on a CPU
     sheet = f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else ""
-    return f"{line['mfu']:.1%}{sheet}"
+    return f"{mfu:.1%}{sheet}"
 
 
 def reading_text(summary: dict) -> str:
@@ -261,14 +264,14 @@ def plot(summary: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def _bar_label(key: str, value: float | None, line: dict) -> str:
+def _bar_label(key: str, value: float | None, line: BenchRow) -> str:
     """A panel's number: "—" where the row has none (no FLOPs counted: not an MFU of 0)."""
     if value is None:
         return "—"
     if key == "mfu":
         return f"{value:.1%}"
     if key == "peak_rss_mb":
-        return ", ".join(f"{peak:.0f}" for peak in line[key])
+        return ", ".join(f"{peak:.0f}" for peak in line["peak_rss_mb"])
     return f"{value:.0f}" if key == "samples_per_s" else f"{value:.2f}"
 
 

@@ -47,6 +47,7 @@ class Row:
         """Processes this row runs: one for one-process strategies (single, dp), else ``nproc``."""
         if self.baseline:
             return nproc
+        assert self.strategy is not None  # a row is a baseline or a rankwise strategy
         return nproc if get_strategy(self.strategy).multiprocess else 1
 
     def missing(self) -> str | None:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rankwise.breakdown import PROFILED_STEPS
 from rankwise.errors import ConfigError
@@ -34,8 +36,10 @@ from rankwise.strategies import lookup, unavailable
 from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import disturbed, script_report, why
 from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
+from rankwise.tools.bench.records import RunResult
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.verify.command import verify_runs, verify_watched
+from rankwise.tools.verify.records import VerifyReport
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
 
@@ -68,7 +72,7 @@ class ScriptRow:
         return f"not installed: {reason}" if reason else None
 
 
-def watched_rows(framework: Framework, world_sizes: list[int], strategies: list[str] = ()) -> list[ScriptRow]:
+def watched_rows(framework: Framework, world_sizes: list[int], strategies: Sequence[str] = ()) -> list[ScriptRow]:
     """One row per world size, one process first (the reference); with ``strategies`` (the framework's launcher's
     own names), the reference and one row per strategy at the largest world size."""
     if not strategies:
@@ -110,7 +114,7 @@ def run_bench(script: Path, script_args: list[str], rows: list[ScriptRow], *, st
     for repeat in range(repeats):
         for row in (runnable if repeat % 2 == 0 else runnable[::-1]):
             run_dir = out / "runs" / f"{row.name.replace(' ', '-')}-{repeat}"
-            measured = []
+            measured: list[RunResult] = []
             # A script shorter than the window runs again, and its steady windows are pooled (the script's epochs
             # repeated, each run's warm-up left out).
             while not measured or _runs_again(measured, min_window_s):
@@ -146,8 +150,8 @@ MAX_POOLED_RUNS = 5
 def _runs_again(measured: list[dict], min_window_s: float = MIN_WINDOW_S) -> bool:
     """Whether a script that ended before its window lasted ``MIN_WINDOW_S`` should run once more."""
     last = measured[-1]
-    return ("error" not in last and last.get("script_ended") and len(measured) < MAX_POOLED_RUNS
-            and sum(run.get("steady_s") or 0 for run in measured) < min_window_s)
+    return bool("error" not in last and last.get("script_ended") and len(measured) < MAX_POOLED_RUNS
+                and sum(run.get("steady_s") or 0 for run in measured) < min_window_s)
 
 
 def _pooled(measured: list[dict]) -> dict:
@@ -163,14 +167,14 @@ def _pooled(measured: list[dict]) -> dict:
             "peak_rss_mb": [max(values) for values in zip(*(run["peak_rss_mb"] for run in measured), strict=True)]}
 
 
-def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, dict],
+def summarize(rows: list[ScriptRow], runs: dict[str, list[dict]], verdicts: dict[str, VerifyReport],
               min_window_s: float = MIN_WINDOW_S) -> dict:
     ok = {name: [run for run in row_runs if "error" not in run] for name, row_runs in runs.items()}
     base_speed = median(ok.get(next((row.name for row in rows if row.reference), "single"), []),
                         "steady_samples_per_s")
-    lines = []
+    lines: list[dict[str, Any]] = []
     for row in rows:
-        line = {"row": row.name, "processes": row.processes, "strategy": row.strategy}
+        line: dict[str, Any] = {"row": row.name, "processes": row.processes, "strategy": row.strategy}
         missing = row.missing()
         if missing:
             lines.append({**line, "status": missing} if row.framework is None else

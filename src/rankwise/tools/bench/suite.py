@@ -19,6 +19,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +33,7 @@ from rankwise.process import usable_cores
 from rankwise.tolerance import max_param_diff
 from rankwise.tools.bench import report, why
 from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
+from rankwise.tools.bench.records import EquivalenceColumns, RowRecord, RunResult
 from rankwise.tools.bench.rows import Row
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
@@ -69,7 +71,7 @@ class BenchPlan:
 
 
 def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | None = None, model: str | None = None,
-         extra: list[str] = (), repeats: int | None = None) -> BenchPlan:
+         extra: Sequence[str] = (), repeats: int | None = None) -> BenchPlan:
     values = PRESETS[preset]
     steps = values["max_steps"]
     equivalence_step = 5
@@ -84,17 +86,19 @@ def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | Non
     return BenchPlan(rows, nproc, repeats or values["repeats"], [*settings, *extra], out, equivalence_step)
 
 
-def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
+def run_all(plan: BenchPlan, progress: bool = True) -> list[RowRecord]:
     """Every row ``plan.repeats`` times, alternating the order; one record per row (repeats kept)."""
     from rankwise.data.prepare import cache_entry, prepare_data
 
     cfg = plan.config
     prepared = prepare_data(cfg.data)  # once, into the cache every row reads
     data_dir = cache_entry(cfg.data)
+    assert data_dir is not None  # every row reads the data prepared once, from the cache (data.cache_dir)
     split_size = prepared.size(cfg.eval_split)
-    records = {row.name: {"row": row.name, "about": row.about, "processes": row.processes(plan.nproc),
-                           "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [],
-                           "missing": row.missing()} for row in plan.rows}
+    records: dict[str, RowRecord] = {
+        row.name: {"row": row.name, "about": row.about, "processes": row.processes(plan.nproc),
+                   "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [], "missing": row.missing()}
+        for row in plan.rows}
     runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
     # A terminal gets a live bar; a log (CI, `make demo > log`) one line per finished run, not per update.
     live = progress and sys.stderr.isatty()
@@ -120,7 +124,7 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[dict]:
     return [records[row.name] for row in plan.rows]
 
 
-def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> dict:
+def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> RunResult:
     """One run of ``row`` in fresh processes; its summary (plus ``wall_s`` and ``run_dir``), or ``{"error"}``."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -138,6 +142,7 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> d
         result = run_measured(command, run_dir, env=env, timeout_s=plan.timeout_s, on_poll=progress,
                               result_file=run_dir / "result.json")
     else:
+        assert row.strategy is not None  # a row is a baseline or a rankwise strategy
         procs = ["--nproc-per-node", str(processes)] if processes > 1 else []
         sets = [arg for s in [*plan.settings, *row.settings] for arg in ("--set", s)]
         result = run_train(["--strategy", row.strategy, *procs, *sets], run_dir, env=env, timeout_s=plan.timeout_s,
@@ -153,7 +158,7 @@ def _last_step(metrics: Path) -> int:
         return 0
 
 
-def _weights_at(run: dict, step: int):
+def _weights_at(run: RunResult, step: int):
     from rankwise.tools.bench.baselines import weights_file
 
     run_dir = Path(run["run_dir"])
@@ -161,18 +166,21 @@ def _weights_at(run: dict, step: int):
     return read_weights(baseline if baseline.exists() else run_dir / "checkpoints" / f"step-{step:08d}")
 
 
-def check_equivalence(plan: BenchPlan, records: dict[str, dict], rows: list[Row], data_dir: Path) -> dict[str, dict]:
+def check_equivalence(plan: BenchPlan, records: dict[str, RowRecord], rows: list[Row],
+                      data_dir: Path) -> dict[str, EquivalenceColumns]:
     """Each row that ran: its equivalence columns by its criterion
     (:func:`~rankwise.tools.bench.equivalence.criterion`), ``criterion`` and ``criterion_note`` among them."""
     ran = {row.name: criterion(row, plan.nproc) for row in rows
            if any("error" not in run for run in records[row.name]["runs"])}
-    checks = {name: {"criterion": "reference", "verdict": "reference", "equivalent": True} for name, rule in ran.items()
-              if rule.kind == "reference"}
+    checks: dict[str, EquivalenceColumns] = {
+        name: {"criterion": "reference", "verdict": "reference", "equivalent": True} for name, rule in ran.items()
+        if rule.kind == "reference"}
     steps, verified = plan.equivalence_step, {}
     for row in rows:
         rule = ran.get(row.name)
         if rule is None or rule.kind != "lockstep":
             continue
+        assert rule.strategy is not None  # a lockstep criterion names the strategy verify runs
         key = (rule.strategy, row.settings)  # (ddp-spawn trains as ddp does: one verify run for both)
         if key not in verified:
             verified[key] = verify_app(rule.strategy, row.processes(plan.nproc), data_dir,
@@ -193,7 +201,8 @@ def _unprofiled(settings: list[str]) -> list[str]:
     return [setting for setting in settings if not setting.startswith("profile_steps=")]
 
 
-def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path, notes: dict[str, str]) -> dict[str, dict]:
+def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path,
+                     notes: dict[str, str | None]) -> dict[str, EquivalenceColumns]:
     """The rows verify cannot judge, and ``single``, for ``K`` more steps each with dropout 0 (untimed): each row's
     columns from its weights after them against ``single``'s."""
     steps = plan.equivalence_step
@@ -209,10 +218,10 @@ def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path, notes: di
             reference = _weights_at(runs["single"], steps)
         except Exception as e:  # noqa: BLE001 - a missing checkpoint: every comparison says why
             problem = str(e)
-    checks = {}
+    checks: dict[str, EquivalenceColumns] = {}
     for row in rows:
         difference, error = None, runs[row.name].get("error") or (problem and f"single's run: {problem}")
-        if error is None:
+        if error is None and reference is not None:  # (no error: single's weights were read)
             try:
                 difference = max_param_diff(_weights_at(runs[row.name], steps), reference)
             except Exception as e:  # noqa: BLE001 - a missing or different checkpoint is a failed check, said why
@@ -224,7 +233,7 @@ def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path, notes: di
     return checks
 
 
-def _judge(record: dict, equivalence: dict | None, split_size: int) -> None:
+def _judge(record: RowRecord, equivalence: EquivalenceColumns | None, split_size: int) -> None:
     """Add the checks to ``record``: evaluation count, and its equivalence (``check_equivalence``'s columns)."""
     runs = [run for run in record["runs"] if "error" not in run]
     record["eval_expected"] = split_size

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rankwise.breakdown import LABELS, PARTS, PROFILED_STEPS
 from rankwise.errors import ConfigError
+from rankwise.tools.bench.records import BenchRow, BreakdownColumns, Explanation
 
 NOISE = 0.10
 """A loss below this share of the step is not named: profiled steps vary by about this much on a shared CPU."""
@@ -25,11 +26,11 @@ _BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
 """Parts a rank goes through before it arrives at the gradient exchange."""
 
 
-def explain(breakdown: dict | None) -> dict | None:
+def explain(breakdown: dict | None) -> Explanation | None:
     """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part`` None: nothing above
     the noise), or None without a breakdown."""
     ranks = (breakdown or {}).get("ranks") or []
-    if not ranks:
+    if not ranks or breakdown is None:
         return None
     step = max(r["step_ms"] for r in ranks) or 1e-9
     loss, rank = max(((part, r) for part in LOSSES for r in ranks), key=lambda pr: pr[1]["parts_ms"][pr[0]])
@@ -62,7 +63,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
     others = [r for r in ranks if r is not late]
     excess = {part: late["parts_ms"][part] - sum(r["parts_ms"][part] for r in others) / len(others)
               for part in _BEFORE_ARRIVAL}
-    part = max(excess, key=excess.get)
+    part = max(excess, key=lambda name: excess[name])
     head = (f"rank {waiting['rank']} waits {waiting['parts_ms']['straggler']:.1f} ms a step for rank {late['rank']}, "
             f"which arrives {late['late_ms']:.1f} ms late at the gradient exchange")
     if excess[part] < 0.5 * late["late_ms"]:
@@ -159,11 +160,12 @@ def detail(name: str, breakdown: dict | None) -> str:
     if breakdown.get("device") == "cuda":
         lines.append("  (on a GPU these are the host's times: kernels are queued, not timed)")
     why = explain(breakdown)
+    assert why is not None  # a breakdown with ranks (above) has a cause
     lines.append(f"  why: {why['line']}")
     return "\n".join(lines)
 
 
-def summary(breakdown: dict | None) -> dict:
+def summary(breakdown: dict | None) -> BreakdownColumns:
     """A bench row's breakdown entries: the per-rank detail, the table's cells, the cause."""
     found = explain(breakdown)
     return {"breakdown": breakdown, "steps": cells(breakdown) or None, "why": found}
@@ -176,19 +178,20 @@ def step_cell(steps: dict | None) -> str:
     return " · ".join(f"{steps[key]:.1f}" for key in ("compute_ms", "comm_ms", "data_ms", "sync_ms", "straggler_ms"))
 
 
-def notes(rows: list[dict]) -> list[str]:
+def notes(rows: list[BenchRow]) -> list[str]:
     """The lines under the table: how the breakdown was measured, and each row's cause."""
     explained = [line for line in rows if line.get("why")]
     if not explained:
         return []
-    first = next(line["breakdown"] for line in explained)
+    breakdowns = [line.get("breakdown") or {} for line in explained]  # (a cause comes from a breakdown)
+    first = breakdowns[0]
     where = f"steps {first['steps'][0]}-{first['steps'][1]}" if first.get("steps") else f"{PROFILED_STEPS} steps"
     out = [f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its timed window: compute "
            "averaged over the ranks; exposed comm, data wait, host syncs and waiting for the slowest rank, the most "
            "any rank spent (`rankwise bench --explain ROW` shows every rank)"]
-    if any(line["breakdown"].get("device") == "cuda" for line in explained):
+    if any(breakdown.get("device") == "cuda" for breakdown in breakdowns):
         out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")
-    out += [f"- {line['row']}: why: {line['why']['line']}" for line in explained]
+    out += [f"- {line['row']}: why: {why['line']}" for line in explained if (why := line.get("why"))]
     return out
 
 
@@ -229,7 +232,7 @@ def check_row(name: str | None, names: list[str]) -> None:
         raise ConfigError(f"--explain {name}: no such row (rows: {', '.join(names)})")
 
 
-def explained(rows: list[dict], name: str) -> str:
+def explained(rows: list[BenchRow], name: str) -> str:
     """``--explain NAME`` after a run: that row's :func:`detail`."""
     line = next((line for line in rows if line["row"] == name), None)
     if line is None:

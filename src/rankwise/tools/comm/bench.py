@@ -340,6 +340,7 @@ def run(settings: Settings, layout: NodeLayout, *, out: str | None = None, ceili
             log.info("measuring this machine's ceilings (loopback TCP, memcpy) ...", stderr=True, every_rank=True)
             limits = machine_ceilings.measure()
         if layout.nnodes > 1 and layout.node_rank <= 1:
+            assert layout.master_port is not None  # several nodes: check_layout required --master-port
             log.info("measuring TCP between node 0 and node 1 ...", stderr=True, every_rank=True)
             try:
                 limits |= machine_ceilings.between_nodes(layout.node_rank, layout.master_addr,

@@ -52,7 +52,8 @@ def _receive(sock: socket.socket, total: int) -> None:
 def tcp_loopback_GBps(both_directions: bool, total: int = TCP_BYTES) -> float:
     """Bytes per second (GB/s) one direction of a loopback TCP connection between two processes carries."""
     # fork where there is one: the peer needs only sockets, and a spawned one would re-import torch.
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else \
+        multiprocessing.get_context("spawn")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,7 +175,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
         raise ConfigError(f"{script}: no such script")
     mode = fake_mode()
     watch = _Watch()
-    saved_argv, saved_path = list(os.sys.argv), list(os.sys.path)
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
     observers.register(watch)
     try:
         with one_rank(), FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
@@ -192,7 +192,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                                       f"fake (shapes only, no values): {type(e).__name__}: {e}") from e
     finally:
         observers.unregister(watch)
-        os.sys.argv[:], os.sys.path[:] = saved_argv, saved_path
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
     if catcher.captured is None:
         raise ConfigError(f"{script} ended without a training step: no model an optimizer trains ran forward with "
                           "gradients on (build the optimizer before the training loop)")

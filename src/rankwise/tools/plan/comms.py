@@ -83,17 +83,17 @@ def collectives(strategy: str, trace: Trace, world: int, grad_accum: int, *, buc
                  Collective("reduce_scatter", grads, units, "backward", "gradients")]
         return [call for call in calls if call.calls]  # (one unit, the root: not gathered again for backward)
     if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
-        calls = max(1, math.ceil(trace.numel / zero_bucket))
-        return [Collective("reduce_scatter", grads, calls, "", "gradients (reduced to their owners)"),
-                Collective("all_gather", params, calls, "", "updated parameters, after the step")]
+        count = max(1, math.ceil(trace.numel / zero_bucket))
+        return [Collective("reduce_scatter", grads, count, "", "gradients (reduced to their owners)"),
+                Collective("all_gather", params, count, "", "updated parameters, after the step")]
     if strategy == "deepspeed-zero3":
         gathered = trace.itemsize * sum(n for n in trace.numels if n >= 100_000)
-        calls = max(1, math.ceil(trace.numel / zero_bucket))
+        count = max(1, math.ceil(trace.numel / zero_bucket))
         return [Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "forward",
                            "parameters, forward"),
                 Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "backward",
                            "parameters, backward"),
-                Collective("reduce_scatter", grads, calls, "backward", "gradients")]
+                Collective("reduce_scatter", grads, count, "backward", "gradients")]
     raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
 
 

@@ -68,8 +68,9 @@ class FakeParameters:
                     module._buffers[key] = fn(buffer)
             return module
 
-        nn.Module.register_parameter = register_parameter
-        nn.Module._apply = _apply
+        # ignore[method-assign, assignment]: patching these two methods while the context is open is the point
+        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign, assignment]
+        nn.Module._apply = _apply  # type: ignore[method-assign]
         self._stack.callback(setattr, nn.Module, "register_parameter", register)
         self._stack.callback(setattr, nn.Module, "_apply", apply)
         return self
@@ -88,10 +89,10 @@ def fake_copy(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, 
             copied = p.detach().to(dtype) if dtype is not None and p.is_floating_point() else p.detach().clone()
             memo[id(p)] = nn.Parameter(copied, requires_grad=p.requires_grad)
     mapping = dict(memo)
-    copied = copy.deepcopy(model, memo)
+    model_copy = copy.deepcopy(model, memo)
     if optimizer is None:
-        return copied, None
-    return copied, rebuilt_optimizer(optimizer, mapping)
+        return model_copy, None
+    return model_copy, rebuilt_optimizer(optimizer, mapping)
 
 
 def rebuilt_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]) -> torch.optim.Optimizer:
@@ -102,7 +103,8 @@ def rebuilt_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Pa
         settings = {key: value for key, value in group.items() if key != "params"}
         groups.append({**settings, "params": [mapping[id(p)] for p in group["params"]]})
     try:
-        return type(optimizer)(groups)  # every group carries all its settings
+        # ignore[call-arg]: torch.optim.Optimizer's own __init__ takes defaults; its subclasses' take the groups alone
+        return type(optimizer)(groups)  # type: ignore[call-arg]  # every group carries all its settings
     except TypeError:  # an optimizer whose constructor insists on a setting by keyword
         return type(optimizer)(groups, **optimizer.defaults)
 

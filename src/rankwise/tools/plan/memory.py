@@ -59,7 +59,7 @@ Step = Callable[[Sample], dict[str, int]]
 
 def peak_over(trace: Trace, held: dict[str, int], during: Step) -> dict[str, int]:
     """The kinds at the sample where ``held`` (constant through the step) plus ``during(sample)`` is largest."""
-    best, parts = -1, None
+    best, parts = -1, dict[str, int]()  # the loop runs at least once, and any total beats -1
     for sample in trace.samples or [Sample(0, 0, 0, 0)]:
         now = during(sample)
         total = sum(now.values())

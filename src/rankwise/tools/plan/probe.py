@@ -140,6 +140,7 @@ class Probe(observers.Observer):
 
     def _measure_memory(self, rt) -> None:
         profiler, self.profiler = self.profiler, None
+        assert profiler is not None  # the measured steps ran under it (a CPU run: a GPU one has no profiler)
         profiler.__exit__(None, None, None)
         # (only the trace the profiler exports names each block's address)
         trace = self.directory / f"trace-rank{rt.rank}.json"

@@ -9,6 +9,7 @@ from pathlib import Path
 from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.plan.memory import KINDS
 from rankwise.tools.plan.planner import Plan, Row
+from rankwise.tools.plan.records import PlanRowJSON
 
 COLUMNS = ("strategy", "ranks", "rows", "params", "grads", "optim", "activ.", "buffers", "peak", "fits",
            "comm/step", "compute", "exposed comm", "step")
@@ -89,15 +90,18 @@ def as_json(plan: Plan) -> dict:
     }
 
 
-def row_json(row: Row) -> dict:
-    memory = row.memory
+def row_json(row: Row) -> PlanRowJSON:
+    memory, time = row.memory, row.time
     return {"strategy": row.strategy, "world_size": row.world_size, "rows": row.rows, "precision": row.precision,
             "checkpointing": row.checkpointing, "fits": row.fits, "change": row.change,
             "memory": {"parameters": memory.parameters, "gradients": memory.gradients, "optimizer": memory.optimizer,
                        "activations": memory.activations, "buffers": memory.buffers, "peak": memory.peak,
                        "at_peak": memory.at_peak, "source": memory.source, "notes": memory.notes},
-            "collectives": [asdict(call) for call in row.collectives],
-            "time": {**asdict(row.time), "total_s": row.time.total_s}}
+            "collectives": [{"op": call.op, "nbytes": call.nbytes, "calls": call.calls, "overlapped": call.overlapped,
+                             "what": call.what} for call in row.collectives],
+            "time": {"compute_s": time.compute_s, "optimizer_s": time.optimizer_s, "comm_s": time.comm_s,
+                     "exposed_comm_s": time.exposed_comm_s, "flops": time.flops, "efficiency": time.efficiency,
+                     "overlap": time.overlap, "total_s": time.total_s}}
 
 
 def markdown(plan: Plan) -> str:

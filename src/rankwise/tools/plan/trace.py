@@ -137,7 +137,7 @@ class StepTracker(TorchDispatchMode):
     def _created(self, storage, kind: str) -> bool:
         if storage in self.storages:
             return False
-        record = [kind, _nbytes(storage)]
+        record: list = [kind, _nbytes(storage)]  # [kind, bytes]: a list the freeing callback reads
         self.storages[storage] = (record, weakref.ref(storage, partial(self._freed, record)))
         self.live[kind] += record[1]
         return record[1] > 0
@@ -147,6 +147,7 @@ class StepTracker(TorchDispatchMode):
 
     def gradient(self, param: torch.Tensor) -> None:
         """A parameter's gradient is complete: its storage counts as a gradient from here on."""
+        assert param.grad is not None  # called from its post-accumulate-grad hook
         storage = param.grad.untyped_storage()
         entry = self.storages.get(storage)
         if entry is None:

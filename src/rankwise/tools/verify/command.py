@@ -36,11 +36,13 @@ from rankwise.tools.verify.compare import (
 )
 from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
 from rankwise.tools.verify.plot import plot
+from rankwise.tools.verify.records import ReportExtra, VerifyReport
 from rankwise.tools.verify.report import render
 from rankwise.tools.verify.samples import unmatched_samples
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
+from rankwise.tools.watch.records import FindingRecord
 from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 log = get_logger(__name__)
@@ -86,7 +88,7 @@ def check(args) -> tuple[Path, int, Framework | None]:
 def verify_runs(script: Path, script_args: list[str], strategy: str, processes: int, out: Path, *, steps: int,
                 precision: str | None = None, settings: tuple[str, ...] = (), keep_dropout: bool = False,
                 timeout_s: float = 600.0, keep_weights: bool = False, as_written: bool = False, log=None,
-                stall_s: float = STALL_TIMEOUT_S) -> dict:
+                stall_s: float = STALL_TIMEOUT_S) -> VerifyReport:
     """The two traced runs (the N-rank one first, then one process following it) and their report, written
     under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as it ends."""
     results, extra = watched_runs(script, script_args, rankwise_framework(strategy, precision, settings), processes,
@@ -102,7 +104,7 @@ def verify_runs(script: Path, script_args: list[str], strategy: str, processes: 
 def verify_watched(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                    steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, keep_weights: bool = False,
                    reference_args: list[str] | None = None, as_written: bool = False, log=None,
-                   stall_s: float = STALL_TIMEOUT_S) -> dict:
+                   stall_s: float = STALL_TIMEOUT_S) -> VerifyReport:
     """A script as its user wrote it: the two watched runs, compared like :func:`verify_runs`'s, with the findings
     that need no reference."""
     results, extra = watched_runs(script, script_args, framework, processes, out, steps=steps,
@@ -116,7 +118,7 @@ def verify_watched(script: Path, script_args: list[str], framework: Framework, p
     return _written(out, report, keep_weights)
 
 
-def _merged(report: dict, extra: dict) -> dict:
+def _merged(report: VerifyReport, extra: ReportExtra) -> VerifyReport:
     """The comparison's report with the distributed run's own findings, the comparison's first (a failure, then
     errors first)."""
     found = [*report.pop("comparison_findings"), *extra.pop("findings", [])]
@@ -124,7 +126,7 @@ def _merged(report: dict, extra: dict) -> dict:
     return report | extra | {"findings": sorted(found, key=lambda finding: order.get(finding["level"], 2))}
 
 
-def _written(out: Path, report: dict, keep_weights: bool) -> dict:
+def _written(out: Path, report: VerifyReport, keep_weights: bool) -> VerifyReport:
     write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
     if report["steps"]:
         plot(report, out / "verify.png")
@@ -135,7 +137,7 @@ def _written(out: Path, report: dict, keep_weights: bool) -> dict:
     return report
 
 
-def exit_code(report: dict) -> int:
+def exit_code(report: VerifyReport) -> int:
     """The verdict's exit code; 1 as well when the run itself shows a finding that changes results, 4 when the rest of
     the script could not be checked (the distributed run failed after the compared steps)."""
     if report["verdict"] == "could not run":  # (what a crashed run recorded is partial: its findings decide nothing)
@@ -150,7 +152,7 @@ def exit_code(report: dict) -> int:
 
 def run(args) -> int:
     script, processes, watched = check(args)
-    label = args.strategy or f"{watched.name}-script"
+    label = (args.strategy or f"{watched.name}-script") if watched else args.strategy  # (check: one of them)
     out = Path(args.out or f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     progress = lambda text: log.info(f"verify: {text}", stderr=True)  # noqa: E731
     if watched is None:
@@ -186,7 +188,7 @@ _RUN_NAMES = {"candidate": "distributed", "reference": "one-process"}
 
 
 def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: int,
-          framework: str | None = None) -> dict:
+          framework: str | None = None) -> VerifyReport:
     """Compare the two traced runs: every step, the first that differs, the diagnosis and the verdict."""
     reference, candidate = TracedRun.load(out / "reference"), TracedRun.load(out / "candidate")
     ranks = load_records(out / "candidate")  # (every rank's record of the N-rank run)
@@ -195,7 +197,7 @@ def build(out: Path, results: dict, strategy: str, processes: int, steps_asked: 
     precision, comm_hook = facts.get("precision", "32-true"), facts.get("comm_hook", "none")
     limit, gradient_limit = tolerance(precision), gradient_tolerance(precision, bool(facts.get("tf32")))
     failure = {name: result["error"] for name, result in results.items() if crashed(result)}
-    noted = []
+    noted: list[FindingRecord] = []
     if "candidate" in failure and "reference" not in failure and candidate.reached >= steps_asked:
         # The N-rank run failed after the compared window: the comparison stands, the failure is a finding.
         shortened = any(p.get("cut_after") is not None for record in ranks for p in record["passes"])

@@ -17,10 +17,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import tensor_differences
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
+from rankwise.tools.verify.records import StepLine, TracedStep
 
 TOP_TENSORS = 3
 
@@ -31,7 +33,7 @@ class TracedRun:
     probe: dict = field(default_factory=dict)
     """``probe.json``: empty when the script ended before the probe's last step."""
     facts: dict = field(default_factory=dict)
-    records: dict[int, list[dict]] = field(default_factory=dict)
+    records: dict[int, list[TracedStep]] = field(default_factory=dict)
     """Step -> each rank's record."""
 
     @classmethod
@@ -52,7 +54,7 @@ class TracedRun:
         """Optimizer steps the run recorded."""
         return max(self.records, default=0)
 
-    def seen(self, what: str) -> bool:
+    def seen(self, what: Literal["samples", "losses"]) -> bool:
         """Whether any rank recorded ``samples`` (batches a DataLoader yielded, a backward consumed) or ``losses``."""
         return any(rank[what] for ranks in self.records.values() for rank in ranks)
 
@@ -72,7 +74,7 @@ class TracedRun:
         return sum(sum(rank["losses"]) for rank in ranks) / len(ranks)
 
 
-def compare_samples(reference: list[dict], candidate: list[dict]) -> tuple[str, str]:
+def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) -> tuple[str, str]:
     """One step's samples, the N ranks together against the one process: ``("same" | "differs" | "unmatched" |
     "unseen", detail)``.  ``differs``: other counts, or every rank saw the same samples (a failure by itself);
     ``unmatched``: as many samples, other digests (another order, or padding the digest does not recognise)."""
@@ -102,15 +104,15 @@ def random_ops(run: TracedRun) -> dict[str, int]:
 
 
 def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
-            gradient_tolerance: float | None = None) -> list[dict]:
+            gradient_tolerance: float | None = None) -> list[StepLine]:
     """One line per step both runs reached (step 0: the weights as prepared)."""
-    lines = []
+    lines: list[StepLine] = []
     for step in [s for s in reference.steps if s in candidate.steps]:
         ref_weights, cand_weights = reference.weights(step), candidate.weights(step)
         differences = tensor_differences(cand_weights, ref_weights)
         unmatched = sorted(set(ref_weights) ^ set(cand_weights) | {k for k in ref_weights if k in cand_weights
                                                                    and k not in differences})
-        line = {"step": step, "max_param_diff": max(differences.values(), default=0.0),
+        line: StepLine = {"step": step, "max_param_diff": max(differences.values(), default=0.0),
                 "top": sorted(differences.items(), key=lambda item: -item[1])[:TOP_TENSORS],
                 "unmatched_tensors": unmatched, "data": "—", "data_detail": "", "loss_reference": None,
                 "loss_candidate": None, "loss_diff": None, "followed": False, "gradient_diff": None,
@@ -126,11 +128,12 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
             one, many = reference.loss(step), candidate.loss(step)
             line |= {"loss_reference": one, "loss_candidate": many,
                      "loss_diff": abs(one - many) if one is not None and many is not None else None}
-        line["loss_ok"] = line["loss_diff"] is None or \
-            line["loss_diff"] <= tolerance * max(1.0, abs(line["loss_reference"]))
+        loss_diff, loss_reference = line["loss_diff"], line["loss_reference"]
+        line["loss_ok"] = loss_diff is None or loss_diff <= tolerance * max(1.0, abs(loss_reference or 0.0))
         line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
+        gradient_diff = line["gradient_diff"]
         line["gradient_ok"] = not line["gradient_only_one"] and (
-            line["gradient_diff"] is None or gradient_tolerance is None or line["gradient_diff"] <= gradient_tolerance)
+            gradient_diff is None or gradient_tolerance is None or gradient_diff <= gradient_tolerance)
         line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["gradient_ok"] and line["data"] != "differs"
         if line["data"] == "unmatched" and line["equivalent"]:
             line["data_detail"] += " (loss and weights agree: probably padding the digest does not recognise)"
@@ -138,14 +141,14 @@ def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
     return lines
 
 
-def first_difference(lines: list[dict]) -> dict | None:
+def first_difference(lines: list[StepLine]) -> StepLine | None:
     """The first optimizer step that differs.  Step 0 (the weights as built) is not one: the one process starts from
     the N-rank run's weights whatever it built, so a script whose initialisation differs run to run is a
     reproducibility warning (:func:`start_differs`), not something distribution changed."""
     return next((line for line in lines if line["step"] and not line["equivalent"]), None)
 
 
-def start_differs(lines: list[dict]) -> str | None:
+def start_differs(lines: list[StepLine]) -> str | None:
     """A warning when the two runs built different weights (step 0), or ``None``."""
     start = next((line for line in lines if line["step"] == 0), None)
     if start is None or start["params_ok"]:
@@ -161,7 +164,7 @@ def start_differs(lines: list[dict]) -> str | None:
                 "compares different models: seed the script before the model is built"))
 
 
-def nothing_trained(candidate: TracedRun, lines: list[dict]) -> str | None:
+def nothing_trained(candidate: TracedRun, lines: list[StepLine]) -> str | None:
     """Why the compared steps prove nothing, or ``None``: every loss exactly 0, every gradient 0, or weights that never
     changed.  Read before the per-step files are deleted."""
     steps = [line["step"] for line in lines if line["step"]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from rankwise.strategies import lookup
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.compare import random_ops as located_random_ops
+from rankwise.tools.verify.records import StepLine, TracedStep
 
 UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_parameters")
 """What DDP says when a parameter got no gradient in the previous step."""
@@ -41,7 +42,7 @@ def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: i
             f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}")
 
 
-def _first_ranks(run: TracedRun) -> list[dict]:
+def _first_ranks(run: TracedRun) -> list[TracedStep]:
     return [ranks[0] for _, ranks in sorted(run.records.items())]
 
 
@@ -67,8 +68,8 @@ PLAIN_SCRIPT_WORDS = {
 """A finding's fix in rankwise's API, and the same fix for a script on torch or its framework."""
 
 
-def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], first: dict | None, *, strategy: str,
-             world_size: int, failure: str | None = None, steps_asked: int | None = None,
+def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[StepLine], first: StepLine | None, *,
+             strategy: str, world_size: int, failure: str | None = None, steps_asked: int | None = None,
              framework: str | None = None, samples: str | None = None) -> list[str]:
     """Every cause that fits the evidence, likeliest first (empty when the runs are equivalent): the causes of the
     first step that differs, then those that only a later differing step shows, each with the step it first shows
@@ -85,7 +86,7 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
                                     failure=failure, framework=framework, samples=samples):
             if kind not in found:
                 shows_later = line is not None and first is not None and line["step"] != first["step"]
-                found[kind] = text + (f" (first shows at step {line['step']})" if shows_later else "")
+                found[kind] = text + (f" (first shows at step {line['step']})" if shows_later and line else "")
     findings = ([shorter] if shorter else []) + list(found.values())
     if framework:
         for ours, theirs in PLAIN_SCRIPT_WORDS.items():
@@ -93,7 +94,7 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[dict], firs
     return findings
 
 
-def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *, strategy: str, world_size: int,
+def _diagnose(reference: TracedRun, candidate: TracedRun, first: StepLine | None, *, strategy: str, world_size: int,
               failure: str | None, framework: str | None, samples: str | None) -> list[tuple[str, str]]:
     """The causes that fit one differing step (``first``; ``None``: a run failed), as ``(kind, text)``."""
     findings: list[tuple[str, str]] = []
@@ -131,10 +132,10 @@ def _diagnose(reference: TracedRun, candidate: TracedRun, first: dict | None, *,
                          "accumulating micro-batches and averaging ranks round at every addition, in another order "
                          f"on {world_size} ranks than in one process; {fix}"))
     loss_differs = first is not None and first["step"] and not first["loss_ok"]
-    scaled = _loss_scaled(first, world_size, framework) if loss_differs else None
+    scaled = _loss_scaled(first, world_size, framework) if loss_differs and first is not None else None
     if scaled:  # (its evidence is its own — the loss N times one process's —, whatever else the model holds)
         findings.append(("loss-scaled", scaled))
-    elif loss_differs and not findings:
+    elif loss_differs and not findings and first is not None:
         findings.append(("loss-mean", _normalisation(reference, candidate, first, world_size)))
     if no_grad and not failure:
         findings.append(("no-grad", f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run"))
@@ -172,7 +173,7 @@ COMPRESSION = {"fp16_compress": "rounds every gradient to fp16 (11 significant b
                "powersgd": "sends a low-rank approximation of each gradient matrix instead of the gradient"}
 
 
-def _compressed(hook: str, first: dict) -> str:
+def _compressed(hook: str, first: StepLine) -> str:
     what = COMPRESSION.get(hook, "changes the gradients it exchanges")
     how = "Horovod's fp16 compression (DistributedOptimizer(compression=hvd.Compression.fp16))" \
         if hook.startswith("horovod") else f"DDP's {hook} communication hook (ddp.comm_hook={hook})"
@@ -183,7 +184,7 @@ def _compressed(hook: str, first: dict) -> str:
             "without it the exchange is exact")
 
 
-def _gradients(first: dict, world_size: int) -> str:
+def _gradients(first: StepLine, world_size: int) -> str:
     step, difference = first["step"], first["gradient_diff"]
     name = first["gradient_top"][0][0] if first.get("gradient_top") else "?"
     scale = first.get("gradient_scale")
@@ -207,11 +208,11 @@ def _gradients(first: dict, world_size: int) -> str:
 
 
 def _learning_rates(run: TracedRun, step: int) -> list:
-    ranks = run.records.get(step) or [{}]
-    return ranks[0].get("learning_rates") or []
+    ranks = run.records.get(step)
+    return (ranks[0].get("learning_rates") if ranks else None) or []
 
 
-def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str | None:
+def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int) -> str | None:
     """The optimizer's learning rate differs between the runs at the first differing step (a rate scaled by the
     world size, as Horovod's examples do): a cause of its own, whatever else differs."""
     step = first["step"]
@@ -227,7 +228,7 @@ def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: dict
             "the same training needs (keep it, or scale it knowingly, with its warm-up)")
 
 
-def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: str, world_size: int) -> str:
+def _update(reference: TracedRun, candidate: TracedRun, first: StepLine, strategy: str, world_size: int) -> str:
     name, difference = first["top"][0] if first["top"] else ("?", first["max_param_diff"])
     step = first["step"]
     one, many = _learning_rates(reference, step), _learning_rates(candidate, step)
@@ -265,7 +266,7 @@ def _update(reference: TracedRun, candidate: TracedRun, first: dict, strategy: s
                    "or weights changed outside rt.step")
 
 
-def _loss_scaled(first: dict, world_size: int, framework: str | None) -> str | None:
+def _loss_scaled(first: StepLine, world_size: int, framework: str | None) -> str | None:
     """The loss each rank gave backward, and the gradient, are N (or 1/N) times the one process's."""
     one, many, scale = first["loss_reference"], first["loss_candidate"], first.get("gradient_scale")
     if not one or many is None or scale is None:
@@ -289,7 +290,7 @@ def _loss_scaled(first: dict, world_size: int, framework: str | None) -> str | N
     return text
 
 
-def _normalisation(reference: TracedRun, candidate: TracedRun, first: dict, world_size: int) -> str:
+def _normalisation(reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int) -> str:
     step = first["step"]
     random = ("and the forward drew no random numbers" if reference.seen("samples") else
               "(random draws unknown: the batches do not come from a DataLoader)")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rankwise.tools.verify.records import VerifyReport
+
 FLOOR = 1e-12
 """Where a difference of exactly zero is drawn on the logarithmic axis."""
 
 
-def plot(report: dict, path: Path) -> Path:
+def plot(report: VerifyReport, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,8 +22,11 @@ def plot(report: dict, path: Path) -> Path:
     figure, (gradients, weights) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
     panels = ((gradients, "gradient_diff", report["gradient_tolerance"], "gradient vs one process (relative)"),
               (weights, "max_param_diff", report["tolerance"], "weights after the step, max |Δ|"))
+    columns: dict[str, list[float | None]] = {"gradient_diff": [line["gradient_diff"] for line in lines],
+                                              "max_param_diff": [line["max_param_diff"] for line in lines]}
     for axis, key, limit, title in panels:
-        values = [line[key] for line in lines]
+        assert limit is not None  # steps were compared: the comparison had its tolerances
+        values = columns[key]
         axis.semilogy(steps, [max(v, FLOOR) if v is not None else float("nan") for v in values], marker=".",
                       color="tab:blue")
         bad = [(s, max(v, FLOOR)) for s, v, line in zip(steps, values, lines, strict=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+from rankwise.tools.verify.records import StepLine, VerifyReport
+
 
 def _number(value: float | None, form: str) -> str:
     return "—" if value is None else format(value, form)
 
 
-def _dropout(report: dict) -> str:
+def _dropout(report: VerifyReport) -> str:
     if not report["dropout"]["known"]:
         return "dropout: unknown (the one-process run ended before rt.prepare)"
     modules = report["dropout"]["modules"]
@@ -28,7 +30,7 @@ CRITERION = ("criterion: the one process starts every step from the {n}-rank run
              "weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after it within {tol:.0e}")
 
 
-def step_table(report: dict) -> list[str]:
+def step_table(report: VerifyReport) -> list[str]:
     ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
     out = [f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} {'Δgradient':>10} "
            f"{'max |Δweight|':>14}"]
@@ -44,19 +46,19 @@ def step_table(report: dict) -> list[str]:
     return out
 
 
-def evolution(report: dict) -> str | None:
+def evolution(report: VerifyReport) -> str | None:
     """The largest differences over the steps, in a line: rounding stays flat, a defect jumps."""
     lines = [line for line in report["steps"] if line["step"] and line.get("gradient_diff") is not None]
     if len(lines) < 2:
         return None
-    gradients = [line["gradient_diff"] for line in lines]
+    gradients = [gradient for line in lines if (gradient := line["gradient_diff"]) is not None]
     weights = [line["max_param_diff"] for line in lines]
     return (f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference {min(gradients):.1e} .. "
             f"{max(gradients):.1e} (last {gradients[-1]:.1e}), weights {min(weights):.1e} .. {max(weights):.1e} "
             f"(last {weights[-1]:.1e})")
 
 
-def first_difference(first: dict, limit: float, gradient_limit: float) -> list[str]:
+def first_difference(first: StepLine, limit: float, gradient_limit: float) -> list[str]:
     what = []
     if first["data"] == "differs":
         what.append(f"samples differ ({first['data_detail']})")
@@ -77,7 +79,7 @@ def first_difference(first: dict, limit: float, gradient_limit: float) -> list[s
     return out
 
 
-def render(report: dict) -> str:
+def render(report: VerifyReport) -> str:
     processes = report["processes"]
     title = (f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one "
              f"process, {report['precision'] or '32-true'}")
@@ -93,10 +95,12 @@ def render(report: dict) -> str:
     out += _failures(report)
     if report["steps"]:
         out += step_table(report)
-    if evolution(report):
-        out.append(evolution(report))
-    if report["first_difference"]:
-        out += [""] + first_difference(report["first_difference"], report["tolerance"], report["gradient_tolerance"])
+    if curve := evolution(report):
+        out.append(curve)
+    if first := report["first_difference"]:
+        limit, gradient_limit = report["tolerance"], report["gradient_tolerance"]
+        assert limit is not None and gradient_limit is not None  # a step was compared: under its tolerances
+        out += [""] + first_difference(first, limit, gradient_limit)
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
     if report.get("vacuous"):
@@ -125,7 +129,7 @@ def render(report: dict) -> str:
     return "\n".join(out)
 
 
-def verdict_line(report: dict, steps: int) -> str:
+def verdict_line(report: VerifyReport, steps: int) -> str:
     """The one verdict line, agreeing with the exit code: the comparison's verdict, unless a finding in the whole
     script changes its results (exit 1 then, whatever the compared steps showed)."""
     errors = sum(finding["level"] == "error" for finding in report.get("findings") or [])
@@ -148,7 +152,7 @@ def verdict_line(report: dict, steps: int) -> str:
     return f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or reports (exit 1)"
 
 
-def _diagnosis(report: dict) -> list[str]:
+def _diagnosis(report: VerifyReport) -> list[str]:
     if not report["diagnosis"]:
         return []
     out = ["", "diagnosis (likeliest first):"]
@@ -157,7 +161,7 @@ def _diagnosis(report: dict) -> list[str]:
     return out
 
 
-def _failures(report: dict) -> list[str]:
+def _failures(report: VerifyReport) -> list[str]:
     out = []
     for name, error in report["failure"].items():
         who = "the one-process run" if name == "reference" else f"the {report['strategy']} run"
@@ -176,7 +180,7 @@ VERDICTS = {"equivalent": "verdict: equivalent over {steps} steps (exit 0)",
             "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)"}
 
 
-def _random_ops(report: dict) -> str:
+def _random_ops(report: VerifyReport) -> str:
     found = report.get("random_ops") or {}
     if not found:
         return "where: not located (a compiled forward, or outside the first step)"

@@ -8,10 +8,12 @@ process than on the rank that took it: the dataset is made differently in each p
 
 from __future__ import annotations
 
+from rankwise.tools.watch.records import PassRecord, RankRecord
 
-def _by_index(records: list[dict]) -> dict[tuple[int, int], tuple[int, str, dict]]:
+
+def _by_index(records: list[RankRecord]) -> dict[tuple[int, int], tuple[int, str, PassRecord]]:
     """Each training sample's (loader, index) -> (rank, digest, the pass it came from), from the runs' records."""
-    seen = {}
+    seen: dict[tuple[int, int], tuple[int, str, PassRecord]] = {}
     for record in records:
         for p in record["passes"]:
             if p["trained"]:
@@ -20,7 +22,7 @@ def _by_index(records: list[dict]) -> dict[tuple[int, int], tuple[int, str, dict
     return seen
 
 
-def unmatched_samples(candidate: list[dict], reference: list[dict]) -> str | None:
+def unmatched_samples(candidate: list[RankRecord], reference: list[RankRecord]) -> str | None:
     """What differs between the runs' samples, with the likely cause; ``None`` where no index tells."""
     ranks, one = _by_index(candidate), _by_index(reference)
     shared = sorted(set(ranks) & set(one))

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from rankwise.tools.harness import crashed
+from rankwise.tools.verify.records import ReportExtra
 from rankwise.tools.watch.coverage import checks, parts_ran
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework
@@ -25,7 +26,7 @@ from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 def watched_runs(script: Path, script_args: list[str], framework: Framework, processes: int, out: Path, *,
                  steps: int, keep_dropout: bool = False, timeout_s: float = 600.0, reference_args=None,
                  reference_framework: Framework | None = None, as_written: bool = False, log=None,
-                 stall_s: float = STALL_TIMEOUT_S) -> tuple[dict, dict]:
+                 stall_s: float = STALL_TIMEOUT_S) -> tuple[dict, ReportExtra]:
     """The two watched runs (the N-rank one first); returns their results and what the report adds:
     the framework, how the reference was made, the findings.  ``reference_framework``: how the one process
     starts, where not as the N ranks do (a script on ``rankwise.setup()``: under ``--strategy single``, whose
@@ -68,7 +69,7 @@ def watched_runs(script: Path, script_args: list[str], framework: Framework, pro
     launch = framework.launch
     if framework.name == "spawn":
         launch, how = _spawned(script, results, asked, processes, how, reference_args is not None)
-    extra = {"framework": {"name": framework.name, "launch": launch}, "reference_made": how,
+    extra: ReportExtra = {"framework": {"name": framework.name, "launch": launch}, "reference_made": how,
              "findings": [finding.as_dict() for finding in found], "processes": processes,
              "ran": parts_ran(records[0]) if records else [],
              "checks": [{"check": check, "not_run": why} for check, why in checks(records, processes)]

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rankwise.tools.watch.findings import evaluations
+from rankwise.tools.watch.records import PassRecord, RankRecord
 
 
-def parts_ran(record: dict) -> list[str]:
+def parts_ran(record: RankRecord) -> list[str]:
     """The parts of the script the run reached, in words, one per line."""
-    trained = defaultdict(list)
-    evaluated = defaultdict(list)
+    trained: defaultdict[int, list[PassRecord]] = defaultdict(list)
+    evaluated: defaultdict[int, list[PassRecord]] = defaultdict(list)
     for p in record["passes"]:
         (trained if p["trained"] else evaluated)[p["loader"]].append(p)
     window, steps = record.get("window_steps"), record["steps"]
@@ -28,8 +29,9 @@ def parts_ran(record: dict) -> list[str]:
         if passes[0].get("batches"):
             line += f" of {passes[0]['batches']} batches"
         if cut:
+            left = sum((p["batches"] or 0) - (p["cut_after"] or 0) for p in cut if p.get("batches"))
             line += (f"; after the compared steps each was cut to {record['keep_batches']} batches "
-                     f"({_batches(sum(p['batches'] - p['cut_after'] for p in cut if p.get('batches')))} not run)")
+                     f"({_batches(left)} not run)")
         out.append(line)
     if window is not None:
         out.append(f"optimizer steps: {steps} ({min(window, steps)} compared with one process"
@@ -59,12 +61,13 @@ def _batches(count: int) -> str:
     return f"{count} batch{'es' if count != 1 else ''}"
 
 
-def checks(records: list[dict], processes: int) -> list[tuple[str, str | None]]:
+def checks(records: list[RankRecord], processes: int) -> list[tuple[str, str | None]]:
     """Each check of the findings as ``(check, why it could not run)``; ``None``: it ran (over what it says)."""
     record = records[0]
     training = [p for p in record["passes"] if p["trained"]]
     evaluated = evaluations(record)
-    shuffled = defaultdict(int)
+    shuffled: defaultdict[int, int] = defaultdict(int)
+    epochs_why: str | None
     for p in training:
         if p["distributed_sampler"] and p["shuffle"]:
             shuffled[p["loader"]] += 1

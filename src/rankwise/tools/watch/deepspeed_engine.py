@@ -130,4 +130,5 @@ def _step(watcher, original):
 
 
 def _shape(parameter: torch.Tensor) -> torch.Size:
-    return parameter.ds_shape if partitioned(parameter) else parameter.shape
+    # ignore[attr-defined]: DeepSpeed ZeRO-3 gives its parameters ds_shape (their whole shape)
+    return parameter.ds_shape if partitioned(parameter) else parameter.shape  # type: ignore[attr-defined]

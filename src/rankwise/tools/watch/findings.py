@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankwise.tools.watch.loaders import RANK_RECORD
+from rankwise.tools.watch.records import FindingRecord, PassRecord, RankRecord
 
 
 @dataclass(frozen=True)
@@ -21,17 +22,17 @@ class Finding:
     """``error`` (changes results: exit 1) or ``warning``."""
     text: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> FindingRecord:
         return {"level": self.level, "text": self.text}
 
 
-def load_records(directory: Path) -> list[dict]:
+def load_records(directory: Path) -> list[RankRecord]:
     records = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(directory.glob(
         RANK_RECORD.format(rank="*")))]
     return sorted(records, key=lambda record: record["rank"])
 
 
-def findings(records: list[dict], processes: int) -> list[Finding]:
+def findings(records: list[RankRecord], processes: int) -> list[Finding]:
     """Every finding, errors first."""
     if not records:
         return []
@@ -40,7 +41,7 @@ def findings(records: list[dict], processes: int) -> list[Finding]:
     return sorted(found, key=lambda finding: finding.level != "error")
 
 
-def _not_joined(records: list[dict], processes: int) -> list[Finding]:
+def _not_joined(records: list[RankRecord], processes: int) -> list[Finding]:
     alone = [r for r in records if r["world_size"] == 1 or r.get("framework_world_size") == 1]
     if processes < 2 or not alone:
         return []
@@ -53,11 +54,11 @@ def _not_joined(records: list[dict], processes: int) -> list[Finding]:
                              "Accelerator(cpu=True); a torch script must call dist.init_process_group()")]
 
 
-def _training_passes(record: dict) -> list[dict]:
+def _training_passes(record: RankRecord) -> list[PassRecord]:
     return [p for p in record["passes"] if p["trained"]]
 
 
-def _unsharded(records: list[dict]) -> list[Finding]:
+def _unsharded(records: list[RankRecord]) -> list[Finding]:
     if len(records) < 2:
         return []
     firsts = [next((p["first"] for p in _training_passes(r) if p["first"]), None) for r in records]
@@ -73,7 +74,7 @@ def _unsharded(records: list[dict]) -> list[Finding]:
                              "setup_dataloaders shard it)")]
 
 
-def _epochs(records: list[dict]) -> list[Finding]:
+def _epochs(records: list[RankRecord]) -> list[Finding]:
     record = records[0]
     passes = [p for p in _training_passes(record) if p["distributed_sampler"] and p["shuffle"]]
     by_loader = defaultdict(list)
@@ -93,13 +94,13 @@ def _epochs(records: list[dict]) -> list[Finding]:
     return []
 
 
-def _evaluation(records: list[dict]) -> list[Finding]:
+def _evaluation(records: list[RankRecord]) -> list[Finding]:
     """Each evaluation pass (one that ran whole and trained nothing) counted exactly once: not more often (each rank
     evaluating the whole set, or padding), and not less (one rank's shard taken for the whole set)."""
     return [*_counted_more(records), *_counted_less(records)]
 
 
-def _counted_less(records: list[dict]) -> list[Finding]:
+def _counted_less(records: list[RankRecord]) -> list[Finding]:
     for record in records:
         for p in evaluations(record):
             size = p["dataset_size"]
@@ -115,12 +116,12 @@ def _counted_less(records: list[dict]) -> list[Finding]:
     return []
 
 
-def evaluations(record: dict) -> list[dict]:
+def evaluations(record: RankRecord) -> list[PassRecord]:
     """A rank's evaluation passes: those that ran whole and trained nothing."""
     return [p for p in record["passes"] if not p["trained"] and p["complete"]]
 
 
-def _counted_more(records: list[dict]) -> list[Finding]:
+def _counted_more(records: list[RankRecord]) -> list[Finding]:
     count = min(len(evaluations(r)) for r in records)
     for index in range(count):
         passes = [evaluations(r)[index] for r in records]
@@ -149,12 +150,13 @@ def _counted_more(records: list[dict]) -> list[Finding]:
     return []
 
 
-def _combined(evaluation: dict) -> bool:
+def _combined(evaluation: PassRecord) -> bool:
     """Whether the script combined something across the ranks after an evaluation pass (unknown: assumed so)."""
-    return evaluation.get("collectives_after") is None or evaluation["collectives_after"] > 0
+    after = evaluation.get("collectives_after")
+    return after is None or after > 0
 
 
-def _replicas(records: list[dict]) -> list[Finding]:
+def _replicas(records: list[RankRecord]) -> list[Finding]:
     steps = sorted({step for r in records for step in r["replicas_differ"]})
     if not steps:
         return []
@@ -163,7 +165,7 @@ def _replicas(records: list[dict]) -> list[Finding]:
                              "in DDP, or a step taken under no_sync), or ranks started from different weights")]
 
 
-def _saves(records: list[dict]) -> list[Finding]:
+def _saves(records: list[RankRecord]) -> list[Finding]:
     out = []
     writers = defaultdict(set)
     for r in records:
@@ -182,7 +184,7 @@ def _saves(records: list[dict]) -> list[Finding]:
     return out
 
 
-def _every_step(record: dict, sites: dict) -> list[tuple[str, dict, float]]:
+def _every_step(record: RankRecord, sites: dict) -> list[tuple[str, dict, float]]:
     """The call sites in ``sites`` that ran in every step (the first may be warm-up; a call seen in one step only is
     no pattern), with their share of the step time, costliest first."""
     steps = record["steps"]
@@ -194,7 +196,7 @@ def _every_step(record: dict, sites: dict) -> list[tuple[str, dict, float]]:
             if entry["steps"] >= max(2, steps - 1) and entry["calls"] >= steps - 1]
 
 
-def _sync_points(records: list[dict]) -> list[Finding]:
+def _sync_points(records: list[RankRecord]) -> list[Finding]:
     record, out = records[0], []
     steps = record["steps"]
     for site, entry, share in _every_step(record, record["collectives"]):

@@ -74,9 +74,11 @@ def utilisation(flops: list[int | None], samples: list[int], peaks: list[float |
     """``flops_per_sample`` (all ranks' FLOPs of the counted step over its global batch), the ranks' summed
     measured peak and datasheet peak (known GPUs), for the bench to turn samples/s into TFLOP/s and MFU.
     ``copies``: the ranks each value stands for (a script that left its group before the end: rank 0's alone)."""
-    if any(f is None for f in flops) or not sum(samples) or not sum(flops):
+    counted = [f for f in flops if f is not None]
+    if len(counted) < len(flops) or not sum(samples) or not sum(counted):
         return {"flops_per_sample": None, "peak_flops_per_s": None, "datasheet_flops_per_s": None}
     sheet = datasheet_peak(device, dtype)
-    return {"flops_per_sample": round(sum(flops) / sum(samples)),
-            "peak_flops_per_s": sum(peaks) * copies if all(peaks) else None,
+    known = [peak for peak in peaks if peak]
+    return {"flops_per_sample": round(sum(counted) / sum(samples)),
+            "peak_flops_per_s": sum(known) * copies if len(known) == len(peaks) else None,
             "datasheet_flops_per_s": sheet * len(flops) * copies if sheet else None}

@@ -121,7 +121,8 @@ def fabric_strategies() -> list[str]:
         from lightning_fabric.strategies import STRATEGY_REGISTRY
     except ImportError:
         try:
-            from lightning.fabric.strategies import STRATEGY_REGISTRY
+            # ignore[assignment]: the same registry under the lightning package's name for lightning_fabric
+            from lightning.fabric.strategies import STRATEGY_REGISTRY  # type: ignore[assignment]
         except ImportError:
             return ["ddp", "fsdp", "deepspeed", "dp"]
     return [name for name in STRATEGY_REGISTRY.available_strategies()

@@ -22,8 +22,10 @@ from pathlib import Path
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from rankwise.batching import dataset_size
 from rankwise.samples import batch_rows, sample_digests, token_count
 from rankwise.tools.watch.ranks import call_site, patch
+from rankwise.tools.watch.records import DatasetDescription, PassRecord
 
 RANK_RECORD = "watch-rank{rank}.json"
 
@@ -38,10 +40,10 @@ class _Pass:
         distributed = next((s for s in (sampler, inner, getattr(batch_sampler, "batch_sampler", None))
                             if isinstance(s, DistributedSampler)), None)
         try:
-            size = len(loader.dataset)
+            size = dataset_size(loader.dataset)
         except TypeError:
             size = None
-        self.record = {"loader": number, "dataset_size": size, "batch_size": loader.batch_size,
+        self.record: PassRecord = {"loader": number, "dataset_size": size, "batch_size": loader.batch_size,
                        "sampler": _sampler_name(sampler, batch_sampler),
                        "distributed_sampler": distributed is not None,
                        "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
@@ -124,8 +126,9 @@ class LoaderWatch:
         for current in self.active.values():
             current.cut_from = current.record.get("trained_batches", 0)
 
-    def records(self) -> list[dict]:
-        passes = [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]} for p in self.passes]
+    def records(self) -> list[PassRecord]:
+        passes: list[PassRecord] = [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]}
+                                    for p in self.passes]
         for at, this in enumerate(passes):
             # What the script combined from this pass's start to the next training pass (or the end).
             after = next((p for p in passes[at + 1:] if p["trained"]), None)
@@ -282,11 +285,12 @@ def _length(length, loader: DataLoader) -> int | None:
         return None
 
 
-def _described(dataset) -> dict:
+def _described(dataset) -> DatasetDescription:
     """The dataset's class and where it is defined (the script's own class: where its data is made)."""
     kind = type(dataset)
     try:
-        where = f"{Path(inspect.getsourcefile(kind)).name}:{inspect.getsourcelines(kind)[1]}"
+        source = inspect.getsourcefile(kind)
+        where = f"{Path(source).name}:{inspect.getsourcelines(kind)[1]}" if source else None
     except (TypeError, OSError):
         where = None
     return {"class": kind.__name__, "defined_at": where, "module": kind.__module__}

@@ -17,6 +17,7 @@ from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.tolerance import gradient_difference
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, StepRecord, exchange_gradients, weights_file
 from rankwise.tools.watch.ranks import assign, rank_and_world, whole
+from rankwise.tools.watch.records import WatchedFacts
 
 
 class Lockstep:
@@ -46,7 +47,7 @@ class Lockstep:
         record.gradient = gradient_difference(applied, gradients)
         return applied
 
-    def write(self, step: int, records: list[dict], weights: dict[str, torch.Tensor], facts: dict) -> None:
+    def write(self, step: int, records: list[dict], weights: dict[str, torch.Tensor], facts: WatchedFacts) -> None:
         """Rank 0, after ``step``: its whole weights, every rank's record, the facts."""
         write_weights(weights, weights_file(self.directory, step))
         with open(self.directory / TRACE_FILE, "a", encoding="utf-8") as handle:

@@ -9,12 +9,13 @@ import torch
 from torch import nn
 
 from rankwise.tools.trace import model_facts, switch_off_dropout, uses_tf32
+from rankwise.tools.watch.records import WatchedFacts
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_module.")
 """What wrappers (DDP, torch.compile, Fabric, FSDP1) put in front of a parameter's name."""
 
 
-def new_facts(keep_dropout: bool) -> dict:
+def new_facts(keep_dropout: bool) -> WatchedFacts:
     """What the run is, before it ran (written as the trace's ``facts.json``; :mod:`rankwise.tools.watch.runtime`
     and the frameworks' adapters fill in what they know)."""
     return {"dropout": [], "dropout_kept": keep_dropout, "half_params": [], "batch_dependent": [],
@@ -23,7 +24,7 @@ def new_facts(keep_dropout: bool) -> dict:
 
 
 class ModelWatch:
-    def __init__(self, facts: dict, keep_dropout: bool):
+    def __init__(self, facts: WatchedFacts, keep_dropout: bool):
         self.facts, self.keep_dropout = facts, keep_dropout
         self.refs: list[weakref.ref] = []
         """The models seen, in the order of their first forward."""
@@ -51,7 +52,7 @@ class ModelWatch:
             facts["tf32"] = facts["tf32"] or uses_tf32(model, parameters[0].device)
         facts["shards_optimizer_state"] = facts["shards_optimizer_state"] or any(
             hasattr(p, "full_tensor") for p in parameters)
-        named = []
+        named: list[tuple[str, torch.Tensor]] = []
         for name, parameter in model.named_parameters():
             while name.startswith(WRAPPER_PREFIXES):
                 name = name.split(".", 1)[1]

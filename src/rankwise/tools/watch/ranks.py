@@ -6,6 +6,7 @@ import functools
 import os
 import sys
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -83,10 +84,11 @@ def _assign_partitioned(parameter: torch.Tensor, value: torch.Tensor) -> None:
     its forward gathers from, and the fp32 master its next step updates."""
     from deepspeed.utils import safe_set_full_fp32_param
 
-    flat, partition = value.reshape(-1), parameter.ds_tensor
+    # ignore[attr-defined] (twice): DeepSpeed ZeRO-3 gives its parameters ds_tensor and ds_shape
+    flat, partition = value.reshape(-1), parameter.ds_tensor  # type: ignore[attr-defined]
     with torch.no_grad():
         partition.data[:flat.numel()].copy_(flat.to(partition.device, partition.dtype))
-    safe_set_full_fp32_param(parameter, value.reshape(parameter.ds_shape).to(partition.device))
+    safe_set_full_fp32_param(parameter, value.reshape(parameter.ds_shape).to(partition.device))  # type: ignore[attr-defined]
 
 
 def outside_the_script(filename: str) -> bool:
@@ -106,7 +108,8 @@ def call_site(via: bool = False) -> str:
     """The script's line that called into torch: the innermost frame outside torch, the frameworks and the watcher
     (with ``via``: and the framework's line that made the call, where a framework did: rankwise's own library, for
     a script on ``rankwise.setup()``, is one)."""
-    frame, framework, entered = sys._getframe(2), None, None
+    frame: FrameType | None = sys._getframe(2)
+    framework, entered = None, None
     while frame is not None:
         name = frame.f_code.co_filename
         ours = outside_the_script(name)

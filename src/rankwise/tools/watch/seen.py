@@ -10,9 +10,10 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.watch.frameworks import framework_world_size
 from rankwise.tools.watch.loaders import RANK_RECORD
 from rankwise.tools.watch.ranks import rank_and_world
+from rankwise.tools.watch.records import RankRecord
 
 
-def of(watcher) -> dict:
+def of(watcher) -> RankRecord:
     """What the rank of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`) saw."""
     rank, world = watcher.calls.joined or watcher.calls.left or rank_and_world()
     return {"rank": rank, "world_size": world, "steps": watcher.step,

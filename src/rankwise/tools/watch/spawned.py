@@ -65,7 +65,8 @@ def install_spawn_patch(settings: WatchSettings) -> None:
     checked(module, "start_processes")
     checked(torch.multiprocessing, "start_processes")
     patched = _start_processes(module.start_processes, settings)
-    module.start_processes = patched
+    # ignore[attr-defined]: mypy reads the module torch.multiprocessing.spawn as the function its package exports
+    module.start_processes = patched  # type: ignore[attr-defined]
     torch.multiprocessing.start_processes = patched
 
 

@@ -135,6 +135,8 @@ def report(watcher, script_ended: bool) -> None:
             {"peak_rss_mb": gathered[0][0], "cuda_max_allocated_mb": gathered[0][2]}))
     if rank == 0:
         samples = sum(count for _, count, _ in gathered) * ranks
+        flops, peaks = [f for f, _, _ in counted], [p for _, _, p in counted]
+        samples_by_rank = [s for _, s, _ in counted]
         write_text_atomic(watcher.settings.directory / "probe.json", json.dumps({
             "strategy": watcher.facts.get("strategy", "script"), "world_size": world, "device": watcher.facts["device"],
             "steps": watcher.step,
@@ -146,7 +148,7 @@ def report(watcher, script_ended: bool) -> None:
             "precision": watcher.facts["precision"] if watcher.runtime else "as written",
             "peak_rss_mb": [rss for rss, _, _ in gathered],
             "cuda_max_allocated_mb": [c for _, _, c in gathered],
-            **utilisation(*map(list, zip(*counted, strict=True)), device, window.flops.dtype, ranks),
+            **utilisation(flops, samples_by_rank, peaks, device, window.flops.dtype, ranks),
             "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
             "load_average": _load_average(),  # (what else the machine ran: a disturbed row's evidence)
             "breakdown": _breakdown(watcher, profiled, seconds / timed if seconds and timed else None),

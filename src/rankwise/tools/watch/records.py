@@ -1,0 +1,167 @@
+"""What a watched rank writes for the commands that read it: the facts of a traced run (``trace-facts.json``), one pass
+over a DataLoader, and the rank's record at its end (``watch-rank{rank}.json``).
+
+They cross a process boundary as JSON: these types say what the writer puts there and what a reader may take out
+(tuples come back as lists).  Written by :mod:`rankwise.tools.watch` (the watcher, its loader watch, ``seen``), read
+by ``verify`` (:mod:`rankwise.tools.verify`), the watch's findings and ``bench``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from typing_extensions import NotRequired
+
+
+class DropoutModule(TypedDict):
+    """A dropout module with p > 0 the watcher found in a model (:func:`rankwise.tools.trace.switch_off_dropout`)."""
+
+    module: str
+    """Its qualified name in the model."""
+    type: str
+    """Its class (``Dropout``, ...)."""
+    p: float
+    """Its probability as the script built it (the watcher sets it to 0 unless asked to keep dropout)."""
+
+
+class WatchedFacts(TypedDict):
+    """What a traced run's models and set-up hold that can make N ranks compute something else than one process:
+    ``trace-facts.json``, which ``verify`` reads to choose its tolerances and explain a difference."""
+
+    dropout: list[DropoutModule]
+    """Every dropout module with p > 0 in the models the script ran."""
+    dropout_kept: bool
+    """Whether those modules kept their p (``verify --keep-dropout``) rather than being set to 0."""
+    half_params: list[str]
+    """The 16-bit dtypes of trainable parameters (``float16``, ``bfloat16``)."""
+    batch_dependent: list[str]
+    """Layer classes that normalise over the batch (BatchNorm; InstanceNorm tracking running statistics)."""
+    precision: str
+    """The run's precision: rankwise's or DeepSpeed's setting, else ``32-true`` (the script's own autocast unseen)."""
+    device: str
+    """The device type of the model's parameters (``cpu``, ``cuda``)."""
+    comm_hook: str
+    """DDP's gradient communication hook (``none``, ``fp16_compress``, ...)."""
+    tf32: bool
+    """Whether fp32 products ran on TF32 units."""
+    shards_optimizer_state: bool
+    """Whether each rank keeps only its share of the optimizer state (so replicas' weights may legitimately
+    differ between ranks)."""
+    api: str
+    """What the script trains with: ``torch``, ``rankwise``, ``deepspeed``, ``horovod``."""
+    strategy: NotRequired[str]
+    """The strategy rankwise or DeepSpeed ran (absent for a plain torch script)."""
+
+
+DatasetDescription = TypedDict("DatasetDescription", {
+    "class": str,  # the dataset's class name
+    "defined_at": "str | None",  # file:line of the class's definition (None: not found, a built-in class)
+    "module": str,  # the module that defines the class
+})
+"""A DataLoader's dataset: its class and where the class is defined (the script's own class: where its data is
+made).  Functional form, since ``class`` is a keyword."""
+
+
+class PassRecord(TypedDict):
+    """One pass over a DataLoader on one rank (:class:`rankwise.tools.watch.loaders.LoaderWatch`)."""
+
+    loader: int
+    """The loader's number on this rank, in the order the script first iterated them."""
+    dataset_size: int | None
+    """Samples in its dataset (None: an iterable dataset without a length)."""
+    batch_size: int | None
+    """The loader's batch size (None: it batches with its own batch sampler)."""
+    sampler: str | None
+    """The sampler that orders the pass (``DistributedSampler``, ``SequentialSampler``, ``X in BatchSamplerShard``)."""
+    distributed_sampler: bool
+    """Whether a DistributedSampler orders it (directly or inside a batch sampler)."""
+    shuffle: bool | None
+    """That DistributedSampler's shuffle (None without one)."""
+    epoch: int | None
+    """That DistributedSampler's epoch when the pass began (None without one)."""
+    samples: int
+    """Samples the pass yielded."""
+    trained: int
+    """Samples of it a backward consumed."""
+    first: list[str]
+    """The digests of its first 8 samples (the sharding check: do ranks see other samples?)."""
+    complete: bool
+    """Whether it ran to its last batch."""
+    site: str | None
+    """The script's line that built the loader (None: a framework built it)."""
+    cut_after: int | None
+    """Batches it yielded before the watcher cut it (None: not cut)."""
+    batches: int | None
+    """The loader's length in batches (None: it has none)."""
+    dataset: DatasetDescription
+    """The dataset's class and where it is defined."""
+    collectives_at_start: tuple[int, int]
+    """The data-carrying collectives and ``gather_for_metrics`` calls so far when the pass began (JSON: a list)."""
+    collectives_after: int | None
+    """Data-carrying collectives from its start to the next training pass (or the end)."""
+    deduplicated_after: int | None
+    """``gather_for_metrics`` calls (which drop a padded shard's repeats) in that span."""
+    sample_indices: list[tuple[int, str]]
+    """(dataset index, digest) of its first 8 samples (map-style datasets; JSON: lists)."""
+    trained_batches: NotRequired[int]
+    """Batches of it a backward consumed (absent: none)."""
+    indices: NotRequired[list[list[int] | None]]
+    """Each trained batch's dataset indices (None: not a list of indices), for a following reference."""
+
+
+class RankRecord(TypedDict):
+    """What one watched rank saw, written at its end (``watch-rank{rank}.json``, :mod:`rankwise.tools.watch.seen`)
+    for the findings that need no reference."""
+
+    rank: int
+    """The rank's global rank (0 where the script never joined a process group)."""
+    world_size: int
+    """The process group's size (1 where the script never joined one)."""
+    steps: int
+    """Optimizer steps the rank took."""
+    passes: list[PassRecord]
+    """Its passes over DataLoaders, in the order they began."""
+    set_epoch_calls: int
+    """Calls of ``DistributedSampler.set_epoch``."""
+    collectives: dict[str, dict[str, Any]]
+    """The script's collectives by call site (counts, sizes, steps)."""
+    reads: dict[str, dict[str, Any]]
+    """``.item()`` calls in the script's lines, by call site (each a host-device sync on a GPU)."""
+    device: str
+    """The device type of the model's parameters."""
+    saves: list[dict[str, Any]]
+    """The script's ``torch.save`` calls (what, where, on which rank and step)."""
+    replicas_differ: list[int]
+    """Steps after which the ranks' replicas held different weights."""
+    unscaled: list[str]
+    """Loaders a reference could not scale to the global batch (their own batch sampler), by site."""
+    step_seconds: list[float]
+    """Each optimizer step's wall time."""
+    step_collective_seconds: list[float]
+    """Each step's seconds in the script's own collectives."""
+    scale: int
+    """The factor a one-process reference multiplied batch sizes by (1: not a reference)."""
+    dropout: list[DropoutModule]
+    """The dropout modules with p > 0 found."""
+    framework_world_size: int | None
+    """The process count Accelerate settled on, where the script used it."""
+    api: str
+    """What the script trains with (:attr:`WatchedFacts.api`)."""
+    window_steps: int
+    """The step the watcher ends the script at."""
+    keep_batches: int | None
+    """After the compared window: the batches a training pass yields before it is cut (None: as written)."""
+    ended_by: str
+    """How the script ended: ``watcher``, ``script`` or ``failure``."""
+    destroyed_group: bool
+    """Whether the script closed its process group itself."""
+
+
+class FindingRecord(TypedDict):
+    """A finding as a report holds it (:class:`rankwise.tools.watch.findings.Finding`, or the comparison's own):
+    something the runs showed besides the comparison."""
+
+    level: str
+    """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or ``warning``."""
+    text: str
+    """What was found and what to do, in words."""
