@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset quick --data sentiment --out runs/bench-demo
 
-# Tiers (markers, tests/conftest.py): unit, multiproc, multinode (root: network namespaces), slurm (root: installs
+# Tiers (markers, explicit: tests/support/tiers.py): unit, multiproc, multinode (root: network namespaces), slurm (root: installs
 # slurm-wlm with apt-get, only under `make test`), gpu.  `make test` runs them all; `make test-fast` the unit tier.
 # TEST_WORKERS pytest-xdist workers share the tests (the two-host tests on one of them: --dist loadgroup); a test
 # that waits (a rendezvous, a timeout, a reference run on one process) leaves its cores to the others.

@@ -1,12 +1,13 @@
-import inspect
+import contextlib
 import logging
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
 import torch.distributed as torch_dist
+
+from tests.support.tiers import TIERS, no_process_started, starts_processes, tier_of
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
@@ -54,6 +55,7 @@ def _remove_hosts() -> None:
 
 
 @pytest.fixture(scope="session")
+@starts_processes("multinode")
 def two_hosts():
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("two-host tests need root and iproute2 to create network namespaces")
@@ -74,53 +76,10 @@ def two_hosts():
     _remove_hosts()
 
 
-
-
 # -- tiers ------------------------------------------------------------------------------------------------------
 # `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing installed, no root).
-TIERS = ("unit", "multiproc", "multinode", "slurm", "gpu")
-STARTS_PROCESSES = re.compile(
-    r"\b(run_ranks|subprocess|Popen|spawn|watched_run|watched_runs|verify_runs|run_train|run_measured|"
-    r"_bench|_verify|_launch|_run_cli|_train|run_all|horovodrun|torchrun|run_on_ranks|_phases)\b|\.main\(")
-"""A call in a test's (or its fixtures') source that starts processes: the test is at least ``multiproc``."""
-
-
-def _starts_processes(function, seen: set, depth: int = 0) -> bool:
-    """Whether ``function``'s source, or a test helper it calls (followed a few calls deep), starts processes."""
-    if depth > 4 or function in seen:
-        return False
-    seen.add(function)
-    try:
-        text = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
-    if STARTS_PROCESSES.search(text):
-        return True
-    names = getattr(function, "__globals__", {})
-    for called in set(re.findall(r"\b([A-Za-z_][\w.]*)\(", text)):
-        target = names.get(called.split(".")[0])
-        for attribute in called.split(".")[1:]:
-            target = getattr(target, attribute, None)
-        if callable(target) and str(getattr(target, "__module__", "")).startswith("tests") and \
-                _starts_processes(getattr(target, "__wrapped__", target), seen, depth + 1):
-            return True
-    return False
-
-
-def _tier(item) -> str:
-    path = str(item.fspath)
-    fixtures = set(getattr(item, "fixturenames", ()))
-    if "/tests/gpu/" in path:
-        return "gpu"
-    if "slurm" in path.rsplit("/", 1)[-1]:
-        return "slurm"
-    if "two_hosts" in fixtures or "multinode" in path.rsplit("/", 1)[-1]:
-        return "multinode"
-    functions = [item.function] + [definition.func for name in fixtures
-                                   for definition in item._fixtureinfo.name2fixturedefs.get(name, ())
-                                   if str(getattr(definition.func, "__module__", "")).startswith("tests")]
-    seen: set = set()
-    return "multiproc" if any(_starts_processes(function, seen) for function in functions) else "unit"
+# Tiers are marked explicitly (tests/support/tiers.py): a test's own marker, else what its fixtures declare, else
+# unit -- and a unit test that starts a process fails, so a missing marker cannot hide in the fast tier.
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
@@ -128,7 +87,7 @@ def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker (an explicit one wins): ``pytest -m unit`` is the fast tier."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
-            item.add_marker(getattr(pytest.mark, _tier(item)))
+            item.add_marker(getattr(pytest.mark, tier_of(item)))
         if item.get_closest_marker("multinode") or item.get_closest_marker("slurm"):
             # Under pytest-xdist (`--dist loadgroup`), one worker runs every test that builds the two hosts: their
             # network namespaces and veth pair have fixed names.
@@ -139,3 +98,21 @@ def pytest_collection_modifyitems(config, items):
         # worker collects the same order, which xdist requires.)
         rank = {"multinode": 0, "slurm": 0, "multiproc": 1, "gpu": 2, "unit": 2}
         items.sort(key=lambda item: min(rank[tier] for tier in TIERS if item.get_closest_marker(tier)))
+
+
+def _unit_only(item):
+    """Refuse a process start inside a unit-tier test: its fixtures' set-up and its body.  (Not its teardown: that
+    also ends the module and session fixtures earlier tests left, such as two_hosts, which runs `ip netns del`.)"""
+    return no_process_started(item.nodeid) if item.get_closest_marker("unit") else contextlib.nullcontext()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _unit_only(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _unit_only(item):
+        return (yield)

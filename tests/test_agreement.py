@@ -11,8 +11,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import strategies_for
+from tests.support.tiers import starts_processes
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed-zero3"]
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
+STRATEGIES = strategies_for("agreement")  # tests/support/strategies.py: COVERAGE
 
 
 def _train(strategy: str) -> tuple[dict | None, list[str]]:
@@ -45,6 +49,7 @@ def _train(strategy: str) -> tuple[dict | None, list[str]]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def ddp_run():
     return run_ranks(_train, 2, "ddp")
 

@@ -43,6 +43,7 @@ def _collectives():
         return total, mean, biggest, gathered, shared, from_last
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_collectives_across_ranks(world_size):
     results = run_ranks(_collectives, world_size)
@@ -69,6 +70,7 @@ def _fail_inside_setup():
         return joined, torch_dist.is_initialized(), str(e)
 
 
+@pytest.mark.multiproc
 def test_teardown_runs_when_the_loop_raises():
     for rank, (joined, still_joined, message) in enumerate(run_ranks(_fail_inside_setup, 2)):
         assert joined and not still_joined  # the group was left although the body raised
@@ -83,6 +85,7 @@ def _mismatched_shapes() -> None:
         rt.all_reduce(torch.ones(3 + rt.rank), "sum")
 
 
+@pytest.mark.multiproc
 def test_checked_collectives_name_a_shape_mismatch_instead_of_hanging():
     with pytest.raises(RanksFailed, match=r"Detected mismatch between collectives on ranks.*TensorShape=\[3\].*"
                                           r"but Rank 1 is running collective.*TensorShape=\[4\]"):

@@ -7,13 +7,9 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from rankwise.envvars import VARIABLES, registered
+from tests.support.cli import ROOT
 
-pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).parents[1]
 NAME = re.compile(r"\bRANKWISE_[A-Z0-9_]*[A-Z0-9]\b")
 REGISTRY = (ROOT / "src/rankwise/envvars.py").resolve()
 SHELL_FILES = ("Makefile", "scripts/*.sh", "examples/*.sbatch", "examples/*.yaml")

@@ -6,6 +6,8 @@ import pytest
 
 from tests.support.multiproc import RanksFailed, run_ranks
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 def _pid_env_and_sum() -> tuple[int, str | None, float]:
     import torch

@@ -16,6 +16,7 @@ import rankwise
 from rankwise import tolerance
 from rankwise.errors import ConfigError
 from tests.support.multiproc import RanksFailed, run_ranks
+from tests.support.tiers import starts_processes
 
 SAMPLES, GLOBAL_BATCH, EPOCHS = 600, 12, 2
 STEPS_PER_EPOCH = SAMPLES // GLOBAL_BATCH  # 50
@@ -62,6 +63,7 @@ def own_loop(checkpoints: str, phase: str, save_at: int, dropout: float, restart
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def uninterrupted() -> dict:
     """The 2-rank run without a break, with dropout (bitwise reference) and without (for other world sizes)."""
     return {dropout: run_ranks(own_loop, 2, "-", "full", 0, dropout)[0] for dropout in (0.1, 0.0)}
@@ -107,6 +109,7 @@ def test_the_resume_prints_its_record_once(tmp_path, capsys):
     assert "no sample skipped, none repeated" in text
 
 
+@pytest.mark.multiproc
 def test_a_loop_that_still_skips_the_done_steps_itself_is_stopped_with_the_fix(tmp_path):
     run_ranks(own_loop, 2, str(tmp_path), "first", 40, 0.0)
     with pytest.raises(RanksFailed) as failed:

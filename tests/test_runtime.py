@@ -14,24 +14,19 @@ import torch
 
 import rankwise
 from rankwise.errors import ConfigError
+from rankwise.strategies import lookup
 from rankwise.tolerance import max_param_diff
 from tests.support import public_loop
 from tests.support.multiproc import run_ranks
+from tests.support.strategies import strategies_for
+from tests.support.tiers import starts_processes
 
 TOLERANCE = 1e-5
 """fp32, same global batch: summation order is all that differs (measured below 1e-7)."""
 
-# Test id -> (strategy name, ranks).  Horovod runs under horovodrun, in test_horovod_public_loop.
-STRATEGIES = {
-    "dp": ("dp", 1),
-    "ddp": ("ddp", 2),
-    "fsdp": ("fsdp", 2),
-    "deepspeed-zero0": ("deepspeed-zero0", 2),
-    "deepspeed-zero1": ("deepspeed-zero1", 2),
-    "deepspeed-zero2": ("deepspeed-zero2", 2),
-    "deepspeed-zero3": ("deepspeed-zero3", 2),
-    "accelerate": ("accelerate", 2),
-}
+# Test id -> (strategy name, ranks): every registered strategy (tests/support/strategies.py: COVERAGE), a one-process
+# one on 1 rank.  Horovod runs under horovodrun, in test_horovod_public_loop.
+STRATEGIES = {name: (name, 2 if lookup(name).cls.multiprocess else 1) for name in strategies_for("public loop")}
 
 
 def _phases(strategy: str, ranks: int, tmp_path) -> dict[str, dict]:
@@ -41,6 +36,7 @@ def _phases(strategy: str, ranks: int, tmp_path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def single(tmp_path_factory) -> dict:
     return run_ranks(public_loop.train, 1, "single", str(tmp_path_factory.mktemp("single")), "full")[0]
 
@@ -96,6 +92,7 @@ def _step_twice(strategy: str) -> str:
         return "no error"
 
 
+@pytest.mark.multiproc
 def test_clipping_twice_in_one_step_is_refused():
     assert "already clipped and took this step" in run_ranks(_step_twice, 1, "single")[0]
 

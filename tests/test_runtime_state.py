@@ -127,6 +127,7 @@ def _disk_full_on_rank_0(root: str) -> str:
         return "saved"
 
 
+@pytest.mark.multiproc
 def test_a_full_disk_names_rank_and_path_and_keeps_the_previous_checkpoint(tmp_path):
     messages = run_ranks(_disk_full_on_rank_0, 2, str(tmp_path), fresh=True)
     for message in messages:  # both ranks give up the checkpoint together, with the same message
@@ -173,6 +174,7 @@ def _unpicklable_extra(root: str) -> str:
         return "saved"
 
 
+@pytest.mark.multiproc
 def test_an_error_on_rank_0_while_saving_reaches_every_rank_instead_of_a_hang(tmp_path):
     messages = run_ranks(_unpicklable_extra, 2, str(tmp_path), timeout=60)
     assert all("checkpoint of step 1 not written: rank 0: cannot write" in m for m in messages), messages

@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.support.multiproc import run_ranks
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 def _one_step(loader: str) -> list[str]:
     import rankwise

@@ -1,8 +1,5 @@
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,25 +7,19 @@ import torch
 
 from rankwise import cli
 from rankwise.train import run
-
-ROOT = Path(__file__).parents[2]
-
-
-def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    return subprocess.run([sys.executable, "-m", "rankwise.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+from tests.support.cli import json_summary, rankwise, tiny_text
+from tests.support.tiers import starts_processes
 
 
 def _train_small_ddp(out: Path, *extra: str) -> dict:
-    proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
-                "--batch-size", "16", "--out", str(out), "--json", "--set", "data.limit=300",
-                "--set", "data.max_length=32", "--set", "data.tokenizer=char", "--set", "eval_batch_size=64", *extra)
+    proc = rankwise("train", *tiny_text(), "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "6",
+                    "--batch-size", "16", "--out", str(out), "--json", *extra)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_summary(proc)
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     return out, _train_small_ddp(out)
@@ -110,10 +101,11 @@ def test_bad_data_fails_before_any_worker_is_spawned(tmp_path, monkeypatch, caps
     assert not (tmp_path / "run" / "config.json").exists()
 
 
+@pytest.mark.multiproc
 def test_bad_data_exit_code_from_the_command_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_bytes("text\tlabel\n好\tpos\n".encode() + "坏\tneg\n".encode("gbk"))
-    proc = _run("train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", timeout=60)
+    proc = rankwise("train", "--data", str(bad), "--strategy", "ddp", "--nproc-per-node", "2", timeout=60)
     assert proc.returncode == 2 and f"{bad}:3: not valid UTF-8" in proc.stderr
     assert "torch.distributed" not in proc.stderr  # nothing was launched
 
@@ -268,14 +260,16 @@ def test_a_resume_on_changed_data_or_a_corrupted_order_digest_is_refused_before_
     assert "its sample order is not this run's" in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_same_command_same_weights_and_tokenizer(tmp_path):
     """Data preparation included: two fresh runs of the same command end bitwise equal."""
     from rankwise.checkpoint import read_weights
 
     def run(out):
-        proc = _run("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2", "--max-steps", "8",
-                    "--batch-size", "16", "--seed", "7", "--out", str(out), "--json", "--set", "data.limit=600",
-                    "--set", "data.max_length=32", "--set", "data.vocab_size=1500", "--set", "eval_batch_size=64")
+        proc = rankwise("train", "--data", "sentiment", "--strategy", "ddp", "--nproc-per-node", "2",
+                        "--max-steps", "8", "--batch-size", "16", "--seed", "7", "--out", str(out), "--json",
+                        "--set", "data.limit=600", "--set", "data.max_length=32", "--set", "data.vocab_size=1500",
+                        "--set", "eval_batch_size=64")
         assert proc.returncode == 0, proc.stderr[-3000:]
         return read_weights(out / "checkpoints" / "latest"), (out / "data" / "tokenizer.json").read_bytes()
 

@@ -31,6 +31,7 @@ def test_aliasing_points_each_master_at_its_partition():
     assert deepspeed_zero.alias_fp32_masters(SimpleNamespace(**vars(zero), offload_optimizer=True)) == 0
 
 
+@pytest.mark.multiproc
 def test_deepspeed_still_builds_the_shared_memory_kernel_on_cpu_unless_told_it_is_incompatible(monkeypatch):
     """When this fails, DeepSpeed no longer builds the kernel for training on CPU: drop skip_shm_comm_build."""
     from deepspeed.accelerator import get_accelerator

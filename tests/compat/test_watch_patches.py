@@ -65,7 +65,7 @@ class _Numbers(torch.utils.data.Dataset):
         return index
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.multiproc)])  # a loader worker: a process
 def test_next_index_gives_each_batchs_dataset_indices_and_what_it_returns_is_the_batch(monkeypatch, workers):
     """The private ``_BaseDataLoaderIter._next_index``: called in the main process once per batch fetched, before the
     batch is yielded (with workers too), and the indices it returns are the samples the batch holds, so the

@@ -41,6 +41,7 @@ print(TextEncoder.build(sys.argv[1], texts, 3000, 64).tokenizer.to_str())
 """
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
 def test_learned_tokenizers_are_identical_run_after_run(kind):
     """HF's trainers cut the alphabet and number WordPiece continuation pieces in hash-map order, which changes

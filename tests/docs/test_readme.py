@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +13,8 @@ from safetensors.torch import load_file
 from rankwise.cli import build_parser
 from rankwise.cli.launch import command_line_parser
 from rankwise.tolerance import max_param_diff
-from tests.support.docs.commands import ROOT, code_blocks, commands, rankwise_commands
+from tests.support.cli import ROOT, command, command_env, json_summary, rankwise
+from tests.support.docs.commands import code_blocks, commands, rankwise_commands
 
 README = ROOT / "README.md"
 FIRST_RUN = ROOT / "docs" / "getting-started" / "first-run.md"
@@ -25,9 +24,7 @@ PAGES = [README, *sorted(page for page in (ROOT / "docs").rglob("*.md") if rankw
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    return env
+    return command_env(src=True)
 
 
 def test_the_pages_with_commands_include_the_quick_start():
@@ -38,7 +35,6 @@ def test_the_readme_shows_make_demo_and_make_test_first():
     assert commands(README)[:2] == [["make", "demo"], ["make", "test"]]
 
 
-@pytest.mark.unit  # parses only: nothing is launched (the tier check cannot tell from the parser's name)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_rankwise_command_on_the_page_parses(page):
     shown = rankwise_commands(page)
@@ -53,20 +49,20 @@ def test_every_rankwise_command_on_the_page_parses(page):
     assert shown, f"{page.name} shows no rankwise command"
 
 
+@pytest.mark.multiproc
 def test_help_runs():
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "--help"], env=_env(), capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    proc = rankwise("--help", env=_env(), timeout=120)
     assert proc.returncode == 0 and "rankwise train" in proc.stdout, proc.stderr
 
 
+@pytest.mark.multiproc
 def test_the_quick_start_training_command_runs(tmp_path):
     """The first-run page's small `rankwise train` line, exactly as shown, with only --out added."""
     small = [argv for argv in rankwise_commands(FIRST_RUN) if argv[0] == "train" and "--max-steps" in argv]
     assert small, "the quick start lost its small training command"
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", *small[0], "--out", str(tmp_path / "run")],
-                          env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    proc = rankwise(*small[0], "--out", str(tmp_path / "run"), env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_summary(proc)
     assert summary["world_size"] == 2 and summary["steps"] == 6
 
 
@@ -99,13 +95,14 @@ epochs = 2
     return prelude + "\n".join(kept) + "\n"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("page", [PORTING, README], ids=["porting", "readme"])
 def test_the_ported_loop_runs_on_two_ranks_like_one_process(page, tmp_path):
     """The diff's '+' side is a working program: on 2 ranks it ends at the weights one process reaches."""
     script = tmp_path / "ported.py"
     script.write_text(ported_loop(page), encoding="utf-8")
     results = {}
-    for name, launcher in (("two", [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]),
+    for name, launcher in (("two", command("launch", "--nproc-per-node", "2")),
                            ("one", [sys.executable])):
         run_dir = tmp_path / name
         run_dir.mkdir()

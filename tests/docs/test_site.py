@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import http.server
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docs.commands import ROOT
+from tests.support.cli import ROOT, command_env
 
 pytestmark = pytest.mark.multiproc  # mkdocs and the browser are processes of their own
 SCREENSHOTS = ROOT / "runs" / "docs-screenshots"
@@ -27,8 +26,7 @@ def site(tmp_path_factory) -> Path:
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed: pip install 'rankwise[docs]' (make install does)")
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-           "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+    env = command_env((), src=True, NO_MKDOCS_2_WARNING="1", DISABLE_MKDOCS_2_WARNING="true")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(out)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr[-4000:]}"

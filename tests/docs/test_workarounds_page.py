@@ -3,14 +3,13 @@ short list of them names each one: adding a workaround without it shows here."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
 from rankwise.compat import versions
-from tests.support.docs.commands import ROOT
+from tests.support.cli import ROOT, command_env
 
 pytestmark = pytest.mark.multiproc  # the generator runs in a process of its own, as mkdocs runs it
 
@@ -29,7 +28,7 @@ def _recorded() -> list[versions.Workaround]:
 
 
 def test_every_workaround_is_on_the_generated_page_and_in_the_architecture(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    env = command_env((), src=True)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_reference.py"), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,21 +7,20 @@ import pytest
 from safetensors.torch import load_file
 
 from rankwise.tolerance import max_param_diff
+from tests.support.cli import ROOT, command_env, rankwise
 
-ROOT = Path(__file__).parents[2]
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 EXAMPLE = ROOT / "examples" / "random_data_ddp.py"
 
 
 def _env():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    return command_env(PYTHONPATH=str(ROOT))
 
 
 def _launch(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", str(EXAMPLE),
-                           "--samples", "512", "--out", str(out), *extra], env=_env(), capture_output=True, text=True,
-                          timeout=120)
+    return rankwise("launch", "--nproc-per-node", "2", str(EXAMPLE), "--samples", "512", "--out", str(out), *extra,
+                    env=_env(), timeout=120, cwd=None)
 
 
 def test_random_data_example_runs_on_two_ranks_and_one(tmp_path):
@@ -58,9 +56,8 @@ def _run_example(name: str, *args: str) -> subprocess.CompletedProcess:
 def test_plain_ddp_script_runs_unchanged_under_rankwise_launch(tmp_path):
     """A torchrun-style script with no rankwise import: every rank joins one group and the replicas stay equal."""
     script = ROOT / "examples" / "plain_ddp_torchrun.py"
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", str(script),
-                           "--steps", "5", "--out", str(tmp_path)], env=_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = rankwise("launch", "--nproc-per-node", "2", str(script), "--steps", "5", "--out", str(tmp_path),
+                    env=_env(), timeout=120, cwd=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.support.cli import ROOT
+from tests.support.strategies import strategies_for
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 LM = ["--samples", "256", "--batch-size", "16", "--grad-accum", "2"]
 CNN = ["--samples", "256", "--batch-size", "32"]
-STRATEGIES = ["ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "accelerate"]
+STRATEGIES = strategies_for("scripts")  # every strategy `rankwise launch` starts (tests/support/strategies.py)
 
 
 def verify(out: Path, script: str, strategy: str, steps: int, script_args: list[str]) -> tuple[int, str, dict]:

@@ -20,8 +20,8 @@ from rankwise.checkpoint import STATE, read_weights
 from rankwise.tolerance import tolerance
 from tests.support.gpu import STEPS, max_difference, rankwise, train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")]
 
 CUT = 4
 TEXTS = ["这本书很好看，值得一读", "质量太差了，再也不买了"]

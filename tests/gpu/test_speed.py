@@ -11,8 +11,8 @@ from rankwise.flops import datasheet_peak
 from rankwise.tolerance import tolerance
 from tests.support.gpu import max_difference, train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA GPU (on a GPU machine: make gpu-check)")]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ def launch(tmp_path: Path, *args: str, grace: float = 4) -> tuple[subprocess.Com
     return proc, time.monotonic() - started
 
 
+@pytest.mark.multiproc
 def test_a_rank_that_keeps_the_gil_as_main_returns_is_named_with_its_line_and_ended(tmp_path):
     proc, took = launch(tmp_path, "--hang", "gil", "--ranks", "1")
     assert proc.returncode == exits.HUNG_AT_EXIT, proc.stderr[-3000:]
@@ -38,6 +39,7 @@ def test_a_rank_that_keeps_the_gil_as_main_returns_is_named_with_its_line_and_en
     assert took < 4 + 30  # (start-up and the gloo group's set-up included)
 
 
+@pytest.mark.multiproc
 def test_a_rank_whose_exit_waits_for_a_thread_names_the_thread_and_the_other_rank_is_clean(tmp_path):
     proc, _ = launch(tmp_path, "--hang", "thread", "--ranks", "1")
     assert proc.returncode == exits.HUNG_AT_EXIT, proc.stderr[-3000:]
@@ -46,19 +48,20 @@ def test_a_rank_whose_exit_waits_for_a_thread_names_the_thread_and_the_other_ran
     assert "for thread 'never-ends', which waited outside the script (innermost: threading.py" in proc.stderr
 
 
+@pytest.mark.multiproc
 def test_computing_alone_after_destroying_the_group_for_longer_than_the_grace_is_not_a_hang(tmp_path):
     proc, took = launch(tmp_path, "--hang", "none", "--work-after", "6", grace=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "rank0.done").exists() and took > 6
 
 
+@pytest.mark.multiproc
 def test_a_negative_grace_is_refused_before_any_process_starts(tmp_path):
     proc, _ = launch(tmp_path, grace=-1)
     assert proc.returncode == 2 and "--exit-grace: -1 seconds; give 0 (no limit) or at least 1" in proc.stderr
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.unit
 def test_only_ranks_the_guard_ended_are_read_back(tmp_path, monkeypatch):
     written = tmp_path / exits.DUMP.format(who="rank3", pid=1)
     written.write_text("rankwise exit guard: rank3 main thread 0x00007f0000000001 seconds 7\n"
@@ -84,6 +87,7 @@ def test_only_ranks_the_guard_ended_are_read_back(tmp_path, monkeypatch):
     assert str(error).startswith("the run's work finished, but not every rank exited:\n  rank 3 (host h, local rank 1")
 
 
+@pytest.mark.multiproc
 def test_gloos_exit_deadlock_hangs_under_torchrun_and_every_launch_exits_cleanly_under_rankwise(tmp_path):
     """The real deadlock (a work in gloo's worker thread when the DDP Reducer frees the group holding the GIL): the
     exit guard keeps each destroyed group until the script's objects are gone and frees it through its Python wrapper,

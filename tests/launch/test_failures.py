@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
+
+import pytest
 
 from rankwise.errors import LaunchError
 from rankwise.launch.failures import RankFailure, script_frame
+from tests.support.cli import ROOT
 from tests.support.tools.verify import CASES, loader_line
 
-ROOT = Path(__file__).parents[2]
 SENTENCE = "batch_size=15 is not divisible by world_size (2) x grad_accum (1) = 2"
 
 TRACEBACK = f"""Traceback (most recent call last):
@@ -52,6 +53,7 @@ def test_another_error_keeps_its_traceback_lines_and_other_failures_their_own_li
     assert "rank 1 (host host, local rank 1, pid 101) also failed" in summary and "same way" not in summary
 
 
+@pytest.mark.multiproc
 def test_a_mistake_every_rank_makes_is_printed_once_by_rankwise_launch(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", str(CASES),
                            "--batch-size", "15", "--grad-accum", "1"],

@@ -7,27 +7,24 @@ epoch: every fault strikes mid-epoch.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from rankwise.checkpoint import read_weights
+from tests.support.cli import RANK_VARIABLES, command_env, rankwise
+from tests.support.tiers import starts_processes
 
 JOB = ("--data", "toy", "--model", "mlp", "--set", "data.toy_samples=800", "--batch-size", "16", "--max-steps", "8",
        "--seed", "3", "--strategy", "ddp", "--nproc-per-node", "2", "--no-progress", "--set", "launch.timeout_s=20")
 
 
 def train(out, *extra: str, fault: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
-    if fault:
-        env["RANKWISE_TEST_FAULT"] = fault
+    env = command_env((*RANK_VARIABLES, "LOCAL_RANK"), **({"RANKWISE_TEST_FAULT": fault} if fault else {}))
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *JOB, "--out", str(out), *extra],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = rankwise("train", *JOB, "--out", str(out), *extra, env=env, timeout=timeout, cwd=None)
     proc.wall_s = time.monotonic() - started
     return proc
 
@@ -47,6 +44,7 @@ def no_process_mentions(text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
     proc = train(out, "--set", "save_every=2", "--json")
@@ -54,6 +52,7 @@ def uninterrupted(tmp_path_factory):
     return final_weights(out)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
 def test_a_rank_that_raises_is_named_first_and_the_others_stop_within_seconds(launcher, tmp_path):
     proc = train(tmp_path, "--launcher", launcher, fault="raise:rank=1:step=3")
@@ -67,6 +66,7 @@ def test_a_rank_that_raises_is_named_first_and_the_others_stop_within_seconds(la
     assert no_process_mentions(str(tmp_path))
 
 
+@pytest.mark.multiproc
 def test_a_killed_rank_is_named_with_its_signal(tmp_path):
     proc = train(tmp_path, fault="kill:rank=1:step=3")
     assert proc.returncode == 1
@@ -82,6 +82,7 @@ def test_a_killed_rank_restarts_from_the_latest_checkpoint_and_ends_bitwise_equa
     assert_bitwise_equal(final_weights(tmp_path), uninterrupted)
 
 
+@pytest.mark.multiproc
 def test_an_exhausted_restart_budget_fails_saying_so(tmp_path):
     proc = train(tmp_path, "--set", "save_every=2", "--max-restarts", "1", fault="kill:rank=1:step=5:always")
     assert proc.returncode == 1
@@ -105,6 +106,7 @@ def test_sigterm_checkpoints_at_a_step_boundary_exits_143_and_resumes_exactly(la
     assert_bitwise_equal(final_weights(tmp_path), uninterrupted)
 
 
+@pytest.mark.multiproc
 def test_sigint_checkpoints_and_exits_130(tmp_path):
     proc = train(tmp_path, fault="int:rank=0:step=3")
     assert proc.returncode == 130, proc.stderr[-3000:]
@@ -113,6 +115,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path):
     assert no_process_mentions(str(tmp_path))
 
 
+@pytest.mark.multiproc
 def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     proc = train(tmp_path, "--set", "launch.timeout_s=8", fault="hang:rank=1:step=2")
     assert proc.returncode == 1
@@ -121,6 +124,7 @@ def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     assert no_process_mentions(str(tmp_path))
 
 
+@pytest.mark.multiproc
 def test_ranks_that_disagree_on_the_number_of_steps_are_told_what_differs():
     from tests.support.multiproc import RanksFailed, run_ranks
 

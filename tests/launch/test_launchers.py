@@ -2,7 +2,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,10 @@ from rankwise.errors import LaunchError
 from rankwise.launch import Entry, LaunchConfig
 from rankwise.launch.ports import free_port, port_in_use
 from rankwise.launch.torchrun import torchrun_args
+from tests.support.cli import RANK_VARIABLES, ROOT, command, command_env
 from tests.support.launch.rank_probe import main as probe
 
-RANKWISE = [sys.executable, "-m", "rankwise.cli"]
+RANKWISE = command()
 PROBE = str(Path(__file__).parents[1] / "support" / "launch" / "rank_probe.py")
 
 
@@ -23,11 +23,10 @@ def _read_ranks(out: Path) -> dict[int, dict]:
 
 
 def _env_without_dist():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "OMP_NUM_THREADS")}
-    env["PYTHONPATH"] = str(Path(__file__).parents[2])
-    return env
+    return command_env((*RANK_VARIABLES, "OMP_NUM_THREADS"), PYTHONPATH=str(ROOT))
 
 
+@pytest.mark.multiproc
 def test_rankwise_launch_starts_every_rank(tmp_path):
     proc = subprocess.run([*RANKWISE, "launch", "--nproc-per-node", "2", PROBE, str(tmp_path)], env=_env_without_dist(),
                           capture_output=True, text=True, timeout=120)
@@ -45,6 +44,7 @@ def _probe_rank(local_rank: int, out_dir: str) -> None:
     probe(out_dir)
 
 
+@pytest.mark.multiproc
 def test_spawn_launcher_starts_every_rank(tmp_path):
     rankwise.spawn(_probe_rank, 2, args=(str(tmp_path),))
     ranks = _read_ranks(tmp_path)
@@ -57,6 +57,7 @@ def _fail_on_rank_one(local_rank: int) -> None:
         raise ValueError("bad shard on purpose")
 
 
+@pytest.mark.multiproc
 def test_spawn_failure_names_the_rank():
     expected = (r"rank 1 \(host \S+, local rank 1, pid \d+\) failed first, with an exception: "
                 r"ValueError: bad shard on purpose\n    last traceback lines:")
@@ -73,6 +74,7 @@ def _victim_first(local_rank: int) -> None:
     raise ValueError("the real cause")
 
 
+@pytest.mark.multiproc
 def test_spawn_names_the_cause_even_when_a_victim_exits_first():
     # join() reports whichever process it sees exit first: here the victim, every time.
     with pytest.raises(LaunchError) as failed:
@@ -83,6 +85,7 @@ def test_spawn_names_the_cause_even_when_a_victim_exits_first():
     assert re.search(r"rank 0 .* also failed, with an exception: RuntimeError: Connection closed by peer", summary)
 
 
+@pytest.mark.multiproc
 def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    raise RuntimeError('rank one broke')\n")

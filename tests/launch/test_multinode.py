@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,22 +19,21 @@ import pytest
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import max_param_diff
 from tests.conftest import HOSTS, MASTER
+from tests.support.cli import LAUNCH_VARIABLES, ROOT, command, command_env, json_summary, rankwise, tiny_text
 
-ROOT = Path(__file__).parents[2]
-JOB = ("--data", "sentiment", "--set", "data.limit=300", "--set", "data.max_length=32", "--set", "data.tokenizer=char",
-       "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--set", "eval_batch_size=64",
-       "--no-progress", "--json", "--set", "launch.timeout_s=60")
+pytestmark = pytest.mark.multinode  # two hosts from network namespaces (conftest.two_hosts)
+
+JOB = (*tiny_text(), "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--no-progress",
+       "--json", "--set", "launch.timeout_s=60")
 
 
 def _clean_env() -> dict[str, str]:
-    drop = ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "GLOO_SOCKET_IFNAME",
-            "NCCL_SOCKET_IFNAME")
-    return {k: v for k, v in os.environ.items() if k not in drop}
+    return command_env(LAUNCH_VARIABLES)
 
 
 def _in(namespace: str, *args: str) -> subprocess.Popen:
     """``rankwise ARGS`` on the host ``namespace``."""
-    return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", *args],
+    return subprocess.Popen(["ip", "netns", "exec", namespace, *command(*args)],
                             env=_clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -51,10 +48,9 @@ def _link(namespace: str, state: str) -> None:
 
 
 def _one_host(out: Path, nproc: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *JOB, "--nproc-per-node", str(nproc),
-                           "--out", str(out)], env=_clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = rankwise("train", *JOB, "--nproc-per-node", str(nproc), "--out", str(out), env=_clean_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_summary(proc)
 
 
 @pytest.mark.parametrize("nproc", [2])  # one rank per node: the c10d test below, doctor's and comm's two-host tests

@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 SCRIPT = Path(__file__).parents[1] / "support" / "launch" / "open_group_script.py"
 
 

@@ -22,14 +22,15 @@ import pytest
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData
 from rankwise.tolerance import max_param_diff
+from tests.support.cli import LAUNCH_VARIABLES, ROOT, command_env, rankwise, tiny_text
 
-ROOT = Path(__file__).parents[2]
+pytestmark = pytest.mark.slurm  # a real Slurm cluster on this machine (installs slurm-wlm as root)
+
 CLUSTER = ROOT / "scripts" / "local_slurm.sh"
 PROBE = "tests/support/launch/slurm_probe.py"
 NODES = {"rw-slurm0": "10.213.9.1", "rw-slurm1": "10.213.9.2"}
-JOB = ("--data", "sentiment", "--set", "data.limit=300", "--set", "data.max_length=32", "--set", "data.tokenizer=char",
-       "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--set", "eval_batch_size=64",
-       "--no-progress", "--json", "--set", "launch.timeout_s=20")  # 20 s: a node that fails does not stall the other
+JOB = (*tiny_text(), "--strategy", "ddp", "--max-steps", "6", "--batch-size", "16", "--seed", "5", "--no-progress",
+       "--json", "--set", "launch.timeout_s=20")  # 20 s: a node that fails does not stall the other
 def _cluster(command: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([str(CLUSTER), command], capture_output=True, text=True, timeout=timeout)
 
@@ -47,9 +48,7 @@ def slurm_env():
         if up.returncode != 0:  # a broken cluster is a failure, with the daemons' logs, never a skip
             pytest.fail(f"scripts/local_slurm.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr[-8000:]}")
         conf = up.stdout.strip().splitlines()[-1].removeprefix("export SLURM_CONF=")
-        drop = ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "GLOO_SOCKET_IFNAME",
-                "NCCL_SOCKET_IFNAME")
-        env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+        env = {k: v for k, v in command_env(LAUNCH_VARIABLES).items() if not k.startswith("SLURM_")}
         # The venv's python and rankwise first on PATH: sbatch and srun hand this environment to the tasks.
         env.update(SLURM_CONF=conf, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
         yield env
@@ -139,9 +138,8 @@ def test_the_sbatch_example_trains_two_nodes_like_one_host(slurm_env, tmp_path):
     summary = summaries[0]
     split = PreparedData.load(out / "data").size(summary["eval_split"])
     assert (summary["world_size"], summary["eval_samples"]) == (2, split)
-    one_host = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *JOB, "--nproc-per-node", "2",
-                               "--out", str(tmp_path / "one-host")], env=slurm_env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+    one_host = rankwise("train", *JOB, "--nproc-per-node", "2", "--out", str(tmp_path / "one-host"), env=slurm_env,
+                        timeout=120)
     assert one_host.returncode == 0, one_host.stderr[-3000:]
     difference = max_param_diff(read_weights(out / "checkpoints"), read_weights(tmp_path / "one-host" / "checkpoints"))
     print(f"Slurm 2 nodes x 1: world size 2, {split} evaluated; max |Slurm - one host| = {difference:.2e}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,21 @@ import pytest
 from rankwise import cli
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import OPTIONS, PRECISION, STRATEGY, Choice, settle
+from tests.support.cli import ROOT, command_env, rankwise
 
 PROBE = str(Path(__file__).parents[1] / "support" / "launch" / "strategy_probe.py")
-ROOT = Path(__file__).parents[2]
 
 
 def _launch(out: Path, *flags: str, script_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", *flags, PROBE,
-                           str(out), *script_args], env=env, capture_output=True, text=True, timeout=180)
+    return rankwise("launch", "--nproc-per-node", "2", *flags, PROBE, str(out), *script_args,
+                    env=command_env(PYTHONPATH=str(ROOT)), timeout=180, cwd=None)
 
 
 def _ranks(out: Path) -> list[dict]:
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
 
 
+@pytest.mark.multiproc
 def test_the_script_runs_the_strategy_the_launcher_names(tmp_path):
     chosen = _launch(tmp_path / "fsdp", "--strategy", "fsdp", "--precision", "bf16-mixed")
     assert chosen.returncode == 0, chosen.stderr[-3000:]
@@ -40,6 +38,7 @@ def test_the_script_runs_the_strategy_the_launcher_names(tmp_path):
         assert rank["options"]["bucket_cap_mb"] == 7
 
 
+@pytest.mark.multiproc
 def test_a_script_that_contradicts_the_launcher_is_refused_naming_both(tmp_path):
     proc = _launch(tmp_path, "--strategy", "fsdp", script_args=("ddp",))
     assert proc.returncode == 1

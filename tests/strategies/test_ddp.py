@@ -44,6 +44,7 @@ def _count_bucket_syncs(strategy: str, grad_accum: int, steps: int) -> tuple[int
         return len(calls), len(set(calls)), ddp.will_sync_module_buffers(), warned
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("strategy", ["ddp", "accelerate"])
 def test_accumulation_synchronises_once_per_optimizer_step(strategy):
     syncs, buckets, broadcasting, warned = run_ranks(_count_bucket_syncs, 2, strategy, 4, 3, timeout=120)[0]

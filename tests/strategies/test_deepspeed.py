@@ -26,6 +26,7 @@ def _zero3_partitions(bucket_size: int) -> dict:
                 "updated": [not torch.equal(b, p) for b, p in zip(before, partitions)]}
 
 
+@pytest.mark.multiproc
 def test_zero3_fp32_updates_parameter_partitions_in_place_without_a_master_copy():
     # 4,290 parameters, 2,145 per rank: a bucket of 1,000 elements cuts each rank's partition into sub-groups.
     results = run_ranks(_zero3_partitions, 2, 1000)
@@ -35,6 +36,7 @@ def test_zero3_fp32_updates_parameter_partitions_in_place_without_a_master_copy(
         assert all(result["updated"]), f"rank {rank}: the optimizer step did not reach the parameter partitions"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("attempt", range(3))
 def test_zero3_processes_exit_cleanly(attempt):
     """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (docs/architecture.md, workarounds); rankwise's
@@ -113,6 +115,7 @@ def _zero3_weights_round_trip() -> dict:
                 "moved": moved, "restored": restored}
 
 
+@pytest.mark.multiproc
 def test_zero3_gathers_full_weights_on_rank_0_only_and_loads_them_back():
     main, other = run_ranks(_zero3_weights_round_trip, 2)
     assert main["keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"] and main["equal"]
@@ -140,6 +143,7 @@ def _train_three_steps(precision: str, *overrides: str) -> dict:
         return rt.state_dict(model)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("stage, offload", [
     (2, ["offload_optimizer=true"]),
     (3, ["offload_optimizer=true", "offload_param=true"]),
@@ -153,6 +157,7 @@ def test_cpu_offload_trains_like_no_offload(stage, offload):
     assert difference < 1e-6, difference
 
 
+@pytest.mark.multiproc
 def test_bf16_casts_float_inputs_for_the_bf16_model():
     """DeepSpeed's bf16 casts the weights, not keyword or feature inputs: rankwise does that."""
     bf16 = run_ranks(_train_three_steps, 2, "bf16-mixed", "zero_stage=2")[0]

@@ -8,6 +8,7 @@ import torch
 from rankwise.tolerance import max_param_diff
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import CASES, case_weights, train_case
+from tests.support.tiers import starts_processes
 
 
 def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
@@ -22,6 +23,7 @@ def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
     assert any("no CUDA device" in str(w.message) for w in caught)
 
 
+@pytest.mark.multiproc
 def test_dp_matches_single(datasets, tmp_path):
     _, model = CASES["toy-mlp"]
     for strategy in ("single", "dp"):
@@ -42,6 +44,7 @@ BF16_COMMON = [*CASES["tiny-bert"][1], "batch_size=16", "precision=bf16-mixed"]
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def single_bf16(datasets, tmp_path_factory):
     out = tmp_path_factory.mktemp("single-bf16")
     run_ranks(train_case, 1, str(out), str(datasets / "text"), [*BF16_COMMON, "strategy=single"])

@@ -11,7 +11,9 @@ from rankwise.data.prepare import PreparedData
 from rankwise.tolerance import COMM_HOOK, max_param_diff
 from rankwise.train.config import build_config
 from tests.support.multiproc import run_ranks
-from tests.support.strategies import CASES, case_weights, train_case
+from tests.support.strategies import CASES, case_weights, strategies_for, train_case
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 TOLERANCE = 1e-5
 
@@ -34,8 +36,9 @@ def single_run(datasets, tmp_path_factory):
     return run
 
 
-# Registered names.  DeepSpeed's default is ZeRO-2; ZeRO-3 also shards (and here updates in place) the parameters.
-STRATEGIES = ["ddp", "fsdp", "deepspeed", "deepspeed-zero3", "accelerate"]
+# Every registered multi-process strategy (tests/support/strategies.py: COVERAGE).  DeepSpeed's default is ZeRO-2;
+# ZeRO-3 also shards (and here updates in place) the parameters.
+STRATEGIES = strategies_for("equivalence")
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -8,6 +8,8 @@ from rankwise.train.config import DataConfig, build_config
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import assert_export_reproduces_the_runs_predictions
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 def _train(run_dir: str, data_dir: str, overrides: list[str]) -> None:
     from rankwise.train.loop import run_training

@@ -10,36 +10,33 @@ strategies' 1e-5 on purpose: Horovod's ``broadcast_optimizer_state`` on a fresh 
 a hidden step that decays every weight once, which showed up here as 3-6e-6.
 """
 
-import json
-import os
-import subprocess
-import sys
 
 import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fails here, never skips
 import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import max_param_diff
+from tests.support.cli import json_summary, rankwise, tiny_text
 from tests.support.strategies import assert_export_reproduces_the_runs_predictions
+from tests.support.tiers import starts_processes
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 TOLERANCE = 1e-6
 SAMPLES = 1021  # a test split of 105: odd, so 2 ranks' shards carry a padding duplicate
 
 
 TOY = ("--data", "toy", "--model", "mlp", "--set", f"data.toy_samples={SAMPLES}")
-TINY_BERT = ("--data", "sentiment", "--model", "tiny", "--set", "data.limit=300", "--set", "data.max_length=32",
-             "--set", "data.tokenizer=char", "--set", "eval_batch_size=64")
+TINY_BERT = (*tiny_text(), "--model", "tiny")
 
 
 def _train(out, strategy: str, *extra: str, task: tuple[str, ...] = TOY) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     nproc = ["--nproc-per-node", "2"] if strategy != "single" else []
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "train", *task,
-                           "--strategy", strategy, *nproc, "--max-steps", "6", "--seed", "7", "--out", str(out),
-                           "--batch-size", "32", "--set", "model.dropout=0",
-                           "--json", "--no-progress", *extra], env=env, capture_output=True, text=True, timeout=240)
+    proc = rankwise("train", *task, "--strategy", strategy, *nproc, "--max-steps", "6", "--seed", "7",
+                    "--out", str(out), "--batch-size", "32", "--set", "model.dropout=0", "--json", "--no-progress",
+                    *extra, cwd=None)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_summary(proc)
 
 
 def _difference(a, b) -> float:
@@ -48,12 +45,14 @@ def _difference(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
     return out, _train(out, "single")
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def horovod_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod")
     return out, _train(out, "horovod", "--set", "save_every=3")

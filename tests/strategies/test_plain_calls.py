@@ -11,6 +11,8 @@ from torch.utils.data import TensorDataset
 
 from tests.support.multiproc import run_ranks
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 def _plain(strategy: str, backward: str) -> tuple[list[float], str | None]:
     """One rank: 12 steps typed as in a plain PyTorch loop (``backward``: "plain" or "rt"); the losses, or the

@@ -10,10 +10,12 @@ import pytest
 from rankwise.checkpoint import read_weights
 from rankwise.tolerance import EXACT, max_param_diff
 from tests.support.multiproc import RanksFailed, run_ranks
-from tests.support.strategies import cut_back, train_toy
+from tests.support.strategies import cut_back, strategies_for, train_toy
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3", "accelerate"])
+@pytest.mark.parametrize("strategy", strategies_for("resume"))  # every registered multi-process strategy
 def test_resume_after_a_cut_equals_the_uninterrupted_run(strategy, toy, tmp_path):
     run_ranks(train_toy, 2, str(tmp_path), str(toy), strategy)
     checkpoints = tmp_path / "checkpoints"

@@ -61,6 +61,7 @@ def _load(strategy: str, out: str) -> dict | None:
         return {"loaded": loaded, "tied": tied} if rt.is_main else None
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 2), ("fsdp", 2), ("deepspeed-zero3", 2)])
 def test_tied_weights_save_once_and_load_tied(strategy, ranks, tmp_path):
     trained = run_ranks(_train_and_save, ranks, strategy, str(tmp_path), timeout=180)[0]["trained"]

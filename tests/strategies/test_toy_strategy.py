@@ -10,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -101,6 +102,7 @@ def _continue(written_by: str, strategy: str, data: Path, run: Path) -> float:
     return max_param_diff(uninterrupted, resumed)
 
 
+@pytest.mark.multiproc
 def test_the_toy_strategy_resumes_across_strategies(toy, tmp_path):
     assert _continue("ddp-by-name", "fsdp", toy, tmp_path / "to-fsdp") <= EXACT
     assert _continue("fsdp", "ddp-by-name", toy, tmp_path / "from-fsdp") <= EXACT

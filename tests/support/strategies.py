@@ -5,6 +5,8 @@ import inspect
 import json
 import os
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankwise.checkpoint import read_weights
@@ -13,6 +15,76 @@ from rankwise.models import model_from_spec, reads_ngrams
 from rankwise.train.artifacts import export, load_checkpoint
 from rankwise.train.config import DataConfig, build_config
 from rankwise.train.evaluate import gather_predictions
+
+# -- which strategies a test runs: derived from the registry -----------------------------------------------------
+# A new strategy file (one @register class in src/rankwise/strategies/) is in every list below without editing a
+# test: the equivalence, resume, public-loop, agreement and example-script tests run it, and test_contract.py checks
+# its class (tests/strategies/test_registry.py shows it).  What a test leaves out, and why, is said here only.
+
+REFERENCE = "single"
+"""The one-process run every test compares with: never in a list of strategies under test."""
+HOROVOD = ("started by horovodrun, not as tests.support.multiproc's ranks or by `rankwise launch`: "
+           "tests/strategies/test_horovod.py")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which registered strategies a group of tests runs."""
+
+    one_process: bool = False
+    """Also the one-process strategies (``multiprocess = False``) other than the reference."""
+    as_variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """A strategy run as these registered names instead of its own (DeepSpeed as its ZeRO stages)."""
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    """Registered strategies these tests do not run -> why, and where they are covered instead."""
+
+    def names(self) -> list[str]:
+        """The registered names to parametrise over, strategy by strategy in the registry's order."""
+        from rankwise.strategies import lookup, strategy_names
+
+        classes = sorted({lookup(name).cls for name in strategy_names()}, key=lambda cls: cls.name)
+        names: list[str] = []
+        for cls in classes:
+            if cls.name == REFERENCE or cls.name in self.left_out or not (cls.multiprocess or self.one_process):
+                continue
+            variants = self.as_variants.get(cls.name, (cls.name,))
+            assert all(lookup(name).cls is cls for name in variants), (cls.name, variants)
+            names.extend(variants)
+        return names
+
+
+COVERAGE = {
+    # tests/strategies/test_equivalence.py: 2 ranks match one process (cases, accumulation, clipping).  DeepSpeed at
+    # its default (ZeRO-2) and ZeRO-3, which also shards the parameters; stages 0 and 1 in their own test there.
+    "equivalence": Coverage(as_variants={"deepspeed": ("deepspeed", "deepspeed-zero3")},
+                            left_out={"horovod": HOROVOD, "dp": "one process: tests/strategies/test_dp_precision.py"}),
+    # tests/strategies/test_resume.py: a cut run resumed ends bitwise equal.  ZeRO-2 resumes in the DeepSpeed
+    # regrouping cases there.
+    "resume": Coverage(as_variants={"deepspeed": ("deepspeed-zero3",)},
+                       left_out={"horovod": HOROVOD, "dp": "one process: tests/test_runtime.py resumes it"}),
+    # tests/test_runtime.py: the public API's loop, every stage of DeepSpeed.
+    "public loop": Coverage(one_process=True, as_variants={"deepspeed": tuple(f"deepspeed-zero{s}" for s in range(4))},
+                            left_out={"horovod": "its own test, started as a script: test_runtime.py::"
+                                                 "test_horovod_public_loop"}),
+    # tests/test_agreement.py: a model each rank drew alone trains from rank 0's weights.  The strategies that
+    # broadcast or shard differently: DDP's broadcast, FSDP's and ZeRO-3's sharded parameters.
+    "agreement": Coverage(as_variants={"deepspeed": ("deepspeed-zero3",)},
+                          left_out={"horovod": HOROVOD, "dp": "one process: nothing to agree on",
+                                    "accelerate": "not run, for the suite's time: Accelerate wraps torch's DDP, "
+                                                  "whose broadcast the ddp case checks"}),
+    # tests/examples/test_own_scripts.py (rankwise verify) and tests/tools/bench/test_script.py (rankwise bench
+    # --script): the example scripts under every strategy `rankwise launch` starts.
+    "scripts": Coverage(as_variants={"deepspeed": ("deepspeed-zero2", "deepspeed-zero3")},
+                        left_out={"horovod": "`rankwise launch` does not start it: horovodrun scripts in "
+                                             "tests/tools/watch/test_horovod_scripts.py",
+                                  "dp": "one process"}),
+}
+
+
+def strategies_for(tests: str) -> list[str]:
+    """The registered strategy names a group of tests (a key of COVERAGE) runs."""
+    return COVERAGE[tests].names()
+
 
 # -- the equivalence runs: one small model per case, 6 steps at seed 7 ------------------------------------------
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 from rankwise import cli
 from rankwise.launch.ports import free_port
 from tests.conftest import MASTER
-
-ROOT = Path(__file__).parents[2]
+from tests.support.cli import INTERFACE_VARIABLES, ROOT, command, command_env
 
 
 def test_doctor_alone_reports_this_machine_and_passes(capsys):
@@ -35,11 +31,11 @@ def test_doctor_alone_fails_on_a_port_in_use(capsys):
 
 
 def _doctor(namespace: str, node_rank: int, port: int, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", "doctor",
-                             "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER,
-                             "--master-port", str(port), "--nproc-per-node", "1", "--timeout", "8", *extra],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(["ip", "netns", "exec", namespace, *command("doctor"), "--nnodes", "2",
+                             "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port),
+                             "--nproc-per-node", "1", "--timeout", "8", *extra],
+                            env=command_env(INTERFACE_VARIABLES), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _both(*nodes: subprocess.Popen) -> list[tuple[int, str]]:

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 STALLS = Path(__file__).parents[1] / "support" / "tools" / "watch" / "scripts" / "stalls.py"
 
 

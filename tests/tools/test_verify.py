@@ -18,9 +18,8 @@ import torch
 from rankwise.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
+from tests.support.cli import ROOT
 from tests.support.tools.verify import CASES, loader_line
-
-ROOT = Path(__file__).parents[2]
 
 
 def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[SimpleNamespace, dict]:
@@ -35,6 +34,7 @@ def _verify(out: Path, case: str, *flags: str, strategy: str = "ddp") -> tuple[S
     return SimpleNamespace(returncode=code, stdout=out_text.getvalue(), stderr=err_text.getvalue()), report
 
 
+@pytest.mark.multiproc
 def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_was_switched_off(tmp_path):
     proc, report = _verify(tmp_path / "ok", "ok", strategy="fsdp")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -52,6 +52,7 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     assert report["findings"] == [] and "single" in report["reference_made"]
 
 
+@pytest.mark.multiproc
 def test_a_setup_script_stepping_with_plain_torch_calls_is_watched_and_equivalent(tmp_path):
     """loss.backward() and optimizer.step() in a script on rankwise.setup() (ddp allows them): the watcher sees those
     steps through torch's hooks; before, it listened to rt.step only and the runs 'ended after 0 steps'."""
@@ -61,6 +62,7 @@ def test_a_setup_script_stepping_with_plain_torch_calls_is_watched_and_equivalen
     assert all(line["loss_ok"] and line["data"] == "same" for line in report["steps"][1:])
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("case", "expected"), [
     ("batch-norm", ["BatchNorm1d", "SyncBatchNorm", "does not run on the CPU"]),
     ("micro-mean", ["not a mean over the global batch", "tokens per micro-batch in step 1"]),
@@ -81,6 +83,7 @@ def test_each_way_to_differ_is_found_at_its_first_step_and_diagnosed(tmp_path, c
         assert report["first_difference"]["top"][0][0].startswith("norm.running_")
 
 
+@pytest.mark.multiproc
 def test_random_ops_rankwise_cannot_switch_off_make_the_runs_not_comparable_and_are_located(tmp_path):
     proc, report = _verify(tmp_path / "f", "functional-dropout")
     assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
@@ -90,6 +93,7 @@ def test_random_ops_rankwise_cannot_switch_off_make_the_runs_not_comparable_and_
     assert "functional dropout" in report["diagnosis"][0]
 
 
+@pytest.mark.multiproc
 def test_compressed_gradients_are_named_as_the_compression_they_are(tmp_path):
     proc, report = _verify(tmp_path / "hook", "ok", "--set", "ddp.comm_hook=fp16_compress")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
@@ -99,6 +103,7 @@ def test_compressed_gradients_are_named_as_the_compression_they_are(tmp_path):
     assert "fp16_compress communication hook" in report["diagnosis"][0], report["diagnosis"]
 
 
+@pytest.mark.multiproc
 def test_a_parameter_without_gradient_fails_ddp_and_is_named(tmp_path):
     proc, report = _verify(tmp_path / "unused", "unused")
     assert proc.returncode == 4 and report["verdict"] == "could not run"  # the ddp run crashed
@@ -271,6 +276,7 @@ def test_bad_flags_fail_before_anything_runs(argv, message, capsys, monkeypatch)
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_a_run_that_crashed_could_not_run_exit_4_with_its_error_once(tmp_path):
     from rankwise import cli
 

@@ -7,6 +7,8 @@ from rankwise.models.toy import LinearClassifier
 from rankwise.train.evaluate import evaluate
 from tests.support.multiproc import run_ranks
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 def _dataset(n: int) -> FeatureDataset:
     g = torch.Generator().manual_seed(0)

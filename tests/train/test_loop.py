@@ -90,6 +90,7 @@ def test_schedule_warms_up_then_decays():
     assert c(0) == pytest.approx(1.0) and c(50) == pytest.approx(0.5)
 
 
+@pytest.mark.multiproc
 def test_a_child_reports_its_own_peak_not_its_parents():
     """ru_maxrss survives fork+exec; the reported peak must not (a launched worker would show its launcher's)."""
     ballast = bytearray(1024 * 1024 * 1024)  # this process's peak is now above 1 GB

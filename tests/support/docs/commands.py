@@ -6,7 +6,6 @@ import re
 import shlex
 from pathlib import Path
 
-ROOT = Path(__file__).parents[3]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

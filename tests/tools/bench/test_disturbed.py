@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from rankwise.tools.bench import disturbed
 from rankwise.tools.bench.script import ScriptRow, summarize
 from rankwise.tools.bench.script_report import table
-
-pytestmark = pytest.mark.unit
 
 
 def _run(samples_per_s: float, peaks: list[float], load: float = 0.4) -> dict:

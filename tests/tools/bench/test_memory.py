@@ -3,7 +3,11 @@ long texts, and tabulates the runs."""
 
 import json
 
+import pytest
+
 from rankwise.tools.bench import memory
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 
 def test_memory_benchmark_tabulates_the_runs_with_and_without_checkpointing(capsys):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import ROOT
+from tests.support.strategies import strategies_for
 from tests.support.tools.verify import loader_line
-
-ROOT = Path(__file__).parents[3]
 
 
 def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subprocess.CompletedProcess:
@@ -22,10 +22,11 @@ def _bench(out: Path, script: str, strategies: str, *script_args: str) -> subpro
                            *script_args], capture_output=True, text=True, timeout=900, cwd=out.parent)
 
 
-STRATEGIES = ["ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "accelerate"]
+STRATEGIES = strategies_for("scripts")  # every strategy `rankwise launch` starts (tests/support/strategies.py)
 
 
 # 16 launches of GPT-2 (6 throughput rows, 5 verify pairs): 144 s alone, 252 s beside another pytest-xdist worker
+@pytest.mark.multiproc
 @pytest.mark.timeout(900)
 def test_a_stock_language_model_passes_every_rows_equivalence_and_the_row_says_how_it_was_compared(tmp_path):
     """The GPT-2 example at library defaults (AdamW eps 1e-8, dropout 0.1, accumulation 2, clipping, warm-up +
@@ -52,6 +53,7 @@ def test_a_stock_language_model_passes_every_rows_equivalence_and_the_row_says_h
     assert (out / "verify" / "fsdp" / "verify.json").exists()  # each row's own verify report, for the details
 
 
+@pytest.mark.multiproc
 def test_batch_norm_under_ddp_is_not_equivalent_and_the_row_says_why(tmp_path):
     proc = _bench(tmp_path / "cnn", "image_cnn.py", "ddp", "--samples", "128", "--batch-norm")
     assert proc.returncode == 1  # a non-equivalent row fails the bench, never passes
@@ -62,6 +64,7 @@ def test_batch_norm_under_ddp_is_not_equivalent_and_the_row_says_why(tmp_path):
     assert "ddp: the model has BatchNorm2d" in proc.stdout
 
 
+@pytest.mark.multiproc
 def test_a_plain_data_loader_is_counted_from_what_reached_the_model_and_never_passes(tmp_path):
     """Each rank iterates every sample: before, the row read "None samples/s", 0 samples/s and `pass`."""
     proc = _bench(tmp_path / "plain", "tests/support/tools/verify_cases.py", "ddp", "--case", "plain-loader")
@@ -122,6 +125,7 @@ def test_bad_script_flags_fail_before_anything_runs(argv, message, capsys, monke
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_table(tmp_path):
     proc = _bench(tmp_path / "crash", "tests/support/tools/verify_cases.py", "single,ddp", "--batch-size", "15",
                   "--grad-accum", "1")  # 15 does not split over 2 ranks: ddp crashes, single runs
@@ -136,6 +140,7 @@ def test_a_row_that_crashed_could_not_run_exit_4_with_its_error_once_under_the_t
     assert f"verify_cases.py, line {loader_line()}" in rows["ddp"]["reason"]
 
 
+@pytest.mark.multiproc
 def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_repeats(tmp_path):
     path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
@@ -174,6 +179,7 @@ def test_a_fast_script_is_timed_over_a_window_of_seconds_with_the_spread_over_re
     assert again.returncode == 0 and again.stdout.strip() in explained, again.stdout + again.stderr
 
 
+@pytest.mark.multiproc
 def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):
     path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",
@@ -184,6 +190,7 @@ def test_steps_past_the_scripts_length_say_how_many_it_ran(tmp_path):
     assert "the script ended after 10 optimizer steps, before the 50 asked" in output, output[-3000:]
 
 
+@pytest.mark.multiproc
 def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(tmp_path):
     path = ROOT / "tests" / "support" / "tools" / "bench" / "fast_loop.py"
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--script", str(path), "--strategies", "ddp",

@@ -11,6 +11,7 @@ from rankwise.tools.bench import report
 from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
 from rankwise.tools.bench.rows import ROWS, Row, select
 from rankwise.tools.bench.suite import plan, run_all
+from tests.support.tiers import starts_processes
 
 TINY = ["data.limit=1000", "data.tokenizer=char", "data.max_length=32", "max_steps=12", "eval_batch_size=64"]
 # Deliberately wrong: another learning rate (so not what `single` trains), and the dev split (886 texts) evaluated
@@ -19,6 +20,7 @@ WRONG = Row("wrong", "ddp", ("optim.lr=0.01", "eval_split=dev"), about="delibera
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def summary(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     the_plan = plan("quick", [*select(["single", "plain-ddp"]), WRONG], nproc=2, out=out, extra=TINY)
@@ -213,6 +215,7 @@ def test_a_row_whose_library_is_missing_says_how_to_install_it(monkeypatch):
     assert select(["ddp"])[1].missing() is None
 
 
+@pytest.mark.multiproc
 def test_bad_flags_fail_before_anything_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "bench", "--strategies", "ddp,fsdb", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=60)

@@ -9,6 +9,9 @@ from rankwise.breakdown import PARTS, PROFILED_STEPS
 from rankwise.tools.bench.why import explain
 from rankwise.tools.watch.frameworks import framework
 from rankwise.tools.watch.runs import watched_run
+from tests.support.tiers import starts_processes
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "support" / "tools" / "bench" / "injected.py"
 SLEEP_MS = 30.0
@@ -20,6 +23,7 @@ DDP's bucket count tell (one bucket of 1.6 MB, or dozens)."""
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def breakdowns(tmp_path_factory):
     """Each case once, as `rankwise bench --script` measures a row (its profiled steps before the window)."""
     found = {}

@@ -30,6 +30,7 @@ def _sweep(ops: list[str], corrupt: str | None = None) -> dict:
     finally:
         destroy_process_group()
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path):
     measured = run_ranks(_sweep, world_size, list(bench.OPS), timeout=120)[0]
@@ -62,6 +63,7 @@ def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path
     assert "| 4 KiB |" in paths[1].read_text()
 
 
+@pytest.mark.multiproc
 def test_a_corrupted_result_is_counted_wrong():
     rows = run_ranks(_sweep, 2, ["all_reduce", "broadcast"], "all_reduce", timeout=60)[0]["results"]
     wrong = {(r["op"], r["bytes"]): r["wrong"] for r in rows}
@@ -99,6 +101,7 @@ def test_the_loopback_and_memcpy_ceilings_are_measured():
     assert ceilings.memcpy_GBps(2**20) > 0.1
 
 
+@pytest.mark.multiproc
 def test_the_command_writes_its_outputs_and_refuses_bad_flags(tmp_path):
     out = tmp_path / "comm"
     done = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "bench", "--ops", "all_reduce,all_to_all",

@@ -40,6 +40,7 @@ def _demo(composed: bool, names: list[str] | None = None, corrupt: str | None = 
     finally:
         destroy_process_group()
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("composed", [False, True], ids=["native", "composed"])
 def test_every_operation_passes(world_size, composed):
@@ -56,6 +57,7 @@ def test_every_operation_passes(world_size, composed):
         assert ranks == list(range(world_size)), block
 
 
+@pytest.mark.multiproc
 def test_uneven_parts_arrive_with_their_own_lengths():
     statuses, printed = run_ranks(_demo, 3, False, ["scatter", "gather", "all_to_all_single"], timeout=60)[0]
     scatter = next(block for block in printed if block.startswith("PASS  scatter uneven"))
@@ -64,6 +66,7 @@ def test_uneven_parts_arrive_with_their_own_lengths():
     assert "after [[1], [11, 12], [21, 22, 23]]" in gather
 
 
+@pytest.mark.multiproc
 def test_a_corrupted_result_fails_naming_the_rank():
     statuses, printed = run_ranks(_demo, 2, False, ["all_reduce", "broadcast"], "all_reduce", timeout=60)[0]
     status = {name: s for name, s, _ in statuses}
@@ -73,6 +76,7 @@ def test_a_corrupted_result_fails_naming_the_rank():
     assert len(wrong) == 1 and wrong[0].lstrip().startswith("rank 1") and "expected [12, 14, 16, 18]" in wrong[0]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("error", [RuntimeError, ValueError])  # NCCL raises ValueError for a ReduceOp it lacks
 def test_an_operation_the_backend_lacks_runs_composed_and_says_so(error):
     statuses, printed = run_ranks(_demo, 2, False, ["reduce_scatter"], None, "reduce_scatter", error, timeout=60)[0]
@@ -82,6 +86,7 @@ def test_an_operation_the_backend_lacks_runs_composed_and_says_so(error):
     assert "[gloo lacks it" in printed[0] and "composed: all_reduce, then each rank keeps its chunk]" in printed[0]
 
 
+@pytest.mark.multiproc
 def test_the_command_runs_three_ranks_and_refuses_bad_input():
     done = subprocess.run([sys.executable, "-m", "rankwise.cli", "comm", "demo", "--nproc-per-node", "3",
                            "--op", "all_to_all", "--op", "barrier"], capture_output=True, text=True, timeout=120)
@@ -96,6 +101,7 @@ def test_the_command_runs_three_ranks_and_refuses_bad_input():
     assert alone.returncode == 2 and "at least 2 ranks" in alone.stderr
 
 
+@pytest.mark.multiproc
 def test_a_rank_that_fails_is_named_without_a_traceback_of_ours():
     import os
 
@@ -127,6 +133,7 @@ def test_the_backend_is_nccl_only_where_cuda_and_nccl_are(monkeypatch):
         resolve_backend("nccl", 2)
 
 
+@pytest.mark.multiproc
 def test_one_failing_rank_ends_the_demo_promptly_naming_it():
     import os
 

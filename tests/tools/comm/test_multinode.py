@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
+
+import pytest
 
 from tests.conftest import MASTER
+from tests.support.cli import INTERFACE_VARIABLES, ROOT, command_env
+from tests.support.cli import command as rankwise_command
 
-ROOT = Path(__file__).parents[3]
+pytestmark = pytest.mark.multinode  # two hosts from network namespaces (conftest.two_hosts)
 
 
 def _node(namespace: str, node_rank: int, port: int, *command: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "rankwise.cli", "comm", *command,
+    return subprocess.Popen(["ip", "netns", "exec", namespace, *rankwise_command("comm", *command),
                              "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", MASTER,
                              "--master-port", str(port), "--timeout", "30"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=command_env(INTERFACE_VARIABLES), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _both(*nodes: subprocess.Popen) -> list[tuple[int, str, str]]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -12,8 +10,8 @@ from rankwise.memory import peak_rss_megabytes
 from rankwise.tools.plan.capture import from_script
 from rankwise.tools.plan.fake import is_fake
 from rankwise.tools.plan.trace import trace
+from tests.support.cli import ROOT
 
-ROOT = Path(__file__).parents[3]
 PLAIN = ROOT / "tests/support/tools/plan/plain_script.py"
 
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from rankwise import cli
+from tests.support.cli import ROOT, command_env, rankwise
 
-ROOT = Path(__file__).parents[3]
 LLAMA = ROOT / "examples/llama_pretrain.py"
 
 
@@ -31,14 +27,14 @@ def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkey
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_an_8b_model_too_large_for_this_machine_is_planned_without_allocating_it(tmp_path):
     """Llama 3 8B's shape: 32 GB of fp32 parameters on a machine of 24 GB, planned in a process of under 4 GB."""
     out = tmp_path / "plan"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "plan", str(LLAMA), "--device", "h100",
-                           "--precision", "bf16-mixed", "--nproc-per-node", "8,64", "--micro-batch", "1",
-                           "--strategies", "ddp,deepspeed-zero3", "--out", str(out), "--json", "--",
-                           "--size", "8b", "--length", "256"], env=env, capture_output=True, text=True, timeout=600)
+    env = command_env((), src=True)
+    proc = rankwise("plan", str(LLAMA), "--device", "h100", "--precision", "bf16-mixed", "--nproc-per-node", "8,64",
+                    "--micro-batch", "1", "--strategies", "ddp,deepspeed-zero3", "--out", str(out), "--json", "--",
+                    "--size", "8b", "--length", "256", env=env, timeout=600, cwd=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads((out / "plan.json").read_text())
     assert plan["model"]["parameters"] == pytest.approx(8.03e9, rel=1e-3)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
+
+import pytest
 
 from rankwise import cli
 from rankwise.tools.plan.validate import MEMORY_BOUND
+from tests.support.cli import ROOT
 
-ROOT = Path(__file__).parents[3]
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 
 
 def test_validate_at_two_ranks_holds_memory_within_the_stated_bound_for_every_strategy(tmp_path):

@@ -8,6 +8,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "scripts"
 
 
@@ -22,6 +24,7 @@ def _bench(out: Path, script: str, *flags: str) -> tuple[int, str, dict]:
     return code, stdout.getvalue() + stderr.getvalue()[-3000:], report
 
 
+@pytest.mark.multiproc
 def test_accelerates_quick_tour_gets_a_row_per_world_size_and_a_passing_equivalence_column(tmp_path):
     code, output, report = _bench(tmp_path, "accelerate_tour.py")
     assert code == 0, output
@@ -35,6 +38,7 @@ def test_accelerates_quick_tour_gets_a_row_per_world_size_and_a_passing_equivale
     _fastest_named(report, output, rows)
 
 
+@pytest.mark.multiproc
 def test_a_plain_ddp_scripts_defective_form_fails_its_row_with_the_finding(tmp_path):
     code, output, report = _bench(tmp_path, "plain_ddp.py", "--verify-steps", "6", "--", "--defective")
     assert code == 1, output
@@ -52,6 +56,7 @@ def test_strategies_are_refused_before_anything_runs_for_a_script_that_chooses_i
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.multiproc
 def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
     code, output, report = _bench(tmp_path, "fabric_loop.py")
     assert code == 0, output
@@ -69,6 +74,7 @@ def test_a_fabric_loop_gets_world_size_rows_that_pass(tmp_path):
     assert "TFLOP/s: the model FLOPs torch's counter saw" in output
 
 
+@pytest.mark.multiproc
 def test_fabric_strategies_are_rows_through_its_launch_setting_and_one_it_cannot_run_here_says_why(tmp_path):
     code, output, report = _bench(tmp_path, "fabric_loop.py", "--strategies", "ddp,fsdp")
     rows = {row["row"]: row for row in report["rows"]}
@@ -126,6 +132,7 @@ def test_accelerate_strategies_on_a_machine_without_a_gpu_are_rows_that_say_why_
     assert fsdp["status"] == "not available here" and "Accelerate runs DDP only" in fsdp["reason"]
 
 
+@pytest.mark.multiproc
 def test_a_script_that_ends_during_its_profiled_steps_ends_cleanly(tmp_path):
     """Its profiler, left running at exit, crashed the rank (SIGSEGV) in place of saying the script was short."""
     from rankwise.tools.watch.frameworks import framework

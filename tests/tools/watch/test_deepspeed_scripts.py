@@ -4,8 +4,11 @@ clipping, engine.backward, engine.step, a DistributedSampler, engine.save_checkp
 
 from __future__ import annotations
 
+import pytest
 from tests.support.tools.bench_rows import script_rows
 from tests.tools.watch.test_verify_scripts import SCRIPTS, _errors, _verify, _warnings
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 SCRIPT = "deepspeed_engine.py"
 

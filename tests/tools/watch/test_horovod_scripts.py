@@ -4,8 +4,11 @@ broadcast_parameters/broadcast_optimizer_state, DistributedOptimizer), started a
 
 from __future__ import annotations
 
+import pytest
 from tests.support.tools.bench_rows import script_rows
 from tests.tools.watch.test_verify_scripts import SCRIPTS, _verify
+
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
 SCRIPT = "horovod_script.py"
 

@@ -10,7 +10,6 @@ from rankwise.errors import ConfigError
 from rankwise.tools.watch.spawned import check_port_free
 
 
-@pytest.mark.unit
 def test_a_port_the_script_sets_that_another_process_holds_is_named():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -18,7 +18,6 @@ from rankwise.tools.watch.stall import describe, in_script, parse_dump, read_dum
 DUMPS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "dumps"
 
 
-@pytest.mark.unit
 def test_a_dump_names_the_main_threads_line_in_the_script_and_its_innermost_frame():
     # A real dump (rank 1 of tests/support/tools/watch/scripts/stalls.py waiting for rank 0 in DDP's all-reduce),
     # its paths shortened, with a second thread ahead of the main one as faulthandler lists them.
@@ -48,6 +47,7 @@ WAITS = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.multiproc
 def test_a_process_without_progress_is_stopped_with_its_stack_and_a_sigterm_writes_it_too(tmp_path):
     script = tmp_path / "waits.py"
     script.write_text(WAITS)
@@ -90,6 +90,7 @@ WAITS_FOR_OTHERS = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.multiproc
 def test_a_rank_waiting_while_another_works_is_not_stalled_until_the_whole_run_stops(tmp_path):
     script = tmp_path / "waits_for_others.py"
     script.write_text(WAITS_FOR_OTHERS)

@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
+
 SCRIPTS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "scripts"
 
 
