@@ -28,6 +28,10 @@ from rankwise.tools.plan.trace import Trace, trace
 log = get_logger(__name__)
 
 HALF = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+SAME_TIME = 0.01
+"""Planned steps closer than this share are the same time: the fastest of them is the one needing least memory (a
+tiny model's steps differ by nanoseconds of sharded optimizer work, and ZeRO-3's 19 MiB buffers then lost to nothing
+against DDP's 3 KiB)."""
 ENGINE = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
 """Strategies whose engine casts the model to 16 bits under a mixed precision (no autocast)."""
 
@@ -85,8 +89,14 @@ class Plan:
         return int(self.device.memory_bytes * (1 - self.config.headroom))
 
     def fastest(self, world: int) -> Row | None:
+        """The fitting row with the shortest step; of steps within :data:`SAME_TIME` of it (which the model cannot
+        tell apart), the one that needs the least memory."""
         fitting = [row for row in self.rows if row.world_size == world and row.fits]
-        return min(fitting, key=lambda row: row.time.total_s) if fitting else None
+        if not fitting:
+            return None
+        shortest = min(row.time.total_s for row in fitting)
+        tied = [row for row in fitting if row.time.total_s <= shortest * (1 + SAME_TIME)]
+        return min(tied, key=lambda row: (row.memory.peak, row.time.total_s))
 
 
 class Planner:
