@@ -5,7 +5,7 @@
 threads.  In a training step on such a CPU the peer is computing when a call starts, and gloo's transport thread
 waits for a core the computation holds: measured here at two ranks on a quiet machine, a 4 KiB all-gather took
 0.2 ms back to back and 0.8-0.9 ms more between two 1 ms matrix products (an all-reduce 1.3-2.3 ms, a reduce-scatter
-1.5-1.9 ms; 2-5 ms while other jobs ran).  That cost, not the back-to-back latency, is what every call of a step
+1.5-1.9 ms; 2-4 ms while other jobs ran).  That cost, not the back-to-back latency, is what every call of a step
 pays on such a machine.
 
 Each rank alternates :data:`ROUNDS` rounds of (compute) and (compute, then a call of :data:`MESSAGE` bytes); a call's
