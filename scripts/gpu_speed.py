@@ -93,8 +93,8 @@ def run_rankwise(cfg, data, batches: list[dict], warmup: int, steps: int) -> flo
     """Seconds for ``steps`` steps of rankwise's own loop (``Trainer.train``), after ``warmup`` untimed ones."""
     from tqdm import tqdm
 
+    from rankwise.measure.throughput import SteadyThroughput
     from rankwise.runtime import setup
-    from rankwise.throughput import SteadyThroughput
     from rankwise.train.loop import Trainer
     from rankwise.train.metrics import MetricsLog
     from rankwise.train.preemption import StopRequest

@@ -1,6 +1,7 @@
-"""The layer rule, checked on the source: the library imports neither the training app nor the tools, the
-app never imports the tools, nothing but the entry point imports the command line, and no module
-imports another that (directly or not) imports it back.  Imports inside functions count too."""
+"""The layer rule, checked on the source: the library imports neither the training app nor the tools (and inside
+the library, each group imports only the groups below it), the app never imports the tools, nothing but the entry
+point imports the command line, and no module imports another that (directly or not) imports it back.  Imports
+inside functions count too."""
 
 from __future__ import annotations
 
@@ -80,6 +81,51 @@ def test_compat_is_library_code_that_depends_on_no_other_rankwise_module():
 def test_imports_point_one_way(module):
     wrong = sorted(imported for imported in GRAPH[module] if layer(imported) not in ALLOWED[layer(module)])
     assert not wrong, f"{module} ({layer(module)}) imports {', '.join(wrong)}"
+
+
+SUBLAYERS = (
+    # The library's own layers, bottom first: a module imports its own group and the groups above it in this list.
+    ("base", ("rankwise.errors", "rankwise.envvars", "rankwise.logs", "rankwise.compat", "rankwise.dist",
+              "rankwise.process", "rankwise.precision")),
+    ("sampling", ("rankwise.sampling",)),
+    ("measure", ("rankwise.measure",)),
+    ("checkpoint formats", ("rankwise.checkpoint",)),
+    ("strategies", ("rankwise.strategies",)),
+    ("launch", ("rankwise.launch",)),
+    ("resume", ("rankwise.checkpoint.resume",)),
+    ("runtime", ("rankwise.runtime", "rankwise.testing")),
+    ("public API", ("rankwise",)),
+)
+SIBLINGS = {"sampling": "measure", "measure": "sampling"}
+"""Groups on one level: neither imports the other."""
+
+
+def sublayer(module: str) -> int:
+    """The index in :data:`SUBLAYERS` of the library group ``module`` belongs to (the longest prefix decides)."""
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(SUBLAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} is in no group of SUBLAYERS: add it there"
+    return max(matches)[1]
+
+
+def test_every_library_module_has_a_group_and_the_groups_are_the_design():
+    library = [name for name in MODULES if layer(name) == "library"]
+    assert len(library) > 60
+    names = {name: SUBLAYERS[sublayer(name)][0] for name in library}
+    assert names["rankwise.checkpoint.resume"] == "resume" and names["rankwise.checkpoint.protocol"] == \
+        "checkpoint formats"
+    assert names["rankwise.runtime.hangs"] == "runtime" and names["rankwise"] == "public API"
+    assert names["rankwise.compat.versions"] == names["rankwise.dist"] == "base"
+
+
+@pytest.mark.parametrize("module", sorted(name for name in MODULES if layer(name) == "library"))
+def test_library_groups_import_downwards(module):
+    """Within the library: the runtime uses the strategies, which use the checkpoint formats, sampling and
+    measuring, which use the base; never the other way."""
+    own = sublayer(module)
+    wrong = [imported for imported in GRAPH[module] if layer(imported) == "library" and
+             (sublayer(imported) > own or SUBLAYERS[sublayer(imported)][0] == SIBLINGS.get(SUBLAYERS[own][0]))]
+    assert not wrong, f"{module} ({SUBLAYERS[own][0]}) imports {', '.join(sorted(wrong))} from a group above it"
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:

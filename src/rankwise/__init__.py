@@ -15,9 +15,9 @@ Start it with ``rankwise launch --nproc-per-node N script.py`` or :func:`spawn`.
 
 from typing import TYPE_CHECKING
 
-from rankwise.batching import iterate_steps
 from rankwise.process import ProcessEnv
 from rankwise.runtime import Runtime, seed_everything, setup
+from rankwise.sampling.batching import iterate_steps
 from rankwise.strategies import Strategy, register, register_variant, strategy_names
 
 if TYPE_CHECKING:

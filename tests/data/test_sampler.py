@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from rankwise.batching import LengthGroupedSampler, OrderedShardSampler, longest_first
+from rankwise.sampling.batching import LengthGroupedSampler, OrderedShardSampler, longest_first
 
 
 def lengths_of(n: int, seed: int = 0) -> list[int]:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from rankwise.cli import build_parser
 from rankwise.cli.launch import command_line_parser
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.cli import ROOT, command, command_env, json_summary, rankwise
 from tests.support.docs.commands import code_blocks, commands, rankwise_commands
 

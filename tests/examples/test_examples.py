@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.cli import ROOT, command_env, rankwise
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rankwise.checkpoint import STATE, read_weights
-from rankwise.tolerance import tolerance
+from rankwise.measure.tolerance import tolerance
 from tests.support.gpu import STEPS, max_difference, rankwise, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

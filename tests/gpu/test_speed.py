@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rankwise.checkpoint import read_weights
-from rankwise.flops import datasheet_peak
-from rankwise.tolerance import tolerance
+from rankwise.measure.flops import datasheet_peak
+from rankwise.measure.tolerance import tolerance
 from tests.support.gpu import max_difference, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),

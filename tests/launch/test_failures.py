@@ -20,7 +20,7 @@ TRACEBACK = f"""Traceback (most recent call last):
     runpy.run_path(str(path), run_name="__main__")
   File "/home/me/train.py", line 9, in <module>
     loader = rt.loader(data, 15)
-  File "{ROOT}/src/rankwise/runtime.py", line 187, in loader
+  File "{ROOT}/src/rankwise/runtime/__init__.py", line 187, in loader
     micro_batch_size(batch_size, self.world_size)
 rankwise.errors.ConfigError: {SENTENCE}
 """
@@ -32,7 +32,7 @@ def _failure(rank: int, error: str, timestamp: float, traceback: str = TRACEBACK
 
 def test_the_users_frame_is_the_innermost_outside_python_libraries_and_rankwise():
     assert script_frame(TRACEBACK) == "/home/me/train.py, line 9: loader = rt.loader(data, 15)"
-    assert script_frame(f'  File "{ROOT}/src/rankwise/runtime.py", line 1, in x\n    y\n') is None
+    assert script_frame(f'  File "{ROOT}/src/rankwise/runtime/__init__.py", line 1, in x\n    y\n') is None
 
 
 def test_ranks_failing_alike_are_named_once_and_a_rankwise_error_shows_where_not_a_traceback():

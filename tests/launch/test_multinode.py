@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.conftest import HOSTS, MASTER
 from tests.support.cli import LAUNCH_VARIABLES, ROOT, command, command_env, json_summary, rankwise, tiny_text
 

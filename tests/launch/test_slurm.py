@@ -21,7 +21,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.cli import LAUNCH_VARIABLES, ROOT, command_env, rankwise, tiny_text
 
 pytestmark = pytest.mark.slurm  # a real Slurm cluster on this machine (installs slurm-wlm as root)

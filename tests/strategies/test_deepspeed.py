@@ -2,7 +2,7 @@
 
 import pytest
 
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.multiproc import run_ranks
 
 

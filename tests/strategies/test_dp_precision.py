@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import CASES, case_weights, train_case
 from tests.support.tiers import starts_processes

@@ -8,7 +8,7 @@ and dropout off, parameters must agree to 1e-5 after several optimizer steps.
 import pytest
 
 from rankwise.data.prepare import PreparedData
-from rankwise.tolerance import COMM_HOOK, max_param_diff
+from rankwise.measure.tolerance import COMM_HOOK, max_param_diff
 from rankwise.train.config import build_config
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import CASES, case_weights, strategies_for, train_case

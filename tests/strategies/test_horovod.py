@@ -1,7 +1,7 @@
 """Horovod runs under horovodrun (its gloo rendezvous), so it is tested through the CLI.
 
 Accumulation, clipping that fires and a bitwise resume are tested on the public API under
-horovodrun in ``tests/test_runtime.py`` (``test_horovod_public_loop``).
+horovodrun in ``tests/runtime/test_runtime.py`` (``test_horovod_public_loop``).
 
 Horovod averages gradients in its own order (each rank's gradient scaled, then summed),
 which differs from a single process's mean only by float rounding: measured 1.5e-8 (toy
@@ -15,7 +15,7 @@ import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fa
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.tolerance import max_param_diff
+from rankwise.measure.tolerance import max_param_diff
 from tests.support.cli import json_summary, rankwise, tiny_text
 from tests.support.strategies import assert_export_reproduces_the_runs_predictions
 from tests.support.tiers import starts_processes

@@ -56,8 +56,8 @@ NEW_STRATEGY_GETS = {
                                              "test_gradient_accumulation_matches_the_full_batch[throwaway]",
                                              "test_gradient_clipping_matches_single_process[throwaway]"],
     "tests/strategies/test_resume.py": ["test_resume_after_a_cut_equals_the_uninterrupted_run[throwaway]"],
-    "tests/test_runtime.py": ["test_public_loop_resumes_bitwise_and_matches_single[throwaway]"],
-    "tests/test_agreement.py": [
+    "tests/runtime/test_runtime.py": ["test_public_loop_resumes_bitwise_and_matches_single[throwaway]"],
+    "tests/runtime/test_agreement.py": [
         "test_a_model_each_rank_drew_alone_trains_from_rank_0s_weights_under_every_strategy[throwaway]"],
     "tests/examples/test_own_scripts.py": [
         "test_the_cnn_at_its_optimizers_defaults_is_equivalent_under_every_strategy[throwaway-sgd]",

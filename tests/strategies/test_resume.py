@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rankwise.checkpoint import read_weights
-from rankwise.tolerance import EXACT, max_param_diff
+from rankwise.measure.tolerance import EXACT, max_param_diff
 from tests.support.multiproc import RanksFailed, run_ranks
 from tests.support.strategies import cut_back, strategies_for, train_toy
 
@@ -76,7 +76,7 @@ def test_deepspeed_partitions_regroup_for_another_world_size_or_strategy(written
 def test_deepspeed_at_bf16_continues_a_fp32_checkpoint_and_stage_0_says_it_cannot(toy, tmp_path):
     """16-bit DeepSpeed keeps fp32 master weights: ZeRO-2 cuts them from the checkpoint (within bf16's
     tolerance of the fp32 run); stage 0's own 16-bit wrapper cannot take them, and says so."""
-    from rankwise.tolerance import tolerance
+    from rankwise.measure.tolerance import tolerance
 
     run_ranks(train_toy, 2, str(tmp_path), str(toy), "ddp", "batch_size=24", "model.dropout=0")
     checkpoints = tmp_path / "checkpoints"

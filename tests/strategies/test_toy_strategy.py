@@ -19,8 +19,8 @@ from typing_extensions import override
 from rankwise import strategies
 from rankwise.checkpoint import WEIGHTS, CheckpointError, read_weights
 from rankwise.checkpoint.convert import by_name
+from rankwise.measure.tolerance import EXACT, max_param_diff
 from rankwise.strategies.ddp import DDP
-from rankwise.tolerance import EXACT, max_param_diff
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import cut_back, overrides_of_nothing, train_toy, unmarked_overrides
 

@@ -61,12 +61,12 @@ COVERAGE = {
     # tests/strategies/test_resume.py: a cut run resumed ends bitwise equal.  ZeRO-2 resumes in the DeepSpeed
     # regrouping cases there.
     "resume": Coverage(as_variants={"deepspeed": ("deepspeed-zero3",)},
-                       left_out={"horovod": HOROVOD, "dp": "one process: tests/test_runtime.py resumes it"}),
-    # tests/test_runtime.py: the public API's loop, every stage of DeepSpeed.
+                       left_out={"horovod": HOROVOD, "dp": "one process: tests/runtime/test_runtime.py resumes it"}),
+    # tests/runtime/test_runtime.py: the public API's loop, every stage of DeepSpeed.
     "public loop": Coverage(one_process=True, as_variants={"deepspeed": tuple(f"deepspeed-zero{s}" for s in range(4))},
                             left_out={"horovod": "its own test, started as a script: test_runtime.py::"
                                                  "test_horovod_public_loop"}),
-    # tests/test_agreement.py: a model each rank drew alone trains from rank 0's weights.  The strategies that
+    # tests/runtime/test_agreement.py: a model each rank drew alone trains from rank 0's weights.  The strategies that
     # broadcast or shard differently: DDP's broadcast, FSDP's and ZeRO-3's sharded parameters.
     "agreement": Coverage(as_variants={"deepspeed": ("deepspeed-zero3",)},
                           left_out={"horovod": HOROVOD, "dp": "one process: nothing to agree on",

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rankwise.samples import sample_digests, token_count
+from rankwise.sampling.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
 from rankwise.tools.verify.diagnose import diagnose
 from tests.support.cli import ROOT

@@ -4,8 +4,8 @@
 import pytest
 from torch.utils.data import DataLoader
 
-from rankwise.batching import global_order, rank_sampler
 from rankwise.errors import ConfigError
+from rankwise.sampling.batching import global_order, rank_sampler
 from rankwise.train import continuity
 
 SAMPLES, BATCH, SEED = 100, 8, 3  # 12 steps per epoch; the last 4 samples are dropped

@@ -9,7 +9,7 @@ import torch
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import prepare_data
-from rankwise.memory import peak_rss_megabytes
+from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.models.bert import build_bert
 from rankwise.train.config import ConfigError, DataConfig, build_config
 from rankwise.train.loop import run_training
@@ -95,7 +95,8 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     """ru_maxrss survives fork+exec; the reported peak must not (a launched worker would show its launcher's)."""
     ballast = bytearray(1024 * 1024 * 1024)  # this process's peak is now above 1 GB
     ballast[::4096] = b"x" * len(ballast[::4096])
-    child = subprocess.run([sys.executable, "-c", "from rankwise.memory import peak_rss_megabytes as p; print(p())"],
+    probe = "from rankwise.measure.memory import peak_rss_megabytes as p; print(p())"
+    child = subprocess.run([sys.executable, "-c", probe],
                            capture_output=True, text=True, check=True)
     del ballast
     assert peak_rss_megabytes() > 1024

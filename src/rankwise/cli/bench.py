@@ -36,7 +36,7 @@ import argparse
 from pathlib import Path
 
 from rankwise.errors import ConfigError
-from rankwise.throughput import MIN_WINDOW_S
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite, why
 from rankwise.tools.bench.rows import ROWS, select
 from rankwise.tools.bench.suite import PRESETS

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from rankwise.errors import HungAtExit
 from rankwise.launch.failures import in_user_code
-from rankwise.stacks import HEADER, Dump, parse_dump
+from rankwise.launch.stacks import HEADER, Dump, parse_dump
 
 EXIT_GRACE_S = 30.0
 """The default grace period: how long a rank that finished its work may take to exit (or keep the GIL)."""

@@ -25,8 +25,6 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from rankwise import dist, process
-from rankwise.batching import OrderedShardSampler
-from rankwise.blocks import checkpoint_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names
 from rankwise.checkpoint.files import cpu_copies
@@ -34,6 +32,8 @@ from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
+from rankwise.sampling.batching import OrderedShardSampler
+from rankwise.strategies.blocks import checkpoint_blocks
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -51,7 +51,7 @@ class LoopFacts:
     compile: bool = False
     """Compile the model with ``torch.compile`` (inductor), at the point the strategy's wrapping allows."""
     activation_checkpointing: bool = False
-    """Recompute each transformer layer's activations in the backward pass (:mod:`rankwise.blocks`)."""
+    """Recompute each transformer layer's activations in the backward pass (:mod:`rankwise.strategies.blocks`)."""
 
 
 class Strategy(abc.ABC):

@@ -24,6 +24,14 @@ from typing_extensions import override
 from rankwise import process
 from rankwise.checkpoint import loading
 from rankwise.checkpoint.convert import by_index, parameter_names
+from rankwise.checkpoint.deepspeed_format import (
+    FOLDER,
+    TAG,
+    gathered_buckets,
+    load_whole_optimizer,
+    partitions_fit,
+    read_whole,
+)
 from rankwise.checkpoint.files import cpu_copies
 from rankwise.compat.deepspeed_zero import alias_fp32_masters, clipping_for_one_step, skip_shm_comm_build
 from rankwise.compat.torch_compile import compile_forward
@@ -33,14 +41,6 @@ from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
 from rankwise.strategies.base import LoopFacts, Strategy, retie
 from rankwise.strategies.deepspeed_config import generated_config, read_user_config
-from rankwise.strategies.deepspeed_state import (
-    FOLDER,
-    TAG,
-    gathered_buckets,
-    load_whole_optimizer,
-    partitions_fit,
-    read_whole,
-)
 from rankwise.strategies.options import DeepSpeedOptions, Options
 
 INSTALL = "pip install 'rankwise[deepspeed]'"

@@ -3,7 +3,7 @@
 Parameters, gradients and optimizer state are split across ranks; each layer's
 parameters are all-gathered just before it runs and freed after.  Layers named in a
 transformers model's ``_no_split_modules`` (e.g. ``BertLayer``) become their own
-shard units (:func:`rankwise.blocks.transformer_blocks`), then the root; other models are sharded as one
+shard units (:func:`rankwise.strategies.blocks.transformer_blocks`), then the root; other models are sharded as one
 unit.
 """
 
@@ -18,10 +18,10 @@ from torch import nn
 from typing_extensions import override
 
 from rankwise import dist
-from rankwise.blocks import transformer_blocks
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy, retie
+from rankwise.strategies.blocks import transformer_blocks
 
 SHARDS = "sharded"
 """Where each rank writes its shards (torch.distributed.checkpoint) inside a checkpoint."""

@@ -15,7 +15,7 @@ Dropout modules are switched off (p=0) unless asked to keep them; the trace's fa
 
 A one-process run following a traced N-rank run does so in lockstep: it starts each step from the N-rank run's
 weights after the step before, computes its own gradient there and compares it with the N-rank gradient
-(:func:`rankwise.tolerance.gradient_difference`), then steps its own optimizer with the N-rank gradient.  So
+(:func:`rankwise.measure.tolerance.gradient_difference`), then steps its own optimizer with the N-rank gradient.  So
 what each step's comparison shows is that one step's difference, never rounding compounded over the steps
 before it, and the weights after the step tell whether the N-rank optimizer applied the same gradient as one
 process would.  In its first step the one-process run also records which random operations its forward ran,
@@ -180,7 +180,8 @@ class StepRecord:
     no_grad: list[str] = field(default_factory=list)
     """In a one-process run: trainable parameters without a gradient."""
     gradient: dict | None = None
-    """In a following run: its gradient against the N-rank one (:func:`rankwise.tolerance.gradient_difference`)."""
+    """In a following run: its gradient against the N-rank one
+    (:func:`rankwise.measure.tolerance.gradient_difference`)."""
     followed: bool = False
     """Whether this step started from the N-rank weights and applied the N-rank gradient."""
     learning_rates: list = field(default_factory=list)

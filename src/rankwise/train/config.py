@@ -16,11 +16,11 @@ from typing import Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rankwise.batching import micro_batch_size
 from rankwise.errors import ConfigError
 from rankwise.launch.config import LAUNCHERS, LaunchConfig
 from rankwise.models import TOY_MODELS, model_names
 from rankwise.precision import PrecisionName
+from rankwise.sampling.batching import micro_batch_size
 from rankwise.strategies import lookup, strategy_names
 from rankwise.strategies.options import DDPOptions, DeepSpeedOptions, HorovodOptions, Options, parse_value
 

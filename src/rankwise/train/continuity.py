@@ -23,9 +23,9 @@ from pathlib import Path
 
 from torch.utils.data import DistributedSampler
 
-from rankwise.batching import dataset_size, epoch_order, global_order, order_digest, rank_sampler
 from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
+from rankwise.sampling.batching import dataset_size, epoch_order, global_order, order_digest, rank_sampler
 
 FILE = "continuity.json"
 """The record of the last resume, in the run directory."""

@@ -19,17 +19,17 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
-from rankwise.batching import iterate_steps
 from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
-from rankwise.flops import devices, fake_counter, padded_length, rows
 from rankwise.logs import get_logger
-from rankwise.memory import peak_rss_megabytes
+from rankwise.measure.flops import devices, fake_counter, padded_length, rows
+from rankwise.measure.memory import peak_rss_megabytes
+from rankwise.measure.throughput import SteadyThroughput, count_tokens
 from rankwise.models import build_model, reads_ngrams
 from rankwise.process import restart_count
 from rankwise.runtime import Runtime, setup
-from rankwise.throughput import SteadyThroughput, count_tokens
+from rankwise.sampling.batching import iterate_steps
 from rankwise.train import artifacts, continuity
 from rankwise.train.config import TrainConfig
 from rankwise.train.evaluate import evaluate, forward_logits, write_report

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rankwise.batching import check_enough_samples, micro_batch_size
 from rankwise.checkpoint import check_compatible, manifest_meta
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import CheckpointError, ConfigError
@@ -19,6 +18,7 @@ from rankwise.launch.ports import port_in_use
 from rankwise.models import check_model
 from rankwise.precision import Precision
 from rankwise.process import ProcessEnv, device_for, gpus_too_few
+from rankwise.sampling.batching import check_enough_samples, micro_batch_size
 from rankwise.strategies import check_world_size, lookup, portable, resolve_options
 from rankwise.train import continuity
 from rankwise.train.config import TrainConfig

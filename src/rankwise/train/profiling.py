@@ -1,11 +1,11 @@
 """``rankwise train``'s step-time breakdown (``profile_steps``): the steps right after the throughput warm-up,
-profiled (:mod:`rankwise.breakdown`), and left out of the steady throughput, which starts after them."""
+profiled (:mod:`rankwise.measure.breakdown`), and left out of the steady throughput, which starts after them."""
 
 from __future__ import annotations
 
 import contextlib
 
-from rankwise.breakdown import StepProfile, combine, model_facts
+from rankwise.measure.breakdown import StepProfile, combine, model_facts
 
 
 class LoopProfile:

@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak
 from rankwise.logs import get_logger
+from rankwise.measure.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak
+from rankwise.measure.throughput import SteadyThroughput
 from rankwise.runtime import Runtime
-from rankwise.throughput import SteadyThroughput
 
 log = get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """A bench row's cause and fix, read from its breakdown (unit)."""
-from rankwise.breakdown import PARTS
+from rankwise.measure.breakdown import PARTS
 from rankwise.tools.bench.why import cells, detail, explain
 
 

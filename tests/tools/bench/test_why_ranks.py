@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rankwise.breakdown import PARTS, PROFILED_STEPS
+from rankwise.measure.breakdown import PARTS, PROFILED_STEPS
 from rankwise.tools.bench.why import explain
 from rankwise.tools.watch.frameworks import framework
 from rankwise.tools.watch.runs import watched_run

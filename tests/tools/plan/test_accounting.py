@@ -67,7 +67,7 @@ def test_the_capture_has_fake_parameters_and_a_real_batch(capture):
 
 
 def test_a_billion_parameters_build_without_memory():
-    from rankwise.memory import peak_rss_megabytes
+    from rankwise.measure.memory import peak_rss_megabytes
 
     before = peak_rss_megabytes()
     big = from_factory(lambda: (nn.Linear(32768, 32768), None), (torch.randn(1, 32768),))  # 1.07e9 parameters

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rankwise.errors import ConfigError
-from rankwise.memory import peak_rss_megabytes
+from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.tools.plan.capture import from_script
 from rankwise.tools.plan.fake import is_fake
 from rankwise.tools.plan.trace import trace

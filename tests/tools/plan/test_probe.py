@@ -30,7 +30,7 @@ def test_on_a_gpu_each_measured_step_s_peak_is_the_allocator_s_own_count(tmp_pat
     import pytest
     import torch
 
-    from rankwise import observers
+    from rankwise.runtime import observers
     from rankwise.tools.plan.probe import MEASURED_STEPS, TIMED_STEPS, Probe
 
     peaks, resets = iter(range(100, 10_000, 100)), []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rankwise.throughput import MIN_WINDOW_S
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.watch import settings as names
 from rankwise.tools.watch.settings import WatchSettings
 

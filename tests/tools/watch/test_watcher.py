@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rankwise.throughput import MIN_WINDOW_S
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.watch import window
 from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import WatchDone, Watcher

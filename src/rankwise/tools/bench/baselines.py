@@ -37,12 +37,12 @@ def weights_file(out_dir: str | Path, step: int) -> Path:
 def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    from rankwise.batching import LengthGroupedSampler
     from rankwise.data.prepare import PreparedData
-    from rankwise.memory import peak_rss_megabytes
+    from rankwise.measure.memory import peak_rss_megabytes
+    from rankwise.measure.throughput import SteadyThroughput, count_tokens
     from rankwise.models import build_model, reads_ngrams
     from rankwise.process import backend_for, destroy_process_group, device_for
-    from rankwise.throughput import SteadyThroughput, count_tokens
+    from rankwise.sampling.batching import LengthGroupedSampler
     from rankwise.train.config import TrainConfig
     from rankwise.train.optim import lr_lambda, make_optimizer
 

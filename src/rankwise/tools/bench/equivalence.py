@@ -8,7 +8,7 @@
 * ``weights``: a built-in row verify cannot run or cannot judge by its stated tolerance (a loop written without
   rankwise, a strategy started by another launcher than torchrun, a compressed gradient exchange, one process
   like ``single``).  It and ``single`` run K more steps each, untimed, with dropout 0, and the weights after them
-  are compared against the row's stated tolerance (:mod:`rankwise.tolerance`).
+  are compared against the row's stated tolerance (:mod:`rankwise.measure.tolerance`).
 """
 
 from __future__ import annotations

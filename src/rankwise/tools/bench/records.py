@@ -58,7 +58,7 @@ class RowRecord(TypedDict):
     threads: int
     """Threads per process."""
     tolerance: float
-    """The row's stated equivalence tolerance (:mod:`rankwise.tolerance`)."""
+    """The row's stated equivalence tolerance (:mod:`rankwise.measure.tolerance`)."""
     runs: list[RunResult]
     """Each repeat's run, in the order they ran."""
     missing: str | None
@@ -90,7 +90,8 @@ class BreakdownColumns(TypedDict, total=False):
     """A row's breakdown entries in its table row (:func:`rankwise.tools.bench.why.summary`)."""
 
     breakdown: dict[str, Any] | None
-    """The profiled steps' breakdown per rank (:func:`rankwise.breakdown.combine`), where the row was profiled."""
+    """The profiled steps' breakdown per rank (:func:`rankwise.measure.breakdown.combine`), where the row was
+    profiled."""
     steps: dict[str, Any] | None
     """The table's step cells: compute, comm, data, sync and wait, in milliseconds a step."""
     why: Explanation | None

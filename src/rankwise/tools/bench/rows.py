@@ -2,15 +2,15 @@
 
 A row is either a rankwise run (``rankwise train --strategy NAME`` with a few settings) or a
 baseline from :mod:`rankwise.tools.bench.baselines`.  Its equivalence tolerance is the one
-:mod:`rankwise.tolerance` states for its precision and gradient exchange.
+:mod:`rankwise.measure.tolerance` states for its precision and gradient exchange.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankwise.measure.tolerance import tolerance
 from rankwise.strategies import get_strategy, unavailable
-from rankwise.tolerance import tolerance
 
 
 @dataclass(frozen=True)

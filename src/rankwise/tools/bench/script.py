@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankwise.breakdown import PROFILED_STEPS
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.logs import get_logger
+from rankwise.measure.breakdown import PROFILED_STEPS
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.strategies import lookup, unavailable
-from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import disturbed, script_report, why
 from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
 from rankwise.tools.bench.records import RunResult

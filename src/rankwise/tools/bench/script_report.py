@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
-from rankwise.throughput import MIN_WINDOW_S
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import why
 from rankwise.tools.bench.equivalence import VERDICT_CELLS
 from rankwise.tools.bench.report import mfu_cell, tflops_cell

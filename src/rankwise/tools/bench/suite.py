@@ -9,7 +9,7 @@ Method:
 * Equivalence, after the timed runs (:mod:`rankwise.tools.bench.equivalence`): ``rankwise verify``'s
   lockstep judgement of the built-in app under the row's strategy for ``K`` steps, as ``--script`` rows
   have; rows verify cannot run or judge compare their weights after ``K`` steps with ``single``'s, in
-  separate untimed runs with dropout 0, against the row's stated tolerance (:mod:`rankwise.tolerance`).
+  separate untimed runs with dropout 0, against the row's stated tolerance (:mod:`rankwise.measure.tolerance`).
 * Repeats alternate the order (forward, then backward, ...) and the report takes medians.
 """
 
@@ -26,11 +26,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rankwise.breakdown import PROFILED_STEPS
 from rankwise.checkpoint import read_weights
 from rankwise.logs import get_logger
+from rankwise.measure.breakdown import PROFILED_STEPS
+from rankwise.measure.tolerance import max_param_diff
 from rankwise.process import usable_cores
-from rankwise.tolerance import max_param_diff
 from rankwise.tools.bench import report, why
 from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
 from rankwise.tools.bench.records import EquivalenceColumns, RowRecord, RunResult

@@ -1,5 +1,5 @@
-"""Why a bench row is slow: its step-time breakdown (:mod:`rankwise.breakdown`) read into one cause and the change
-that recovers it, from evidence only.
+"""Why a bench row is slow: its step-time breakdown (:mod:`rankwise.measure.breakdown`) read into one cause and
+the change that recovers it, from evidence only.
 
 The loss a row can recover is what is not compute: waiting for the slowest rank, for the next batch, for
 communication compute did not hide, and host syncs.  The largest is named when it is at least
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rankwise.breakdown import LABELS, PARTS, PROFILED_STEPS
 from rankwise.errors import ConfigError
+from rankwise.measure.breakdown import LABELS, PARTS, PROFILED_STEPS
 from rankwise.tools.bench.records import BenchRow, BreakdownColumns, Explanation
 
 NOISE = 0.10

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from rankwise import observers
-from rankwise.blocks import is_checkpointed
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
+from rankwise.runtime import observers
+from rankwise.strategies.blocks import is_checkpointed
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.own_world import one_rank, unwrapped
 

@@ -8,7 +8,7 @@ import math
 import time
 
 from rankwise.logs import get_logger
-from rankwise.memory import peak_rss_megabytes
+from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.tools.plan import comms, devices, report
 from rankwise.tools.plan.capture import Capture, from_script
 from rankwise.tools.plan.config import PlanConfig

@@ -1,12 +1,13 @@
 """The devices a plan is for: memory, peak FLOP/s, memory and link bandwidths, from datasheets or measured here.
 
 GPUs from their datasheets (NVIDIA's H100/H200/A100/L40S/L4/V100 product pages and their NVLink and InfiniBand
-generations; the peak FLOP/s are :data:`rankwise.flops.DATASHEET_TFLOPS`, dense, no sparsity).  Link bandwidths are
-per GPU and one direction; a collective's bus bandwidth reaches :data:`LINK_EFFICIENCY` of it (nccl-tests on
-8 x H100 SXM report all_reduce busbw of about 370-480 GB/s on 450 GB/s NVLink 4).  Across nodes every GPU has its
-own network adapter (the NDR/HDR "rail" designs of DGX/HGX systems).  ``cpu`` is this machine, measured: its memory
-(``MemTotal``), its matrix-product peak (:func:`rankwise.flops.matmul_peak` with the threads a rank gets), one thread's
-memory copy bandwidth, and gloo between local processes at 1 GB/s unless ``rankwise comm bench`` measured otherwise.
+generations; the peak FLOP/s are :data:`rankwise.measure.flops.DATASHEET_TFLOPS`, dense, no sparsity).  Link
+bandwidths are per GPU and one direction; a collective's bus bandwidth reaches :data:`LINK_EFFICIENCY` of it
+(nccl-tests on 8 x H100 SXM report all_reduce busbw of about 370-480 GB/s on 450 GB/s NVLink 4).  Across nodes every
+GPU has its own network adapter (the NDR/HDR "rail" designs of DGX/HGX systems).  ``cpu`` is this machine, measured:
+its memory (``MemTotal``), its matrix-product peak (:func:`rankwise.measure.flops.matmul_peak` with the threads a
+rank gets), one thread's memory copy bandwidth, and gloo between local processes at 1 GB/s unless ``rankwise comm
+bench`` measured otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rankwise.errors import ConfigError
-from rankwise.flops import DATASHEET_TFLOPS
+from rankwise.measure.flops import DATASHEET_TFLOPS
 
 GiB = 2**30
 LINK_EFFICIENCY = 0.8
@@ -85,7 +86,7 @@ def names() -> list[str]:
 
 def this_cpu(ranks_per_node: int) -> Device:
     """This machine as the device, measured with the threads each of ``ranks_per_node`` ranks gets."""
-    from rankwise.flops import matmul_peak
+    from rankwise.measure.flops import matmul_peak
     from rankwise.process import usable_cores
     from rankwise.tools.comm.ceilings import memcpy_GBps
 

@@ -24,7 +24,7 @@ import sys
 import torch
 import torch.distributed as torch_dist
 
-from rankwise.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
+from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.strategies.fsdp import rebind_optimizer
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import fake_copy

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rankwise import observers
+from rankwise.runtime import observers
 
 PROBE = "RANKWISE_PLAN_PROBE"
 """Directory each measured rank writes its ``probe-rank<R>.json`` to."""

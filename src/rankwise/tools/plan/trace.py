@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from rankwise.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
+from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import fake_copy
 

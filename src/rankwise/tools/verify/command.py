@@ -8,7 +8,7 @@ starts it, its reference under ``--strategy single`` (:mod:`rankwise.tools.watch
 the same seed and global batches, dropout modules switched off (unless ``--keep-dropout``), and stop after
 ``--steps`` optimizer steps.  The N-rank run goes first and records, every step, the gradient its optimizer
 received and the weights after it; the one-process run then starts each step from those weights, compares its
-own gradient there and steps with the N-rank gradient (:mod:`rankwise.tolerance` states the criterion).  The
+own gradient there and steps with the N-rank gradient (:mod:`rankwise.measure.tolerance` states the criterion).  The
 report is printed and written as ``verify.md``, ``verify.json`` and ``verify.png``; the per-step weights and
 gradients are deleted after the comparison unless ``--keep-weights``.
 """
@@ -23,8 +23,8 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.logs import get_logger
+from rankwise.measure.tolerance import gradient_tolerance, tolerance
 from rankwise.strategies import lookup
-from rankwise.tolerance import gradient_tolerance, tolerance
 from rankwise.tools.harness import crashed
 from rankwise.tools.verify.compare import (
     TracedRun,

@@ -5,7 +5,7 @@ weights and applied the N-rank gradient.  For every step both runs reached: the 
 ranks together against the one process), the loss (the mean over ranks of each rank's summed
 micro-batch losses against the one process's sum: both are the global batch's loss when the loss
 is a mean over it), the gradient the N-rank optimizer received against the one process's at the
-same weights (:func:`rankwise.tolerance.gradient_difference`), and every tensor of the weights
+same weights (:func:`rankwise.measure.tolerance.gradient_difference`), and every tensor of the weights
 after the step.  A step is equivalent when its samples match, its loss is within the tolerance
 (relative above 1), its gradient within the gradient tolerance and no weight differs by more than
 the tolerance.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from rankwise.checkpoint import read_weights
-from rankwise.tolerance import tensor_differences
+from rankwise.measure.tolerance import tensor_differences
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
 from rankwise.tools.verify.records import StepLine, TracedStep
 

@@ -15,7 +15,7 @@ from rankwise.tools.watch.records import DropoutModule, FindingRecord
 
 class GradientDifference(TypedDict):
     """One step's gradient of the N-rank run against one process's at the same weights
-    (:func:`rankwise.tolerance.gradient_difference`)."""
+    (:func:`rankwise.measure.tolerance.gradient_difference`)."""
 
     difference: float
     """The relative norm of the difference, ``|g_N - g_1| / |g_1|`` (0 where both are 0, inf where only one is)."""

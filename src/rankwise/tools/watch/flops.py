@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from rankwise.flops import datasheet_peak, matmul_peak
+from rankwise.measure.flops import datasheet_peak, matmul_peak
 
 
 class StepFlops:

@@ -22,8 +22,8 @@ from pathlib import Path
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from rankwise.batching import dataset_size
-from rankwise.samples import batch_rows, sample_digests, token_count
+from rankwise.sampling.batching import dataset_size
+from rankwise.sampling.samples import batch_rows, sample_digests, token_count
 from rankwise.tools.watch.ranks import call_site, patch
 from rankwise.tools.watch.records import DatasetDescription, PassRecord
 

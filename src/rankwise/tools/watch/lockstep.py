@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
-from rankwise.tolerance import gradient_difference
+from rankwise.measure.tolerance import gradient_difference
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, StepRecord, exchange_gradients, weights_file
 from rankwise.tools.watch.ranks import assign, rank_and_world, whole
 from rankwise.tools.watch.records import WatchedFacts

@@ -99,6 +99,8 @@ def outside_the_script(filename: str) -> bool:
 
 TOOLS_DIR = str(Path(RANKWISE_DIR) / "tools")
 """rankwise's tools, the watcher among them: never a framework's line."""
+RUNTIME_FILE = str(Path(RANKWISE_DIR) / "runtime" / "__init__.py")
+"""The Runtime's module, whose collectives a script calls."""
 RUNTIME_COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object",
                                  "barrier"})
 """The Runtime's collectives a script calls itself (``rt.all_reduce(loss)``): the script's call, not rankwise's."""
@@ -117,9 +119,9 @@ def call_site(via: bool = False) -> str:
             framework = framework or f"{name.split('site-packages/')[-1]}:{frame.f_lineno}"
         elif name.startswith(RANKWISE_DIR) and not name.startswith(TOOLS_DIR):
             framework = framework or f"rankwise/{Path(name).relative_to(RANKWISE_DIR)}:{frame.f_lineno}"
-            entered = (Path(name).name, frame.f_code.co_name)  # where the script entered rankwise
+            entered = (name, frame.f_code.co_name)  # where the script entered rankwise
         elif not ours:
-            if entered is not None and entered[0] == "runtime.py" and entered[1] in RUNTIME_COLLECTIVES:
+            if entered is not None and entered[0] == RUNTIME_FILE and entered[1] in RUNTIME_COLLECTIVES:
                 framework = None  # the script's own rt.all_reduce: its call, as a dist.all_reduce would be
             site = f"{Path(name).name}:{frame.f_lineno}"
             return f"{site} (via {framework})" if via and framework else site

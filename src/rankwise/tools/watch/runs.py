@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.process import threads_per_process
-from rankwise.throughput import MIN_WINDOW_S
 from rankwise.tools.harness import run_measured
 from rankwise.tools.watch import spawned, stall, window
 from rankwise.tools.watch.findings import load_records

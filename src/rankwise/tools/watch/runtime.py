@@ -2,7 +2,7 @@
 
 The watcher is one probe for every script.  In a script on ``rankwise.setup()`` it watches torch as in any
 other (its DataLoaders, backward passes, collectives, ``torch.save``) and also listens to the script's Runtime
-(:mod:`rankwise.observers`), because there torch's optimizer hooks are not the step: DeepSpeed steps an inner
+(:mod:`rankwise.runtime.observers`), because there torch's optimizer hooks are not the step: DeepSpeed steps an inner
 optimizer over flattened partitions, Horovod averages the gradients inside its optimizer's ``step``.  So here:
 
 * a step is ``rt.step`` (a plain ``optimizer.step()`` the strategy allows is watched as in any script): the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rankwise import observers
+from rankwise.runtime import observers
 from rankwise.tools.trace import uses_tf32
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankwise.throughput import MIN_WINDOW_S
+from rankwise.measure.throughput import MIN_WINDOW_S
 
 DIRECTORY, STEPS, WARMUP = "RANKWISE_WATCH", "RANKWISE_WATCH_STEPS", "RANKWISE_WATCH_WARMUP"
 TRACE, DROPOUT = "RANKWISE_WATCH_TRACE", "RANKWISE_WATCH_DROPOUT"

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from rankwise.stacks import HEADER, Dump, Frame, frame_in, parse_dump, standard
+from rankwise.launch.stacks import HEADER, Dump, Frame, frame_in, parse_dump, standard
 from rankwise.tools.watch.ranks import outside_the_script
 
 STALL_TIMEOUT_S = 120.0

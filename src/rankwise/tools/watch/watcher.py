@@ -41,7 +41,7 @@ import torch
 import torch.optim.optimizer as optimizers
 from torch import nn
 
-from rankwise import observers
+from rankwise.runtime import observers
 from rankwise.tools.watch import seen, stall
 from rankwise.tools.watch.calls import CallWatch
 from rankwise.tools.watch.loaders import LoaderWatch

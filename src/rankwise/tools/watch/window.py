@@ -1,7 +1,7 @@
 """The timed window a watched run reports (``rankwise bench --script``): ``probe.json``, written by rank 0.
 
 :class:`Window` times every step; a benchmark's window starts after its warm-up steps (and the steps it profiles
-for its step-time breakdown, :class:`~rankwise.breakdown.StepProfile`) and ends once it lasted ``min_window_s``.
+for its step-time breakdown, :class:`~rankwise.measure.breakdown.StepProfile`) and ends once it lasted ``min_window_s``.
 :func:`report`: samples per second over the window, every rank's peak memory, and the first step's FLOPs
 against the matrix-product peak every rank measures at the end (:mod:`rankwise.tools.watch.flops`).
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from rankwise.breakdown import StepProfile, combine, model_facts
 from rankwise.checkpoint import write_text_atomic
-from rankwise.memory import peak_rss_megabytes
-from rankwise.throughput import window_end
+from rankwise.measure.breakdown import StepProfile, combine, model_facts
+from rankwise.measure.memory import peak_rss_megabytes
+from rankwise.measure.throughput import window_end
 from rankwise.tools.watch.flops import StepFlops, utilisation
 from rankwise.tools.watch.ranks import gather, rank_and_world
 from rankwise.tools.watch.settings import WatchSettings
@@ -158,7 +158,7 @@ def report(watcher, script_ended: bool) -> None:
 
 
 def _breakdown(watcher, profiled: list[list[dict]] | None, step_s: float | None) -> dict | None:
-    """Every rank's step split into its parts (:mod:`rankwise.breakdown`), from the steps profiled before the
+    """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps profiled before the
     window."""
     ranks = combine(profiled) if profiled else []
     if not ranks:

@@ -91,7 +91,7 @@ def rank_sampler(dataset: Dataset, batch_size: int, world_size: int, rank: int, 
 
 class ShardSampler(DistributedSampler):
     """A DistributedSampler that can begin a pass part-way through its epoch's order: after a resume
-    (:mod:`rankwise.position`), it passes over the samples a checkpoint's run had already trained.
+    (:mod:`rankwise.checkpoint.position`), it passes over the samples a checkpoint's run had already trained.
 
     ``resume_at(epoch, position, at_end)``: the next pass continues ``epoch`` after the first ``position`` samples of
     its global order (a multiple of the world size).  The loop's own ``set_epoch`` before that pass decides how:

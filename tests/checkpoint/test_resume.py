@@ -50,7 +50,7 @@ def _load(root, strict: bool = False) -> tuple[dict, dict]:
 def _load_warnings(caplog) -> str:
     """What load_state warned (through logging: on stderr for a program that configured none)."""
     return "\n".join(record.getMessage() for record in caplog.records
-                     if record.name == "rankwise.state" and record.levelno == logging.WARNING)
+                     if record.name == "rankwise.checkpoint.resume" and record.levelno == logging.WARNING)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])

@@ -5,9 +5,9 @@ import json
 
 from torch.distributed import TCPStore
 
-from rankwise import hangs
 from rankwise.launch.ports import free_port
 from rankwise.process import ProcessEnv
+from rankwise.runtime import hangs
 
 
 def test_a_peer_that_closed_its_connections_is_named_by_node():

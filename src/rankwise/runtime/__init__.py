@@ -51,14 +51,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rankwise import checkpoint as ckpt
-from rankwise import dist, hangs, observers, state
-from rankwise.agreement import agree_with_rank0
-from rankwise.batching import check_enough_samples, dataset_size, longest_first, micro_batch_size, rank_sampler
+from rankwise import dist
+from rankwise.checkpoint import resume
+from rankwise.checkpoint.position import ResumableLoader
 from rankwise.launch.choice import settle
 from rankwise.launch.failures import record_for_launcher
-from rankwise.position import ResumableLoader
 from rankwise.process import ProcessEnv
-from rankwise.sharding import ShardingCheck
+from rankwise.runtime import hangs, observers
+from rankwise.runtime.agreement import agree_with_rank0
+from rankwise.runtime.data_shares import DataSharesCheck
+from rankwise.sampling.batching import check_enough_samples, dataset_size, longest_first, micro_batch_size, rank_sampler
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
 
@@ -100,7 +102,7 @@ class Runtime:
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
-        self._sharding = ShardingCheck(self.env.world_size)
+        self._data_shares = DataSharesCheck(self.env.world_size)
         self.observers = observers.registered()
         """What a tool watches in this run (``rankwise verify``, ``bench --script``); empty otherwise."""
         self.steps = 0
@@ -145,7 +147,7 @@ class Runtime:
                 micro_batch_size: int | None = None, compile: bool = False,
                 activation_checkpointing: bool = False):
         """Move and wrap the model for the strategy; returns ``(model, optimizer)``.  Every rank starts from rank 0's
-        weights and buffers (:mod:`rankwise.agreement`; rank 0 warns once where a rank had built others).
+        weights and buffers (:mod:`rankwise.runtime.agreement`; rank 0 warns once where a rank had built others).
 
         Build the optimizer on the *unwrapped* model's parameters before calling this
         (the same code as a single-device script).  ``grad_accum``: micro-batches per
@@ -154,7 +156,7 @@ class Runtime:
         ``compile``: ``torch.compile`` the model's forward in place, inside the strategy's wrapping (inside
         DDP's forward, after FSDP's sharding, with DeepSpeed's engine; refused under ``dp``); the first steps
         then pay for the compilation.  ``activation_checkpointing``: recompute each transformer layer's activations in
-        the backward pass (see :mod:`rankwise.blocks` for how layers are found).
+        the backward pass (see :mod:`rankwise.strategies.blocks` for how layers are found).
         """
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
@@ -217,8 +219,8 @@ class Runtime:
         """Tensors of ``batch`` (nested in dicts, lists and tuples) on this rank's device."""
         for observer in self.observers:
             observer.batch(self, batch)
-        if self._sharding.pending:
-            self._sharding.batch(batch)
+        if self._data_shares.pending:
+            self._data_shares.batch(batch)
         return _to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class Runtime:
         else:
             norm = self._take_step(optimizer, model, max_norm)
         self.steps += 1
-        self._sharding.stepped()  # once, at the first step: did every rank train on its own share?
+        self._data_shares.stepped()  # once, at the first step: did every rank train on its own share?
         for loader in self.loaders():
             if loader.resumed is not None:  # the first step after a resume: did the data continue?
                 loader.check_first_step(self._grad_accum, self.strategy_name)
@@ -336,15 +338,15 @@ class Runtime:
                    files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2,
                    meta: Mapping | None = None) -> Path:
         """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank); see
-        :func:`rankwise.state.save_state`.  Returns the checkpoint's path on every rank."""
-        return state.save_state(self, directory, model, optimizer, scheduler, extra, step=step, files=files,
+        :func:`rankwise.checkpoint.resume.save_state`.  Returns the checkpoint's path on every rank."""
+        return resume.save_state(self, directory, model, optimizer, scheduler, extra, step=step, files=files,
                                 keep=keep, meta=meta)
 
     def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                    scheduler=None, *, strict: bool = False) -> dict:
         """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
-        ``extra`` with ``step`` added.  See :func:`rankwise.state.load_state`."""
-        return state.load_state(self, path, model, optimizer, scheduler, strict=strict)
+        ``extra`` with ``step`` added.  See :func:`rankwise.checkpoint.resume.load_state`."""
+        return resume.load_state(self, path, model, optimizer, scheduler, strict=strict)
 
     def loaders(self) -> list[ResumableLoader]:
         """The loaders :meth:`loader` made that are still alive, in the order they were made."""

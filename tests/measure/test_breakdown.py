@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rankwise.breakdown import MARK, PARTS, Span, StepProfile, combine, step_records
+from rankwise.measure.breakdown import MARK, PARTS, Span, StepProfile, combine, step_records
 
 
 def span(name, start, end, *children):

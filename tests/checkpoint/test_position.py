@@ -1,6 +1,6 @@
-"""A mid-epoch checkpoint of a user's own loop resumes after the last batch it trained (``rankwise.position``):
-at the same and at another world size, whatever epoch the loop restarts, with the continuity record; a loop that
-still skips the steps itself is stopped with the fix.
+"""A mid-epoch checkpoint of a user's own loop resumes after the last batch it trained
+(``rankwise.checkpoint.position``): at the same and at another world size, whatever epoch the loop restarts, with the
+continuity record; a loop that still skips the steps itself is stopped with the fix.
 
 The loop is written as users write it: AdamW at its defaults, ``for epoch in range(start, EPOCHS)`` with the epoch
 saved in ``extra``, no skipping of its own.
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import rankwise
-from rankwise import tolerance
 from rankwise.errors import ConfigError
+from rankwise.measure import tolerance
 from tests.support.multiproc import RanksFailed, run_ranks
 from tests.support.tiers import starts_processes
 

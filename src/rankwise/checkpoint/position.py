@@ -9,7 +9,7 @@ number valid at any world size: how many samples of the epoch's order the batche
   epoch's order and of the samples before the position.
 * ``rt.load_state`` hands it back (:meth:`ResumableLoader.resume`): this run's order must be the checkpoint's
   (same data, seed, global batch and length grouping), else it refuses; the sampler then passes over the samples
-  already trained without loading them (:class:`rankwise.batching.ShardSampler`).
+  already trained without loading them (:class:`rankwise.sampling.batching.ShardSampler`).
 * At the first ``rt.step`` after it, the ranks gather the samples the resumed loader handed out and compare them
   with the order's next ones (:meth:`ResumableLoader.check_first_step`).  Rank 0 prints the record; a loop that
   passed over batches of its own (the skip it needed before this) is stopped with the fix.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from torch.utils.data import DataLoader
 
-from rankwise.batching import ShardSampler, epoch_order, global_order, order_digest
 from rankwise.errors import ConfigError
+from rankwise.sampling.batching import ShardSampler, epoch_order, global_order, order_digest
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ResumableLoader(DataLoader):
     def __init__(self, *args, gather, say, world_size: int, name: str = "rt.loader", **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.sampler, ShardSampler):
-            raise TypeError("a ResumableLoader needs rankwise's ShardSampler (rankwise.batching.rank_sampler)")
+            raise TypeError("a ResumableLoader needs rankwise's ShardSampler (rankwise.sampling.batching.rank_sampler)")
         self._gather, self._world, self._name = gather, world_size, name
         self.say = say
         self._epoch = self.sampler.epoch

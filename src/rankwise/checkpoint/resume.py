@@ -3,7 +3,7 @@
 ``Runtime.save_state`` / ``Runtime.load_state`` are these functions (``rt``: the calling Runtime).
 A checkpoint holds the full weights (rank 0), the optimizer state as the strategy keeps it
 (whole, FSDP shards, DeepSpeed partitions), the scheduler, the precision scaler, every rank's
-RNG, where each ``rt.loader`` stands in its epoch (:mod:`rankwise.position`) and the caller's
+RNG, where each ``rt.loader`` stands in its epoch (:mod:`rankwise.checkpoint.position`) and the caller's
 ``extra``; it is staged, checksummed and renamed into place only when every rank's share is written.
 """
 

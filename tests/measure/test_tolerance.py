@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rankwise.tolerance import GRADIENT, gradient_difference, gradient_tolerance
+from rankwise.measure.tolerance import GRADIENT, gradient_difference, gradient_tolerance
 
 
 def _model() -> nn.Module:

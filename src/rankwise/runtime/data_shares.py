@@ -14,12 +14,12 @@ import torch.distributed as torch_dist
 
 from rankwise import dist
 from rankwise.logs import get_logger
-from rankwise.samples import sample_digests
+from rankwise.sampling.samples import sample_digests
 
 log = get_logger(__name__)
 
 
-class ShardingCheck:
+class DataSharesCheck:
     def __init__(self, world_size: int):
         # (Horovod's ranks join no torch process group: its DistributedSampler is the user's own anyway)
         self.pending = world_size > 1 and torch_dist.is_available() and torch_dist.is_initialized()

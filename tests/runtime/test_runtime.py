@@ -14,8 +14,8 @@ import torch
 
 import rankwise
 from rankwise.errors import ConfigError
+from rankwise.measure.tolerance import max_param_diff
 from rankwise.strategies import lookup
-from rankwise.tolerance import max_param_diff
 from tests.support import public_loop
 from tests.support.multiproc import run_ranks
 from tests.support.strategies import strategies_for

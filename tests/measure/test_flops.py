@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from rankwise.flops import FlopCounter, LengthFlops, datasheet_peak, devices, matmul_peak, with_length
+from rankwise.measure.flops import FlopCounter, LengthFlops, datasheet_peak, devices, matmul_peak, with_length
 from rankwise.models.bert import build_bert
 from rankwise.train.evaluate import forward_logits
 

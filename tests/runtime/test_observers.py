@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import rankwise
-from rankwise import observers
+from rankwise.runtime import observers
 
 
 class Recorder(observers.Observer):

@@ -1,6 +1,6 @@
 """A benchmark's timed window: long enough to mean something, never longer than it must be."""
 
-from rankwise.throughput import MAX_WINDOW_STEPS, MIN_WINDOW_S, window_end
+from rankwise.measure.throughput import MAX_WINDOW_STEPS, MIN_WINDOW_S, window_end
 
 
 def test_a_window_that_lasted_long_enough_ends_where_asked():

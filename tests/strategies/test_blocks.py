@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from rankwise.blocks import checkpoint_blocks, transformer_blocks
 from rankwise.errors import ConfigError
 from rankwise.models.bert import build_bert
+from rankwise.strategies.blocks import checkpoint_blocks, transformer_blocks
 
 
 def _bert(pooling="cls", ngrams=None):
