@@ -170,3 +170,30 @@ def test_no_source_module_is_long():
     lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
     long = {name: n for name, n in lines.items() if n > 420}
     assert not long, f"modules over 420 lines (split them by job): {long}"
+
+
+NAMESPACE_ALLOWED = {
+    "rankwise.checkpoint.deepspeed_format": "DeepSpeed's universal conversion takes its own argparse namespace",
+    "rankwise.launch.torchrun": "torchrun's own parser and namespace, which rankwise launch extends",
+    "rankwise.tools.bench.memory": "a `python -m` benchmark with its own main()",
+    "rankwise.tools.bench.sentiment": "a `python -m` benchmark with its own main()",
+    "rankwise.tools.comm.bench": "its size parser is an argparse type (ArgumentTypeError is argparse's message)",
+}
+"""Modules outside ``cli/`` that may use argparse, each with the reason."""
+
+
+def test_flags_become_typed_settings_at_the_edge():
+    """Only ``cli/`` parses flags: the tools and the library take typed settings, never an argparse namespace."""
+    users = {name for name, path in MODULES.items() if layer(name) != "cli" and name != "rankwise.__main__"
+             and "argparse" in {alias.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                                if isinstance(node, ast.Import) for alias in node.names}}
+    assert users == set(NAMESPACE_ALLOWED), sorted(users ^ set(NAMESPACE_ALLOWED))
+    # A namespace passed along needs no import: no function outside cli/ reads flags off a parameter called args.
+    readers = sorted(f"{name}.{node.name}" for name, path in MODULES.items()
+                     if layer(name) != "cli" and name not in NAMESPACE_ALLOWED
+                     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                     and "args" in [arg.arg for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+                     and any(isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+                             and inner.value.id == "args" for inner in ast.walk(node)))
+    assert not readers, readers

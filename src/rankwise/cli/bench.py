@@ -38,7 +38,8 @@ from pathlib import Path
 from rankwise.errors import ConfigError
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite, why
-from rankwise.tools.bench.rows import ROWS, select
+from rankwise.tools.bench.rows import ROWS
+from rankwise.tools.bench.settings import Output, ScriptSettings, SuiteSettings
 from rankwise.tools.bench.suite import PRESETS
 from rankwise.tools.watch.frameworks import FRAMEWORKS
 
@@ -107,20 +108,18 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--report: give --explain ROW (the row of that report to explain)")
         print(why.explain_report(Path(args.report), args.explain))
         return 0
-    if max(args.nproc) < 2:
-        raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
-    if args.repeats is not None and args.repeats < 1:
-        raise ConfigError("--repeats must be at least 1")
+    output = Output(out=Path(args.out) if args.out else None, explain=args.explain, as_json=args.json)
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    strategies = tuple(name.strip() for name in (args.strategies or "").split(",") if name.strip())
     if args.script:
-        return script.bench(args)
+        return script.bench(ScriptSettings(
+            script=Path(args.script), script_args=tuple(script_args), framework=args.framework,
+            strategies=strategies, nproc=tuple(args.nproc), steps=args.steps, verify_steps=args.verify_steps,
+            min_window_s=args.min_window, precision=args.precision, repeats=args.repeats, output=output))
     if len(args.nproc) > 1:
         raise ConfigError("--nproc: one process count (several are for --script on a script not on rankwise.setup())")
-    args.nproc = args.nproc[0]
-    if args.script_args:
-        raise ConfigError(f"unexpected arguments {' '.join(args.script_args)} (only --script takes arguments after --)")
-    try:
-        rows = select([n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None,
-                      args.preset)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return suite.bench(rows, args)
+    if script_args:
+        raise ConfigError(f"unexpected arguments {' '.join(script_args)} (only --script takes arguments after --)")
+    return suite.bench(SuiteSettings(
+        rows=strategies or None, preset=args.preset, nproc=args.nproc[0], data=args.data, model=args.model,
+        repeats=args.repeats, overrides=tuple(args.set), progress=not args.no_progress, output=output))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 
 from rankwise.cli import script_args
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
+from rankwise.tools.verify.settings import VerifySettings
 from rankwise.tools.watch.frameworks import FRAMEWORKS
 from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
@@ -114,5 +116,16 @@ def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     return script_args.parse_rest(args, _options)
 
 
+def settings_from(args: argparse.Namespace) -> VerifySettings:
+    """The typed settings the flags describe (the tools see no argparse namespace)."""
+    return VerifySettings(script=Path(args.script), script_args=tuple(args.script_args), strategy=args.strategy,
+                          framework=args.framework,
+                          reference_args=tuple(args.reference_args) if args.reference_args is not None else None,
+                          nproc_per_node=args.nproc_per_node, steps=args.steps, as_written=args.as_written,
+                          precision=args.precision, overrides=tuple(args.set), keep_dropout=args.keep_dropout,
+                          keep_weights=args.keep_weights, out=Path(args.out) if args.out else None,
+                          timeout_s=args.timeout, stall_s=args.stall_timeout, as_json=args.json)
+
+
 def run(args: argparse.Namespace) -> int:
-    return command.run(parse_rest(args))
+    return command.run(settings_from(parse_rest(args)))

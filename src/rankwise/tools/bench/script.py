@@ -38,6 +38,7 @@ from rankwise.tools.bench import disturbed, script_report, why
 from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
 from rankwise.tools.bench.records import RunResult
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
+from rankwise.tools.bench.settings import ScriptSettings
 from rankwise.tools.verify.command import verify_runs, verify_watched
 from rankwise.tools.verify.records import VerifyReport
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
@@ -236,57 +237,61 @@ def _window(good: list[dict], min_window_s: float) -> dict:
             "spread": round((max(speeds) - min(speeds)) / middle, 4) if len(speeds) > 1 and middle else None}
 
 
-def bench(args) -> int:
+def bench(config: ScriptSettings) -> int:
     """``rankwise bench --script``: run, write report.md/json/png, print the table."""
     from rankwise.tools.machine import machine
 
-    script = Path(args.script)
+    script = config.script
     if not script.is_file():
         raise ConfigError(f"--script {script}: no such file")
-    if args.steps < 2:
+    if max(config.nproc) < 2:
+        raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
+    if config.repeats is not None and config.repeats < 1:
+        raise ConfigError("--repeats must be at least 1")
+    if config.steps < 2:
         raise ConfigError("--steps must be at least 2 (a warm-up step and a measured one)")
-    if args.verify_steps < 1:
+    if config.verify_steps < 1:
         raise ConfigError("--verify-steps must be at least 1")
-    if args.min_window < 0:
+    if config.min_window_s < 0:
         raise ConfigError("--min-window must be 0 or more seconds")
-    name = detect(script) if getattr(args, "framework", "auto") == "auto" else args.framework
+    name = detect(script) if config.framework == "auto" else config.framework
     notes = []
+    nproc = list(config.nproc)
     if name == "rankwise":
-        if len(args.nproc) > 1:
+        if len(nproc) > 1:
             raise ConfigError("--nproc: one process count for a script on rankwise.setup() (its rows are strategies)")
-        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else \
-            list(DEFAULT_STRATEGIES)
-        rows = rows_for(strategies, args.nproc[0])
+        rows = rows_for(list(config.strategies or DEFAULT_STRATEGIES), nproc[0])
     else:
-        if args.precision:
+        if config.precision:
             raise ConfigError(f"--precision: {script} is a {name} script, which sets its own precision")
-        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else []
+        strategies = list(config.strategies)
         if strategies and name not in ("fabric", "accelerate"):
             raise ConfigError(f"--strategies: {script} is a {name} script, which sets its own strategy in its code; "
                               "its rows are world sizes (--nproc-per-node 1,2)")
         watched = framework(name)
-        rows = watched_rows(watched, args.nproc, strategies)
+        rows = watched_rows(watched, nproc, strategies)
         notes = [f"{name} script, started {watched.launch}; each row runs it unchanged"]
         if watched.note:
             notes.append(watched.note)
-    why.check_row(args.explain, [row.name for row in rows])
-    out = Path(args.out or f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    log.info(f"rankwise bench --script {script}: {len(rows)} rows x {args.repeats or 1} repeat(s), {args.steps} "
-             f"steps, {','.join(map(str, args.nproc))} processes; writing to {out}", stderr=True)
-    summary = run_bench(script, script_args, rows, steps=args.steps, repeats=args.repeats or 1,
-                        precision=args.precision, out=out, verify_steps=args.verify_steps,
-                        min_window_s=args.min_window)
+    output = config.output
+    why.check_row(output.explain, [row.name for row in rows])
+    out = output.out or Path(f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    script_args = list(config.script_args)
+    log.info(f"rankwise bench --script {script}: {len(rows)} rows x {config.repeats or 1} repeat(s), {config.steps} "
+             f"steps, {','.join(map(str, nproc))} processes; writing to {out}", stderr=True)
+    summary = run_bench(script, script_args, rows, steps=config.steps, repeats=config.repeats or 1,
+                        precision=config.precision, out=out, verify_steps=config.verify_steps,
+                        min_window_s=config.min_window_s)
     summary["notes"] = notes
-    meta = {"script": str(script), "script_args": script_args, "steps": args.steps, "nproc": args.nproc,
+    meta = {"script": str(script), "script_args": script_args, "steps": config.steps, "nproc": nproc,
             "framework": name, **machine()}
     paths = script_report.write(summary, meta, out)
     # The command's output (the table, the files, the JSON): printed whatever the logging level.
     print(script_report.table(summary))
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
-    if args.explain:
-        print(f"\n{why.explained(summary['rows'], args.explain)}")
-    if args.json:
+    if output.explain:
+        print(f"\n{why.explained(summary['rows'], output.explain)}")
+    if output.as_json:
         print(json.dumps({"rows": summary["rows"]}, default=str))
     failed = [line["row"] for line in summary["rows"] if line.get("verdict") in ("not equivalent", "unchecked")
               or (line["status"] == "ok" and line["samples_per_s"] is None)]

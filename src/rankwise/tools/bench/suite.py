@@ -27,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rankwise.checkpoint import read_weights
+from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
 from rankwise.measure.breakdown import PROFILED_STEPS
 from rankwise.measure.tolerance import max_param_diff
@@ -34,7 +35,8 @@ from rankwise.process import usable_cores
 from rankwise.tools.bench import report, why
 from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
 from rankwise.tools.bench.records import EquivalenceColumns, RowRecord, RunResult
-from rankwise.tools.bench.rows import Row
+from rankwise.tools.bench.rows import Row, select
+from rankwise.tools.bench.settings import SuiteSettings
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
 
@@ -243,21 +245,30 @@ def _judge(record: RowRecord, equivalence: EquivalenceColumns | None, split_size
     record["equivalence"] = equivalence or {}
 
 
-def bench(rows: list[Row], args) -> int:
+def bench(config: SuiteSettings) -> int:
     """``rankwise bench``: run the plan, write report.md/json/png, print the table and the reading."""
     from rankwise.tools.machine import machine, versions
 
-    out = Path(args.out or f"runs/bench-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    why.check_row(args.explain, [row.name for row in rows])
-    the_plan = plan(args.preset, rows, nproc=args.nproc, out=out, data=args.data, model=args.model,
-                    extra=args.set, repeats=args.repeats)
+    if config.nproc < 2:
+        raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
+    if config.repeats is not None and config.repeats < 1:
+        raise ConfigError("--repeats must be at least 1")
+    try:
+        rows = select(list(config.rows) if config.rows else None, config.preset)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    output = config.output
+    out = output.out or Path(f"runs/bench-{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    why.check_row(output.explain, [row.name for row in rows])
+    the_plan = plan(config.preset, rows, nproc=config.nproc, out=out, data=config.data, model=config.model,
+                    extra=list(config.overrides), repeats=config.repeats)
     cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
-    log.info(f"rankwise bench ({args.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} "
-             f"steps each, {args.nproc} processes on {the_plan.cores} cores; writing to {out}", stderr=True)
-    records = run_all(the_plan, progress=not args.no_progress)
+    log.info(f"rankwise bench ({config.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} "
+             f"steps each, {config.nproc} processes on {the_plan.cores} cores; writing to {out}", stderr=True)
+    records = run_all(the_plan, progress=config.progress)
     libraries = {k: v for k, v in versions().items() if k not in ("python", "torch")}
-    meta = {"preset": args.preset, "data": cfg.data.source, "model": cfg.model.name, "steps": cfg.max_steps,
-            "batch_size": cfg.batch_size, "nproc": args.nproc, "repeats": the_plan.repeats,
+    meta = {"preset": config.preset, "data": cfg.data.source, "model": cfg.model.name, "steps": cfg.max_steps,
+            "batch_size": cfg.batch_size, "nproc": config.nproc, "repeats": the_plan.repeats,
             "equivalence_step": the_plan.equivalence_step, "settings": the_plan.settings, "libraries": libraries,
             **machine()}
     summary = report.summarize(records, meta)
@@ -267,9 +278,9 @@ def bench(rows: list[Row], args) -> int:
     print()
     print(report.reading_text(summary))
     print(f"\nwrote {paths['md']}, {paths['json']}, {paths['png']}")
-    if args.explain:
-        print(f"\n{why.explained(summary['rows'], args.explain)}")
-    if args.json:
+    if output.explain:
+        print(f"\n{why.explained(summary['rows'], output.explain)}")
+    if output.as_json:
         print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
     failed = summary["reading"]["failing"]
     crashed = [line["row"] for line in summary["rows"] if line["status"] == "could not run"]

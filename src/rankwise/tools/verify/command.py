@@ -39,6 +39,7 @@ from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.records import ReportExtra, VerifyReport
 from rankwise.tools.verify.report import render
 from rankwise.tools.verify.samples import unmatched_samples
+from rankwise.tools.verify.settings import VerifySettings
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
@@ -51,37 +52,37 @@ EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not ru
 """``rankwise verify``'s exit code for each verdict."""
 
 
-def check(args) -> tuple[Path, int, Framework | None]:
+def check(config: VerifySettings) -> tuple[Path, int, Framework | None]:
     """Refuse what cannot run, before anything starts: the script, the strategy at this rank count, the options.
     Returns the script, the distributed run's process count and, for a script not on rankwise.setup(), its
     framework."""
-    script = Path(args.script)
+    script = config.script
     if not script.is_file():
         raise ConfigError(f"{script}: no such script")
-    if args.steps < 1:
+    if config.steps < 1:
         raise ConfigError("--steps must be at least 1")
-    name = detect(script) if args.framework == "auto" else args.framework
+    name = detect(script) if config.framework == "auto" else config.framework
     if name != "rankwise":
-        if args.strategy or args.precision or args.set:
+        if config.strategy or config.precision or config.overrides:
             raise ConfigError(f"{script} is a {name} script: it chooses its own strategy and precision, and verify "
                               "runs it as written; --strategy, --precision and --set are for scripts on "
                               "rankwise.setup()")
-        if args.nproc_per_node < 2:
+        if config.nproc_per_node < 2:
             raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
-        return script, args.nproc_per_node, framework(name)
-    if args.reference_args is not None:
+        return script, config.nproc_per_node, framework(name)
+    if config.reference_args is not None:
         raise ConfigError("--reference-args is for scripts not on rankwise.setup() (whose global batch rankwise "
                           "keeps the same at every world size by itself)")
-    if not args.strategy:
+    if not config.strategy:
         raise ConfigError(f"--strategy: {script} is on rankwise.setup(); name the strategy to check (ddp, fsdp, ...)")
     try:
-        variant = lookup(args.strategy)
+        variant = lookup(config.strategy)
     except ValueError as e:
         raise ConfigError(f"--strategy: {e}") from None
-    processes = args.nproc_per_node if variant.cls.multiprocess else 1
+    processes = config.nproc_per_node if variant.cls.multiprocess else 1
     if variant.cls.multiprocess and processes < 2:
         raise ConfigError("--nproc-per-node must be at least 2: one process is the reference already")
-    Choice.from_flags(args.strategy, args.precision, args.set, processes).check_launch(processes)
+    Choice.from_flags(config.strategy, config.precision, list(config.overrides), processes).check_launch(processes)
     return script, processes, None
 
 
@@ -150,26 +151,31 @@ def exit_code(report: VerifyReport) -> int:
     return EXIT[report["verdict"]]
 
 
-def run(args) -> int:
-    script, processes, watched = check(args)
-    label = (args.strategy or f"{watched.name}-script") if watched else args.strategy  # (check: one of them)
-    out = Path(args.out or f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+def run(config: VerifySettings) -> int:
+    """``rankwise verify``: check, run both traced runs, write and print the report; returns the exit code."""
+    script, processes, watched = check(config)
+    label = (config.strategy or f"{watched.name}-script") if watched else config.strategy  # (check: one of them)
+    out = config.out or Path(f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    script_args = list(config.script_args)
     progress = lambda text: log.info(f"verify: {text}", stderr=True)  # noqa: E731
     if watched is None:
-        log.info(f"rankwise verify {script}: {args.strategy} on {processes} process(es), then one process in "
-                 f"lockstep with it, {args.steps} steps; writing to {out}", stderr=True)
-        report = verify_runs(script, args.script_args, args.strategy, processes, out, steps=args.steps,
-                             precision=args.precision, settings=tuple(args.set), keep_dropout=args.keep_dropout,
-                             timeout_s=args.timeout, keep_weights=args.keep_weights, as_written=args.as_written,
-                             log=progress, stall_s=args.stall_timeout)
+        assert config.strategy is not None  # (check: a script on rankwise.setup() names one)
+        log.info(f"rankwise verify {script}: {config.strategy} on {processes} process(es), then one process in "
+                 f"lockstep with it, {config.steps} steps; writing to {out}", stderr=True)
+        report = verify_runs(script, script_args, config.strategy, processes, out, steps=config.steps,
+                             precision=config.precision, settings=config.overrides,
+                             keep_dropout=config.keep_dropout, timeout_s=config.timeout_s,
+                             keep_weights=config.keep_weights, as_written=config.as_written, log=progress,
+                             stall_s=config.stall_s)
     else:
         log.info(f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on {processes} "
-                 f"processes, then on one process in lockstep with them, {args.steps} steps; writing to {out}",
+                 f"processes, then on one process in lockstep with them, {config.steps} steps; writing to {out}",
                  stderr=True)
-        report = verify_watched(script, args.script_args, watched, processes, out, steps=args.steps,
-                                keep_dropout=args.keep_dropout, timeout_s=args.timeout,
-                                keep_weights=args.keep_weights, reference_args=args.reference_args,
-                                as_written=args.as_written, log=progress, stall_s=args.stall_timeout)
+        reference_args = list(config.reference_args) if config.reference_args is not None else None
+        report = verify_watched(script, script_args, watched, processes, out, steps=config.steps,
+                                keep_dropout=config.keep_dropout, timeout_s=config.timeout_s,
+                                keep_weights=config.keep_weights, reference_args=reference_args,
+                                as_written=config.as_written, log=progress, stall_s=config.stall_s)
     report["exit_code"] = exit_code(report)
     text = render(report)
     report["verdict_line"] = text.splitlines()[-1]
@@ -177,7 +183,7 @@ def run(args) -> int:
                                          "\n![differences by step](verify.png)\n")
     # The command's output (the report, the JSON): printed whatever the logging level.
     print(text)
-    if args.json:
+    if config.as_json:
         print(json.dumps({key: report.get(key) for key in ("verdict", "exit_code", "verdict_line", "equivalent",
                                                             "first_difference", "diagnosis", "findings")},
                          default=str))
