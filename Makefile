@@ -35,12 +35,14 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests examples scripts
+	$(VENV)/bin/ruff format --check src tests examples scripts
 	$(PY) -m mypy  # src/rankwise, configured in pyproject.toml ([tool.mypy])
 	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict mode counts
 	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts
+	$(VENV)/bin/ruff format --check src tests examples scripts
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m unit tests
 

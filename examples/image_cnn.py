@@ -30,27 +30,48 @@ def blob_images(samples: int, size: int = 16, seed: int = 0) -> TensorDataset:
     half = size // 2
     for i, label in enumerate(labels.tolist()):
         row, col = divmod(label, 2)
-        images[i, 0, row * half:(row + 1) * half, col * half:(col + 1) * half] += 1.0
+        images[i, 0, row * half : (row + 1) * half, col * half : (col + 1) * half] += 1.0
     return TensorDataset(images, labels)
 
 
 def cnn(batch_norm: bool) -> nn.Module:
-    norm = (lambda channels: nn.BatchNorm2d(channels)) if batch_norm else (lambda channels: nn.Identity())
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), norm(8), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(8, 16, 3, padding=1), norm(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(16, 4))
+    norm = (
+        (lambda channels: nn.BatchNorm2d(channels))
+        if batch_norm
+        else (lambda channels: nn.Identity())
+    )
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        norm(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        norm(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 4),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
-                        help="sgd: SGD with momentum 0.9 at --lr; adam: torch's Adam at its defaults")
+    parser.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="sgd",
+        help="sgd: SGD with momentum 0.9 at --lr; adam: torch's Adam at its defaults",
+    )
     parser.add_argument("--lr", type=float, default=1e-2, help="SGD's learning rate")
     parser.add_argument("--batch-norm", action="store_true")
-    parser.add_argument("--out", default="runs/image-cnn", help="where rank 0 saves weights and a summary")
+    parser.add_argument(
+        "--out", default="runs/image-cnn", help="where rank 0 saves weights and a summary"
+    )
     args = parser.parse_args(argv)
 
     dataset = blob_images(args.samples)
@@ -60,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
             optimizer = torch.optim.Adam(model.parameters())
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        model, optimizer = rt.prepare(model, optimizer, micro_batch_size=args.batch_size // rt.world_size)
+        model, optimizer = rt.prepare(
+            model, optimizer, micro_batch_size=args.batch_size // rt.world_size
+        )
         loader = rt.loader(dataset, batch_size=args.batch_size, shuffle=True)
         step, epoch = 0, 0
         while step < args.steps:
@@ -78,11 +101,18 @@ def main(argv: list[str] | None = None) -> None:
             epoch += 1
         # Why: one all-reduce at the end, only to print the loss averaged over ranks.
         mean_loss = rt.all_reduce(loss.detach().float(), "mean").item()
-        rt.print(f"step {step}: loss {mean_loss:.4f} ({rt.strategy_name}, {rt.world_size} processes)")
+        rt.print(
+            f"step {step}: loss {mean_loss:.4f} ({rt.strategy_name}, {rt.world_size} processes)"
+        )
         out = Path(args.out)
         rt.save_weights(model, out / "model.safetensors")
         if rt.is_main:
-            summary = {"world_size": rt.world_size, "strategy": rt.strategy_name, "steps": step, "loss": mean_loss}
+            summary = {
+                "world_size": rt.world_size,
+                "strategy": rt.strategy_name,
+                "steps": step,
+                "loss": mean_loss,
+            }
             (out / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
 
 

@@ -1,10 +1,13 @@
-"""A Llama-style decoder (transformers' ``LlamaForCausalLM``) pre-trained on random tokens, on rankwise's public API.
+"""A Llama-style decoder (transformers' ``LlamaForCausalLM``) pre-trained on random tokens, on
+rankwise's public API.
 
-``--size`` picks the shape: ``tiny`` (two 64-wide layers, trains here in seconds), ``1b`` (Llama 3.2 1B's shape) or
-``8b`` (Llama 3 8B's: 32 layers of 4096, grouped-query attention with 8 key-value heads, a 128,256-token
-vocabulary; about 8.0 billion parameters).  The 8B one does not fit this machine: plan it instead of running it,
+``--size`` picks the shape: ``tiny`` (two 64-wide layers, trains here in seconds), ``1b`` (Llama 3.2
+1B's shape) or ``8b`` (Llama 3 8B's: 32 layers of 4096, grouped-query attention with 8 key-value
+heads, a 128,256-token vocabulary; about 8.0 billion parameters).  The 8B one does not fit this
+machine: plan it instead of running it,
 
-    rankwise plan examples/llama_pretrain.py --nproc-per-node 8,64,512 --device h100 --precision bf16-mixed \\
+    rankwise plan examples/llama_pretrain.py --nproc-per-node 8,64,512 --device h100 --precision
+    bf16-mixed \\
         --micro-batch 1 -- --size 8b --length 4096
 
 which builds the model with fake parameters (no memory) and replays one step on them.
@@ -22,17 +25,38 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import rankwise
 
 SIZES = {
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=list(SIZES), default="tiny")
     parser.add_argument("--length", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--samples", type=int, default=256)
@@ -43,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
 
     config = LlamaConfig(max_position_embeddings=max(args.length, 128), **SIZES[args.size])
     vocab = config.vocab_size
-    tokens = torch.randint(0, vocab, (args.samples, args.length), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, vocab, (args.samples, args.length), generator=torch.Generator().manual_seed(0)
+    )
     with rankwise.setup(seed=0) as rt:
         model = LlamaForCausalLM(config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -62,7 +88,10 @@ def main(argv: list[str] | None = None) -> None:
                 step += 1
                 if step % 10 == 0:
                     # Why: one all-reduce per report, only to print the loss averaged over ranks.
-                    rt.print(f"step {step}: loss {rt.all_reduce(loss.detach().float(), 'mean').item():.4f}")
+                    rt.print(
+                        f"step {step}: loss "
+                        f"{rt.all_reduce(loss.detach().float(), 'mean').item():.4f}"
+                    )
                 if step == args.steps:
                     break
             epoch += 1

@@ -31,14 +31,14 @@ from rankwise.train.evaluate import evaluate
 
 @dataclass
 class Config:
-    gpus: int = 2                # processes per node (one per GPU on a GPU machine)
+    gpus: int = 2  # processes per node (one per GPU on a GPU machine)
     nodes: int = 1
-    nr: int = 0                  # this node's rank
+    nr: int = 0  # this node's rank
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     max_len: int = 512
-    batch_per_rank: int = 2      # long sequences: tiny per-rank batches ...
-    accumulate: int = 4          # ... and accumulation for a useful optimizer batch
+    batch_per_rank: int = 2  # long sequences: tiny per-rank batches ...
+    accumulate: int = 4  # ... and accumulation for a useful optimizer batch
     max_steps: int = 20
     lr: float = 5e-4
     clip: float = 1.0
@@ -53,7 +53,9 @@ def long_documents(count: int) -> tuple[list[str], list[int]]:
     texts, labels = [], []
     for label in ("negative", "positive"):
         buffer = ""
-        for record in (r for r in records if r.label == label and hash_split(r.text, 0, 10) == "train"):
+        for record in (
+            r for r in records if r.label == label and hash_split(r.text, 0, 10) == "train"
+        ):
             buffer += record.text + "。"
             if len(buffer) >= 1000:
                 texts.append(buffer)
@@ -67,10 +69,20 @@ def long_documents(count: int) -> tuple[list[str], list[int]]:
 def build_model(vocab_size: int, max_len: int) -> nn.Module:
     from transformers import BigBirdConfig, BigBirdForSequenceClassification
 
-    config = BigBirdConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=128, max_position_embeddings=max_len, attention_type="block_sparse",
-                           block_size=16, num_random_blocks=2, num_labels=2, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0)
+    config = BigBirdConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=max_len,
+        attention_type="block_sparse",
+        block_size=16,
+        num_random_blocks=2,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BigBirdForSequenceClassification(config)
 
 
@@ -81,8 +93,12 @@ def worker(gpu: int, cfg: Config) -> None:
         encoder = TextEncoder.build("char", texts, 4000, cfg.max_len)
         data = TokenizedTextDataset(encoder.encode(texts), labels, encoder.pad_id)
         model = build_model(encoder.vocab_size, cfg.max_len)
-        model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr),
-                                      grad_accum=cfg.accumulate, micro_batch_size=cfg.batch_per_rank)
+        model, optimizer = rt.prepare(
+            model,
+            torch.optim.AdamW(model.parameters(), lr=cfg.lr),
+            grad_accum=cfg.accumulate,
+            micro_batch_size=cfg.batch_per_rank,
+        )
         loader = rt.loader(data, cfg.batch_per_rank * rt.world_size, collate_fn=data.collate)
         writer = None
         if rt.is_main:
@@ -107,7 +123,8 @@ def worker(gpu: int, cfg: Config) -> None:
                 step += 1
                 bar.update(1)
                 if writer:
-                    writer.add_scalar("loss", loss.item(), step)  # rank 0's loss only: no collective per step
+                    # rank 0's loss only: no collective per step
+                    writer.add_scalar("loss", loss.item(), step)
                 if step % cfg.save_every == 0:
                     rt.save_weights(model, Path(cfg.out) / f"step-{step}.safetensors")
                 if step == cfg.max_steps:
@@ -115,20 +132,36 @@ def worker(gpu: int, cfg: Config) -> None:
             epoch += 1
         bar.close()
         result = evaluate(rt, model, data, ["negative", "positive"], 8, data.collate)
-        rt.print(f"train-set accuracy {result.accuracy:.3f} on {result.samples} documents of up to {cfg.max_len} "
-                 f"tokens; {rt.world_size} processes x {cfg.batch_per_rank} x {cfg.accumulate} accumulation")
+        rt.print(
+            f"train-set accuracy {result.accuracy:.3f} on {result.samples} documents of up to "
+            f"{cfg.max_len} "
+            f"tokens; {rt.world_size} processes x {cfg.batch_per_rank} x {cfg.accumulate} "
+            "accumulation"
+        )
         if writer:
             writer.close()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for name, default in vars(Config()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default) if default is not None else int,
-                            default=default)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default) if default is not None else int,
+            default=default,
+        )
     cfg = Config(**vars(parser.parse_args()))
-    rankwise.spawn(worker, cfg.gpus, args=(cfg,), nnodes=cfg.nodes, node_rank=cfg.nr, master_addr=cfg.master_addr,
-                   master_port=cfg.master_port)
+    rankwise.spawn(
+        worker,
+        cfg.gpus,
+        args=(cfg,),
+        nnodes=cfg.nodes,
+        node_rank=cfg.nr,
+        master_addr=cfg.master_addr,
+        master_port=cfg.master_port,
+    )
 
 
 if __name__ == "__main__":

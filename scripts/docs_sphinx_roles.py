@@ -1,5 +1,6 @@
-"""A griffe extension for the docs site's API reference: rankwise's docstrings name other objects with Sphinx
-roles (:class:`Runtime`, :meth:`step`), which Markdown would show as written; each becomes the name as code."""
+"""A griffe extension for the docs site's API reference: rankwise's docstrings name other objects
+with Sphinx roles (:class:`Runtime`, :meth:`step`), which Markdown would show as written; each
+becomes the name as code."""
 
 from __future__ import annotations
 

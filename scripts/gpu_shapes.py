@@ -25,13 +25,15 @@ import time
 import torch
 from torch import nn
 
-# Measured on an H100 (torch 2.11, CUDA 13), base, batch 128: A median 184 ms (a new length: 0.17-2.3 s),
-# B 43 ms, C 39 ms, D 42 ms (its 8 widths' first steps up to 2.0 s);
-# hence rankwise.train.loop.attention_for_varying_lengths.
+# Measured on an H100 (torch 2.11, CUDA 13), base, batch 128: A median 184 ms (a new length:
+# 0.17-2.3 s), B 43 ms, C 39 ms, D 42 ms (its 8 widths' first steps up to 2.0 s); hence
+# rankwise.train.loop.attention_for_varying_lengths.
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="base")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--seq", type=int, default=128)
@@ -46,14 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     from rankwise.train.config import build_config
     from rankwise.train.optim import make_optimizer
 
-    cfg = build_config(overrides=[f"model.name={args.model}", f"batch_size={args.batch_size}",
-                                  f"data.max_length={args.seq}", f"data.cache_dir={json.dumps(args.cache)}"])
+    cfg = build_config(
+        overrides=[
+            f"model.name={args.model}",
+            f"batch_size={args.batch_size}",
+            f"data.max_length={args.seq}",
+            f"data.cache_dir={json.dumps(args.cache)}",
+        ]
+    )
     data = prepare_data(cfg.data)
     dataset = data.dataset("train", ngrams=data.ngrams is not None)
     n = args.steps
     with setup("single", "bf16-mixed", seed=0) as rt:
-        loader = rt.loader(dataset, args.batch_size, shuffle=True, seed=0, collate_fn=dataset.collate,
-                           lengths=dataset.lengths, group_size=args.batch_size)
+        loader = rt.loader(
+            dataset,
+            args.batch_size,
+            shuffle=True,
+            seed=0,
+            collate_fn=dataset.collate,
+            lengths=dataset.lengths,
+            group_size=args.batch_size,
+        )
         started = time.perf_counter()
         batches = []
         for batch in loader:
@@ -62,23 +77,45 @@ def main(argv: list[str] | None = None) -> int:
                 break
         loader_s = (time.perf_counter() - started) / len(batches)
     n = min(n, (len(batches) - 1) // 4)  # one epoch may hold fewer than 4N + 1 batches
-    print(f"loader (pinned, as rankwise train): {loader_s * 1e3:.1f} ms per batch; widths of the first 12: "
-          f"{[b['input_ids'].shape[1] for b in batches[:12]]}")
-    print("sdp backends: flash", torch.backends.cuda.flash_sdp_enabled(), "mem_efficient",
-          torch.backends.cuda.mem_efficient_sdp_enabled(), "cudnn", torch.backends.cuda.cudnn_sdp_enabled(),
-          "math", torch.backends.cuda.math_sdp_enabled(), "| cudnn", torch.backends.cudnn.version())
+    print(
+        f"loader (pinned, as rankwise train): {loader_s * 1e3:.1f} ms per batch; widths of the "
+        "first 12: "
+        f"{[b['input_ids'].shape[1] for b in batches[:12]]}"
+    )
+    print(
+        "sdp backends: flash",
+        torch.backends.cuda.flash_sdp_enabled(),
+        "mem_efficient",
+        torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "cudnn",
+        torch.backends.cuda.cudnn_sdp_enabled(),
+        "math",
+        torch.backends.cuda.math_sdp_enabled(),
+        "| cudnn",
+        torch.backends.cudnn.version(),
+    )
 
     torch.manual_seed(0)
-    model, _ = build_model(args.model, num_labels=data.num_labels, dropout=0.1, vocab_size=data.encoder.vocab_size,
-                           pad_id=data.encoder.pad_id, max_length=args.seq,
-                           ngrams=data.ngrams.to_dict() if data.ngrams else None)
+    model, _ = build_model(
+        args.model,
+        num_labels=data.num_labels,
+        dropout=0.1,
+        vocab_size=data.encoder.vocab_size,
+        pad_id=data.encoder.pad_id,
+        max_length=args.seq,
+        ngrams=data.ngrams.to_dict() if data.ngrams else None,
+    )
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model.to(device)
     optimizer = make_optimizer(model, cfg, device)
 
     def step(batch: dict) -> None:
-        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("labels", "index")}
+        inputs = {
+            k: v.to(device, non_blocking=True)
+            for k, v in batch.items()
+            if k not in ("labels", "index")
+        }
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(**inputs)
         logits = getattr(logits, "logits", logits)
@@ -104,19 +141,23 @@ def main(argv: list[str] | None = None) -> int:
             sync()
             times.append(time.perf_counter() - t)
         widths = len({b["input_ids"].shape[1] for b in chosen})
-        print(f"{name}: median {statistics.median(times) * 1e3:.1f} ms, mean {statistics.mean(times) * 1e3:.1f} ms, "
-              f"max {max(times) * 1e3:.1f} ms over {len(times)} steps, {widths} distinct widths; "
-              f"first 8: {[round(x * 1e3) for x in times[:8]]}", flush=True)
+        print(
+            f"{name}: median {statistics.median(times) * 1e3:.1f} ms, mean "
+            f"{statistics.mean(times) * 1e3:.1f} ms, "
+            f"max {max(times) * 1e3:.1f} ms over {len(times)} steps, {widths} distinct widths; "
+            f"first 8: {[round(x * 1e3) for x in times[:8]]}",
+            flush=True,
+        )
 
     for warm in batches[:2]:
         step(pad16(warm))  # CUDA context, cuBLAS handles, the allocator: outside every variant
     timed("A new shapes", batches[:n])
     timed("B seen shapes", batches[:n])
     torch.backends.cuda.enable_cudnn_sdp(False)
-    timed("C new shapes, cuDNN SDPA off", batches[n:2 * n])
+    timed("C new shapes, cuDNN SDPA off", batches[n : 2 * n])
     torch.backends.cuda.enable_cudnn_sdp(True)
-    timed("D padded to a multiple of 16", [pad16(b) for b in batches[2 * n:3 * n]])
-    timed("E new shapes again", batches[3 * n:4 * n])
+    timed("D padded to a multiple of 16", [pad16(b) for b in batches[2 * n : 3 * n]])
+    timed("E new shapes again", batches[3 * n : 4 * n])
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -131,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         step(fresh)
         sync()
     print(f"one step on an unseen width {fresh['input_ids'].shape[1]}:")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    print(
+        prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60
+        )
+    )
     return 0
 
 

@@ -1,6 +1,7 @@
 """Speed of rankwise's training loop on one CUDA GPU, against the chip and against a plain loop.
 
-    python scripts/gpu_speed.py [--model base] [--batch-size 128] [--seq 128] [--pairs 3] [--json-out FILE]
+    python scripts/gpu_speed.py [--model base] [--batch-size 128] [--seq 128] [--pairs 3]
+    [--json-out FILE]
 
 Measures, in one process:
 
@@ -56,8 +57,11 @@ def matmul_tflops(n: int = 8192, repeats: int = 20) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def fixed_batches(data, ngrams: bool, batch_size: int, seq: int, count: int, seed: int) -> list[dict]:
-    """``count`` batches of real training texts (a seeded draw), each padded to exactly ``seq`` tokens."""
+def fixed_batches(
+    data, ngrams: bool, batch_size: int, seq: int, count: int, seed: int
+) -> list[dict]:
+    """``count`` batches of real training texts (a seeded draw), each padded to exactly ``seq``
+    tokens."""
     dataset = data.dataset("train", ngrams=ngrams)
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     batches = []
@@ -75,7 +79,8 @@ def fixed_batches(data, ngrams: bool, batch_size: int, seq: int, count: int, see
 
 
 class Batches:
-    """A fixed list of batches standing in for the Trainer's loader (same length, iterable again)."""
+    """A fixed list of batches standing in for the Trainer's loader (same length, iterable
+    again)."""
 
     sampler = None  # nothing to reshuffle per epoch
 
@@ -90,7 +95,8 @@ class Batches:
 
 
 def run_rankwise(cfg, data, batches: list[dict], warmup: int, steps: int) -> float:
-    """Seconds for ``steps`` steps of rankwise's own loop (``Trainer.train``), after ``warmup`` untimed ones."""
+    """Seconds for ``steps`` steps of rankwise's own loop (``Trainer.train``), after ``warmup``
+    untimed ones."""
     from tqdm import tqdm
 
     from rankwise.measure.throughput import SteadyThroughput
@@ -99,7 +105,10 @@ def run_rankwise(cfg, data, batches: list[dict], warmup: int, steps: int) -> flo
     from rankwise.train.metrics import MetricsLog
     from rankwise.train.preemption import StopRequest
 
-    with tempfile.TemporaryDirectory() as run_dir, setup("single", cfg.precision, seed=cfg.seed) as rt:
+    with (
+        tempfile.TemporaryDirectory() as run_dir,
+        setup("single", cfg.precision, seed=cfg.seed) as rt,
+    ):
         trainer = Trainer(cfg, data, Path(run_dir), rt)
         trainer.loader = Batches(batches)
         trainer.steps_per_epoch = len(batches)
@@ -108,8 +117,12 @@ def run_rankwise(cfg, data, batches: list[dict], warmup: int, steps: int) -> flo
         trainer.save = lambda epoch: None  # the epoch-end checkpoint is not training
         bar, stop = tqdm(disable=True), StopRequest()
         try:
-            trainer.schedule = replace(trainer.schedule, total_steps=warmup, steps_per_epoch=len(batches),
-                                       evaluate_dev=False)
+            trainer.schedule = replace(
+                trainer.schedule,
+                total_steps=warmup,
+                steps_per_epoch=len(batches),
+                evaluate_dev=False,
+            )
             trainer.train(bar, stop)
             torch.cuda.synchronize()
             started = time.perf_counter()
@@ -129,14 +142,22 @@ def plain_model(cfg, data):
     from rankwise.models import build_model
 
     torch.manual_seed(cfg.seed)
-    return build_model(cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
-                       vocab_size=data.encoder.vocab_size, pad_id=data.encoder.pad_id,
-                       max_length=cfg.data.max_length, ngrams=data.ngrams.to_dict() if data.ngrams else None)[0]
+    return build_model(
+        cfg.model.name,
+        num_labels=data.num_labels,
+        dropout=cfg.model.dropout,
+        vocab_size=data.encoder.vocab_size,
+        pad_id=data.encoder.pad_id,
+        max_length=cfg.data.max_length,
+        ngrams=data.ngrams.to_dict() if data.ngrams else None,
+    )[0]
 
 
 def plain_step(model, batch, device, dtype, label_smoothing: float):
     """Forward and backward of one batch, as a user writes it by hand; returns the loss."""
-    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("labels", "index")}
+    inputs = {
+        k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("labels", "index")
+    }
     labels = batch["labels"].to(device, non_blocking=True)
     with torch.autocast("cuda", dtype=dtype):
         output = model(**inputs)
@@ -154,13 +175,17 @@ def run_plain(cfg, data, batches: list[dict], warmup: int, steps: int) -> float:
     model = plain_model(cfg, data).to(device)
     optimizer = make_optimizer(model, cfg, device)  # the same fused AdamW and parameter groups
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim.schedule, int(cfg.optim.warmup_ratio * (warmup + steps)), warmup + steps))
+        optimizer,
+        lr_lambda(
+            cfg.optim.schedule, int(cfg.optim.warmup_ratio * (warmup + steps)), warmup + steps
+        ),
+    )
     torch.manual_seed(cfg.seed)
     seconds = 0.0
     for phase, count in (("warmup", warmup), ("timed", steps)):
         torch.cuda.synchronize()
         started = time.perf_counter()
-        for batch in batches[:count] if phase == "warmup" else batches[warmup:warmup + count]:
+        for batch in batches[:count] if phase == "warmup" else batches[warmup : warmup + count]:
             plain_step(model, batch, device, dtype, cfg.optim.label_smoothing)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
             optimizer.step()
@@ -178,7 +203,8 @@ def step_flops(cfg, data, batch: dict) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = plain_model(cfg, data).cuda()
-    plain_step(model, batch, torch.device("cuda"), torch.bfloat16, cfg.optim.label_smoothing)  # warm
+    # warm
+    plain_step(model, batch, torch.device("cuda"), torch.bfloat16, cfg.optim.label_smoothing)
     model.zero_grad(set_to_none=True)
     counter = FlopCounterMode(display=False)
     with counter:
@@ -189,14 +215,37 @@ def step_flops(cfg, data, batch: dict) -> int:
 
 
 def cli_run(args, cache: str) -> dict:
-    """``rankwise train`` end to end on the same model (its own length-grouped batches); its summary."""
+    """``rankwise train`` end to end on the same model (its own length-grouped batches); its
+    summary."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "rankwise.cli", "train", "--data", "sentiment", "--model", args.model,
-                   "--precision", "bf16-mixed", "--batch-size", str(args.batch_size),
-                   "--max-steps", str(args.cli_steps),
-                   "--out", out, "--json", "--no-progress", "--set", f"data.max_length={args.seq}",
-                   "--set", "dev_each_epoch=false", "--set", "throughput_warmup_steps=10",
-                   "--set", f"data.cache_dir={json.dumps(cache)}"]
+        command = [
+            sys.executable,
+            "-m",
+            "rankwise.cli",
+            "train",
+            "--data",
+            "sentiment",
+            "--model",
+            args.model,
+            "--precision",
+            "bf16-mixed",
+            "--batch-size",
+            str(args.batch_size),
+            "--max-steps",
+            str(args.cli_steps),
+            "--out",
+            out,
+            "--json",
+            "--no-progress",
+            "--set",
+            f"data.max_length={args.seq}",
+            "--set",
+            "dev_each_epoch=false",
+            "--set",
+            "throughput_warmup_steps=10",
+            "--set",
+            f"data.cache_dir={json.dumps(cache)}",
+        ]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if proc.returncode:
             return {"error": proc.stderr[-3000:]}
@@ -204,15 +253,21 @@ def cli_run(args, cache: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="base")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     p.add_argument("--pairs", type=int, default=3, help="alternating rankwise / plain pairs")
-    p.add_argument("--peak-tflops", type=float, default=H100_SXM_BF16_DENSE_TFLOPS,
-                   help="datasheet dense bf16 peak (default: H100 SXM, 989.4)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=H100_SXM_BF16_DENSE_TFLOPS,
+        help="datasheet dense bf16 peak (default: H100 SXM, 989.4)",
+    )
     p.add_argument("--cli", action="store_true", help="also time an end-to-end `rankwise train`")
     p.add_argument("--cli-steps", type=int, default=60)
     p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "rankwise-speed-cache"))
@@ -225,21 +280,44 @@ def main(argv: list[str] | None = None) -> int:
     from rankwise.train.config import build_config
     from rankwise.train.loop import attention_for_varying_lengths
 
-    cfg = build_config(overrides=[f"model.name={args.model}", "precision=bf16-mixed", f"batch_size={args.batch_size}",
-                                  f"data.max_length={args.seq}", "progress=false", "seed=0", "log_every=1000000",
-                                  "dev_each_epoch=false", f"data.cache_dir={json.dumps(args.cache)}"])
+    cfg = build_config(
+        overrides=[
+            f"model.name={args.model}",
+            "precision=bf16-mixed",
+            f"batch_size={args.batch_size}",
+            f"data.max_length={args.seq}",
+            "progress=false",
+            "seed=0",
+            "log_every=1000000",
+            "dev_each_epoch=false",
+            f"data.cache_dir={json.dumps(args.cache)}",
+        ]
+    )
     data = prepare_data(cfg.data)
-    # The same attention backends for both loops: rankwise's Trainer turns cuDNN attention off process-wide.
+    # The same attention backends for both loops: rankwise's Trainer turns cuDNN attention off
+    # process-wide.
     attention_for_varying_lengths(torch.device("cuda"))
     # A BERT preset built with the data's n-gram settings also reads each text's n-grams.
-    batches = fixed_batches(data, data.ngrams is not None, args.batch_size, args.seq, args.warmup + args.steps,
-                            cfg.seed)
-    real_tokens = sum(int(b["attention_mask"].sum()) for b in batches) / (len(batches) * args.batch_size)
+    batches = fixed_batches(
+        data, data.ngrams is not None, args.batch_size, args.seq, args.warmup + args.steps, cfg.seed
+    )
+    real_tokens = sum(int(b["attention_mask"].sum()) for b in batches) / (
+        len(batches) * args.batch_size
+    )
 
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "model": args.model, "precision": cfg.precision, "batch_size": args.batch_size, "seq": args.seq,
-              "real_tokens_per_sample": round(real_tokens, 1), "warmup": args.warmup, "steps": args.steps,
-              "peak_tflops_datasheet": args.peak_tflops}
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "model": args.model,
+        "precision": cfg.precision,
+        "batch_size": args.batch_size,
+        "seq": args.seq,
+        "real_tokens_per_sample": round(real_tokens, 1),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "peak_tflops_datasheet": args.peak_tflops,
+    }
     result["matmul_tflops"] = round(matmul_tflops(), 1)
     flops = step_flops(cfg, data, batches[0])
     result["flops_per_step"] = flops
@@ -253,37 +331,75 @@ def main(argv: list[str] | None = None) -> int:
         for which in order:
             run = run_rankwise if which == "rankwise" else run_plain
             times[which] = run(cfg, data, batches, args.warmup, args.steps)
-        pairs.append({"order": list(order), "rankwise_s": round(times["rankwise"], 4),
-                      "plain_s": round(times["plain"], 4),
-                      "ratio_rankwise_over_plain": round(times["rankwise"] / times["plain"], 4)})
-        print(f"pair {i + 1}: {order[0]} first: rankwise {times['rankwise']:.3f} s, plain {times['plain']:.3f} s "
-              f"for {args.steps} steps (rankwise/plain time {times['rankwise'] / times['plain']:.3f})", flush=True)
+        pairs.append(
+            {
+                "order": list(order),
+                "rankwise_s": round(times["rankwise"], 4),
+                "plain_s": round(times["plain"], 4),
+                "ratio_rankwise_over_plain": round(times["rankwise"] / times["plain"], 4),
+            }
+        )
+        print(
+            f"pair {i + 1}: {order[0]} first: rankwise {times['rankwise']:.3f} s, plain "
+            f"{times['plain']:.3f} s "
+            f"for {args.steps} steps (rankwise/plain time "
+            f"{times['rankwise'] / times['plain']:.3f})",
+            flush=True,
+        )
     result["pairs"] = pairs
     for which in ("rankwise", "plain"):
         seconds = statistics.median(pair[f"{which}_s"] for pair in pairs)
         tflops = flops * args.steps / seconds / 1e12
-        result[which] = {"median_s": round(seconds, 4),
-                         "samples_per_s": round(args.steps * args.batch_size / seconds, 1),
-                         "tflops": round(tflops, 1), "mfu_datasheet": round(tflops / args.peak_tflops, 4),
-                         "fraction_of_matmul": round(tflops / result["matmul_tflops"], 4)}
-    result["ratio_median"] = round(statistics.median(p["ratio_rankwise_over_plain"] for p in pairs), 4)
+        result[which] = {
+            "median_s": round(seconds, 4),
+            "samples_per_s": round(args.steps * args.batch_size / seconds, 1),
+            "tflops": round(tflops, 1),
+            "mfu_datasheet": round(tflops / args.peak_tflops, 4),
+            "fraction_of_matmul": round(tflops / result["matmul_tflops"], 4),
+        }
+    result["ratio_median"] = round(
+        statistics.median(p["ratio_rankwise_over_plain"] for p in pairs), 4
+    )
     if args.cli:
         summary = cli_run(args, args.cache)
-        result["cli"] = {k: summary.get(k) for k in ("error", "device", "steps", "samples_per_s",
-                                                      "steady_samples_per_s", "tokens_per_s", "accuracy", "train_s")}
+        result["cli"] = {
+            k: summary.get(k)
+            for k in (
+                "error",
+                "device",
+                "steps",
+                "samples_per_s",
+                "steady_samples_per_s",
+                "tokens_per_s",
+                "accuracy",
+                "train_s",
+            )
+        }
 
-    print(f"\n{result['device']}, torch {result['torch']}, CUDA {result['cuda']}; {args.model} "
-          f"({params / 1e6:.1f}M parameters), bf16-mixed, batch {args.batch_size} x {args.seq} tokens "
-          f"({real_tokens:.1f} real per sample)")
+    print(
+        f"\n{result['device']}, torch {result['torch']}, CUDA {result['cuda']}; {args.model} "
+        f"({params / 1e6:.1f}M parameters), bf16-mixed, batch {args.batch_size} x {args.seq} "
+        "tokens "
+        f"({real_tokens:.1f} real per sample)"
+    )
     print(f"bf16 matmul 8192^3: {result['matmul_tflops']} TFLOP/s (datasheet {args.peak_tflops})")
-    print(f"FLOPs per step (counted): {flops / 1e12:.3f} T (6*N*tokens: {result['flops_6NT_per_step'] / 1e12:.3f} T)")
+    print(
+        f"FLOPs per step (counted): {flops / 1e12:.3f} T (6*N*tokens: "
+        f"{result['flops_6NT_per_step'] / 1e12:.3f} T)"
+    )
     print("| loop | median s | samples/s | TFLOP/s | MFU (datasheet) | of measured matmul |")
     print("|---|---:|---:|---:|---:|---:|")
     for which in ("rankwise", "plain"):
         r = result[which]
-        print(f"| {which} | {r['median_s']} | {r['samples_per_s']} | {r['tflops']} | {r['mfu_datasheet']:.1%} | "
-              f"{r['fraction_of_matmul']:.1%} |")
-    print(f"rankwise / plain time: median {result['ratio_median']} over {args.pairs} alternating pairs")
+        print(
+            f"| {which} | {r['median_s']} | {r['samples_per_s']} | {r['tflops']} | "
+            f"{r['mfu_datasheet']:.1%} | "
+            f"{r['fraction_of_matmul']:.1%} |"
+        )
+    print(
+        f"rankwise / plain time: median {result['ratio_median']} over {args.pairs} alternating "
+        "pairs"
+    )
     if args.cli:
         print(f"rankwise train end to end: {result['cli']}")
     if args.json_out:

@@ -10,8 +10,19 @@ import torch.distributed as torch_dist
 from tests.support.tiers import TIERS, no_process_started, starts_processes, tier_of
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-              "RANKWISE_STRATEGY", "RANKWISE_PRECISION", "RANKWISE_OPTIONS")  # what `rankwise launch` sets
+_DIST_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    # what `rankwise launch` sets
+    "RANKWISE_STRATEGY",
+    "RANKWISE_PRECISION",
+    "RANKWISE_OPTIONS",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +41,9 @@ def clean_distributed_state():
 
 @pytest.fixture(autouse=True)
 def rankwise_logger_restored():
-    """A command run in this process gives the ``rankwise`` logger its terminal handler (``logs.to_terminal``): no
-    later test inherits it, so each reads rankwise's messages the same way whatever ran before."""
+    """A command run in this process gives the ``rankwise`` logger its terminal handler
+    (``logs.to_terminal``): no later test inherits it, so each reads rankwise's messages the same
+    way whatever ran before."""
     logger = logging.getLogger("rankwise")
     saved = logger.handlers[:], logger.level, logger.propagate
     yield
@@ -76,34 +88,44 @@ def two_hosts():
     _remove_hosts()
 
 
-# -- tiers ------------------------------------------------------------------------------------------------------
-# `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing installed, no root).
-# Tiers are marked explicitly (tests/support/tiers.py): a test's own marker, else what its fixtures declare, else
-# unit -- and a unit test that starts a process fails, so a missing marker cannot hide in the fast tier.
+# -- tiers -----------------------------------------------------------------------------------------
+# `make test` runs every tier; `make test-fast` the unit tier (no process started, nothing
+# installed, no root). Tiers are marked explicitly (tests/support/tiers.py): a test's own marker,
+# else what its fixtures declare, else unit -- and a unit test that starts a process fails, so a
+# missing marker cannot hide in the fast tier.
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
+# before pytest-xdist's own, which reads the xdist_group marks added here
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Each test gets its tier's marker (an explicit one wins): ``pytest -m unit`` is the fast tier."""
+    """Each test gets its tier's marker (an explicit one wins): ``pytest -m unit`` is the fast
+    tier."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(getattr(pytest.mark, tier_of(item)))
         if item.get_closest_marker("multinode") or item.get_closest_marker("slurm"):
-            # Under pytest-xdist (`--dist loadgroup`), one worker runs every test that builds the two hosts: their
-            # network namespaces and veth pair have fixed names.
+            # Under pytest-xdist (`--dist loadgroup`), one worker runs every test that builds the
+            # two hosts: their network namespaces and veth pair have fixed names.
             item.add_marker(pytest.mark.xdist_group("two-hosts"))
     if getattr(config.option, "numprocesses", None):
-        # Under pytest-xdist the longest chain goes first (the two-host group, about 5 minutes on one worker), then the
-        # tests that start processes, then the unit tier that fills the gaps at the end.  (A stable sort: every
-        # worker collects the same order, which xdist requires.)
+        # Under pytest-xdist the longest chain goes first (the two-host group, about 5 minutes on
+        # one worker), then the tests that start processes, then the unit tier that fills the gaps
+        # at the end.  (A stable sort: every worker collects the same order, which xdist requires.)
         rank = {"multinode": 0, "slurm": 0, "multiproc": 1, "gpu": 2, "unit": 2}
-        items.sort(key=lambda item: min(rank[tier] for tier in TIERS if item.get_closest_marker(tier)))
+        items.sort(
+            key=lambda item: min(rank[tier] for tier in TIERS if item.get_closest_marker(tier))
+        )
 
 
 def _unit_only(item):
-    """Refuse a process start inside a unit-tier test: its fixtures' set-up and its body.  (Not its teardown: that
-    also ends the module and session fixtures earlier tests left, such as two_hosts, which runs `ip netns del`.)"""
-    return no_process_started(item.nodeid) if item.get_closest_marker("unit") else contextlib.nullcontext()
+    """Refuse a process start inside a unit-tier test: its fixtures' set-up and its body.  (Not its
+    teardown: that also ends the module and session fixtures earlier tests left, such as two_hosts,
+    which runs `ip netns del`.)"""
+    return (
+        no_process_started(item.nodeid)
+        if item.get_closest_marker("unit")
+        else contextlib.nullcontext()
+    )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -16,11 +16,18 @@ def test_collectives_are_noops_in_one_process(monkeypatch):
     assert index.tolist() == [0, 1] and values.tolist() == [20, 10]
 
 
-@pytest.mark.parametrize("collective", [
-    lambda: dist.all_reduce(torch.ones(1)), lambda: dist.all_gather(torch.ones(1)),
-    lambda: dist.broadcast(torch.ones(1)), dist.barrier, lambda: dist.broadcast_object(1),
-    lambda: dist.gather_exact(torch.arange(2), total=2),
-], ids=["all_reduce", "all_gather", "broadcast", "barrier", "broadcast_object", "gather_exact"])
+@pytest.mark.parametrize(
+    "collective",
+    [
+        lambda: dist.all_reduce(torch.ones(1)),
+        lambda: dist.all_gather(torch.ones(1)),
+        lambda: dist.broadcast(torch.ones(1)),
+        dist.barrier,
+        lambda: dist.broadcast_object(1),
+        lambda: dist.gather_exact(torch.arange(2), total=2),
+    ],
+    ids=["all_reduce", "all_gather", "broadcast", "barrier", "broadcast_object", "gather_exact"],
+)
 def test_missing_process_group_is_loud(monkeypatch, collective):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
@@ -80,13 +87,17 @@ def test_teardown_runs_when_the_loop_raises():
 def _mismatched_shapes() -> None:
     import os
 
-    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # what launch.check_collectives sets for the workers
+    # what launch.check_collectives sets for the workers
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     with rankwise.setup("ddp") as rt:
         rt.all_reduce(torch.ones(3 + rt.rank), "sum")
 
 
 @pytest.mark.multiproc
 def test_checked_collectives_name_a_shape_mismatch_instead_of_hanging():
-    with pytest.raises(RanksFailed, match=r"Detected mismatch between collectives on ranks.*TensorShape=\[3\].*"
-                                          r"but Rank 1 is running collective.*TensorShape=\[4\]"):
+    with pytest.raises(
+        RanksFailed,
+        match=r"Detected mismatch between collectives on ranks.*TensorShape=\[3\].*"
+        r"but Rank 1 is running collective.*TensorShape=\[4\]",
+    ):
         run_ranks(_mismatched_shapes, 2, timeout=60, fresh=True)

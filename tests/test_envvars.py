@@ -1,5 +1,6 @@
-"""The environment variable registry (``rankwise.envvars``) against the source: every ``RANKWISE_*`` name the
-code, the tests, the scripts and the examples use is registered, and every registered one is still used."""
+"""The environment variable registry (``rankwise.envvars``) against the source: every ``RANKWISE_*``
+name the code, the tests, the scripts and the examples use is registered, and every registered one
+is still used."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ SHELL_FILES = ("Makefile", "scripts/*.sh", "examples/*.sbatch", "examples/*.yaml
 
 
 def names_in_python(text: str) -> set[str]:
-    """``RANKWISE_*`` names inside string literals: what ``os.environ`` is indexed with, directly or through a
-    constant (a Python identifier such as ``RANKWISE_DIR`` is not an environment variable)."""
+    """``RANKWISE_*`` names inside string literals: what ``os.environ`` is indexed with, directly or
+    through a constant (a Python identifier such as ``RANKWISE_DIR`` is not an environment
+    variable)."""
     found = set()
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -28,11 +30,18 @@ def names_in_python(text: str) -> set[str]:
 def used_names() -> dict[str, set[str]]:
     """Each ``RANKWISE_*`` name the repository uses -> the files that use it."""
     used: dict[str, set[str]] = {}
-    python = [p for top in ("src", "tests", "examples", "scripts") for p in (ROOT / top).rglob("*.py")]
+    python = [
+        p for top in ("src", "tests", "examples", "scripts") for p in (ROOT / top).rglob("*.py")
+    ]
     files = [(p, names_in_python) for p in python]
-    files += [(p, lambda text: set(NAME.findall(text))) for pattern in SHELL_FILES for p in ROOT.glob(pattern)]
+    files += [
+        (p, lambda text: set(NAME.findall(text)))
+        for pattern in SHELL_FILES
+        for p in ROOT.glob(pattern)
+    ]
     for path, find in files:
-        if path.resolve() in (Path(__file__).resolve(), REGISTRY):  # the registry and this test name them all
+        # the registry and this test name them all
+        if path.resolve() in (Path(__file__).resolve(), REGISTRY):
             continue
         for name in find(path.read_text(encoding="utf-8")):
             used.setdefault(name, set()).add(str(path.relative_to(ROOT)))
@@ -46,13 +55,17 @@ def test_the_scan_reads_string_literals_not_identifiers():
 
 
 def test_every_rankwise_variable_the_code_uses_is_registered():
-    missing = {name: sorted(files) for name, files in used_names().items() if registered(name) is None}
+    missing = {
+        name: sorted(files) for name, files in used_names().items() if registered(name) is None
+    }
     assert not missing, f"add these to src/rankwise/envvars.py (VARIABLES): {missing}"
 
 
 def test_every_registered_rankwise_variable_is_used():
     used = used_names()
-    stale = [var.name for var in VARIABLES if var.name.startswith("RANKWISE_") and var.name not in used]
+    stale = [
+        var.name for var in VARIABLES if var.name.startswith("RANKWISE_") and var.name not in used
+    ]
     assert not stale, f"registered in src/rankwise/envvars.py but used nowhere: {stale}"
 
 

@@ -1,4 +1,5 @@
-"""rankwise speaks through `logging`: a library user can silence and capture it; the commands print it as before."""
+"""rankwise speaks through `logging`: a library user can silence and capture it; the commands print
+it as before."""
 
 import logging
 
@@ -20,8 +21,9 @@ class Kept(logging.Handler):
 
 @pytest.fixture
 def rankwise_logger():
-    """The ``rankwise`` logger as a program that embeds rankwise finds it (a command run in this process earlier may
-    have given it the terminal handler; conftest restores it afterwards), with a handler that keeps its records."""
+    """The ``rankwise`` logger as a program that embeds rankwise finds it (a command run in this
+    process earlier may have given it the terminal handler; conftest restores it afterwards), with a
+    handler that keeps its records."""
     logger = logging.getLogger(ROOT)
     logger.handlers.clear()
     logger.setLevel(logging.NOTSET)
@@ -32,8 +34,11 @@ def rankwise_logger():
 
 
 def _prepare_toy(tmp_path):
-    """A real message path at world size 1: `rankwise train`'s preparation says what data it found."""
-    return prepare_run(build_config(overrides=["data.source=toy", "data.toy_samples=200", f"out={tmp_path}"]))
+    """A real message path at world size 1: `rankwise train`'s preparation says what data it
+    found."""
+    return prepare_run(
+        build_config(overrides=["data.source=toy", "data.toy_samples=200", f"out={tmp_path}"])
+    )
 
 
 def test_a_library_user_captures_rankwise_messages_with_a_handler(rankwise_logger, tmp_path):
@@ -76,18 +81,27 @@ def test_the_commands_handler_prints_what_the_commands_printed(rankwise_logger, 
     logger, _ = rankwise_logger
     to_terminal()
     to_terminal()  # twice: still one handler
-    assert sum(isinstance(handler, Terminal) for handler in logger.handlers) == 1 and not logger.propagate
+    assert (
+        sum(isinstance(handler, Terminal) for handler in logger.handlers) == 1
+        and not logger.propagate
+    )
     _prepare_toy(tmp_path)
     (tmp_path / "result.json").write_text("{}")  # a finished run in this --out
     capsys.readouterr()
     _prepare_toy(tmp_path)
     out, err = capsys.readouterr()
-    # The text `rankwise train` printed before logging, on the same streams: the data line on stdout, the notes on
-    # stderr.
+    # The text `rankwise train` printed before logging, on the same streams: the data line on
+    # stdout, the notes on stderr.
     data = [line for line in out.splitlines() if line.startswith("data: ")]
-    assert out == data[0] + "\n" and data[0].startswith("data: toy: train ") and \
-        data[0].endswith(" (0 duplicates and 0 contradictory texts removed)")
-    assert err.splitlines()[0] == f"note: {tmp_path} already holds a finished run; it will be overwritten"
+    assert (
+        out == data[0] + "\n"
+        and data[0].startswith("data: toy: train ")
+        and data[0].endswith(" (0 duplicates and 0 contradictory texts removed)")
+    )
+    assert (
+        err.splitlines()[0]
+        == f"note: {tmp_path} already holds a finished run; it will be overwritten"
+    )
     get_logger("rankwise.example").warning("warning: plain text on stderr")
     get_logger("rankwise.example").info("note: a note", stderr=True)
     get_logger("rankwise.example").debug("below the commands' level")

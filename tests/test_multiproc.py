@@ -1,4 +1,5 @@
-"""The multi-process test helper itself: pooled ranks are reused cleanly; a failing rank is named."""
+"""The multi-process test helper itself: pooled ranks are reused cleanly; a failing rank is
+named."""
 
 import os
 
@@ -35,9 +36,12 @@ def _rank_one_fails_while_rank_zero_waits() -> None:
 def test_pooled_ranks_are_reused_with_a_clean_environment():
     first = run_ranks(_pid_env_and_sum, 2)
     second = run_ranks(_pid_env_and_sum, 2)
-    assert [total for _, _, total in first + second] == [2.0] * 4  # both ranks joined a new group each time
-    assert [pid for pid, _, _ in first] == [pid for pid, _, _ in second]  # the same processes served both calls
-    assert [leaked for _, leaked, _ in second] == [None, None]  # each call starts from the rank's own environment
+    # both ranks joined a new group each time
+    assert [total for _, _, total in first + second] == [2.0] * 4
+    # the same processes served both calls
+    assert [pid for pid, _, _ in first] == [pid for pid, _, _ in second]
+    # each call starts from the rank's own environment
+    assert [leaked for _, leaked, _ in second] == [None, None]
 
 
 def test_a_failing_rank_is_named_with_its_traceback():

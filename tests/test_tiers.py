@@ -1,5 +1,5 @@
-"""The test tiers are explicit (tests/support/tiers.py): a marker, or a fixture that declares it starts processes;
-everything else is the unit tier, where starting a process fails the test."""
+"""The test tiers are explicit (tests/support/tiers.py): a marker, or a fixture that declares it
+starts processes; everything else is the unit tier, where starting a process fails the test."""
 
 import multiprocessing
 import subprocess
@@ -12,10 +12,14 @@ from tests.support.tiers import StartedAProcess, no_process_started, starts_proc
 
 
 def _item(markers=(), fixtures=()):
-    """What tier_of reads from a collected test: its closest markers and its fixtures' definitions."""
+    """What tier_of reads from a collected test: its closest markers and its fixtures'
+    definitions."""
     definitions = {function.__name__: [SimpleNamespace(func=function)] for function in fixtures}
-    return SimpleNamespace(get_closest_marker=lambda name: name if name in markers else None,
-                           fixturenames=list(definitions), _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions))
+    return SimpleNamespace(
+        get_closest_marker=lambda name: name if name in markers else None,
+        fixturenames=list(definitions),
+        _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions),
+    )
 
 
 def test_a_test_is_unit_unless_marked_or_using_a_fixture_that_starts_processes():
@@ -34,14 +38,18 @@ def test_a_test_is_unit_unless_marked_or_using_a_fixture_that_starts_processes()
     assert tier_of(_item(fixtures=[tmp_data])) == "unit"
     assert tier_of(_item(fixtures=[tmp_data, trained_run])) == "multiproc"
     assert tier_of(_item(fixtures=[trained_run, hosts])) == "multinode"
-    assert tier_of(_item(markers=["slurm"], fixtures=[hosts])) == "slurm"  # the test's own marker wins
+    # the test's own marker wins
+    assert tier_of(_item(markers=["slurm"], fixtures=[hosts])) == "slurm"
     assert tier_of(_item(markers=["multiproc"])) == "multiproc"
 
 
 def test_a_unit_test_that_starts_a_process_fails_naming_the_marker_it_needs():
     with no_process_started("tests/x.py::test_y"):
-        with pytest.raises(StartedAProcess, match=r"tests/x.py::test_y is in the unit tier but started a process "
-                                                  r"\(subprocess\): mark it @pytest.mark.multiproc"):
+        with pytest.raises(
+            StartedAProcess,
+            match=r"tests/x.py::test_y is in the unit tier but started a process "
+            r"\(subprocess\): mark it @pytest.mark.multiproc",
+        ):
             subprocess.run([sys.executable, "-c", "pass"])
         with pytest.raises(StartedAProcess, match=r"\(multiprocessing\)"):
             multiprocessing.get_context("spawn").Process(target=print).start()

@@ -29,8 +29,10 @@ def world_size() -> int:
     expected = _expected_world_size()
     if expected > 1:
         raise MissingProcessGroupError(
-            f"WORLD_SIZE={expected} but this process (RANK={os.environ.get('RANK', '?')}) has not joined a process "
-            "group; call rankwise.setup(...) (or torch.distributed.init_process_group) before collectives"
+            f"WORLD_SIZE={expected} but this process (RANK={os.environ.get('RANK', '?')}) has not "
+            "joined a process "
+            "group; call rankwise.setup(...) (or torch.distributed.init_process_group) before "
+            "collectives"
         )
     return 1
 
@@ -39,8 +41,9 @@ _cpu_group = None
 
 
 def cpu_group():
-    """A gloo group for small CPU-side control messages: the default group when it is gloo, otherwise
-    (NCCL) a gloo group beside it, created on first use (a collective: every rank calls it together)."""
+    """A gloo group for small CPU-side control messages: the default group when it is gloo,
+    otherwise (NCCL) a gloo group beside it, created on first use (a collective: every rank calls it
+    together)."""
     global _cpu_group
     if torch_dist.get_backend() == "gloo":
         return None  # the default group
@@ -61,12 +64,17 @@ def barrier() -> None:
 
 
 def all_reduce(tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-    """Reduce ``tensor`` in place across ranks and return it (``mean`` divides by the world size)."""
+    """Reduce ``tensor`` in place across ranks and return it (``mean`` divides by the world
+    size)."""
     n = world_size()
     if n == 1:
         return tensor
-    torch_op = {"sum": torch_dist.ReduceOp.SUM, "mean": torch_dist.ReduceOp.SUM,
-                "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}[op]
+    torch_op = {
+        "sum": torch_dist.ReduceOp.SUM,
+        "mean": torch_dist.ReduceOp.SUM,
+        "max": torch_dist.ReduceOp.MAX,
+        "min": torch_dist.ReduceOp.MIN,
+    }[op]
     torch_dist.all_reduce(tensor, op=torch_op)
     if op == "mean":
         tensor /= n
@@ -98,11 +106,13 @@ def all_gather_object(obj) -> list:
 
 
 def all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's ``tensor`` along dim 0, in rank order; first dims may differ between ranks."""
+    """Concatenate every rank's ``tensor`` along dim 0, in rank order; first dims may differ between
+    ranks."""
     n = world_size()
     if n == 1:
         return tensor
-    # Why: all_gather needs equal shapes, so ranks first agree on each one's length, then pad to the longest.
+    # Why: all_gather needs equal shapes, so ranks first agree on each one's length, then pad to the
+    # longest.
     local_len = torch.tensor([tensor.shape[0]], device=tensor.device)
     gathered = [torch.zeros_like(local_len) for _ in range(n)]
     torch_dist.all_gather(gathered, local_len)
@@ -117,7 +127,9 @@ def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[:length] for part, length in zip(parts, lengths)])
 
 
-def gather_exact(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+def gather_exact(
+    index: torch.Tensor, *tensors: torch.Tensor, total: int
+) -> tuple[torch.Tensor, ...]:
     """Gather per-sample tensors from all ranks, one row per sample, ordered by sample index.
 
     ``DistributedSampler`` pads the last shard by repeating samples so every rank gets the
@@ -127,7 +139,9 @@ def gather_exact(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tup
     return exactly_once(all_gather(index), *(all_gather(t) for t in tensors), total=total)
 
 
-def exactly_once(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tuple[torch.Tensor, ...]:
+def exactly_once(
+    index: torch.Tensor, *tensors: torch.Tensor, total: int
+) -> tuple[torch.Tensor, ...]:
     """Rows of already gathered per-sample tensors, one per distinct sample index, in index order;
     a ``RuntimeError`` unless there are exactly ``total`` distinct samples."""
     order = torch.argsort(index, stable=True)
@@ -139,13 +153,15 @@ def exactly_once(index: torch.Tensor, *tensors: torch.Tensor, total: int) -> tup
         seen = set(unique_index.tolist())
         missing = [i for i in range(total) if i not in seen][:10]
         raise RuntimeError(
-            f"exact gather found {unique_index.numel()} distinct samples, expected {total}; missing e.g. {missing}"
+            f"exact gather found {unique_index.numel()} distinct samples, expected {total}; "
+            f"missing e.g. {missing}"
         )
     return (unique_index, *(t[order][keep] for t in tensors))
 
 
 class ExactGather:
-    """Per-sample outputs of a sharded evaluation: kept on this rank batch by batch, gathered once at the end.
+    """Per-sample outputs of a sharded evaluation: kept on this rank batch by batch, gathered once
+    at the end.
 
     ``add(index, *tensors)`` takes one batch's sample indices and per-sample rows;
     ``result()`` returns ``(index, *tensors)`` on every rank with each of the ``total``

@@ -1,9 +1,11 @@
-"""Every environment variable rankwise reads or sets: one registry, the source of the docs' reference page.
+"""Every environment variable rankwise reads or sets: one registry, the source of the docs'
+reference page.
 
-Environment variables cross layers (a tool sets one, a rank of the user's script reads it) and processes (a
-launcher sets one, the workers inherit it), so each is written down here once with who sets it, who reads it
-and what it means.  ``scripts/docs_reference.py`` renders :data:`VARIABLES` as the environment variables page, and
-``tests/test_envvars.py`` fails when the source reads a ``RANKWISE_*`` variable that is not registered here.
+Environment variables cross layers (a tool sets one, a rank of the user's script reads it) and
+processes (a launcher sets one, the workers inherit it), so each is written down here once with who
+sets it, who reads it and what it means.  ``scripts/docs_reference.py`` renders :data:`VARIABLES` as
+the environment variables page, and ``tests/test_envvars.py`` fails when the source reads a
+``RANKWISE_*`` variable that is not registered here.
 """
 
 from __future__ import annotations
@@ -24,115 +26,295 @@ class EnvVar:
     meaning: str
     """What it means, its values and its default."""
     scope: str = "rankwise"
-    """``rankwise``: rankwise's own; ``foreign``: another library's variable that rankwise sets or reads;
-    ``development``: read only by the tests, the Makefile or the scripts in ``scripts/`` and ``examples/``."""
+    """``rankwise``: rankwise's own; ``foreign``: another library's variable that rankwise sets or
+    reads; ``development``: read only by the tests, the Makefile or the scripts in ``scripts/`` and
+    ``examples/``."""
 
 
 VARIABLES: tuple[EnvVar, ...] = (
     # rankwise's own: the launcher's strategy choice, read by rankwise.setup() in every rank
-    EnvVar("RANKWISE_STRATEGY", "`rankwise launch --strategy`, `bench --script`, `verify` (`launch/choice.py`)",
-         "`rankwise.setup()` (`launch/choice.py`)",
-         "The strategy a script on `rankwise.setup()` runs under when it names none; a script that names "
-         "another one is refused, naming both."),
-    EnvVar("RANKWISE_PRECISION", "`rankwise launch --precision`, `bench --script`, `verify` (`launch/choice.py`)",
-         "`rankwise.setup()` (`launch/choice.py`)",
-         "`32-true`, `bf16-mixed` or `16-mixed`, for a script that passes no precision to `setup()`."),
-    EnvVar("RANKWISE_OPTIONS", "`rankwise launch --set SECTION.KEY=V` (`launch/choice.py`)",
-         "`rankwise.setup()` (`launch/choice.py`)",
-         "The chosen strategy's options as JSON (`ddp.*`, `deepspeed.*`, `horovod.*` keys)."),
-    EnvVar("RANKWISE_TRUST_CHECKPOINT", "the user, or `rankwise train --trust-checkpoint` (`train/run.py`)",
-         "`checkpoint/loading.py`",
-         "`1`/`true`/`yes`: load a checkpoint `.pt` file that names Python globals outside the allowed list "
-         "(it can run code when unpickled). Only for a checkpoint from someone you trust."),
-    EnvVar("RANKWISE_LAUNCH_ID", "`rankwise train` (`train/run.py`), a fresh id per launching process",
-         "`train/loop.py`, `train/run.py`",
-         "Which launching process's workers wrote `result.json`: on a shared `--out` only the node whose "
-         "workers wrote it reports it."),
-    # the watcher: the probe of `bench --script` and `verify` in every script (rankwise.setup(), plain torch,
-    # Accelerate, Trainer, Fabric)
-    EnvVar("RANKWISE_WATCH", "`verify`, `bench --script` (`tools/watch/runs.py`)", "`tools/watch/settings.py`",
-         "Directory the watcher in each rank of the script writes its trace, record and measurements to."),
-    EnvVar("RANKWISE_WATCH_STEPS", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "Optimizer steps watched (default 20)."),
-    EnvVar("RANKWISE_WATCH_WARMUP", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "Steps left out of the timed window (default 1)."),
-    EnvVar("RANKWISE_WATCH_PROFILE", "`bench --script` (`tools/bench/script.py`)", "`tools/watch/settings.py`",
-         "Steps profiled after a benchmark's timed window for its step-time breakdown (default 0: none)."),
-    EnvVar("RANKWISE_WATCH_MIN_WINDOW", "`bench --script --min-window`", "`tools/watch/settings.py`",
-         "The least seconds a timed window lasts (default 2)."),
-    EnvVar("RANKWISE_EXIT_GRACE_S", "the user; `launch --exit-grace`", "`launch/exits.py` (every launched rank)",
-         "Seconds a rank that finished its work may take to exit before it is named and ended (default 30; 0: no "
-         "limit)."),
-    EnvVar("RANKWISE_EXIT_DIR", "`launch/torchrun.py` (a temporary directory)", "`launch/exits.py`",
-         "Where each rank's exit guard writes its stacks for the launcher to read back."),
-    EnvVar("RANKWISE_WATCH_TRACE", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "`1`: record every step for verify's comparison."),
-    EnvVar("RANKWISE_WATCH_DROPOUT", "`verify --keep-dropout`", "`tools/watch/settings.py`",
-         "`keep`: leave dropout modules on."),
-    EnvVar("RANKWISE_WATCH_FOLLOW", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "The watched N-rank run's directory: the one-process reference takes the same samples step by step."),
-    EnvVar("RANKWISE_WATCH_SCALE", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "Factor by which the one-process reference scales each training loader's batch (the world size)."),
-    EnvVar("RANKWISE_WATCH_AFTER", "`verify` (`tools/verify/watched.py`)", "`tools/watch/settings.py`",
-         "After the last traced step: `stop` (end the script), `shorten` (go on, each training pass cut short) or "
-         "`as-written` (`verify --as-written`)."),
-    EnvVar("RANKWISE_WATCH_STALL", "`verify --stall-timeout`", "`tools/watch/settings.py`",
-         "Seconds a watched rank may make no progress before it is stopped with its stack (0: never)."),
-    EnvVar("RANKWISE_WATCH_SPAWN", "`tools/watch/runs.py`", "`tools/watch/settings.py`",
-         "Set for an `mp.spawn` script: the bootstrap runs it as the process that starts its own ranks (`one`: the "
-         "one-process reference)."),
-    EnvVar("RANKWISE_WATCH_DEEPSPEED", "`tools/watch/frameworks.py`", "`tools/watch/deepspeed_engine.py`",
-         "Set for a DeepSpeed-engine script: the watcher takes each step at `engine.step()`."),
-    EnvVar("RANKWISE_WATCH_HOROVOD", "`tools/watch/frameworks.py`", "`tools/watch/horovod_optimizer.py`",
-         "Set for a Horovod script: the watcher takes each step at the DistributedOptimizer's `step`."),
-    EnvVar("RANKWISE_WATCH_LIGHTNING", "`tools/watch/frameworks.py`", "`tools/watch/lightning.py`",
-         "`1`: a Lightning Trainer script; each Trainer is built on the launcher's devices."),
+    EnvVar(
+        "RANKWISE_STRATEGY",
+        "`rankwise launch --strategy`, `bench --script`, `verify` (`launch/choice.py`)",
+        "`rankwise.setup()` (`launch/choice.py`)",
+        "The strategy a script on `rankwise.setup()` runs under when it names none; a script that "
+        "names "
+        "another one is refused, naming both.",
+    ),
+    EnvVar(
+        "RANKWISE_PRECISION",
+        "`rankwise launch --precision`, `bench --script`, `verify` (`launch/choice.py`)",
+        "`rankwise.setup()` (`launch/choice.py`)",
+        "`32-true`, `bf16-mixed` or `16-mixed`, for a script that passes no precision to "
+        "`setup()`.",
+    ),
+    EnvVar(
+        "RANKWISE_OPTIONS",
+        "`rankwise launch --set SECTION.KEY=V` (`launch/choice.py`)",
+        "`rankwise.setup()` (`launch/choice.py`)",
+        "The chosen strategy's options as JSON (`ddp.*`, `deepspeed.*`, `horovod.*` keys).",
+    ),
+    EnvVar(
+        "RANKWISE_TRUST_CHECKPOINT",
+        "the user, or `rankwise train --trust-checkpoint` (`train/run.py`)",
+        "`checkpoint/loading.py`",
+        "`1`/`true`/`yes`: load a checkpoint `.pt` file that names Python globals outside the "
+        "allowed list "
+        "(it can run code when unpickled). Only for a checkpoint from someone you trust.",
+    ),
+    EnvVar(
+        "RANKWISE_LAUNCH_ID",
+        "`rankwise train` (`train/run.py`), a fresh id per launching process",
+        "`train/loop.py`, `train/run.py`",
+        "Which launching process's workers wrote `result.json`: on a shared `--out` only the node "
+        "whose "
+        "workers wrote it reports it.",
+    ),
+    # the watcher: the probe of `bench --script` and `verify` in every script (rankwise.setup(),
+    # plain torch, Accelerate, Trainer, Fabric)
+    EnvVar(
+        "RANKWISE_WATCH",
+        "`verify`, `bench --script` (`tools/watch/runs.py`)",
+        "`tools/watch/settings.py`",
+        "Directory the watcher in each rank of the script writes its trace, record and "
+        "measurements to.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_STEPS",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "Optimizer steps watched (default 20).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_WARMUP",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "Steps left out of the timed window (default 1).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_PROFILE",
+        "`bench --script` (`tools/bench/script.py`)",
+        "`tools/watch/settings.py`",
+        "Steps profiled after a benchmark's timed window for its step-time breakdown (default 0: "
+        "none).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_MIN_WINDOW",
+        "`bench --script --min-window`",
+        "`tools/watch/settings.py`",
+        "The least seconds a timed window lasts (default 2).",
+    ),
+    EnvVar(
+        "RANKWISE_EXIT_GRACE_S",
+        "the user; `launch --exit-grace`",
+        "`launch/exits.py` (every launched rank)",
+        "Seconds a rank that finished its work may take to exit before it is named and ended "
+        "(default 30; 0: no "
+        "limit).",
+    ),
+    EnvVar(
+        "RANKWISE_EXIT_DIR",
+        "`launch/torchrun.py` (a temporary directory)",
+        "`launch/exits.py`",
+        "Where each rank's exit guard writes its stacks for the launcher to read back.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_TRACE",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "`1`: record every step for verify's comparison.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_DROPOUT",
+        "`verify --keep-dropout`",
+        "`tools/watch/settings.py`",
+        "`keep`: leave dropout modules on.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_FOLLOW",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "The watched N-rank run's directory: the one-process reference takes the same samples "
+        "step by step.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_SCALE",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "Factor by which the one-process reference scales each training loader's batch (the world "
+        "size).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_AFTER",
+        "`verify` (`tools/verify/watched.py`)",
+        "`tools/watch/settings.py`",
+        "After the last traced step: `stop` (end the script), `shorten` (go on, each training "
+        "pass cut short) or "
+        "`as-written` (`verify --as-written`).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_STALL",
+        "`verify --stall-timeout`",
+        "`tools/watch/settings.py`",
+        "Seconds a watched rank may make no progress before it is stopped with its stack (0: "
+        "never).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_SPAWN",
+        "`tools/watch/runs.py`",
+        "`tools/watch/settings.py`",
+        "Set for an `mp.spawn` script: the bootstrap runs it as the process that starts its own "
+        "ranks (`one`: the "
+        "one-process reference).",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_DEEPSPEED",
+        "`tools/watch/frameworks.py`",
+        "`tools/watch/deepspeed_engine.py`",
+        "Set for a DeepSpeed-engine script: the watcher takes each step at `engine.step()`.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_HOROVOD",
+        "`tools/watch/frameworks.py`",
+        "`tools/watch/horovod_optimizer.py`",
+        "Set for a Horovod script: the watcher takes each step at the DistributedOptimizer's "
+        "`step`.",
+    ),
+    EnvVar(
+        "RANKWISE_WATCH_LIGHTNING",
+        "`tools/watch/frameworks.py`",
+        "`tools/watch/lightning.py`",
+        "`1`: a Lightning Trainer script; each Trainer is built on the launcher's devices.",
+    ),
     # `rankwise plan --validate`: the probe in every rank of the real runs it measures
-    EnvVar("RANKWISE_PLAN_PROBE", "`plan --validate` (`tools/plan/validate.py`)", "`tools/plan/probe.py`",
-         "Directory each measured rank writes its peak tensor memory and steady step time to "
-         "(`probe-rank<R>.json`)."),
+    EnvVar(
+        "RANKWISE_PLAN_PROBE",
+        "`plan --validate` (`tools/plan/validate.py`)",
+        "`tools/plan/probe.py`",
+        "Directory each measured rank writes its peak tensor memory and steady step time to "
+        "(`probe-rank<R>.json`).",
+    ),
     # test-only
-    EnvVar("RANKWISE_TEST_FAULT", "tests (`tests/launch/test_faults.py`)", "`testing/faults.py`, `tools/comm/demo.py`",
-         "Test-only fault injection, e.g. `raise:rank=1:step=3`, `kill:...`, `hang:...`, `term:...`, `int:...`."),
+    EnvVar(
+        "RANKWISE_TEST_FAULT",
+        "tests (`tests/launch/test_faults.py`)",
+        "`testing/faults.py`, `tools/comm/demo.py`",
+        "Test-only fault injection, e.g. `raise:rank=1:step=3`, `kill:...`, `hang:...`, "
+        "`term:...`, `int:...`.",
+    ),
     # development: tests, Makefile, scripts/ and examples/
-    EnvVar("RANKWISE_TEST_INSTALL", "`make test`", "`tests/launch/test_slurm.py`",
-         "`1`: the Slurm tests may install `slurm-wlm` with apt-get; otherwise they skip, saying so.",
-         "development"),
-    EnvVar("RANKWISE_SLURM_DIR", "the user", "`scripts/local_slurm.sh`",
-         "State directory of the local test cluster (default `/tmp/rankwise-slurm`).", "development"),
-    EnvVar("RANKWISE_SLURM_WAIT_S", "the user", "`scripts/local_slurm.sh`",
-         "Seconds to wait for the local cluster's nodes to come up (default 40).", "development"),
-    EnvVar("RANKWISE_WHEEL_CACHE", "the user", "`scripts/build_horovod.sh`",
-         "Where the patched Horovod wheel is cached (default `~/.cache/rankwise/wheels`).", "development"),
-    EnvVar("RANKWISE_ARGS", "the user (`sbatch`), `tests/launch/test_slurm.py`", "`examples/slurm.sbatch`",
-         "What to train (default `--data sentiment --strategy ddp`).", "development"),
-    EnvVar("RANKWISE_OUT", "the user (`sbatch`), `tests/launch/test_slurm.py`", "`examples/slurm.sbatch`",
-         "The run directory, on a filesystem every node sees (default `runs/slurm-<job id>`).", "development"),
+    EnvVar(
+        "RANKWISE_TEST_INSTALL",
+        "`make test`",
+        "`tests/launch/test_slurm.py`",
+        "`1`: the Slurm tests may install `slurm-wlm` with apt-get; otherwise they skip, saying "
+        "so.",
+        "development",
+    ),
+    EnvVar(
+        "RANKWISE_SLURM_DIR",
+        "the user",
+        "`scripts/local_slurm.sh`",
+        "State directory of the local test cluster (default `/tmp/rankwise-slurm`).",
+        "development",
+    ),
+    EnvVar(
+        "RANKWISE_SLURM_WAIT_S",
+        "the user",
+        "`scripts/local_slurm.sh`",
+        "Seconds to wait for the local cluster's nodes to come up (default 40).",
+        "development",
+    ),
+    EnvVar(
+        "RANKWISE_WHEEL_CACHE",
+        "the user",
+        "`scripts/build_horovod.sh`",
+        "Where the patched Horovod wheel is cached (default `~/.cache/rankwise/wheels`).",
+        "development",
+    ),
+    EnvVar(
+        "RANKWISE_ARGS",
+        "the user (`sbatch`), `tests/launch/test_slurm.py`",
+        "`examples/slurm.sbatch`",
+        "What to train (default `--data sentiment --strategy ddp`).",
+        "development",
+    ),
+    EnvVar(
+        "RANKWISE_OUT",
+        "the user (`sbatch`), `tests/launch/test_slurm.py`",
+        "`examples/slurm.sbatch`",
+        "The run directory, on a filesystem every node sees (default `runs/slurm-<job id>`).",
+        "development",
+    ),
     # other libraries' variables that rankwise sets or reads
-    EnvVar("OMP_NUM_THREADS", "the user; else the launchers (`launch/ports.py`)", "torch; `process.py`, `doctor`",
-         "Threads per process; default usable cores / local processes.", "foreign"),
-    EnvVar("MALLOC_MMAP_THRESHOLD_", "the launchers (`launch/ports.py`), unless set", "glibc",
-         "Fixed at 1 MiB: FSDP and ZeRO-3 gather and free whole layers every step, and glibc's moving threshold "
-         "let a CPU rank's resident memory grow to twice what it used.", "foreign"),
-    EnvVar("GLOO_SOCKET_IFNAME", "the user; else `launch/network.py` (multi-node)", "gloo",
-         "Interface gloo advertises; rankwise picks the one that routes to the master unless set.", "foreign"),
-    EnvVar("NCCL_SOCKET_IFNAME", "the user; else `launch/network.py` (multi-node)", "NCCL",
-         "Interface NCCL uses; chosen like `GLOO_SOCKET_IFNAME`.", "foreign"),
-    EnvVar("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "`launch/torchrun.py` (c10d rendezvous), unless set",
-         "torch.distributed.elastic",
-         "`1`: torch would otherwise cache the first round's master address, and a node rejoining an elastic "
-         "job later waits for it forever.", "foreign"),
-    EnvVar("TORCH_DISTRIBUTED_DEBUG", "`rankwise train --set launch.check_collectives=true` (`train/run.py`)",
-         "torch.distributed; `process.py`",
-         "`DETAIL`: every collective's type and shapes are checked across ranks.", "foreign"),
-    EnvVar("TOKENIZERS_PARALLELISM", "the `rankwise` command, unless set", "tokenizers",
-         "`false`: no fork warning from HF tokenizers in worker processes.", "foreign"),
-    EnvVar("ACCELERATE_USE_CPU", "`verify`, `bench --script` on a machine without a GPU (`tools/watch/frameworks.py`)",
-         "Accelerate", "`true`: Accelerate's CPU mode; without it Accelerate joins no process group on a CPU.",
-         "foreign"),
-    EnvVar("LT_*", "`verify`, `bench --script` (`tools/watch/frameworks.py`)", "Lightning Fabric",
-         "`LT_DEVICES`, `LT_NUM_NODES`, `LT_ACCELERATOR`, `LT_STRATEGY`: what `fabric run` hands `Fabric()`.",
-         "foreign"),
+    EnvVar(
+        "OMP_NUM_THREADS",
+        "the user; else the launchers (`launch/ports.py`)",
+        "torch; `process.py`, `doctor`",
+        "Threads per process; default usable cores / local processes.",
+        "foreign",
+    ),
+    EnvVar(
+        "MALLOC_MMAP_THRESHOLD_",
+        "the launchers (`launch/ports.py`), unless set",
+        "glibc",
+        "Fixed at 1 MiB: FSDP and ZeRO-3 gather and free whole layers every step, and glibc's "
+        "moving threshold "
+        "let a CPU rank's resident memory grow to twice what it used.",
+        "foreign",
+    ),
+    EnvVar(
+        "GLOO_SOCKET_IFNAME",
+        "the user; else `launch/network.py` (multi-node)",
+        "gloo",
+        "Interface gloo advertises; rankwise picks the one that routes to the master unless set.",
+        "foreign",
+    ),
+    EnvVar(
+        "NCCL_SOCKET_IFNAME",
+        "the user; else `launch/network.py` (multi-node)",
+        "NCCL",
+        "Interface NCCL uses; chosen like `GLOO_SOCKET_IFNAME`.",
+        "foreign",
+    ),
+    EnvVar(
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        "`launch/torchrun.py` (c10d rendezvous), unless set",
+        "torch.distributed.elastic",
+        "`1`: torch would otherwise cache the first round's master address, and a node rejoining "
+        "an elastic "
+        "job later waits for it forever.",
+        "foreign",
+    ),
+    EnvVar(
+        "TORCH_DISTRIBUTED_DEBUG",
+        "`rankwise train --set launch.check_collectives=true` (`train/run.py`)",
+        "torch.distributed; `process.py`",
+        "`DETAIL`: every collective's type and shapes are checked across ranks.",
+        "foreign",
+    ),
+    EnvVar(
+        "TOKENIZERS_PARALLELISM",
+        "the `rankwise` command, unless set",
+        "tokenizers",
+        "`false`: no fork warning from HF tokenizers in worker processes.",
+        "foreign",
+    ),
+    EnvVar(
+        "ACCELERATE_USE_CPU",
+        "`verify`, `bench --script` on a machine without a GPU (`tools/watch/frameworks.py`)",
+        "Accelerate",
+        "`true`: Accelerate's CPU mode; without it Accelerate joins no process group on a CPU.",
+        "foreign",
+    ),
+    EnvVar(
+        "LT_*",
+        "`verify`, `bench --script` (`tools/watch/frameworks.py`)",
+        "Lightning Fabric",
+        "`LT_DEVICES`, `LT_NUM_NODES`, `LT_ACCELERATOR`, `LT_STRATEGY`: what `fabric run` hands "
+        "`Fabric()`.",
+        "foreign",
+    ),
 )
 
 

@@ -1,4 +1,5 @@
-"""Every error rankwise raises for the user to act on, and the one exit code each command returns for it.
+"""Every error rankwise raises for the user to act on, and the one exit code each command returns
+for it.
 
 Each message names what to fix: the config key, the file and line, the checkpoint, the rank.
 The command line prints them without a traceback (:func:`exit_code` decides the code).
@@ -28,15 +29,18 @@ class CheckpointError(RuntimeError):
 
 
 class CollectiveSaveError(CheckpointError):
-    """A library's own collective save (DeepSpeed's) failed on this rank half-way; the job cannot continue."""
+    """A library's own collective save (DeepSpeed's) failed on this rank half-way; the job cannot
+    continue."""
 
 
 class MissingProcessGroupError(RuntimeError):
-    """A process launched as one of several (``WORLD_SIZE`` > 1) used a collective before joining the group."""
+    """A process launched as one of several (``WORLD_SIZE`` > 1) used a collective before joining
+    the group."""
 
 
 class LaunchError(RuntimeError):
-    """One or more ranks failed; the message names each failed rank and its error, root cause first."""
+    """One or more ranks failed; the message names each failed rank and its error, root cause
+    first."""
 
     def __init__(self, failures: list[str], note: str = ""):
         self.failures = failures
@@ -45,12 +49,14 @@ class LaunchError(RuntimeError):
 
     @classmethod
     def from_ranks(cls, failures: list, note: str = "") -> LaunchError:
-        """From :class:`~rankwise.launch.failures.RankFailure` records: causes before victims, earliest first."""
+        """From :class:`~rankwise.launch.failures.RankFailure` records: causes before victims,
+        earliest first."""
         ordered = sorted(failures, key=lambda f: (f.victim, f.timestamp, f.rank))
         if not ordered:
             return cls([], note)
         first = ordered[0]
-        # One mistake, one message: ranks that failed with the first one's error are named, not repeated.
+        # One mistake, one message: ranks that failed with the first one's error are named, not
+        # repeated.
         same = [f for f in ordered[1:] if first.error and f.error == first.error]
         lines = [first.describe(first=True)]
         if same:
@@ -62,16 +68,23 @@ class LaunchError(RuntimeError):
 
 class HungAtExit(LaunchError):
     """Every rank finished its work, and some did not exit: the exit guard named and ended them
-    (:mod:`rankwise.launch.exits`).  The run completed; the exit status says so apart from a failed run."""
+    (:mod:`rankwise.launch.exits`).  The run completed; the exit status says so apart from a failed
+    run."""
 
     exit_code = 3
 
     def __init__(self, failures: list):
-        self.failures = [f"rank {f.rank} (host {f.host}, local rank {f.local_rank}, pid {f.pid}) {f.error}"
-                         for f in sorted(failures, key=lambda f: f.rank)]
-        RuntimeError.__init__(self, "the run's work finished, but not every rank exited:\n" + "\n".join(
-            f"  {line}" for line in self.failures) + "\n  (exit status 3: completed, a rank hung at exit; "
-            "--exit-grace sets how long a finished rank may take)")
+        self.failures = [
+            f"rank {f.rank} (host {f.host}, local rank {f.local_rank}, pid {f.pid}) {f.error}"
+            for f in sorted(failures, key=lambda f: f.rank)
+        ]
+        RuntimeError.__init__(
+            self,
+            "the run's work finished, but not every rank exited:\n"
+            + "\n".join(f"  {line}" for line in self.failures)
+            + "\n  (exit status 3: completed, a rank hung at exit; "
+            "--exit-grace sets how long a finished rank may take)",
+        )
 
 
 class MasterUnreachable(LaunchError):
@@ -86,10 +99,13 @@ class Stopped(RuntimeError):
     """The launcher was asked to stop (SIGTERM, SIGINT): the workers checkpointed and exited."""
 
     def __init__(self, signum: int, note: str = ""):
-        """``note``: what the user can do next (e.g. resume from the checkpoint the workers wrote)."""
+        """``note``: what the user can do next (e.g. resume from the checkpoint the workers
+        wrote)."""
         self.signum = signum
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}" + (f"; {note}" if note else ""))
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name}" + (f"; {note}" if note else "")
+        )
 
 
 USAGE = 2

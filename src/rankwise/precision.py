@@ -27,7 +27,11 @@ class Precision:
             )
         self.name = name
         self.device = device
-        self.dtype = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[name]
+        self.dtype = {
+            "32-true": torch.float32,
+            "bf16-mixed": torch.bfloat16,
+            "16-mixed": torch.float16,
+        }[name]
         self.scaler = torch.amp.GradScaler(device.type) if name == "16-mixed" else None
 
     @property
@@ -55,7 +59,8 @@ class Precision:
             optimizer.step()
 
     def loss_scale(self) -> float:
-        """What the gradients are multiplied by until the step unscales them (1 without a scaler)."""
+        """What the gradients are multiplied by until the step unscales them (1 without a
+        scaler)."""
         return float(self.scaler.get_scale()) if self.scaler else 1.0
 
     def state_dict(self) -> dict:

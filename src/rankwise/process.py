@@ -91,15 +91,26 @@ class ProcessEnv:
             world_size=ntasks,
             local_world_size=local_world_size,
             node_rank=int(env.get("SLURM_NODEID", 0)),
-            master_addr=env.get("MASTER_ADDR") or first_slurm_host(
-                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")),  # the step's hosts
+            master_addr=env.get("MASTER_ADDR")
+            or first_slurm_host(
+                # the step's hosts
+                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")
+            ),
             master_port=int(env.get("MASTER_PORT") or slurm_port(env)),
             source="slurm",
         )
 
     @classmethod
-    def from_spawn(cls, local_rank: int, nproc_per_node: int, *, node_rank: int = 0, nnodes: int = 1,
-                   master_addr: str = "127.0.0.1", master_port: int) -> ProcessEnv:
+    def from_spawn(
+        cls,
+        local_rank: int,
+        nproc_per_node: int,
+        *,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int,
+    ) -> ProcessEnv:
         return cls(
             rank=node_rank * nproc_per_node + local_rank,
             local_rank=local_rank,
@@ -112,7 +123,8 @@ class ProcessEnv:
         )
 
     def export(self) -> None:
-        """Write the torchrun-style variables, so libraries that read them (and user code) agree with us."""
+        """Write the torchrun-style variables, so libraries that read them (and user code) agree
+        with us."""
         os.environ.update(
             RANK=str(self.rank),
             LOCAL_RANK=str(self.local_rank),
@@ -126,13 +138,15 @@ class ProcessEnv:
 
 
 def restart_count() -> int:
-    """How often torchrun has restarted this worker group (0 in the first attempt, and outside torchrun)."""
+    """How often torchrun has restarted this worker group (0 in the first attempt, and outside
+    torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def slurm_port(env) -> int:
-    """The rendezvous port of a Slurm job: every task (or node agent) must agree on it without talking, so it
-    follows from the job id (``15000 + SLURM_JOB_ID % 20000``, what ``examples/slurm.sbatch`` computes too)."""
+    """The rendezvous port of a Slurm job: every task (or node agent) must agree on it without
+    talking, so it follows from the job id (``15000 + SLURM_JOB_ID % 20000``, what
+    ``examples/slurm.sbatch`` computes too)."""
     return 15000 + int(env.get("SLURM_JOB_ID", 0)) % 20000
 
 
@@ -142,7 +156,8 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list: ``gpu[03-05,9],cpu1`` -> gpu03 gpu04 gpu05 gpu9 cpu1 (zero padding kept)."""
+    """Slurm's compressed host list: ``gpu[03-05,9],cpu1`` -> gpu03 gpu04 gpu05 gpu9 cpu1 (zero
+    padding kept)."""
     hosts = []
     for prefix, ranges, _ in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?(,|$)", nodelist):
         if not ranges:
@@ -166,17 +181,22 @@ def device_for(local_rank: int) -> torch.device:
 
 
 def gpus_too_few(local_processes: int) -> str | None:
-    """Why ``local_processes`` ranks cannot share this node's CUDA GPUs, or ``None`` when they need not share.
+    """Why ``local_processes`` ranks cannot share this node's CUDA GPUs, or ``None`` when they need
+    not share.
 
-    Each local rank takes its own GPU (``device_for``) and talks NCCL, which refuses two ranks on one
-    device ("Duplicate GPU detected"), so a node needs a GPU per rank.  Seen on an H100 machine:
+    Each local rank takes its own GPU (``device_for``) and talks NCCL, which refuses two ranks on
+    one device ("Duplicate GPU detected"), so a node needs a GPU per rank.  Seen on an H100 machine:
     ``--nproc-per-node 2`` on its one GPU failed at the DDP wrap with that NCCL error.
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if 0 < gpus < local_processes:
-        return (f"{local_processes} processes per node but this node has {gpus} CUDA GPU(s): each rank needs its own "
-                f"GPU (NCCL refuses two ranks on one); use --nproc-per-node {gpus}, or train on the CPU with "
-                "CUDA_VISIBLE_DEVICES= (gloo)")
+        return (
+            f"{local_processes} processes per node but this node has {gpus} CUDA GPU(s): each "
+            "rank needs its own "
+            f"GPU (NCCL refuses two ranks on one); use --nproc-per-node {gpus}, or train on the "
+            "CPU with "
+            "CUDA_VISIBLE_DEVICES= (gloo)"
+        )
     return None
 
 
@@ -193,26 +213,48 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
     if torch_dist.is_initialized():
         return
     if not env.distributed:
-        torch_dist.init_process_group(backend=backend_for(device), store=torch_dist.HashStore(), rank=0,
-                                      world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
+        torch_dist.init_process_group(
+            backend=backend_for(device),
+            store=torch_dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         return
     if env.master_port is None:
-        raise RuntimeError(f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or set it")
+        raise RuntimeError(
+            f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or "
+            "set it"
+        )
     env.export()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
-        # Read once when torch.distributed is imported, often before the variable was set (launch.check_collectives).
+        # Read once when torch.distributed is imported, often before the variable was set
+        # (launch.check_collectives).
         torch_dist.set_debug_level_from_env()
-    # A restarted worker group gets a key space of its own on torchrun's agent store (rankwise.compat).
-    store = store_for_this_attempt(env.master_addr, env.master_port, env.world_size, restart_count(), timeout)
+    # A restarted worker group gets a key space of its own on torchrun's agent store
+    # (rankwise.compat).
+    store = store_for_this_attempt(
+        env.master_addr, env.master_port, env.world_size, restart_count(), timeout
+    )
     if store is not None:
-        torch_dist.init_process_group(backend=backend_for(device), store=store, rank=env.rank,
-                                      world_size=env.world_size, timeout=timeout)
+        torch_dist.init_process_group(
+            backend=backend_for(device),
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+        )
         return
-    torch_dist.init_process_group(backend=backend_for(device), init_method="env://", rank=env.rank,
-                                  world_size=env.world_size, timeout=timeout)
+    torch_dist.init_process_group(
+        backend=backend_for(device),
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+    )
 
 
 def destroy_process_group(clean: bool = True, destroy: Callable[[], None] | None = None) -> None:
@@ -228,11 +270,13 @@ def destroy_process_group(clean: bool = True, destroy: Callable[[], None] | None
 
     dist.forget_groups()
     if not torch_dist.is_initialized():
-        return  # (nothing to protect: no collection, which costs a quarter of a second with torch loaded)
+        # (nothing to protect: no collection, which costs a quarter of a second with torch loaded)
+        return
     gc.collect()
     try:
         if clean:
-            # Why: a rank that destroys its group while a peer is mid-collective makes the peer hang or abort.
+            # Why: a rank that destroys its group while a peer is mid-collective makes the peer hang
+            # or abort.
             torch_dist.barrier()
     finally:
         (destroy or torch_dist.destroy_process_group)()
@@ -246,7 +290,8 @@ def usable_cores() -> int:
 
 
 def threads_per_process(local_processes: int) -> int:
-    """OMP threads each local process should use: the user's OMP_NUM_THREADS, else cores / processes."""
+    """OMP threads each local process should use: the user's OMP_NUM_THREADS, else cores /
+    processes."""
     if os.environ.get("OMP_NUM_THREADS"):
         return int(os.environ["OMP_NUM_THREADS"])
     return max(1, usable_cores() // max(1, local_processes))

@@ -1,5 +1,6 @@
-"""Loading a checkpoint runs no code from it: a planted pickle is refused before anything in it runs, unless the
-user says they trust it; rankwise's and DeepSpeed's own files load under torch's weights-only unpickler."""
+"""Loading a checkpoint runs no code from it: a planted pickle is refused before anything in it
+runs, unless the user says they trust it; rankwise's and DeepSpeed's own files load under torch's
+weights-only unpickler."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ def _planted(path: Path, marker: Path) -> Path:
     return path
 
 
-def test_a_planted_pickle_is_refused_before_it_runs_and_runs_only_when_trusted(tmp_path, monkeypatch):
+def test_a_planted_pickle_is_refused_before_it_runs_and_runs_only_when_trusted(
+    tmp_path, monkeypatch
+):
     marker = tmp_path / "ran"
     path = _planted(tmp_path / "training_state.pt", marker)
     monkeypatch.delenv(loading.TRUST_ENV, raising=False)
-    with pytest.raises(CheckpointError, match=r"names posix\.system, which loading it would import and run.*"
-                                              r"RANKWISE_TRUST_CHECKPOINT=1"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"names posix\.system, which loading it would import and run.*"
+        r"RANKWISE_TRUST_CHECKPOINT=1",
+    ):
         loading.load(path, "training-state")
     with pytest.raises(CheckpointError, match="posix.system"):
         loading.check_safe([path], "DeepSpeed")  # before handing a folder to DeepSpeed's own loader
@@ -60,8 +66,10 @@ def test_resuming_from_a_checkpoint_with_a_planted_training_state_is_refused(tmp
     marker = tmp_path / "ran"
     _planted(Path(saved) / ckpt.STATE, marker)
     manifest = ckpt.protocol._read_manifest(Path(saved))  # the attacker rewrites the checksums too
-    manifest["files"][ckpt.STATE] = {"size": (Path(saved) / ckpt.STATE).stat().st_size,
-                                     "sha256": ckpt.files.sha256_of(Path(saved) / ckpt.STATE)}
+    manifest["files"][ckpt.STATE] = {
+        "size": (Path(saved) / ckpt.STATE).stat().st_size,
+        "sha256": ckpt.files.sha256_of(Path(saved) / ckpt.STATE),
+    }
     (Path(saved) / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with rankwise.setup("single", seed=0) as rt:
         model = nn.Linear(4, 2)

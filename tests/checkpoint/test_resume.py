@@ -1,5 +1,6 @@
-"""Crash-safe checkpoints through ``rt.save_state`` / ``rt.load_state``: a corrupt latest falls back to the previous
-one (``strict`` refuses), a crash or a full disk in the middle of a save leaves the previous checkpoint loadable."""
+"""Crash-safe checkpoints through ``rt.save_state`` / ``rt.load_state``: a corrupt latest falls back
+to the previous one (``strict`` refuses), a crash or a full disk in the middle of a save leaves the
+previous checkpoint loadable."""
 
 from __future__ import annotations
 
@@ -49,8 +50,11 @@ def _load(root, strict: bool = False) -> tuple[dict, dict]:
 
 def _load_warnings(caplog) -> str:
     """What load_state warned (through logging: on stderr for a program that configured none)."""
-    return "\n".join(record.getMessage() for record in caplog.records
-                     if record.name == "rankwise.checkpoint.resume" and record.levelno == logging.WARNING)
+    return "\n".join(
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "rankwise.checkpoint.resume" and record.levelno == logging.WARNING
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
@@ -102,7 +106,11 @@ def test_keep_limits_the_checkpoints_kept(tmp_path):
         for _ in range(4):
             _step(rt, model, optimizer)
             rt.save_state(tmp_path, model, optimizer, keep=3)
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000002", "step-00000003", "step-00000004"]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-00000002",
+        "step-00000003",
+        "step-00000004",
+    ]
 
 
 def _disk_full_on_rank_0(root: str) -> str:
@@ -117,7 +125,8 @@ def _disk_full_on_rank_0(root: str) -> str:
             def full(obj, path, *args, **kwargs):
                 if isinstance(path, os.PathLike) and str(path).endswith("optimizer.pt"):
                     raise OSError(errno.ENOSPC, "No space left on device", str(path))
-                return real_save(obj, path, *args, **kwargs)  # collectives pickle through torch.save too
+                # collectives pickle through torch.save too
+                return real_save(obj, path, *args, **kwargs)
 
             torch.save = full  # this rank process only (a fresh one: fresh=True)
         try:
@@ -132,7 +141,9 @@ def test_a_full_disk_names_rank_and_path_and_keeps_the_previous_checkpoint(tmp_p
     messages = run_ranks(_disk_full_on_rank_0, 2, str(tmp_path), fresh=True)
     for message in messages:  # both ranks give up the checkpoint together, with the same message
         assert "checkpoint of step 2 not written: rank 0: cannot write" in message, message
-        assert "optimizer.pt: No space left on device" in message and "previous checkpoint" in message
+        assert (
+            "optimizer.pt: No space left on device" in message and "previous checkpoint" in message
+        )
     assert not list(tmp_path.glob(".tmp-*"))  # no partial files
     assert (tmp_path / "latest").resolve().name == "step-00000001"
     ckpt.verify((tmp_path / "latest").resolve())
@@ -149,9 +160,9 @@ def test_a_dangling_latest_falls_back_to_the_step_directories(tmp_path, caplog):
 
 
 def test_resuming_from_an_earlier_checkpoint_never_prunes_what_it_writes(tmp_path):
-    """Steps 1 and 5 saved; a run resumed from step 1 saves step 3 with keep=1.  Pruning by name alone
-    deleted steps 1 and 3 (the one just written, leaving `latest` dangling); now the older step 1 goes,
-    step 3 stays, and step 5 (another timeline) is left for the user."""
+    """Steps 1 and 5 saved; a run resumed from step 1 saves step 3 with keep=1.  Pruning by name
+    alone deleted steps 1 and 3 (the one just written, leaving `latest` dangling); now the older
+    step 1 goes, step 3 stays, and step 5 (another timeline) is left for the user."""
     with rankwise.setup("single") as rt:
         model, optimizer = _model_and_optimizer(rt)
         _step(rt, model, optimizer)
@@ -177,5 +188,7 @@ def _unpicklable_extra(root: str) -> str:
 @pytest.mark.multiproc
 def test_an_error_on_rank_0_while_saving_reaches_every_rank_instead_of_a_hang(tmp_path):
     messages = run_ranks(_unpicklable_extra, 2, str(tmp_path), timeout=60)
-    assert all("checkpoint of step 1 not written: rank 0: cannot write" in m for m in messages), messages
+    assert all("checkpoint of step 1 not written: rank 0: cannot write" in m for m in messages), (
+        messages
+    )
     assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob("step-*"))

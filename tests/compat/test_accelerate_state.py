@@ -4,7 +4,9 @@ import pytest
 
 from rankwise.compat.accelerate_state import reset_accelerate_state
 
-accelerate = pytest.importorskip("accelerate", reason="Accelerate is not installed: pip install 'rankwise[accelerate]'")
+accelerate = pytest.importorskip(
+    "accelerate", reason="Accelerate is not installed: pip install 'rankwise[accelerate]'"
+)
 
 
 def test_a_second_accelerator_in_the_process_meets_the_first_ones_state():

@@ -1,4 +1,5 @@
-"""pytorch#150915: ``Module.compile`` leaves a module whose ``forward`` is torch's own code eager."""
+"""pytorch#150915: ``Module.compile`` leaves a module whose ``forward`` is torch's own code
+eager."""
 
 import torch
 from torch import nn
@@ -22,7 +23,8 @@ def _graphs(compile_model) -> int:
 
 
 def test_module_compile_still_runs_a_torch_forward_eagerly():
-    """When this fails, torch compiles nn.Sequential through Module.compile: drop compile_forward's workaround."""
+    """When this fails, torch compiles nn.Sequential through Module.compile: drop compile_forward's
+    workaround."""
     assert _graphs(lambda model, backend: model.compile(backend=backend)) == 0
     assert COMPILE_THROUGH_A_TRACED_FRAME.applies()
 

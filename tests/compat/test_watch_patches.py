@@ -1,5 +1,6 @@
-"""What the watcher replaces in torch and the frameworks (``rankwise.compat.watch_patches``): each target is there on
-the installed releases, the private one still does what the watcher relies on, and the version check warns once."""
+"""What the watcher replaces in torch and the frameworks (``rankwise.compat.watch_patches``): each
+target is there on the installed releases, the private one still does what the watcher relies on,
+and the version check warns once."""
 
 import importlib
 import importlib.metadata
@@ -37,9 +38,12 @@ def _installed(library: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("record", sorted(PATCHES.values(), key=lambda r: r.target), ids=lambda r: r.target)
+@pytest.mark.parametrize(
+    "record", sorted(PATCHES.values(), key=lambda r: r.target), ids=lambda r: r.target
+)
 def test_every_target_is_there_on_the_installed_release(record):
-    """When this fails, the library moved or removed what the watcher replaces: update the watcher and the record."""
+    """When this fails, the library moved or removed what the watcher replaces: update the watcher
+    and the record."""
     if not _installed(record.library):
         pytest.skip(f"{record.library} is not installed")
     with warnings.catch_warnings():
@@ -52,7 +56,11 @@ def test_the_records_name_their_targets_as_the_watcher_finds_them():
     assert target(torch.Tensor, "backward") == "torch.Tensor.backward"
     assert target(torch.distributed, "all_reduce") == "torch.distributed.all_reduce"
     assert target(_BaseDataLoaderIter, "_next_index") == NEXT_INDEX.target
-    assert NEXT_INDEX.private and not watch_patches.SAVE.private and not watch_patches.LOADER_INIT.private
+    assert (
+        NEXT_INDEX.private
+        and not watch_patches.SAVE.private
+        and not watch_patches.LOADER_INIT.private
+    )
     with pytest.raises(LookupError, match="not recorded"):
         checked(torch.Tensor, "add")
 
@@ -65,23 +73,29 @@ class _Numbers(torch.utils.data.Dataset):
         return index
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.multiproc)])  # a loader worker: a process
-def test_next_index_gives_each_batchs_dataset_indices_and_what_it_returns_is_the_batch(monkeypatch, workers):
-    """The private ``_BaseDataLoaderIter._next_index``: called in the main process once per batch fetched, before the
-    batch is yielded (with workers too), and the indices it returns are the samples the batch holds, so the
-    one-process reference can hand a batch the N ranks' indices.  When this fails, the watcher's reference cannot
-    take the N ranks' samples this way."""
+# a loader worker: a process
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.multiproc)])
+def test_next_index_gives_each_batchs_dataset_indices_and_what_it_returns_is_the_batch(
+    monkeypatch, workers
+):
+    """The private ``_BaseDataLoaderIter._next_index``: called in the main process once per batch
+    fetched, before the batch is yielded (with workers too), and the indices it returns are the
+    samples the batch holds, so the one-process reference can hand a batch the N ranks' indices.
+    When this fails, the watcher's reference cannot take the N ranks' samples this way."""
     asked = []
     original = _BaseDataLoaderIter._next_index
 
     def next_index(iterator):
         indices = original(iterator)
         asked.append(list(indices))
-        return [9 - i for i in indices]  # (the reference's replacement: other samples than the sampler's)
+        # (the reference's replacement: other samples than the sampler's)
+        return [9 - i for i in indices]
 
     monkeypatch.setattr(_BaseDataLoaderIter, "_next_index", next_index)
     generator = torch.Generator().manual_seed(0)
-    loader = DataLoader(_Numbers(), batch_size=3, shuffle=True, generator=generator, num_workers=workers)
+    loader = DataLoader(
+        _Numbers(), batch_size=3, shuffle=True, generator=generator, num_workers=workers
+    )
     batches = [batch.tolist() for batch in loader]
     assert sorted(i for indices in asked for i in indices) == list(range(10))
     assert batches == [[9 - i for i in indices] for indices in asked]
@@ -95,7 +109,9 @@ def test_a_release_it_was_not_checked_on_warns_once_and_a_checked_one_is_silent(
         warnings.simplefilter("error")
         record.check()
     monkeypatch.setattr(versions, "installed", lambda library: versions.Version("2.15.0"))
-    with pytest.warns(UserWarning, match=r"replaces tests.Thing.method .* on torch 2.15.0, a release it was not"):
+    with pytest.warns(
+        UserWarning, match=r"replaces tests.Thing.method .* on torch 2.15.0, a release it was not"
+    ):
         record.check()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -103,9 +119,16 @@ def test_a_release_it_was_not_checked_on_warns_once_and_a_checked_one_is_silent(
 
 
 def test_every_record_was_checked_on_the_installed_release():
-    unchecked = [f"{r.target} on {r.library} {versions.installed(r.library)}" for r in PATCHES.values()
-                 if versions.installed(r.library) is not None
-                 and versions.series(versions.installed(r.library)) not in r.seen_on]
-    if unchecked:  # (a release pyproject allows, not yet checked: the watcher replaces it and warns once)
-        pytest.skip("not yet checked on the installed releases: run tests/compat here and add the series to "
-                    "seen_on: " + "; ".join(unchecked))
+    unchecked = [
+        f"{r.target} on {r.library} {versions.installed(r.library)}"
+        for r in PATCHES.values()
+        if versions.installed(r.library) is not None
+        and versions.series(versions.installed(r.library)) not in r.seen_on
+    ]
+    # (a release pyproject allows, not yet checked: the watcher replaces it and warns once)
+    if unchecked:
+        pytest.skip(
+            "not yet checked on the installed releases: run tests/compat here and add the series "
+            "to "
+            "seen_on: " + "; ".join(unchecked)
+        )

@@ -23,7 +23,7 @@ def test_flat_encoding_and_offsets_round_trip():
     grams = CharNgrams(n=2, buckets=50)
     flat, offsets = grams.encode(["ab", "", "xyz"])
     assert offsets.tolist() == [0, 3, 3, 8]
-    assert flat[offsets[2]:offsets[3]].tolist() == grams.ids("xyz")
+    assert flat[offsets[2] : offsets[3]].tolist() == grams.ids("xyz")
     assert CharNgrams.from_dict(grams.to_dict()) == grams and CharNgrams.from_dict(None) is None
 
 
@@ -35,7 +35,8 @@ def test_prepared_batches_carry_padded_ngram_rows(tmp_path):
     texts_lengths = [(batch["ngram_ids"][row] != PAD).sum().item() for row in range(4)]
     flat, offsets = data.splits["train"]["ngrams"]
     assert texts_lengths == [(offsets[i + 1] - offsets[i]).item() for i in range(4)]
-    assert "ngram_ids" not in data.dataset("train").collate([dataset[0]])  # tokens only unless asked
+    # tokens only unless asked
+    assert "ngram_ids" not in data.dataset("train").collate([dataset[0]])
 
     data.save(tmp_path)
     from rankwise.data.prepare import PreparedData

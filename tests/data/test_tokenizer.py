@@ -12,7 +12,10 @@ def test_char_tokenizer_one_token_per_character():
     enc = TextEncoder.build("char", TEXTS, 1000, 32)
     ids = enc.encode(["质量很好"])[0]
     assert len(ids) == 4 + 2  # [CLS] 质 量 很 好 [SEP]
-    assert enc.tokenizer.id_to_token(ids[0]) == "[CLS]" and enc.tokenizer.id_to_token(ids[-1]) == "[SEP]"
+    assert (
+        enc.tokenizer.id_to_token(ids[0]) == "[CLS]"
+        and enc.tokenizer.id_to_token(ids[-1]) == "[SEP]"
+    )
 
 
 def test_wordpiece_learns_multi_character_tokens_and_truncates():
@@ -29,7 +32,9 @@ def test_save_and_load_reproduce_ids(tmp_path):
     again = TextEncoder.load(tmp_path, 16)
     assert again.encode(TEXTS[:3]) == enc.encode(TEXTS[:3])
     # A local tokenizer path is accepted as data.tokenizer.
-    assert TextEncoder.build(str(tmp_path / "tokenizer.json"), [], 0, 16).encode(TEXTS[:1]) == enc.encode(TEXTS[:1])
+    assert TextEncoder.build(str(tmp_path / "tokenizer.json"), [], 0, 16).encode(
+        TEXTS[:1]
+    ) == enc.encode(TEXTS[:1])
 
 
 _TRAIN_IN_A_FRESH_PROCESS = """
@@ -44,8 +49,17 @@ print(TextEncoder.build(sys.argv[1], texts, 3000, 64).tokenizer.to_str())
 @pytest.mark.multiproc
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
 def test_learned_tokenizers_are_identical_run_after_run(kind):
-    """HF's trainers cut the alphabet and number WordPiece continuation pieces in hash-map order, which changes
-    from process to process; rankwise fixes both, so two fresh processes learn the same file."""
-    runs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS, kind], capture_output=True, text=True,
-                           check=True, timeout=120).stdout for _ in range(3)]
+    """HF's trainers cut the alphabet and number WordPiece continuation pieces in hash-map order,
+    which changes from process to process; rankwise fixes both, so two fresh processes learn the
+    same file."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS, kind],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        for _ in range(3)
+    ]
     assert len(runs[0]) > 10_000 and runs[0] == runs[1] == runs[2]

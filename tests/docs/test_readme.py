@@ -1,4 +1,5 @@
-"""The README's and the quick start's commands: every `rankwise` line parses, and the cheap ones run (small)."""
+"""The README's and the quick start's commands: every `rankwise` line parses, and the cheap ones run
+(small)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_every_rankwise_command_on_the_page_parses(page):
     shown = rankwise_commands(page)
     for argv in shown:
         try:
-            if argv[0] == "launch":  # torchrun's parser with rankwise's flags (see rankwise.cli.main)
+            # torchrun's parser with rankwise's flags (see rankwise.cli.main)
+            if argv[0] == "launch":
                 command_line_parser().parse_known_args(argv[1:])
             else:
                 build_parser().parse_args(argv)
@@ -58,7 +60,11 @@ def test_help_runs():
 @pytest.mark.multiproc
 def test_the_quick_start_training_command_runs(tmp_path):
     """The first-run page's small `rankwise train` line, exactly as shown, with only --out added."""
-    small = [argv for argv in rankwise_commands(FIRST_RUN) if argv[0] == "train" and "--max-steps" in argv]
+    small = [
+        argv
+        for argv in rankwise_commands(FIRST_RUN)
+        if argv[0] == "train" and "--max-steps" in argv
+    ]
     assert small, "the quick start lost its small training command"
     proc = rankwise(*small[0], "--out", str(tmp_path / "run"), env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,10 +73,11 @@ def test_the_quick_start_training_command_runs(tmp_path):
 
 
 def ported_loop(page: Path = PORTING) -> str:
-    """The loop after porting: the diff's context and added lines, with a tiny model and dataset in front."""
+    """The loop after porting: the diff's context and added lines, with a tiny model and dataset in
+    front."""
     diff = code_blocks(page, ("diff",))[0]
     kept = [line[1:] for line in diff.splitlines() if line[:1] in (" ", "+")]
-    prelude = '''
+    prelude = """
 from types import SimpleNamespace
 
 import torch
@@ -82,7 +89,8 @@ class Model(nn.Module):
         self.layer = nn.Linear(4, 1)
 
     def forward(self, x, y):
-        return SimpleNamespace(loss=nn.functional.mse_loss(self.layer(x), y))  # like a transformers output
+        # like a transformers output
+        return SimpleNamespace(loss=nn.functional.mse_loss(self.layer(x), y))
 
 def build_model():
     return Model()
@@ -91,23 +99,32 @@ generator = torch.Generator().manual_seed(0)
 features = torch.randn(256, 4, generator=generator)
 train_set = [{"x": x, "y": x.sum(0, keepdim=True)} for x in features]
 epochs = 2
-'''
+"""
     return prelude + "\n".join(kept) + "\n"
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("page", [PORTING, README], ids=["porting", "readme"])
 def test_the_ported_loop_runs_on_two_ranks_like_one_process(page, tmp_path):
-    """The diff's '+' side is a working program: on 2 ranks it ends at the weights one process reaches."""
+    """The diff's '+' side is a working program: on 2 ranks it ends at the weights one process
+    reaches."""
     script = tmp_path / "ported.py"
     script.write_text(ported_loop(page), encoding="utf-8")
     results = {}
-    for name, launcher in (("two", command("launch", "--nproc-per-node", "2")),
-                           ("one", [sys.executable])):
+    for name, launcher in (
+        ("two", command("launch", "--nproc-per-node", "2")),
+        ("one", [sys.executable]),
+    ):
         run_dir = tmp_path / name
         run_dir.mkdir()
-        proc = subprocess.run([*launcher, str(script)], env=_env(), capture_output=True, text=True, timeout=180,
-                              cwd=run_dir)
+        proc = subprocess.run(
+            [*launcher, str(script)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=run_dir,
+        )
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
         results[name] = load_file(str(run_dir / "model.safetensors"))
     assert set(results["one"]) == {"layer.weight", "layer.bias"}  # unwrapped
@@ -117,4 +134,6 @@ def test_the_ported_loop_runs_on_two_ranks_like_one_process(page, tmp_path):
 def test_the_readme_links_only_to_files_in_the_repository():
     for target in re.findall(r"\]\(([^)#]+)", README.read_text(encoding="utf-8")):
         if not target.startswith(("http://", "https://")):
-            assert (ROOT / target).exists(), f"README links to {target}, which is not in the repository"
+            assert (ROOT / target).exists(), (
+                f"README links to {target}, which is not in the repository"
+            )

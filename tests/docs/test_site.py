@@ -1,5 +1,6 @@
-"""The docs site, built strictly and looked at in a real headless Chromium: the landing page and a reference page
-render their navigation and code blocks.  Screenshots land in runs/docs-screenshots/ for a person to look at."""
+"""The docs site, built strictly and looked at in a real headless Chromium: the landing page and a
+reference page render their navigation and code blocks.  Screenshots land in runs/docs-screenshots/
+for a person to look at."""
 
 from __future__ import annotations
 
@@ -27,8 +28,24 @@ def site(tmp_path_factory) -> Path:
         pytest.skip("mkdocs is not installed: pip install 'rankwise[docs]' (make install does)")
     out = tmp_path_factory.mktemp("site")
     env = command_env((), src=True, NO_MKDOCS_2_WARNING="1", DISABLE_MKDOCS_2_WARNING="true")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(out)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr[-4000:]}"
     return out
 
@@ -47,15 +64,19 @@ def served(site):
 
 
 def _browser_path(playwright) -> str | None:
-    """Playwright's own Chromium when installed (None: its default), else a system one; skip without either."""
+    """Playwright's own Chromium when installed (None: its default), else a system one; skip without
+    either."""
     if Path(playwright.chromium.executable_path).exists():
         return None
     for name in BROWSERS:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no headless Chromium: `python -m playwright install chromium` or `apt-get install chromium` "
-                "(make test tries both)")
+    pytest.skip(
+        "no headless Chromium: `python -m playwright install chromium` or `apt-get install "
+        "chromium` "
+        "(make test tries both)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +86,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=_browser_path(playwright), args=["--no-sandbox"])
+        launched = playwright.chromium.launch(
+            executable_path=_browser_path(playwright), args=["--no-sandbox"]
+        )
         yield launched
         launched.close()
 
@@ -84,9 +107,13 @@ def _assert_themed_navigation(page, sections: tuple[str, ...]):
     text = nav.inner_text()
     missing = [section for section in sections if section not in text]
     assert not missing, f"navigation lacks {missing}: {text[:500]}"
-    header = page.locator("header.md-header")  # Material's stylesheet gives it a colour: the theme loaded
+    # Material's stylesheet gives it a colour: the theme loaded
+    header = page.locator("header.md-header")
     assert header.is_visible()
-    assert header.evaluate("e => getComputedStyle(e).backgroundColor") not in ("rgba(0, 0, 0, 0)", "transparent")
+    assert header.evaluate("e => getComputedStyle(e).backgroundColor") not in (
+        "rgba(0, 0, 0, 0)",
+        "transparent",
+    )
 
 
 def _visible_code(page) -> list[str]:
@@ -96,7 +123,9 @@ def _visible_code(page) -> list[str]:
 
 def test_the_landing_page_renders_navigation_and_code(browser, served):
     page = _open(browser, served + "/", "landing.png")
-    _assert_themed_navigation(page, ("Getting started", "How-to guides", "Concepts", "Reference", "Architecture"))
+    _assert_themed_navigation(
+        page, ("Getting started", "How-to guides", "Concepts", "Reference", "Architecture")
+    )
     code = _visible_code(page)
     assert any("make demo" in block and "make test" in block for block in code), code
     assert (SCREENSHOTS / "landing.png").stat().st_size > 10_000
@@ -108,7 +137,8 @@ def test_the_command_reference_renders_every_commands_help(browser, served):
     code = "\n".join(_visible_code(page))
     for command in ("train", "bench", "verify", "comm demo"):
         assert f"usage: rankwise {command}" in code, f"no --help of rankwise {command} on the page"
-    assert "torchrun's flags" in code  # rankwise launch's help is torchrun's parser with rankwise's flags
+    # rankwise launch's help is torchrun's parser with rankwise's flags
+    assert "torchrun's flags" in code
 
 
 def test_the_api_reference_renders_the_docstrings(browser, served):
@@ -116,4 +146,5 @@ def test_the_api_reference_renders_the_docstrings(browser, served):
     assert page.locator("[id='rankwise.Runtime.prepare']").count() == 1
     text = page.locator("article").inner_text()
     assert "Runtime" in text
-    assert ":class:" not in text and ":meth:" not in text  # Sphinx roles shown as code (scripts/docs_sphinx_roles.py)
+    # Sphinx roles shown as code (scripts/docs_sphinx_roles.py)
+    assert ":class:" not in text and ":meth:" not in text

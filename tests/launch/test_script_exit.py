@@ -1,5 +1,6 @@
-"""`rankwise launch script.py`: the script runs as `python script.py` would, and its ranks exit cleanly even when it
-leaves its DDP model alive and its process group open (rankwise.launch.script closes it as rankwise's loop does)."""
+"""`rankwise launch script.py`: the script runs as `python script.py` would, and its ranks exit
+cleanly even when it leaves its DDP model alive and its process group open (rankwise.launch.script
+closes it as rankwise's loop does)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,21 @@ SCRIPT = Path(__file__).parents[1] / "support" / "launch" / "open_group_script.p
 
 
 def test_a_script_runs_as_main_with_its_own_argv_and_directory(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", str(SCRIPT),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankwise.cli",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPT),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -26,13 +40,32 @@ def test_a_script_runs_as_main_with_its_own_argv_and_directory(tmp_path):
         assert seen["path0"] == str(SCRIPT.parent) and seen["file"] == str(SCRIPT)
 
 
-def test_ten_launches_of_a_script_that_leaves_its_group_open_all_exit_cleanly_within_seconds(tmp_path):
+def test_ten_launches_of_a_script_that_leaves_its_group_open_all_exit_cleanly_within_seconds(
+    tmp_path,
+):
     took = []
     for attempt in range(10):
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2", str(SCRIPT),
-                               str(tmp_path)], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rankwise.cli",
+                "launch",
+                "--nproc-per-node",
+                "2",
+                str(SCRIPT),
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         took.append(time.perf_counter() - started)
-        assert proc.returncode == 0, f"launch {attempt}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
-        assert "terminate called" not in proc.stderr and "SIGABRT" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.returncode == 0, (
+            f"launch {attempt}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        )
+        assert "terminate called" not in proc.stderr and "SIGABRT" not in proc.stderr, proc.stderr[
+            -3000:
+        ]
     print(f"10 launches: {min(took):.1f} .. {max(took):.1f} s each")

@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from rankwise.measure.flops import FlopCounter, LengthFlops, datasheet_peak, devices, matmul_peak, with_length
+from rankwise.measure.flops import (
+    FlopCounter,
+    LengthFlops,
+    datasheet_peak,
+    devices,
+    matmul_peak,
+    with_length,
+)
 from rankwise.models.bert import build_bert
 from rankwise.train.evaluate import forward_logits
 
@@ -15,7 +22,8 @@ def test_a_linear_layer_counts_its_forward_and_weight_gradient_and_leaves_the_mo
     model = nn.Linear(20, 5)
     counter = FlopCounter(model, lambda m, batch: m(batch["features"]))
     flops = counter.count({"features": torch.randn(8, 20)})
-    assert flops == 2 * 8 * 20 * 5 * 2  # forward x @ W^T, and the weight gradient (inputs need none)
+    # forward x @ W^T, and the weight gradient (inputs need none)
+    assert flops == 2 * 8 * 20 * 5 * 2
     assert model.weight.grad is None and model.weight.device.type == "cpu"
 
 
@@ -31,26 +39,38 @@ def test_dropout_draws_nothing_from_the_real_generator():
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_the_length_fit_equals_counting_every_length(pooling):
     torch.manual_seed(0)
-    model, _ = build_bert("tiny", num_labels=3, dropout=0.1, vocab_size=200, pad_id=0, max_length=96,
-                          pooling=pooling)
-    template = {"input_ids": torch.ones(4, 10, dtype=torch.long), "attention_mask": torch.ones(4, 10, dtype=torch.long),
-                "labels": torch.zeros(4, dtype=torch.long), "index": torch.arange(4)}
+    model, _ = build_bert(
+        "tiny", num_labels=3, dropout=0.1, vocab_size=200, pad_id=0, max_length=96, pooling=pooling
+    )
+    template = {
+        "input_ids": torch.ones(4, 10, dtype=torch.long),
+        "attention_mask": torch.ones(4, 10, dtype=torch.long),
+        "labels": torch.zeros(4, dtype=torch.long),
+        "index": torch.arange(4),
+    }
     counter = FlopCounter(model, forward_logits)
     shapes = Counter({(4, n): 1 + n % 3 for n in (7, 12, 20, 33, 41, 64, 96)} | {(3, 50): 2})
     fitted = LengthFlops(counter, template)
     total = fitted.total(shapes)
     assert fitted.fitted is not None  # the fit was used, once a fourth length confirmed it
-    each = sum(counter.count(with_length(template, n, rows)) * times for (rows, n), times in shapes.items())
+    each = sum(
+        counter.count(with_length(template, n, rows)) * times for (rows, n), times in shapes.items()
+    )
     assert abs(total - each) <= 1e-9 * each
-    # Attention grows with the square of the length: twice the length costs more than twice the FLOPs.
-    assert counter.count(with_length(template, 64, 4)) > 2 * counter.count(with_length(template, 32, 4))
+    # Attention grows with the square of the length: twice the length costs more than twice the
+    # FLOPs.
+    assert counter.count(with_length(template, 64, 4)) > 2 * counter.count(
+        with_length(template, 32, 4)
+    )
 
 
 def test_a_rank_computing_on_several_devices_counts_them():
     assert devices(nn.Linear(2, 2)) == 1
-    parallel = nn.DataParallel(nn.Linear(2, 2))  # without GPUs: no device ids, the module runs on the CPU
+    # without GPUs: no device ids, the module runs on the CPU
+    parallel = nn.DataParallel(nn.Linear(2, 2))
     assert devices(parallel) == 1
-    parallel.device_ids = [0, 1, 2]  # what it holds over three GPUs (set here: this machine has none)
+    # what it holds over three GPUs (set here: this machine has none)
+    parallel.device_ids = [0, 1, 2]
     assert devices(parallel) == 3
 
 
@@ -63,10 +83,16 @@ def test_the_peak_is_measured_and_the_datasheet_knows_only_gpus():
 
 def test_datasheet_peaks_of_known_gpus(monkeypatch):
     cuda = torch.device("cuda", 0)
-    known = [("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4), ("NVIDIA H100 PCIe", torch.float16, 756.0),
-             ("NVIDIA H100 80GB HBM3", torch.float32, 66.9), ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312.0),
-             ("Tesla V100-SXM2-16GB", torch.bfloat16, None), ("NVIDIA GeForce RTX 4090", torch.bfloat16, None),
-             ("NVIDIA L40", torch.bfloat16, 181.0), ("NVIDIA L4", torch.bfloat16, 121.0)]
+    known = [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4),
+        ("NVIDIA H100 PCIe", torch.float16, 756.0),
+        ("NVIDIA H100 80GB HBM3", torch.float32, 66.9),
+        ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312.0),
+        ("Tesla V100-SXM2-16GB", torch.bfloat16, None),
+        ("NVIDIA GeForce RTX 4090", torch.bfloat16, None),
+        ("NVIDIA L40", torch.bfloat16, 181.0),
+        ("NVIDIA L4", torch.bfloat16, 121.0),
+    ]
     for name, dtype, tflops in known:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
         assert datasheet_peak(cuda, dtype) == (tflops * 1e12 if tflops else None), name

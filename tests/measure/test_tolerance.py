@@ -1,5 +1,6 @@
-"""The equivalence criterion itself: the same gradient summed in another order passes; a gradient that a rank
-count changes (a loss averaged per micro-batch, gradients summed instead of averaged, fp16 compression) fails."""
+"""The equivalence criterion itself: the same gradient summed in another order passes; a gradient
+that a rank count changes (a loss averaged per micro-batch, gradients summed instead of averaged,
+fp16 compression) fails."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ def _batch(samples: int = 64):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(samples, 16, generator=g)
     labels = torch.randint(0, 4, (samples,), generator=g)
-    # Each sample weighs its loss by how many of its positions count (as tokens that are not padding do).
+    # Each sample weighs its loss by how many of its positions count (as tokens that are not padding
+    # do).
     tokens = torch.randint(1, 9, (samples,), generator=g).float()
     return x, labels, tokens
 
 
-def _gradients(model: nn.Module, parts: list[tuple[torch.Tensor, ...]], loss_of) -> dict[str, torch.Tensor]:
-    """The gradient of the mean of ``loss_of(part)`` over ``parts``, as N ranks averaging their own would give it."""
+def _gradients(
+    model: nn.Module, parts: list[tuple[torch.Tensor, ...]], loss_of
+) -> dict[str, torch.Tensor]:
+    """The gradient of the mean of ``loss_of(part)`` over ``parts``, as N ranks averaging their own
+    would give it."""
     model.zero_grad()
     for part in parts:
         (loss_of(model, *part) / len(parts)).backward()
@@ -32,13 +37,18 @@ def _gradients(model: nn.Module, parts: list[tuple[torch.Tensor, ...]], loss_of)
 
 
 def _token_mean(model, x, labels, tokens):
-    """Mean over the global batch's tokens, written as each part's token sum x parts / all tokens (exact)."""
-    return (nn.functional.cross_entropy(model(x), labels, reduction="none") * tokens).sum() / ALL_TOKENS[0]
+    """Mean over the global batch's tokens, written as each part's token sum x parts / all tokens
+    (exact)."""
+    return (
+        nn.functional.cross_entropy(model(x), labels, reduction="none") * tokens
+    ).sum() / ALL_TOKENS[0]
 
 
 def _micro_mean(model, x, labels, tokens):
     """The defect: the loss averaged over this part's own tokens."""
-    return (nn.functional.cross_entropy(model(x), labels, reduction="none") * tokens).sum() / tokens.sum()
+    return (
+        nn.functional.cross_entropy(model(x), labels, reduction="none") * tokens
+    ).sum() / tokens.sum()
 
 
 ALL_TOKENS = [0.0]
@@ -51,9 +61,13 @@ def _split(batch, parts: int):
 def test_the_same_gradient_summed_in_another_order_passes():
     model, batch = _model(), _batch()
     one = _gradients(model, [batch], lambda m, x, y, t: nn.functional.cross_entropy(m(x), y))
-    two = _gradients(model, _split(batch, 2), lambda m, x, y, t: nn.functional.cross_entropy(m(x), y))
+    two = _gradients(
+        model, _split(batch, 2), lambda m, x, y, t: nn.functional.cross_entropy(m(x), y)
+    )
     reversed_batch = tuple(t.flip(0) for t in batch)
-    backwards = _gradients(model, _split(reversed_batch, 4), lambda m, x, y, t: nn.functional.cross_entropy(m(x), y))
+    backwards = _gradients(
+        model, _split(reversed_batch, 4), lambda m, x, y, t: nn.functional.cross_entropy(m(x), y)
+    )
     for other in (two, backwards):
         assert any(not torch.equal(other[k], one[k]) for k in one)  # the rounding really differs...
         result = gradient_difference(other, one)
@@ -66,7 +80,8 @@ def test_a_loss_averaged_per_micro_batch_fails():
     ALL_TOKENS[0] = float(batch[2].sum())
     one = _gradients(model, [batch], _token_mean)
     exact = _gradients(model, _split(batch, 2), lambda m, *part: 2 * _token_mean(m, *part))
-    assert gradient_difference(exact, one)["difference"] < GRADIENT / 10  # tokens counted over the whole batch
+    # tokens counted over the whole batch
+    assert gradient_difference(exact, one)["difference"] < GRADIENT / 10
     wrong = gradient_difference(_gradients(model, _split(batch, 2), _micro_mean), one)
     assert wrong["difference"] > 100 * GRADIENT, wrong
 
@@ -76,15 +91,20 @@ def test_a_summed_or_compressed_exchange_fails_and_a_gradient_zero_but_for_round
     one = _gradients(model, [batch], lambda m, x, y, t: nn.functional.cross_entropy(m(x), y))
     summed = gradient_difference({k: 2 * v for k, v in one.items()}, one)
     assert summed["difference"] > 0.5 and abs(summed["scale"] - 2) < 1e-9
-    halved = {k: (v / 2).half().float() * 2 for k, v in one.items()}  # fp16_compress: divide, round, sum
+    # fp16_compress: divide, round, sum
+    halved = {k: (v / 2).half().float() * 2 for k, v in one.items()}
     assert gradient_difference(halved, one)["difference"] > GRADIENT
-    # A tensor whose gradient is zero in exact arithmetic (an attention key's bias) keeps only rounding: judged
-    # against its share of the whole gradient, not against itself.
+    # A tensor whose gradient is zero in exact arithmetic (an attention key's bias) keeps only
+    # rounding: judged against its share of the whole gradient, not against itself.
     noisy_zero = {**one, "zero": torch.full((4,), 1e-12)}
-    assert gradient_difference(noisy_zero, {**one, "zero": torch.zeros(4)})["difference"] < GRADIENT / 10
+    assert (
+        gradient_difference(noisy_zero, {**one, "zero": torch.zeros(4)})["difference"]
+        < GRADIENT / 10
+    )
     missing = gradient_difference({k: v for k, v in one.items() if k != "0.bias"}, one)
     assert missing["only_one"] == ["0.bias"] and missing["difference"] > 100 * GRADIENT
-    # ZeRO hands a parameter the forward did not use a gradient of zeros where one process has none: the same.
+    # ZeRO hands a parameter the forward did not use a gradient of zeros where one process has none:
+    # the same.
     unused = gradient_difference({**one, "spare": torch.zeros(3)}, one)
     assert unused["only_one"] == [] and unused["difference"] == 0
 

@@ -1,4 +1,5 @@
-"""The first step tells whether the ranks trained on their own shares: a plain DataLoader warns once, on rank 0."""
+"""The first step tells whether the ranks trained on their own shares: a plain DataLoader warns
+once, on rank 0."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ def _one_step(loader: str) -> list[str]:
         with rankwise.setup("ddp", seed=0) as rt:
             model, optimizer = rt.prepare(torch.nn.Linear(4, 2), None)
             data = TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
-            batches = DataLoader(data, batch_size=4) if loader == "plain" else rt.loader(data, batch_size=8)
+            batches = (
+                DataLoader(data, batch_size=4)
+                if loader == "plain"
+                else rt.loader(data, batch_size=8)
+            )
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             for step, (x, y) in enumerate(batches):
                 x, y = rt.to_device((x, y))

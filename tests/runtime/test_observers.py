@@ -1,4 +1,5 @@
-"""A tool's observer sees every point of a loop on the Runtime, in order, and can end the loop cleanly."""
+"""A tool's observer sees every point of a loop on the Runtime, in order, and can end the loop
+cleanly."""
 
 from __future__ import annotations
 
@@ -63,9 +64,13 @@ def test_an_observer_sees_each_point_of_the_loop_in_order(registered):
     registered.register(recorder)
     with rankwise.setup("single") as rt:
         _loop(rt)
-    assert recorder.seen == ["prepared accum=1", "loader 4 shuffle=True",
-                             *["batch 4", "backward", "before_step", "stepped 1"],
-                             *["batch 4", "backward", "before_step", "stepped 2"], "ended"]
+    assert recorder.seen == [
+        "prepared accum=1",
+        "loader 4 shuffle=True",
+        *["batch 4", "backward", "before_step", "stepped 1"],
+        *["batch 4", "backward", "before_step", "stepped 2"],
+        "ended",
+    ]
 
 
 def test_an_observer_ends_the_script_cleanly_and_nothing_is_watched_without_one(registered):
@@ -73,7 +78,11 @@ def test_an_observer_ends_the_script_cleanly_and_nothing_is_watched_without_one(
     registered.register(recorder)
     with pytest.raises(observers.Finished) as finished, rankwise.setup("single") as rt:
         _loop(rt)
-    assert finished.value.code == 0 and recorder.seen[-1] == "stepped 1" and "ended" not in recorder.seen
+    assert (
+        finished.value.code == 0
+        and recorder.seen[-1] == "stepped 1"
+        and "ended" not in recorder.seen
+    )
     registered._registered.clear()
     with rankwise.setup("single") as rt:
         assert rt.observers == []

@@ -1,4 +1,5 @@
-"""The data the strategy tests train on, prepared once per module (tests/support/strategies.py builds it)."""
+"""The data the strategy tests train on, prepared once per module (tests/support/strategies.py
+builds it)."""
 
 import pytest
 

@@ -11,8 +11,16 @@ from rankwise.strategies.blocks import checkpoint_blocks, transformer_blocks
 
 def _bert(pooling="cls", ngrams=None):
     torch.manual_seed(0)
-    model, _ = build_bert("tiny", num_labels=3, dropout=0.1, vocab_size=100, pad_id=0, max_length=64,
-                          pooling=pooling, ngrams=ngrams)
+    model, _ = build_bert(
+        "tiny",
+        num_labels=3,
+        dropout=0.1,
+        vocab_size=100,
+        pad_id=0,
+        max_length=64,
+        pooling=pooling,
+        ngrams=ngrams,
+    )
     return model
 
 
@@ -34,9 +42,12 @@ def _logits(model: nn.Module, inputs: dict) -> torch.Tensor:
     return getattr(output, "logits", output)
 
 
-@pytest.mark.parametrize("pooling,ngrams", [("cls", None), ("mean", None), ("cls", {"buckets": 64})])
+@pytest.mark.parametrize(
+    "pooling,ngrams", [("cls", None), ("mean", None), ("cls", {"buckets": 64})]
+)
 def test_every_bert_layer_is_found_once(pooling, ngrams):
-    # BertForSequenceClassification names no _no_split_modules: its layers are found by their base class.
+    # BertForSequenceClassification names no _no_split_modules: its layers are found by their base
+    # class.
     blocks = transformer_blocks(_bert(pooling, ngrams))
     assert [type(b).__name__ for b in blocks] == ["BertLayer", "BertLayer"]
 
@@ -67,7 +78,10 @@ def test_a_users_model_opts_in_by_naming_its_block_class():
 
 
 def test_checkpointed_layers_keep_less_and_compute_the_same():
-    inputs = {"input_ids": torch.randint(1, 100, (8, 64)), "attention_mask": torch.ones(8, 64, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(1, 100, (8, 64)),
+        "attention_mask": torch.ones(8, 64, dtype=torch.long),
+    }
     plain, checkpointed = _bert(), _bert()
     names = [name for name, _ in plain.named_parameters()]
     plain_bytes = _saved_bytes(plain, inputs)
@@ -75,10 +89,15 @@ def test_checkpointed_layers_keep_less_and_compute_the_same():
     assert checkpoint_blocks(checkpointed) == 2  # a second prepare does not wrap twice
     torch.manual_seed(1)
     checkpointed_bytes = _saved_bytes(checkpointed, inputs)
-    print(f"saved for backward: {plain_bytes / 1e6:.2f} MB plain, {checkpointed_bytes / 1e6:.2f} MB checkpointed")
+    print(
+        f"saved for backward: {plain_bytes / 1e6:.2f} MB plain, {checkpointed_bytes / 1e6:.2f} MB "
+        "checkpointed"
+    )
     assert checkpointed_bytes < 0.6 * plain_bytes
-    assert [name for name, _ in checkpointed.named_parameters()] == names  # checkpoints and exports unchanged
-    # DataParallel's replicas copy a module's attributes: each must recompute with its own weights, not the original's.
+    # checkpoints and exports unchanged
+    assert [name for name, _ in checkpointed.named_parameters()] == names
+    # DataParallel's replicas copy a module's attributes: each must recompute with its own weights,
+    # not the original's.
     layer = transformer_blocks(checkpointed)[0]
     replica = layer._replicate_for_data_parallel()
     assert "forward" not in replica.__dict__ and replica.forward.__self__ is replica

@@ -1,6 +1,7 @@
-"""Every registered strategy satisfies the contract of :class:`rankwise.strategies.base.Strategy`: a concrete
-class (no abstract member left), named as registered, and every member it redefines marked ``@override`` and
-really overriding one of its bases' (a misspelt override would otherwise be a new, never-called method)."""
+"""Every registered strategy satisfies the contract of :class:`rankwise.strategies.base.Strategy`: a
+concrete class (no abstract member left), named as registered, and every member it redefines marked
+``@override`` and really overriding one of its bases' (a misspelt override would otherwise be a new,
+never-called method)."""
 
 import abc
 import inspect
@@ -17,20 +18,32 @@ STRATEGIES = sorted({lookup(name).cls for name in strategy_names()}, key=lambda 
 def test_the_contract_is_abstract_where_a_strategy_must_decide():
     assert isinstance(Strategy, abc.ABCMeta)
     assert Strategy.__abstractmethods__ == {"wrap", "unwrap", "no_sync", "library_world_size"}
-    for name in Strategy.__abstractmethods__ | {"setup", "backward", "step", "save_state", "load_state"}:
-        assert inspect.getdoc(getattr(Strategy, name)), f"Strategy.{name} says nothing of what the loop relies on"
+    for name in Strategy.__abstractmethods__ | {
+        "setup",
+        "backward",
+        "step",
+        "save_state",
+        "load_state",
+    }:
+        assert inspect.getdoc(getattr(Strategy, name)), (
+            f"Strategy.{name} says nothing of what the loop relies on"
+        )
     with pytest.raises(TypeError, match="abstract"):
         Strategy.__new__(Strategy)
 
 
 @pytest.mark.parametrize("cls", STRATEGIES, ids=lambda cls: cls.name)
 def test_every_registered_strategy_satisfies_the_contract(cls):
-    assert issubclass(cls, Strategy) and not inspect.isabstract(cls), \
+    assert issubclass(cls, Strategy) and not inspect.isabstract(cls), (
         f"{cls.__name__} leaves {sorted(cls.__abstractmethods__)} abstract"
+    )
     assert lookup(cls.name).cls is cls and cls.description
-    assert not unmarked_overrides(cls), f"{cls.__name__} overrides {unmarked_overrides(cls)} without @override"
-    assert not overrides_of_nothing(cls), f"{cls.__name__}: @override on {overrides_of_nothing(cls)}, which no " \
-                                          "base defines"
+    assert not unmarked_overrides(cls), (
+        f"{cls.__name__} overrides {unmarked_overrides(cls)} without @override"
+    )
+    assert not overrides_of_nothing(cls), (
+        f"{cls.__name__}: @override on {overrides_of_nothing(cls)}, which no base defines"
+    )
 
 
 def test_the_checks_see_a_missing_override_mark_and_an_override_of_nothing():

@@ -1,4 +1,5 @@
-"""DDP's own behaviour: one gradient synchronisation per optimizer step, buffers broadcast only when they change."""
+"""DDP's own behaviour: one gradient synchronisation per optimizer step, buffers broadcast only when
+they change."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tests.support.multiproc import run_ranks
 
 
 def _count_bucket_syncs(strategy: str, grad_accum: int, steps: int) -> tuple[int, int, bool]:
-    """One rank: ``steps`` optimizer steps of ``grad_accum`` micro-batches; DDP's bucket all-reduces counted."""
+    """One rank: ``steps`` optimizer steps of ``grad_accum`` micro-batches; DDP's bucket all-reduces
+    counted."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import rankwise
@@ -24,8 +26,14 @@ def _count_bucket_syncs(strategy: str, grad_accum: int, steps: int) -> tuple[int
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model, optimizer = rt.prepare(model, optimizer, grad_accum=grad_accum, micro_batch_size=4)
-        warned = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+            model, optimizer = rt.prepare(
+                model, optimizer, grad_accum=grad_accum, micro_batch_size=4
+            )
+        warned = [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, (FutureWarning, DeprecationWarning))
+        ]
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else model.module
         calls = []
 
@@ -47,10 +55,14 @@ def _count_bucket_syncs(strategy: str, grad_accum: int, steps: int) -> tuple[int
 @pytest.mark.multiproc
 @pytest.mark.parametrize("strategy", ["ddp", "accelerate"])
 def test_accumulation_synchronises_once_per_optimizer_step(strategy):
-    syncs, buckets, broadcasting, warned = run_ranks(_count_bucket_syncs, 2, strategy, 4, 3, timeout=120)[0]
-    assert buckets == 1 and syncs == 3  # not 12: the first three micro-batches of each step skip the all-reduce
+    syncs, buckets, broadcasting, warned = run_ranks(
+        _count_bucket_syncs, 2, strategy, 4, 3, timeout=120
+    )[0]
+    # not 12: the first three micro-batches of each step skip the all-reduce
+    assert buckets == 1 and syncs == 3
     assert broadcasting is False  # no buffers: nothing to broadcast at each forward
-    assert warned == []  # torch 2.13 warns once per rank for the deprecated broadcast_buffers keyword
+    # torch 2.13 warns once per rank for the deprecated broadcast_buffers keyword
+    assert warned == []
 
 
 def test_buffers_are_broadcast_only_when_training_can_change_them():

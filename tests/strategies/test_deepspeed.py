@@ -1,4 +1,5 @@
-"""DeepSpeed specifics: ZeRO-3 at fp32 keeps one copy of each parameter partition, and its processes exit cleanly."""
+"""DeepSpeed specifics: ZeRO-3 at fp32 keeps one copy of each parameter partition, and its processes
+exit cleanly."""
 
 import pytest
 
@@ -21,26 +22,34 @@ def _zero3_partitions(bucket_size: int) -> dict:
         loss = model(torch.randn(2, 64)).square().mean()
         rt.backward(loss, model)
         rt.step(optimizer, model)
-        return {"sub_groups": len(masters),
-                "shared": [m.data_ptr() == p.data_ptr() for m, p in zip(masters, partitions)],
-                "updated": [not torch.equal(b, p) for b, p in zip(before, partitions)]}
+        return {
+            "sub_groups": len(masters),
+            "shared": [m.data_ptr() == p.data_ptr() for m, p in zip(masters, partitions)],
+            "updated": [not torch.equal(b, p) for b, p in zip(before, partitions)],
+        }
 
 
 @pytest.mark.multiproc
 def test_zero3_fp32_updates_parameter_partitions_in_place_without_a_master_copy():
-    # 4,290 parameters, 2,145 per rank: a bucket of 1,000 elements cuts each rank's partition into sub-groups.
+    # 4,290 parameters, 2,145 per rank: a bucket of 1,000 elements cuts each rank's partition into
+    # sub-groups.
     results = run_ranks(_zero3_partitions, 2, 1000)
     for rank, result in enumerate(results):
-        assert result["sub_groups"] > 1, f"rank {rank}: sub_group_size did not follow deepspeed.bucket_size"
+        assert result["sub_groups"] > 1, (
+            f"rank {rank}: sub_group_size did not follow deepspeed.bucket_size"
+        )
         assert all(result["shared"]), f"rank {rank}: a fp32 master partition is a separate copy"
-        assert all(result["updated"]), f"rank {rank}: the optimizer step did not reach the parameter partitions"
+        assert all(result["updated"]), (
+            f"rank {rank}: the optimizer step did not reach the parameter partitions"
+        )
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("attempt", range(3))
 def test_zero3_processes_exit_cleanly(attempt):
-    """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (docs/architecture.md, workarounds); rankwise's
-    teardown (engine destroyed before the process group) must let every rank exit 0, every time."""
+    """A minimal ZeRO-3 script on CPU aborted with SIGABRT at exit (docs/architecture.md,
+    workarounds); rankwise's teardown (engine destroyed before the process group) must let every
+    rank exit 0, every time."""
     # fresh=True: dedicated processes that must exit with code 0 after returning their result.
     results = run_ranks(_zero3_partitions, 2, 1000, fresh=True, timeout=120)
     assert all(all(r["updated"]) for r in results), f"attempt {attempt}: ZeRO-3 did not train"
@@ -58,22 +67,35 @@ def _deepspeed_config(tmp_path, user_json: str | None, *overrides: str) -> dict:
         extra = [f"deepspeed.config_file={tmp_path / 'ds.json'}"]
     cfg = build_config(overrides=["strategy=deepspeed", *extra, *overrides])
     DeepSpeed.check_options(cfg.deepspeed)
-    return DeepSpeed(ProcessEnv.detect(), options=cfg.deepspeed).ds_config(LoopFacts(grad_accum=2, micro_batch_size=16))
+    return DeepSpeed(ProcessEnv.detect(), options=cfg.deepspeed).ds_config(
+        LoopFacts(grad_accum=2, micro_batch_size=16)
+    )
 
 
 def test_user_json_is_merged_over_the_generated_config(tmp_path):
-    config = _deepspeed_config(tmp_path, '{"zero_optimization": {"overlap_comm": true}, "steps_per_print": 5}')
+    config = _deepspeed_config(
+        tmp_path, '{"zero_optimization": {"overlap_comm": true}, "steps_per_print": 5}'
+    )
     assert config["steps_per_print"] == 5
     assert config["zero_optimization"]["overlap_comm"] is True
     assert config["zero_optimization"]["stage"] == 2  # rankwise's keys stay
-    assert (config["gradient_accumulation_steps"], config["train_micro_batch_size_per_gpu"]) == (2, 16)
+    assert (config["gradient_accumulation_steps"], config["train_micro_batch_size_per_gpu"]) == (
+        2,
+        16,
+    )
 
 
-@pytest.mark.parametrize("user_json, message", [
-    ('{"train_batch_size": 64, "gradient_clipping": 0.5}', "gradient_clipping, train_batch_size come from rankwise"),
-    ('{"zero_optimization": ', "ds.json"),
-    ("[1, 2]", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "user_json, message",
+    [
+        (
+            '{"train_batch_size": 64, "gradient_clipping": 0.5}',
+            "gradient_clipping, train_batch_size come from rankwise",
+        ),
+        ('{"zero_optimization": ', "ds.json"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_bad_user_json_is_refused_naming_the_file(tmp_path, user_json, message):
     from rankwise.train.config import ConfigError
 
@@ -86,8 +108,13 @@ def test_parameter_offload_needs_stage_3(tmp_path):
 
     with pytest.raises(ConfigError, match="offload_param needs deepspeed.zero_stage=3"):
         _deepspeed_config(tmp_path, None, "deepspeed.offload_param=true")
-    zero = _deepspeed_config(tmp_path, None, "deepspeed.offload_param=true", "deepspeed.zero_stage=3",
-                             "deepspeed.offload_optimizer=true")["zero_optimization"]
+    zero = _deepspeed_config(
+        tmp_path,
+        None,
+        "deepspeed.offload_param=true",
+        "deepspeed.zero_stage=3",
+        "deepspeed.offload_optimizer=true",
+    )["zero_optimization"]
     assert zero["offload_param"] == zero["offload_optimizer"] == {"device": "cpu"}
 
 
@@ -97,7 +124,8 @@ def _zero3_weights_round_trip() -> dict:
 
     import rankwise
 
-    # A bucket of 1,000 elements: the 4,160-element first layer is gathered alone, the rest together.
+    # A bucket of 1,000 elements: the 4,160-element first layer is gathered alone, the rest
+    # together.
     with rankwise.setup("deepspeed-zero3", options={"bucket_size": 1000}, seed=0) as rt:
         model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
         original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -111,8 +139,12 @@ def _zero3_weights_round_trip() -> dict:
         rt.strategy.load_model_state_dict(model, original)  # rank 0's copy goes to every partition
         with torch.no_grad():
             restored = torch.allclose(model(probe), expected, atol=1e-6)
-        return {"keys": sorted(gathered), "equal": all(torch.equal(gathered[k], original[k]) for k in gathered),
-                "moved": moved, "restored": restored}
+        return {
+            "keys": sorted(gathered),
+            "equal": all(torch.equal(gathered[k], original[k]) for k in gathered),
+            "moved": moved,
+            "restored": restored,
+        }
 
 
 @pytest.mark.multiproc
@@ -133,10 +165,13 @@ def _train_three_steps(precision: str, *overrides: str) -> dict:
     options = {key: value for key, value in (item.split("=") for item in overrides)}
     with rankwise.setup("deepspeed", precision, options=options, seed=0) as rt:
         model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2))
-        model, optimizer = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01))
+        model, optimizer = rt.prepare(
+            model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+        )
         batches = torch.Generator().manual_seed(rt.rank)
         for _ in range(3):
-            loss = model(torch.randn(2, 16, generator=batches)).float().square().mean()  # float features
+            # float features
+            loss = model(torch.randn(2, 16, generator=batches)).float().square().mean()
             rt.backward(loss, model)
             rt.step(optimizer, model)
             rt.zero_grad(optimizer)
@@ -144,10 +179,14 @@ def _train_three_steps(precision: str, *overrides: str) -> dict:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("stage, offload", [
-    (2, ["offload_optimizer=true"]),
-    (3, ["offload_optimizer=true", "offload_param=true"]),
-], ids=["zero2-optimizer", "zero3-optimizer-and-parameters"])
+@pytest.mark.parametrize(
+    "stage, offload",
+    [
+        (2, ["offload_optimizer=true"]),
+        (3, ["offload_optimizer=true", "offload_param=true"]),
+    ],
+    ids=["zero2-optimizer", "zero3-optimizer-and-parameters"],
+)
 def test_cpu_offload_trains_like_no_offload(stage, offload):
     """DeepSpeed refuses a client optimizer with offload unless told otherwise; the loop's AdamW
     then steps the offloaded partitions and must give the same weights."""

@@ -27,12 +27,18 @@ def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
 def test_dp_matches_single(datasets, tmp_path):
     _, model = CASES["toy-mlp"]
     for strategy in ("single", "dp"):
-        run_ranks(train_case, 1, str(tmp_path / strategy), str(datasets / "toy"),
-                  [*model, "batch_size=16", f"strategy={strategy}"])
+        run_ranks(
+            train_case,
+            1,
+            str(tmp_path / strategy),
+            str(datasets / "toy"),
+            [*model, "batch_size=16", f"strategy={strategy}"],
+        )
     assert max_param_diff(case_weights(tmp_path / "single"), case_weights(tmp_path / "dp")) == 0.0
 
 
-BF16_TOLERANCE = 2e-3  # bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
+# bf16 autocast rounds activations to 8 mantissa bits: far looser than fp32's 1e-5
+BF16_TOLERANCE = 2e-3
 
 
 # DeepSpeed's bf16 mode is not autocast: it keeps the model itself in bf16 (every matmul input and
@@ -51,22 +57,39 @@ def single_bf16(datasets, tmp_path_factory):
     return case_weights(out)
 
 
-# Test id -> (ranks, overrides, tolerance).  Horovod's bf16 run is in test_horovod.py (it needs horovodrun).
+# Test id -> (ranks, overrides, tolerance).  Horovod's bf16 run is in test_horovod.py (it needs
+# horovodrun).
 BF16_RUNS = {
     "dp": (1, ["strategy=dp"], BF16_TOLERANCE),
     "ddp": (2, ["strategy=ddp"], BF16_TOLERANCE),
     "fsdp": (2, ["strategy=fsdp"], BF16_TOLERANCE),
     "accelerate": (2, ["strategy=accelerate"], BF16_TOLERANCE),
-    "deepspeed-zero2": (2, ["strategy=deepspeed", "deepspeed.zero_stage=2"], DEEPSPEED_BF16_TOLERANCE),
-    "deepspeed-zero3": (2, ["strategy=deepspeed", "deepspeed.zero_stage=3"], DEEPSPEED_BF16_TOLERANCE),
+    "deepspeed-zero2": (
+        2,
+        ["strategy=deepspeed", "deepspeed.zero_stage=2"],
+        DEEPSPEED_BF16_TOLERANCE,
+    ),
+    "deepspeed-zero3": (
+        2,
+        ["strategy=deepspeed", "deepspeed.zero_stage=3"],
+        DEEPSPEED_BF16_TOLERANCE,
+    ),
 }
 
 
 @pytest.mark.parametrize("run", BF16_RUNS)
 def test_bf16_mixed_stays_close_to_single_bf16(run, datasets, single_bf16, tmp_path):
     ranks, overrides, tolerance = BF16_RUNS[run]
-    assert run_ranks(train_case, ranks, str(tmp_path / run), str(datasets / "text"), [*BF16_COMMON, *overrides]) \
+    assert (
+        run_ranks(
+            train_case,
+            ranks,
+            str(tmp_path / run),
+            str(datasets / "text"),
+            [*BF16_COMMON, *overrides],
+        )
         == [(6, ranks)] * ranks
+    )
     difference = max_param_diff(single_bf16, case_weights(tmp_path / run))
     print(f"bf16 {run}: max |single - {run}| = {difference:.2e}")
     assert difference < tolerance

@@ -1,4 +1,5 @@
-"""The heart of correctness: N ranks with global batch B compute what one process with batch B computes.
+"""The heart of correctness: N ranks with global batch B compute what one process with batch B
+computes.
 
 DistributedSampler's seeded permutation, rank r taking every W-th index, makes the
 ranks' shards of step t together exactly batch t of the single-process run.  With fp32
@@ -20,15 +21,21 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def single_run(datasets, tmp_path_factory):
-    """The one-process reference runs, trained once per (data, model, batch) and shared by every strategy."""
+    """The one-process reference runs, trained once per (data, model, batch) and shared by every
+    strategy."""
     cache = {}
 
     def run(case: str, batch: int, extra: tuple[str, ...] = ()) -> dict:
         if (case, batch, extra) not in cache:
             data, model = CASES[case]
             out = tmp_path_factory.mktemp(f"single-{case}-{batch}")
-            steps = run_ranks(train_case, 1, str(out), str(datasets / data), [*model, f"batch_size={batch}",
-                                                                          "strategy=single", *extra])
+            steps = run_ranks(
+                train_case,
+                1,
+                str(out),
+                str(datasets / data),
+                [*model, f"batch_size={batch}", "strategy=single", *extra],
+            )
             assert steps == [(6, 1)]
             cache[case, batch, extra] = case_weights(out)
         return cache[case, batch, extra]
@@ -36,8 +43,8 @@ def single_run(datasets, tmp_path_factory):
     return run
 
 
-# Every registered multi-process strategy (tests/support/strategies.py: COVERAGE).  DeepSpeed's default is ZeRO-2;
-# ZeRO-3 also shards (and here updates in place) the parameters.
+# Every registered multi-process strategy (tests/support/strategies.py: COVERAGE).  DeepSpeed's
+# default is ZeRO-2; ZeRO-3 also shards (and here updates in place) the parameters.
 STRATEGIES = strategies_for("equivalence")
 
 
@@ -45,8 +52,13 @@ STRATEGIES = strategies_for("equivalence")
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tmp_path):
     data, model = CASES[case]
-    results = run_ranks(train_case, 2, str(tmp_path / strategy), str(datasets / data),
-                        [*model, "batch_size=16", f"strategy={strategy}"])
+    results = run_ranks(
+        train_case,
+        2,
+        str(tmp_path / strategy),
+        str(datasets / data),
+        [*model, "batch_size=16", f"strategy={strategy}"],
+    )
     # Accelerate's num_processes, DeepSpeed's world size, ...: no rank trained alone.
     assert results == [(6, 2), (6, 2)]
     single, distributed = single_run(case, 16), case_weights(tmp_path / strategy)
@@ -60,29 +72,49 @@ def test_two_ranks_match_single_process(strategy, case, datasets, single_run, tm
 @pytest.mark.parametrize("hook", list(COMM_HOOK))
 def test_ddp_comm_hooks_train_within_their_stated_tolerance(hook, datasets, single_run, tmp_path):
     data, model = CASES["tiny-bert"]
-    options = [f"ddp.comm_hook={hook}", "ddp.powersgd_start_step=2"]  # PowerSGD compresses from step 2 of 6
-    assert run_ranks(train_case, 2, str(tmp_path), str(datasets / data),
-                     [*model, "batch_size=16", "strategy=ddp", *options]) == [(6, 2), (6, 2)]
+    # PowerSGD compresses from step 2 of 6
+    options = [f"ddp.comm_hook={hook}", "ddp.powersgd_start_step=2"]
+    assert run_ranks(
+        train_case,
+        2,
+        str(tmp_path),
+        str(datasets / data),
+        [*model, "batch_size=16", "strategy=ddp", *options],
+    ) == [(6, 2), (6, 2)]
     difference = max_param_diff(single_run("tiny-bert", 16), case_weights(tmp_path))
-    print(f"ddp.comm_hook={hook}: max |single - ddp| = {difference:.2e} (stated {COMM_HOOK[hook]:g})")
+    print(
+        f"ddp.comm_hook={hook}: max |single - ddp| = {difference:.2e} (stated {COMM_HOOK[hook]:g})"
+    )
     assert difference < COMM_HOOK[hook]
-    assert difference > TOLERANCE  # the hook really changed what was sent: not the exact fp32 average
+    # the hook really changed what was sent: not the exact fp32 average
+    assert difference > TOLERANCE
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gradient_accumulation_matches_the_full_batch(strategy, datasets, single_run, tmp_path):
     _, model = CASES["toy-mlp"]
-    run_ranks(train_case, 2, str(tmp_path / "accum"), str(datasets / "toy"),
-              [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"])
+    run_ranks(
+        train_case,
+        2,
+        str(tmp_path / "accum"),
+        str(datasets / "toy"),
+        [*model, "batch_size=32", "grad_accum=2", f"strategy={strategy}"],
+    )
     assert max_param_diff(single_run("toy-mlp", 32), case_weights(tmp_path / "accum")) < TOLERANCE
 
 
 @pytest.mark.parametrize("stage", [0, 1])
 def test_deepspeed_zero_stages_0_and_1_match_single_process(stage, datasets, single_run, tmp_path):
-    """Stages 2 and 3 run in every test above; 0 (plain data parallel) and 1 (sharded optimizer state) here."""
+    """Stages 2 and 3 run in every test above; 0 (plain data parallel) and 1 (sharded optimizer
+    state) here."""
     _, model = CASES["toy-mlp"]
-    results = run_ranks(train_case, 2, str(tmp_path / "zero"), str(datasets / "toy"),
-                        [*model, "batch_size=16", f"strategy=deepspeed-zero{stage}"])
+    results = run_ranks(
+        train_case,
+        2,
+        str(tmp_path / "zero"),
+        str(datasets / "toy"),
+        [*model, "batch_size=16", f"strategy=deepspeed-zero{stage}"],
+    )
     assert results == [(6, 2), (6, 2)]
     assert max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path / "zero")) < TOLERANCE
 
@@ -95,11 +127,18 @@ TIGHT_CLIPPING = ["optim.max_grad_norm=1e-4"]
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gradient_clipping_matches_single_process(strategy, datasets, single_run, tmp_path):
-    """Each library clips the norm of the *global* gradient (all ranks' shards together), as one process does."""
+    """Each library clips the norm of the *global* gradient (all ranks' shards together), as one
+    process does."""
     _, model = CASES["toy-mlp"]
     overrides = [*model, "batch_size=16", *TIGHT_CLIPPING]
     single = single_run("toy-mlp", 16, extra=tuple(TIGHT_CLIPPING))
-    run_ranks(train_case, 2, str(tmp_path / "clip"), str(datasets / "toy"), [*overrides, f"strategy={strategy}"])
+    run_ranks(
+        train_case,
+        2,
+        str(tmp_path / "clip"),
+        str(datasets / "toy"),
+        [*overrides, f"strategy={strategy}"],
+    )
     assert max_param_diff(single, case_weights(tmp_path / "clip")) < TOLERANCE
     # Guards the test: the tight limit changed the single run (clipping fired).
     assert max_param_diff(single, single_run("toy-mlp", 16)) > 100 * TOLERANCE
@@ -117,20 +156,31 @@ def _initial_weights(data: str, model_overrides: list[str], datasets) -> dict:
     prepared = PreparedData.load(datasets / data)
     cfg = build_config(overrides=["seed=7", "model.dropout=0.0", *model_overrides])
     seed_everything(cfg.seed)
-    model, _ = build_model(cfg.model.name, num_labels=prepared.num_labels, dropout=0.0,
-                           vocab_size=prepared.encoder.vocab_size if prepared.encoder else None,
-                           pad_id=prepared.encoder.pad_id if prepared.encoder else 0,
-                           max_length=cfg.data.max_length, features=prepared.features,
-                           ngrams=prepared.ngrams.to_dict() if prepared.ngrams else None)
+    model, _ = build_model(
+        cfg.model.name,
+        num_labels=prepared.num_labels,
+        dropout=0.0,
+        vocab_size=prepared.encoder.vocab_size if prepared.encoder else None,
+        pad_id=prepared.encoder.pad_id if prepared.encoder else 0,
+        max_length=cfg.data.max_length,
+        features=prepared.features,
+        ngrams=prepared.ngrams.to_dict() if prepared.ngrams else None,
+    )
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_path):
-    """The source documents' ToyMpModel: each rank's MLP halves on two devices, DDP without device_ids.
-    On a CPU both halves sit on the CPU; the run must equal the unsplit single-process one."""
+    """The source documents' ToyMpModel: each rank's MLP halves on two devices, DDP without
+    device_ids. On a CPU both halves sit on the CPU; the run must equal the unsplit single-process
+    one."""
     _, model = CASES["toy-mlp"]
-    run_ranks(train_case, 2, str(tmp_path / "split"), str(datasets / "toy"),
-              [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"])
+    run_ranks(
+        train_case,
+        2,
+        str(tmp_path / "split"),
+        str(datasets / "toy"),
+        [*model, "batch_size=16", "strategy=ddp", "model.split_devices=true"],
+    )
     assert max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path / "split")) < TOLERANCE
 
 
@@ -139,27 +189,50 @@ def _train_compiled(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[
     from torch._dynamo.utils import counters
 
     counters.clear()
-    return (*train_case(run_dir, data_dir, [*overrides, "compile=true"]), counters["stats"]["unique_graphs"])
+    return (
+        *train_case(run_dir, data_dir, [*overrides, "compile=true"]),
+        counters["stats"]["unique_graphs"],
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, single_run, tmp_path):
     data, model = CASES["toy-mlp"]
-    results = run_ranks(_train_compiled, 2, str(tmp_path), str(datasets / data),
-                        [*model, "batch_size=16", f"strategy={strategy}"])
+    results = run_ranks(
+        _train_compiled,
+        2,
+        str(tmp_path),
+        str(datasets / data),
+        [*model, "batch_size=16", f"strategy={strategy}"],
+    )
     assert [(steps, world) for steps, world, _ in results] == [(6, 2)] * 2
-    assert all(graphs >= 1 for _, _, graphs in results), results  # Dynamo really compiled, in every rank
+    # Dynamo really compiled, in every rank
+    assert all(graphs >= 1 for _, _, graphs in results), results
     difference = max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path))
     print(f"toy-mlp: max |single (eager) - {strategy} (compiled)| = {difference:.2e}")
     assert difference < TOLERANCE
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed-zero3"])
-def test_activation_checkpointing_matches_the_single_process_without_it(strategy, datasets, single_run, tmp_path):
+def test_activation_checkpointing_matches_the_single_process_without_it(
+    strategy, datasets, single_run, tmp_path
+):
     data, model = CASES["tiny-bert"]
-    assert run_ranks(train_case, 2, str(tmp_path), str(datasets / data),
-                     [*model, "batch_size=16", f"strategy={strategy}", "model.activation_checkpointing=true"]
-                     ) == [(6, 2)] * 2
+    assert (
+        run_ranks(
+            train_case,
+            2,
+            str(tmp_path),
+            str(datasets / data),
+            [
+                *model,
+                "batch_size=16",
+                f"strategy={strategy}",
+                "model.activation_checkpointing=true",
+            ],
+        )
+        == [(6, 2)] * 2
+    )
     difference = max_param_diff(single_run("tiny-bert", 16), case_weights(tmp_path))
     print(f"tiny-bert: max |single - {strategy} with activation checkpointing| = {difference:.2e}")
     assert difference < TOLERANCE

@@ -10,7 +10,6 @@ strategies' 1e-5 on purpose: Horovod's ``broadcast_optimizer_state`` on a fresh 
 a hidden step that decays every weight once, which showed up here as 3-6e-6.
 """
 
-
 import horovod.torch  # noqa: F401 - make test installs it; a missing Horovod fails here, never skips
 import pytest
 
@@ -32,9 +31,27 @@ TINY_BERT = (*tiny_text(), "--model", "tiny")
 
 def _train(out, strategy: str, *extra: str, task: tuple[str, ...] = TOY) -> dict:
     nproc = ["--nproc-per-node", "2"] if strategy != "single" else []
-    proc = rankwise("train", *task, "--strategy", strategy, *nproc, "--max-steps", "6", "--seed", "7",
-                    "--out", str(out), "--batch-size", "32", "--set", "model.dropout=0", "--json", "--no-progress",
-                    *extra, cwd=None)
+    proc = rankwise(
+        "train",
+        *task,
+        "--strategy",
+        strategy,
+        *nproc,
+        "--max-steps",
+        "6",
+        "--seed",
+        "7",
+        "--out",
+        str(out),
+        "--batch-size",
+        "32",
+        "--set",
+        "model.dropout=0",
+        "--json",
+        "--no-progress",
+        *extra,
+        cwd=None,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json_summary(proc)
 
@@ -92,10 +109,12 @@ def test_horovod_fp16_compression_stays_close_to_single_process(single, horovod_
     difference = _difference(single_dir, tmp_path)
     print(f"horovod fp16 compression: max |single - horovod| = {difference:.2e}")
     assert difference < COMPRESSED_TOLERANCE
-    assert _difference(horovod_run[0], tmp_path) > 0  # differs from the uncompressed run: compression ran
+    # differs from the uncompressed run: compression ran
+    assert _difference(horovod_run[0], tmp_path) > 0
 
 
-# bf16 autocast rounds activations to 8 mantissa bits; as for the other strategies (test_dp_precision.py).
+# bf16 autocast rounds activations to 8 mantissa bits; as for the other strategies
+# (test_dp_precision.py).
 BF16_TOLERANCE = 2e-3
 
 
@@ -106,8 +125,10 @@ def test_horovod_bf16_mixed_stays_close_to_single_bf16(single, tmp_path):
     assert summary["library_world_size"] == 2
     difference = _difference(tmp_path / "single", tmp_path / "horovod")
     fp32_gap = _difference(single[0], tmp_path / "horovod")
-    print(f"horovod bf16: max |single - horovod| = {difference:.2e}; from the fp32 run {fp32_gap:.2e}")
+    print(
+        f"horovod bf16: max |single - horovod| = {difference:.2e}; from the fp32 run {fp32_gap:.2e}"
+    )
     assert difference < BF16_TOLERANCE
-    # bf16 really ran: farther from the fp32 run than from single-process bf16 (measured 2.9e-5 vs 6.9e-6;
-    # Adam's normalisation keeps the toy MLP's bf16 drift small).
+    # bf16 really ran: farther from the fp32 run than from single-process bf16 (measured 2.9e-5 vs
+    # 6.9e-6; Adam's normalisation keeps the toy MLP's bf16 drift small).
     assert fp32_gap > 2 * difference

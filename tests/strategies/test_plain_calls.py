@@ -1,6 +1,7 @@
-"""What a PyTorch user types — loss.backward(), optimizer.step(), optimizer.zero_grad() — on the objects rt.prepare
-returned: under every strategy it either trains (the loss falls) or raises at the first step with the fix.
-Under deepspeed-zero2 it used to change nothing for 3 epochs (loss 1.4261 -> 1.4277), exit 0."""
+"""What a PyTorch user types — loss.backward(), optimizer.step(), optimizer.zero_grad() — on the
+objects rt.prepare returned: under every strategy it either trains (the loss falls) or raises at the
+first step with the fix. Under deepspeed-zero2 it used to change nothing for 3 epochs (loss 1.4261
+-> 1.4277), exit 0."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or
 
 
 def _plain(strategy: str, backward: str) -> tuple[list[float], str | None]:
-    """One rank: 12 steps typed as in a plain PyTorch loop (``backward``: "plain" or "rt"); the losses, or the
-    error the first step raised."""
+    """One rank: 12 steps typed as in a plain PyTorch loop (``backward``: "plain" or "rt"); the
+    losses, or the error the first step raised."""
     import rankwise
 
     with rankwise.setup(strategy, seed=0) as rt:
@@ -48,8 +49,12 @@ def _plain(strategy: str, backward: str) -> tuple[list[float], str | None]:
                 loss.backward() if backward == "plain" else rt.backward(loss, model)
                 optimizer.step()
                 optimizer.zero_grad()
-        losses.append(rt.all_reduce(nn.functional.cross_entropy(model(rt.to_device(x)), rt.to_device(y)).detach(),
-                                    "mean").item())
+        losses.append(
+            rt.all_reduce(
+                nn.functional.cross_entropy(model(rt.to_device(x)), rt.to_device(y)).detach(),
+                "mean",
+            ).item()
+        )
         return losses, None
 
 
@@ -61,8 +66,10 @@ def test_plain_calls_train_where_the_strategy_allows_them(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed-zero2", "deepspeed-zero3"])
-@pytest.mark.parametrize(("backward", "fix"), [("plain", "rt.backward(loss, model)"),
-                                               ("rt", "rt.step(optimizer, model) instead")])
+@pytest.mark.parametrize(
+    ("backward", "fix"),
+    [("plain", "rt.backward(loss, model)"), ("rt", "rt.step(optimizer, model) instead")],
+)
 def test_plain_calls_under_zero_raise_at_the_first_step_with_the_fix(strategy, backward, fix):
     (losses, error), (_, error_1) = run_ranks(_plain, 2, strategy, backward)
     assert losses == [] and error is not None and error == error_1, (losses, error)

@@ -1,5 +1,5 @@
-"""Tied parameters (a causal LM whose output layer is its input embedding, as in GPT-2) save and load under
-every strategy: one copy on disk, the tie restored on load, export unaffected."""
+"""Tied parameters (a causal LM whose output layer is its input embedding, as in GPT-2) save and
+load under every strategy: one copy on disk, the tie restored on load, export unaffected."""
 
 from __future__ import annotations
 
@@ -18,8 +18,17 @@ TIED = ("lm_head.weight", "transformer.wte.weight")
 def tied_lm(seed: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, tie_word_embeddings=True,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        tie_word_embeddings=True,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)
     assert model.lm_head.weight is model.transformer.wte.weight
@@ -62,12 +71,19 @@ def _load(strategy: str, out: str) -> dict | None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 2), ("fsdp", 2), ("deepspeed-zero3", 2)])
+@pytest.mark.parametrize(
+    ("strategy", "ranks"), [("single", 1), ("ddp", 2), ("fsdp", 2), ("deepspeed-zero3", 2)]
+)
 def test_tied_weights_save_once_and_load_tied(strategy, ranks, tmp_path):
     trained = run_ranks(_train_and_save, ranks, strategy, str(tmp_path), timeout=180)[0]["trained"]
-    for path in (tmp_path / "weights.safetensors", tmp_path / "checkpoints" / "latest" / "model.safetensors"):
+    for path in (
+        tmp_path / "weights.safetensors",
+        tmp_path / "checkpoints" / "latest" / "model.safetensors",
+    ):
         with safe_open(str(path), framework="pt") as handle:
-            assert len(set(TIED) & set(handle.keys())) == 1, f"{path}: the tied tensor is stored twice"
+            assert len(set(TIED) & set(handle.keys())) == 1, (
+                f"{path}: the tied tensor is stored twice"
+            )
         weights = read_weights(path)
         assert weights.keys() == trained.keys()
         assert weights[TIED[0]] is weights[TIED[1]]  # the tie comes back as one tensor
@@ -84,9 +100,17 @@ def test_export_and_init_weights_keep_the_tie(tmp_path):
     from rankwise.train import artifacts
 
     model = tied_lm(0)
-    ckpt.commit_checkpoint(tmp_path, 1, weights=model.state_dict(), training_state={"step": 1},
-                           files={artifacts.CONFIG: json.dumps({"data": {"max_length": 16}}),
-                                  artifacts.MODEL_SPEC: "{}", artifacts.LABELS: "[]"})
+    ckpt.commit_checkpoint(
+        tmp_path,
+        1,
+        weights=model.state_dict(),
+        training_state={"step": 1},
+        files={
+            artifacts.CONFIG: json.dumps({"data": {"max_length": 16}}),
+            artifacts.MODEL_SPEC: "{}",
+            artifacts.LABELS: "[]",
+        },
+    )
     exported = artifacts.export(tmp_path / "latest", tmp_path / "model.safetensors")
     with safe_open(str(exported), framework="pt") as handle:
         assert len(set(TIED) & set(handle.keys())) == 1

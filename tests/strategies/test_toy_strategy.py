@@ -1,8 +1,9 @@
-"""Adding a strategy with a checkpoint format of its own is one file: this one.  ``ddp-by-name`` is DDP whose
-checkpoints keep the optimizer state by parameter name in safetensors (no pickle) beside a JSON of the groups; it
-is registered only inside this test's calls.  Through the contract alone (``claims``, ``save_state``,
-``read_whole_state``) its checkpoints continue under another strategy, and it continues theirs, within the tolerance
-every other strategy pair meets, at the model's and optimizer's defaults."""
+"""Adding a strategy with a checkpoint format of its own is one file: this one.  ``ddp-by-name`` is
+DDP whose checkpoints keep the optimizer state by parameter name in safetensors (no pickle) beside a
+JSON of the groups; it is registered only inside this test's calls.  Through the contract alone
+(``claims``, ``save_state``, ``read_whole_state``) its checkpoints continue under another strategy,
+and it continues theirs, within the tolerance every other strategy pair meets, at the model's and
+optimizer's defaults."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ from tests.support.strategies import cut_back, overrides_of_nothing, train_toy, 
 
 class ByNameDDP(DDP):
     name = "ddp-by-name"
-    description = "DDP whose checkpoints keep optimizer state by parameter name in safetensors (a test's strategy)"
+    description = (
+        "DDP whose checkpoints keep optimizer state by parameter name in safetensors (a "
+        "test's strategy)"
+    )
     FOLDER = "by-name"
 
     @classmethod
@@ -37,13 +41,20 @@ class ByNameDDP(DDP):
 
     @override
     def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        if optimizer is None or not self.env.is_main:  # the state is whole on every rank: rank 0 writes it
+        # the state is whole on every rank: rank 0 writes it
+        if optimizer is None or not self.env.is_main:
             return
         state = by_name(optimizer.state_dict(), self.optimizer_names(self.unwrap(model), optimizer))
         folder = directory / self.FOLDER
         folder.mkdir()
-        save_file({f"{name}/{key}": value.contiguous() for name, states in state["state"].items()
-                   for key, value in states.items()}, str(folder / "state.safetensors"))
+        save_file(
+            {
+                f"{name}/{key}": value.contiguous()
+                for name, states in state["state"].items()
+                for key, value in states.items()
+            },
+            str(folder / "state.safetensors"),
+        )
         (folder / "groups.json").write_text(json.dumps(state["param_groups"]), encoding="utf-8")
 
     @classmethod
@@ -59,13 +70,17 @@ class ByNameDDP(DDP):
         for key, value in load_file(str(folder / "state.safetensors")).items():
             name, _, entry = key.rpartition("/")
             state.setdefault(name, {})[entry] = value
-        return weights, {"state": state, "param_groups": json.loads((folder / "groups.json").read_text())}
+        return weights, {
+            "state": state,
+            "param_groups": json.loads((folder / "groups.json").read_text()),
+        }
 
 
 @contextlib.contextmanager
 def registered(cls: type[strategies.Strategy]):
     """``cls`` registered for the duration of the block only (the registry is process-wide)."""
-    strategies.strategy_names()  # discover the built-in strategies first: the flag would skip them later
+    # discover the built-in strategies first: the flag would skip them later
+    strategies.strategy_names()
     strategies.register(cls)
     try:
         yield
@@ -81,15 +96,17 @@ def _train_with_toy(*args: str) -> None:
 
 def test_the_toy_strategy_satisfies_the_contract():
     with registered(ByNameDDP):
-        assert strategies.get_strategy("ddp-by-name") is ByNameDDP and strategies.portable("ddp-by-name", "fsdp")
+        assert strategies.get_strategy("ddp-by-name") is ByNameDDP and strategies.portable(
+            "ddp-by-name", "fsdp"
+        )
         assert not unmarked_overrides(ByNameDDP) and not overrides_of_nothing(ByNameDDP)
     assert "ddp-by-name" not in strategies.strategy_names()
 
 
 def _continue(written_by: str, strategy: str, data: Path, run: Path) -> float:
-    """Train 8 steps with ``written_by`` on 2 ranks, cut back to step 4, resume with ``strategy`` on 2 ranks, the
-    model at its defaults (dropout on: each rank's generator state comes back with the checkpoint): the largest
-    weight difference from the uninterrupted run."""
+    """Train 8 steps with ``written_by`` on 2 ranks, cut back to step 4, resume with ``strategy`` on
+    2 ranks, the model at its defaults (dropout on: each rank's generator state comes back with the
+    checkpoint): the largest weight difference from the uninterrupted run."""
     run_ranks(_train_with_toy, 2, str(run), str(data), written_by)
     checkpoints = run / "checkpoints"
     if written_by == ByNameDDP.name:
@@ -98,7 +115,8 @@ def _continue(written_by: str, strategy: str, data: Path, run: Path) -> float:
     uninterrupted = cut_back(checkpoints, "step-00000008", "step-00000004")
     run_ranks(_train_with_toy, 2, str(run), str(data), strategy, "resume=latest")
     resumed = read_weights(checkpoints)
-    assert max_param_diff(read_weights(checkpoints / "step-00000004"), resumed) > 0  # steps 5-8 really ran
+    # steps 5-8 really ran
+    assert max_param_diff(read_weights(checkpoints / "step-00000004"), resumed) > 0
     return max_param_diff(uninterrupted, resumed)
 
 

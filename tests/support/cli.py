@@ -1,5 +1,6 @@
-"""The ``rankwise`` command in a fresh process, as a user runs it, from a test: the repository's root, the
-environment a command gets, the small training job most command tests run, and the ``--json`` summary it prints."""
+"""The ``rankwise`` command in a fresh process, as a user runs it, from a test: the repository's
+root, the environment a command gets, the small training job most command tests run, and the
+``--json`` summary it prints."""
 
 from __future__ import annotations
 
@@ -11,24 +12,31 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-"""The repository: the examples, docs and scripts the tests run, and the directory commands start in."""
+"""The repository: the examples, docs and scripts the tests run, and the directory commands start
+in."""
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_PORT")
-"""What a launcher sets for a rank: a command started from a test run inside one must not take itself for it."""
+"""What a launcher sets for a rank: a command started from a test run inside one must not take
+itself for it."""
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 """The network interface: a command on another host (a network namespace) chooses its own."""
 LAUNCH_VARIABLES = (*RANK_VARIABLES, "MASTER_ADDR", "LOCAL_RANK", *INTERFACE_VARIABLES)
-"""Everything a launcher or an interface choice sets: a multi-node job's agents must find their own."""
+"""Everything a launcher or an interface choice sets: a multi-node job's agents must find their
+own."""
 
 
-def command_env(drop: Iterable[str] = RANK_VARIABLES, *, src: bool = False, **extra: str) -> dict[str, str]:
-    """This process's environment for a command a test starts: without ``drop``; with the checkout's ``src/`` first
-    on ``PYTHONPATH`` where ``src`` (a process that imports rankwise without the test's ``sys.path``: mkdocs, a
-    script); then ``extra``."""
+def command_env(
+    drop: Iterable[str] = RANK_VARIABLES, *, src: bool = False, **extra: str
+) -> dict[str, str]:
+    """This process's environment for a command a test starts: without ``drop``; with the checkout's
+    ``src/`` first on ``PYTHONPATH`` where ``src`` (a process that imports rankwise without the
+    test's ``sys.path``: mkdocs, a script); then ``extra``."""
     dropped = set(drop)
     env = {key: value for key, value in os.environ.items() if key not in dropped}
     if src:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")])
+        )
     env.update(extra)
     return env
 
@@ -38,12 +46,22 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rankwise.cli", *args]
 
 
-def rankwise(*args: str, env: dict[str, str] | None = None, timeout: float = 240,
-             cwd: Path | str | None = ROOT) -> subprocess.CompletedProcess:
-    """``rankwise ARGS`` in a fresh process, its output captured as text; the environment :func:`command_env`'s
-    unless given."""
-    return subprocess.run(command(*args), env=command_env() if env is None else env, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+def rankwise(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    cwd: Path | str | None = ROOT,
+) -> subprocess.CompletedProcess:
+    """``rankwise ARGS`` in a fresh process, its output captured as text; the environment
+    :func:`command_env`'s unless given."""
+    return subprocess.run(
+        command(*args),
+        env=command_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def json_summary(proc: subprocess.CompletedProcess) -> dict:
@@ -52,7 +70,17 @@ def json_summary(proc: subprocess.CompletedProcess) -> dict:
 
 
 def tiny_text(limit: int = 300, max_length: int = 32, eval_batch_size: int = 64) -> tuple[str, ...]:
-    """``rankwise train`` flags for the small text job: the built-in sentiment data cut to ``limit`` samples, a
-    character tokenizer, short sequences, large evaluation batches."""
-    return ("--data", "sentiment", "--set", f"data.limit={limit}", "--set", f"data.max_length={max_length}",
-            "--set", "data.tokenizer=char", "--set", f"eval_batch_size={eval_batch_size}")
+    """``rankwise train`` flags for the small text job: the built-in sentiment data cut to ``limit``
+    samples, a character tokenizer, short sequences, large evaluation batches."""
+    return (
+        "--data",
+        "sentiment",
+        "--set",
+        f"data.limit={limit}",
+        "--set",
+        f"data.max_length={max_length}",
+        "--set",
+        "data.tokenizer=char",
+        "--set",
+        f"eval_batch_size={eval_batch_size}",
+    )

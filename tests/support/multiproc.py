@@ -1,4 +1,5 @@
-"""Run a function on N real ranks (spawned processes, gloo) and return each rank's result or traceback.
+"""Run a function on N real ranks (spawned processes, gloo) and return each rank's result or
+traceback.
 
 Starting a rank costs seconds (importing torch, transformers, DeepSpeed), far more than
 the few training steps a test runs, so ranks are kept in a pool per world size and
@@ -44,8 +45,14 @@ class RanksFailed(AssertionError):
 
 
 def _rank_env(rank: int, world_size: int) -> dict[str, str]:
-    return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    return dict(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        OMP_NUM_THREADS="1",
+    )
 
 
 def _call(rank: int, call: int, fn: Callable, args: tuple) -> RankResult:
@@ -57,13 +64,18 @@ def _call(rank: int, call: int, fn: Callable, args: tuple) -> RankResult:
         return RankResult(rank, call, error=traceback.format_exc())
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
-        return RankResult(rank, call, error="the call returned with its process group still initialised "
-                                            "(teardown did not run)")
+        return RankResult(
+            rank,
+            call,
+            error="the call returned with its process group still initialised "
+            "(teardown did not run)",
+        )
     return RankResult(rank, call, value=value)
 
 
 def _serve(rank: int, world_size: int, tasks, results) -> None:
-    """A pooled rank: run calls until told to stop, each in a clean copy of the start environment."""
+    """A pooled rank: run calls until told to stop, each in a clean copy of the start
+    environment."""
     os.environ.update(_rank_env(rank, world_size))
     import torch
 
@@ -94,8 +106,12 @@ class RankPool:
         self.world_size = world_size
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_serve, args=(r, world_size, self.tasks[r], self.results), daemon=True)
-                      for r in range(world_size)]
+        self.procs = [
+            ctx.Process(
+                target=_serve, args=(r, world_size, self.tasks[r], self.results), daemon=True
+            )
+            for r in range(world_size)
+        ]
         for p in self.procs:
             p.start()
 
@@ -135,9 +151,13 @@ def _collect(results, world_size: int, timeout: float, call: int, procs) -> dict
     missing = sorted(set(range(world_size)) - set(collected))
     for rank in missing:
         process = procs[rank]
-        why = f"died with exit code {process.exitcode}" if not process.is_alive() else \
-            f"produced no result within {timeout:.0f} s" if not any(r.error for r in collected.values()) else \
-            f"was still waiting {ERROR_GRACE_S:.0f} s after a peer failed"
+        why = (
+            f"died with exit code {process.exitcode}"
+            if not process.is_alive()
+            else f"produced no result within {timeout:.0f} s"
+            if not any(r.error for r in collected.values())
+            else f"was still waiting {ERROR_GRACE_S:.0f} s after a peer failed"
+        )
         collected[rank] = RankResult(rank, call, error=f"rank {rank} {why}")
     return collected
 
@@ -165,8 +185,11 @@ def _raise_errors(collected: dict[int, RankResult]) -> None:
         raise RanksFailed("\n".join(errors))
 
 
-def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 240.0, fresh: bool = False) -> list[Any]:
-    """``fn(*args)`` on ``world_size`` ranks; returns the values in rank order or raises with every traceback.
+def run_ranks(
+    fn: Callable, world_size: int, *args, timeout: float = 240.0, fresh: bool = False
+) -> list[Any]:
+    """``fn(*args)`` on ``world_size`` ranks; returns the values in rank order or raises with every
+    traceback.
 
     ``fn`` must be importable (a module-level function).  A rank that hangs (e.g. waits
     in a collective its peer never joins) fails the test after ``timeout`` seconds, or
@@ -192,8 +215,10 @@ def _run_fresh(fn: Callable, world_size: int, args: tuple, timeout: float) -> li
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_once, args=(r, world_size, port, fn, args, results), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_once, args=(r, world_size, port, fn, args, results), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     try:
@@ -205,5 +230,7 @@ def _run_fresh(fn: Callable, world_size: int, args: tuple, timeout: float) -> li
     _raise_errors(collected)
     bad_exit = [(p.pid, p.exitcode) for p in procs if p.exitcode != 0]
     if bad_exit:
-        raise RanksFailed(f"ranks finished their work but exited abnormally (pid, exitcode): {bad_exit}")
+        raise RanksFailed(
+            f"ranks finished their work but exited abnormally (pid, exitcode): {bad_exit}"
+        )
     return [collected[r].value for r in range(world_size)]

@@ -1,6 +1,7 @@
-"""A strategy file the tests have never seen, loaded as a pytest plugin (``pytest -p tests.support.new_strategy``):
-it stands for a new ``src/rankwise/strategies/throwaway.py`` -- one ``@register`` class and nothing else edited.
-tests/strategies/test_registry.py collects the strategy tests with it and checks which of them it gets.
+"""A strategy file the tests have never seen, loaded as a pytest plugin (``pytest -p
+tests.support.new_strategy``): it stands for a new ``src/rankwise/strategies/throwaway.py`` -- one
+``@register`` class and nothing else edited. tests/strategies/test_registry.py collects the strategy
+tests with it and checks which of them it gets.
 
 ``--collected-to PATH`` writes every collected test's id to PATH (before ``-k`` deselects any)."""
 
@@ -19,7 +20,9 @@ class Throwaway(DDP):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--collected-to", default=None, help="write every collected test id to this file")
+    parser.addoption(
+        "--collected-to", default=None, help="write every collected test id to this file"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k deselects any

@@ -42,7 +42,9 @@ def dataset() -> TensorDataset:
     return TensorDataset(features, labels)
 
 
-def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spelling: str = "step") -> dict | None:
+def train(
+    strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spelling: str = "step"
+) -> dict | None:
     """Run one phase; returns ``{"weights", "norms", "steps"}`` on rank 0, None elsewhere."""
     with rankwise.setup(strategy, seed=0) as rt:
         model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 5))
@@ -50,8 +52,12 @@ def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spell
         # an eps comparable to the clipped gradients makes the clipping visible in the weights.
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01, eps=1e-6)
         micro = GLOBAL_BATCH // (GRAD_ACCUM * rt.world_size)
-        model, optimizer = rt.prepare(model, optimizer, grad_accum=GRAD_ACCUM, micro_batch_size=micro)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / (2 * STEPS))
+        model, optimizer = rt.prepare(
+            model, optimizer, grad_accum=GRAD_ACCUM, micro_batch_size=micro
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 1.0 - step / (2 * STEPS)
+        )
         loader = rt.loader(dataset(), GLOBAL_BATCH // GRAD_ACCUM, shuffle=True)
         checkpoints = Path(out) / "checkpoints"
         if phase == "resume":
@@ -59,10 +65,12 @@ def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spell
         norms = []
         last_step = SAVE_AT if phase == "first" else STEPS
         rt.set_epoch(loader, 0)
-        # After load_state the loader continues where the checkpoint stood: no skip of the loop's own.
+        # After load_state the loader continues where the checkpoint stood: no skip of the loop's
+        # own.
         for _, last, (features, labels) in rankwise.iterate_steps(loader, GRAD_ACCUM):
             features, labels = rt.to_device((features, labels))
-            with rt.no_sync(model, enabled=not last):  # the backward pass too: that is where syncing happens
+            # the backward pass too: that is where syncing happens
+            with rt.no_sync(model, enabled=not last):
                 with rt.autocast():
                     loss = nn.functional.cross_entropy(model(features), labels)
                 rt.backward(loss / GRAD_ACCUM, model)
@@ -86,7 +94,9 @@ def train(strategy: str, out: str, phase: str, max_norm: float = MAX_NORM, spell
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--phase", choices=["full", "first", "resume"], required=True)
     parser.add_argument("--out", required=True)

@@ -1,15 +1,18 @@
-"""Test tiers, marked explicitly (the markers are declared in pyproject.toml; tests/conftest.py applies them).
+"""Test tiers, marked explicitly (the markers are declared in pyproject.toml; tests/conftest.py
+applies them).
 
 A test's tier is, in order:
 
-1. its own marker (``@pytest.mark.multiproc`` on the test or its class, ``pytestmark = ...`` in its module);
-2. else the highest tier a fixture it uses declares with :func:`starts_processes` (a fixture that starts ranks or
-   commands marks every test that uses it, with no mark on the test);
-3. else ``unit``: no process started, nothing installed, no root -- ``make test-fast`` (``pytest -m unit``).
+1. its own marker (``@pytest.mark.multiproc`` on the test or its class, ``pytestmark = ...`` in its
+   module);
+2. else the highest tier a fixture it uses declares with :func:`starts_processes` (a fixture that
+   starts ranks or commands marks every test that uses it, with no mark on the test);
+3. else ``unit``: no process started, nothing installed, no root -- ``make test-fast`` (``pytest -m
+   unit``).
 
-A unit test that starts a process anyway (``subprocess``, ``multiprocessing``, ``os.fork``, ``os.posix_spawn``)
-fails, saying which tier to mark it with (:func:`no_process_started`, around its fixtures' set-up and its body): a
-missing mark cannot hide in the fast tier.
+A unit test that starts a process anyway (``subprocess``, ``multiprocessing``, ``os.fork``,
+``os.posix_spawn``) fails, saying which tier to mark it with (:func:`no_process_started`, around its
+fixtures' set-up and its body): a missing mark cannot hide in the fast tier.
 """
 
 from __future__ import annotations
@@ -66,20 +69,29 @@ class StartedAProcess(AssertionError):
 
 @contextlib.contextmanager
 def no_process_started(nodeid: str) -> Iterator[None]:
-    """Fail a unit-tier test that starts a process: it belongs in the ``multiproc`` tier (or higher)."""
+    """Fail a unit-tier test that starts a process: it belongs in the ``multiproc`` tier (or
+    higher)."""
 
     def refuse(what: str) -> Callable:
         def refused(*args, **kwargs):
-            raise StartedAProcess(f"{nodeid} is in the unit tier but started a process ({what}): mark it "
-                                  "@pytest.mark.multiproc (or use a fixture declared with "
-                                  "tests.support.tiers.starts_processes)")
+            raise StartedAProcess(
+                f"{nodeid} is in the unit tier but started a process ({what}): mark it "
+                "@pytest.mark.multiproc (or use a fixture declared with "
+                "tests.support.tiers.starts_processes)"
+            )
+
         return refused
 
-    # os.system is left alone: a unit test pickles it as an attacker's payload (tests/checkpoint/test_loading.py),
-    # which needs the real function, and runs it as `touch` once.
-    patches = [(subprocess.Popen, "_execute_child", "subprocess"),
-               (multiprocessing.process.BaseProcess, "start", "multiprocessing"),
-               (os, "fork", "os.fork"), (os, "posix_spawn", "os.posix_spawn"), (os, "posix_spawnp", "os.posix_spawnp")]
+    # os.system is left alone: a unit test pickles it as an attacker's payload
+    # (tests/checkpoint/test_loading.py), which needs the real function, and runs it as `touch`
+    # once.
+    patches = [
+        (subprocess.Popen, "_execute_child", "subprocess"),
+        (multiprocessing.process.BaseProcess, "start", "multiprocessing"),
+        (os, "fork", "os.fork"),
+        (os, "posix_spawn", "os.posix_spawn"),
+        (os, "posix_spawnp", "os.posix_spawnp"),
+    ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     for owner, name, what in patches:
         setattr(owner, name, refuse(what))

@@ -1,4 +1,5 @@
-"""`rankwise doctor` alone, and across two real hosts (network namespaces, see conftest.two_hosts)."""
+"""`rankwise doctor` alone, and across two real hosts (network namespaces, see
+conftest.two_hosts)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,33 @@ def test_doctor_alone_fails_on_a_port_in_use(capsys):
 
 
 def _doctor(namespace: str, node_rank: int, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", namespace, *command("doctor"), "--nnodes", "2",
-                             "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port),
-                             "--nproc-per-node", "1", "--timeout", "8", *extra],
-                            env=command_env(INTERFACE_VARIABLES), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespace,
+            *command("doctor"),
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            MASTER,
+            "--master-port",
+            str(port),
+            "--nproc-per-node",
+            "1",
+            "--timeout",
+            "8",
+            *extra,
+        ],
+        env=command_env(INTERFACE_VARIABLES),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _both(*nodes: subprocess.Popen) -> list[tuple[int, str]]:
@@ -43,7 +66,9 @@ def _both(*nodes: subprocess.Popen) -> list[tuple[int, str]]:
 
 
 def test_doctor_passes_across_two_hosts_and_measures_all_reduce(two_hosts):
-    (code0, out0), (code1, out1) = _both(_doctor("rw-node0", 0, 29711), _doctor("rw-node1", 1, 29711))
+    (code0, out0), (code1, out1) = _both(
+        _doctor("rw-node0", 0, 29711), _doctor("rw-node1", 1, 29711)
+    )
     assert (code0, code1) == (0, 0), out0 + out1
     assert "node 1 reaches the master over rw-veth1 (10.213.8.2)" in out1
     assert "node 1 reached 10.213.8.1:29711" in out1 and "versions agree" in out0
@@ -52,16 +77,23 @@ def test_doctor_passes_across_two_hosts_and_measures_all_reduce(two_hosts):
 
 
 def test_doctor_names_the_node_that_cannot_reach_the_master(two_hosts):
-    (code0, out0), (code1, out1) = _both(_doctor("rw-node0", 0, 29721), _doctor("rw-node1", 1, 29791))
+    (code0, out0), (code1, out1) = _both(
+        _doctor("rw-node0", 0, 29721), _doctor("rw-node1", 1, 29791)
+    )
     assert code0 == 1 and code1 == 1
-    assert f"node 1 cannot reach {MASTER}:29791" in out1 and "fix: firewall, wrong --master-addr" in out1
+    assert (
+        f"node 1 cannot reach {MASTER}:29791" in out1
+        and "fix: firewall, wrong --master-addr" in out1
+    )
     assert "not every node reported within 8" in out0
 
 
 def test_doctor_fails_when_a_link_is_down(two_hosts):
     subprocess.run(["ip", "-n", "rw-node1", "link", "set", "rw-veth1", "down"], check=True)
     try:
-        (code0, out0), (code1, out1) = _both(_doctor("rw-node0", 0, 29731), _doctor("rw-node1", 1, 29731))
+        (code0, out0), (code1, out1) = _both(
+            _doctor("rw-node0", 0, 29731), _doctor("rw-node1", 1, 29731)
+        )
     finally:
         subprocess.run(["ip", "-n", "rw-node1", "link", "set", "rw-veth1", "up"], check=True)
     assert code0 == 1 and code1 == 1

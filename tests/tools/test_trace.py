@@ -1,4 +1,5 @@
-"""The trace's own pieces, in one process: where random operations run, whatever else the forward does."""
+"""The trace's own pieces, in one process: where random operations run, whatever else the forward
+does."""
 
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ def test_random_operations_are_located_in_the_module_that_ran_them():
     model, batch = Net(), torch.randn(3, 4)
     with RandomOps(model) as watcher:
         model(batch).sum().backward()
-        augmented = batch + torch.rand(3, 4)  # the script's own, after the batch came: outside the model
-    assert watcher.found == {"dropout in inner.1": 1, "randn_like in Net": 1,
-                             "rand in the script, outside the model": 1}, watcher.found
+        # the script's own, after the batch came: outside the model
+        augmented = batch + torch.rand(3, 4)
+    assert watcher.found == {
+        "dropout in inner.1": 1,
+        "randn_like in Net": 1,
+        "rand in the script, outside the model": 1,
+    }, watcher.found
     assert augmented.shape == batch.shape
     assert not torch.nn.modules.module._global_forward_pre_hooks  # the watcher's hooks are gone

@@ -1,6 +1,12 @@
 import pytest
 
-from rankwise.train.config import ConfigError, apply_override, build_config, describe_fields, parse_value
+from rankwise.train.config import (
+    ConfigError,
+    apply_override,
+    build_config,
+    describe_fields,
+    parse_value,
+)
 
 
 def test_defaults_validate():
@@ -10,13 +16,20 @@ def test_defaults_validate():
 
 def test_file_then_set_then_flags(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('strategy = "ddp"\nepochs = 5\n[optim]\nlr = 0.1\n[data]\nmax_length = 64\n', encoding="utf-8")
-    cfg = build_config(path, ["optim.lr=0.5", "data.max_length=32"], {"data.max_length": 16, "epochs": None})
+    path.write_text(
+        'strategy = "ddp"\nepochs = 5\n[optim]\nlr = 0.1\n[data]\nmax_length = 64\n',
+        encoding="utf-8",
+    )
+    cfg = build_config(
+        path, ["optim.lr=0.5", "data.max_length=32"], {"data.max_length": 16, "epochs": None}
+    )
     assert (cfg.strategy, cfg.epochs, cfg.optim.lr, cfg.data.max_length) == ("ddp", 5, 0.5, 16)
 
 
 def test_unknown_key_suggests_the_right_one():
-    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'.*did you mean 'optim.lr'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'optim.lrr'.*did you mean 'optim.lr'"
+    ):
         build_config(overrides=["optim.lrr=1"])
 
 
@@ -43,7 +56,9 @@ def test_unknown_strategy_and_cross_field_checks():
         build_config(overrides=["model.name=mlp", "model.split_devices=true", "strategy=fsdp"])
     with pytest.raises(ConfigError, match="model.split_devices .* model.name=tiny"):
         build_config(overrides=["model.split_devices=true", "strategy=ddp"])
-    assert build_config(overrides=["model.name=mlp", "model.split_devices=true", "strategy=ddp"]).model.split_devices
+    assert build_config(
+        overrides=["model.name=mlp", "model.split_devices=true", "strategy=ddp"]
+    ).model.split_devices
 
 
 def test_an_elastic_node_range_needs_a_rendezvous_and_fits_every_world_size():
@@ -59,16 +74,33 @@ def test_an_elastic_node_range_needs_a_rendezvous_and_fits_every_world_size():
         build_config(overrides=['launch.nnodes="3:1"', *rdzv])
     # batch 8 fits 2 and 4 ranks, not 6
     with pytest.raises(ConfigError, match=r"batch_size=8 is not divisible by world_size \(6\)"):
-        before_launch(build_config(overrides=['launch.nnodes="1:3"', "launch.nproc_per_node=2", "batch_size=8",
-                                              "strategy=ddp", *rdzv]))
-    with pytest.raises(ConfigError, match="elastic node range needs the torchrun launcher .* spawn"):
-        before_launch(build_config(overrides=['launch.nnodes="1:2"', "launch.launcher=spawn", "strategy=ddp", *rdzv]))
+        before_launch(
+            build_config(
+                overrides=[
+                    'launch.nnodes="1:3"',
+                    "launch.nproc_per_node=2",
+                    "batch_size=8",
+                    "strategy=ddp",
+                    *rdzv,
+                ]
+            )
+        )
+    with pytest.raises(
+        ConfigError, match="elastic node range needs the torchrun launcher .* spawn"
+    ):
+        before_launch(
+            build_config(
+                overrides=['launch.nnodes="1:2"', "launch.launcher=spawn", "strategy=ddp", *rdzv]
+            )
+        )
 
 
 def test_batch_must_divide_world_and_accumulation():
     cfg = build_config(overrides=["batch_size=30", "grad_accum=2"])
     assert cfg.micro_batch_size(3) == 5
-    with pytest.raises(ConfigError, match="not divisible by world_size \\(4\\) x grad_accum \\(2\\)"):
+    with pytest.raises(
+        ConfigError, match="not divisible by world_size \\(4\\) x grad_accum \\(2\\)"
+    ):
         cfg.micro_batch_size(4)
 
 
@@ -94,7 +126,8 @@ def test_defaults_that_follow_other_settings(tmp_path):
     assert build_config(overrides=["data.source=toy", "model.name=mlp"]).model.name == "mlp"
     (tmp_path / "bert").mkdir()
     cfg = build_config(overrides=[f"model.name={tmp_path / 'bert'}"])
-    assert cfg.data.tokenizer == str(tmp_path / "bert")  # a pretrained model reads its own token ids
+    # a pretrained model reads its own token ids
+    assert cfg.data.tokenizer == str(tmp_path / "bert")
     explicit = build_config(overrides=[f"model.name={tmp_path / 'bert'}", "data.tokenizer=bpe"])
     assert explicit.data.tokenizer == "bpe"
     # The saved config (what workers load) keeps the resolved values.
@@ -111,8 +144,13 @@ def test_a_damaged_latest_is_left_to_the_workers_fallback_unless_strict(tmp_path
     (tmp_path / "step-00000002").mkdir()
     (tmp_path / "step-00000002" / "manifest.json").write_text("{truncated", encoding="utf-8")
     (tmp_path / "latest").symlink_to("step-00000002")
-    resumable(build_config(overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp"]))  # no error
+    # no error
+    resumable(build_config(overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp"]))
     with pytest.raises(ConfigError, match="unreadable manifest.json"):
-        resumable(build_config(overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp", "strict=true"]))
+        resumable(
+            build_config(
+                overrides=[f"resume={str(tmp_path / 'latest')!r}", "strategy=ddp", "strict=true"]
+            )
+        )
     with pytest.raises(ConfigError, match="--resume"):
         resumable(build_config(overrides=[f"resume={str(tmp_path / 'nothing')!r}"]))

@@ -5,30 +5,47 @@ from rankwise.train.schedule import Schedule
 
 
 def _steps(decide, first: int = 1) -> list[int]:
-    """The steps of a run at which ``decide`` (a bound method of a :class:`Schedule`) says to act."""
+    """The steps of a run at which ``decide`` (a bound method of a :class:`Schedule`) says to
+    act."""
     return [step for step in range(first, decide.__self__.total_steps + 1) if decide(step)]
 
 
 def test_the_loss_is_logged_every_n_steps_and_at_the_last():
     schedule = Schedule.of(total_steps=10, steps_per_epoch=4, log_every=3)
     assert _steps(schedule.should_log) == [3, 6, 9, 10]
-    assert _steps(Schedule.of(total_steps=9, steps_per_epoch=9, log_every=3).should_log) == [3, 6, 9]
+    assert _steps(Schedule.of(total_steps=9, steps_per_epoch=9, log_every=3).should_log) == [
+        3,
+        6,
+        9,
+    ]
     assert _steps(Schedule.of(total_steps=5, steps_per_epoch=5, log_every=20).should_log) == [5]
 
 
 def test_step_zero_is_never_acted_on():
-    schedule = Schedule.of(total_steps=8, steps_per_epoch=4, log_every=1, save_every=2, save_at_steps=[0])
-    assert not (schedule.should_log(0) or schedule.should_save(0) or schedule.epoch_ends(0)
-                or schedule.should_evaluate(0))
+    schedule = Schedule.of(
+        total_steps=8, steps_per_epoch=4, log_every=1, save_every=2, save_at_steps=[0]
+    )
+    assert not (
+        schedule.should_log(0)
+        or schedule.should_save(0)
+        or schedule.epoch_ends(0)
+        or schedule.should_evaluate(0)
+    )
 
 
 def test_checkpoints_every_n_steps_or_at_listed_steps_not_both_required():
-    # The old inline test was `save_every and step % save_every == 0 or step in save_at_steps`: either one.
-    schedule = Schedule.of(total_steps=12, steps_per_epoch=12, log_every=1, save_every=5, save_at_steps=[3, 5])
+    # The old inline test was `save_every and step % save_every == 0 or step in save_at_steps`:
+    # either one.
+    schedule = Schedule.of(
+        total_steps=12, steps_per_epoch=12, log_every=1, save_every=5, save_at_steps=[3, 5]
+    )
     assert _steps(schedule.should_save) == [3, 5, 10]
-    listed_only = Schedule.of(total_steps=12, steps_per_epoch=12, log_every=1, save_at_steps=[7, 99])
+    listed_only = Schedule.of(
+        total_steps=12, steps_per_epoch=12, log_every=1, save_at_steps=[7, 99]
+    )
     assert _steps(listed_only.should_save) == [7]
-    assert _steps(Schedule.of(total_steps=12, steps_per_epoch=4, log_every=1).should_save) == []  # save_every None
+    # save_every None
+    assert _steps(Schedule.of(total_steps=12, steps_per_epoch=4, log_every=1).should_save) == []
 
 
 def test_epochs_end_at_each_epochs_last_step_and_at_max_steps_mid_epoch():
@@ -47,8 +64,15 @@ def test_dev_is_evaluated_at_epoch_ends_only_when_asked():
 
 
 def test_a_resumed_run_acts_at_the_steps_an_uninterrupted_run_does():
-    schedule = Schedule.of(total_steps=14, steps_per_epoch=5, log_every=3, save_every=4, save_at_steps=[6])
-    for decide in (schedule.should_log, schedule.should_save, schedule.epoch_ends, schedule.should_evaluate):
+    schedule = Schedule.of(
+        total_steps=14, steps_per_epoch=5, log_every=3, save_every=4, save_at_steps=[6]
+    )
+    for decide in (
+        schedule.should_log,
+        schedule.should_save,
+        schedule.epoch_ends,
+        schedule.should_evaluate,
+    ):
         whole = _steps(decide)
         assert _steps(decide, first=7) == [step for step in whole if step >= 7]
 

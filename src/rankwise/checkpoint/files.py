@@ -1,4 +1,5 @@
-"""Files written so that a crash at any moment leaves the old version or the new one, never half of one."""
+"""Files written so that a crash at any moment leaves the old version or the new one, never half of
+one."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def user_file_mode() -> int:
-    """The mode a file the user creates gets: ``0o666`` less the process's umask (read from /proc, which leaves
-    the umask untouched; elsewhere set and restored at once)."""
+    """The mode a file the user creates gets: ``0o666`` less the process's umask (read from /proc,
+    which leaves the umask untouched; elsewhere set and restored at once)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
@@ -43,16 +44,17 @@ def user_file_mode() -> int:
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path next to ``path``; once the block has written it: fsync, rename onto
     ``path``, fsync the directory.  A crash at any moment leaves the old file or the new one whole.
-    The temporary name is this writer's own: nodes sharing a run directory (one filesystem, one ``--out``)
-    may write the same file at once, and each rename is whole."""
+    The temporary name is this writer's own: nodes sharing a run directory (one filesystem, one
+    ``--out``) may write the same file at once, and each rename is whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
-        # Some writers create their file owner-only (safetensors: 0600), and the rename would keep it so: a
-        # serving process of another user, or a team's shared directory, could not read the weights.
-        with contextlib.suppress(OSError):  # (a filesystem without modes: the file as it was written)
+        # Some writers create their file owner-only (safetensors: 0600), and the rename would keep
+        # it so: a serving process of another user, or a team's shared directory, could not read the
+        # weights. (a filesystem without modes: the file as it was written)
+        with contextlib.suppress(OSError):
             os.chmod(tmp, user_file_mode())
         fsync_file(tmp)
         os.replace(tmp, path)
@@ -70,7 +72,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Accept weights saved from a DDP/DataParallel wrapper (``module.`` prefix) or plain."""
     if state and all(key.startswith("module.") for key in state):
-        return {key[len("module."):]: value for key, value in state.items()}
+        return {key[len("module.") :]: value for key, value in state.items()}
     return state
 
 
@@ -79,12 +81,21 @@ TIED = "rankwise_tied"
 
 
 def memory_of(tensor: torch.Tensor) -> tuple:
-    """What makes two tensors the same values in the same memory (tied parameters: GPT-2's lm_head and wte)."""
-    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-            tuple(tensor.stride()), tensor.dtype)
+    """What makes two tensors the same values in the same memory (tied parameters: GPT-2's lm_head
+    and wte)."""
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
 
 
-def cpu_copies(state: dict[str, torch.Tensor], convert=lambda t: t.detach().cpu()) -> dict[str, torch.Tensor]:
+def cpu_copies(
+    state: dict[str, torch.Tensor], convert=lambda t: t.detach().cpu()
+) -> dict[str, torch.Tensor]:
     """``convert`` applied to each tensor once: keys that shared memory share their copy too."""
     copies: dict[tuple, torch.Tensor] = {}
     result = {}
@@ -111,12 +122,18 @@ def untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict
     return kept, aliases
 
 
-def save_weights_file(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None) -> None:
-    """Safetensors, one copy of each tied tensor (safetensors refuses shared memory); the ties go in the
-    metadata, and :func:`load_weights_file` restores them."""
+def save_weights_file(
+    state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None
+) -> None:
+    """Safetensors, one copy of each tied tensor (safetensors refuses shared memory); the ties go in
+    the metadata, and :func:`load_weights_file` restores them."""
     kept, aliases = untie(strip_module_prefix(state))
     metadata = {**(metadata or {}), **({TIED: json.dumps(aliases)} if aliases else {})}
-    save_file({k: v.detach().cpu().contiguous() for k, v in kept.items()}, str(path), metadata=metadata or None)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in kept.items()},
+        str(path),
+        metadata=metadata or None,
+    )
     with contextlib.suppress(OSError):
         os.chmod(path, user_file_mode())  # (safetensors writes 0600 whatever the umask)
 

@@ -1,18 +1,22 @@
-"""Where a loader made by ``rt.loader`` stands in its data, so that a checkpoint taken mid-epoch resumes after the
-last batch the loop was handed: at any world size, whatever epoch the loop restarts, with a record that says so.
+"""Where a loader made by ``rt.loader`` stands in its data, so that a checkpoint taken mid-epoch
+resumes after the last batch the loop was handed: at any world size, whatever epoch the loop
+restarts, with a record that says so.
 
-rankwise's samplers stride one global order per epoch across the ranks, and the global batch is the same at every
-world size, so a rank's k-th batch is always part of the order's k-th global batch.  A position is therefore one
-number valid at any world size: how many samples of the epoch's order the batches handed out so far cover.
+rankwise's samplers stride one global order per epoch across the ranks, and the global batch is the
+same at every world size, so a rank's k-th batch is always part of the order's k-th global batch.  A
+position is therefore one number valid at any world size: how many samples of the epoch's order the
+batches handed out so far cover.
 
-* ``rt.save_state`` records each loader's :meth:`ResumableLoader.position`: epoch, position, and digests of the
-  epoch's order and of the samples before the position.
-* ``rt.load_state`` hands it back (:meth:`ResumableLoader.resume`): this run's order must be the checkpoint's
-  (same data, seed, global batch and length grouping), else it refuses; the sampler then passes over the samples
-  already trained without loading them (:class:`rankwise.sampling.batching.ShardSampler`).
-* At the first ``rt.step`` after it, the ranks gather the samples the resumed loader handed out and compare them
-  with the order's next ones (:meth:`ResumableLoader.check_first_step`).  Rank 0 prints the record; a loop that
-  passed over batches of its own (the skip it needed before this) is stopped with the fix.
+* ``rt.save_state`` records each loader's :meth:`ResumableLoader.position`: epoch, position, and
+  digests of the epoch's order and of the samples before the position.
+* ``rt.load_state`` hands it back (:meth:`ResumableLoader.resume`): this run's order must be the
+  checkpoint's (same data, seed, global batch and length grouping), else it refuses; the sampler
+  then passes over the samples already trained without loading them
+  (:class:`rankwise.sampling.batching.ShardSampler`).
+* At the first ``rt.step`` after it, the ranks gather the samples the resumed loader handed out and
+  compare them with the order's next ones (:meth:`ResumableLoader.check_first_step`).  Rank 0 prints
+  the record; a loop that passed over batches of its own (the skip it needed before this) is stopped
+  with the fix.
 """
 
 from __future__ import annotations
@@ -30,15 +34,17 @@ class Resumed:
     """A resume whose first step is still to come."""
 
     recorded: dict
-    """The checkpoint's position (:meth:`ResumableLoader.position`, plus ``strategy`` and ``world_size``)."""
+    """The checkpoint's position (:meth:`ResumableLoader.position`, plus ``strategy`` and
+    ``world_size``)."""
     handed: list[list[int]] = field(default_factory=list)
     """This rank's indices of each batch handed out since the resume."""
 
 
 class ResumableLoader(DataLoader):
-    """``rt.loader``'s DataLoader: it knows how far into its epoch the loop is, for ``rt.save_state``, and continues
-    from there after ``rt.load_state``.  ``gather``: every rank's object (the Runtime's ``all_gather_object``);
-    ``say``: how rank 0 prints; ``name``: how messages call it."""
+    """``rt.loader``'s DataLoader: it knows how far into its epoch the loop is, for
+    ``rt.save_state``, and continues from there after ``rt.load_state``.  ``gather``: every rank's
+    object (the Runtime's ``all_gather_object``); ``say``: how rank 0 prints; ``name``: how messages
+    call it."""
 
     sampler: ShardSampler  # checked in __init__
     batch_size: int  # a ResumableLoader batches (rt.loader passes one)
@@ -46,12 +52,16 @@ class ResumableLoader(DataLoader):
     def __init__(self, *args, gather, say, world_size: int, name: str = "rt.loader", **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.sampler, ShardSampler):
-            raise TypeError("a ResumableLoader needs rankwise's ShardSampler (rankwise.sampling.batching.rank_sampler)")
+            raise TypeError(
+                "a ResumableLoader needs rankwise's ShardSampler "
+                "(rankwise.sampling.batching.rank_sampler)"
+            )
         self._gather, self._world, self._name = gather, world_size, name
         self.say = say
         self._epoch = self.sampler.epoch
         self._handed = 0
-        """Samples of the epoch's global order handed to the loop in the pass under way (or the last one)."""
+        """Samples of the epoch's global order handed to the loop in the pass under way (or the last
+        one)."""
         self._finished = False
         """Whether that pass ran to its end (the loop's ``for`` over it finished)."""
         self.resumed: Resumed | None = None
@@ -64,64 +74,95 @@ class ResumableLoader(DataLoader):
 
     def __iter__(self):
         sampler = self.sampler
-        self._epoch, self._handed, self._finished = sampler.epoch, sampler.start * self._world, False
+        self._epoch, self._handed, self._finished = (
+            sampler.epoch,
+            sampler.start * self._world,
+            False,
+        )
         for k, batch in enumerate(super().__iter__()):
-            # Counted as it is handed out: a batch the loop received is trained (or deliberately passed over).
+            # Counted as it is handed out: a batch the loop received is trained (or deliberately
+            # passed over).
             self._handed += self.global_micro_batch
             if self.resumed is not None:
-                self.resumed.handed.append(sampler.pass_indices[k * self.batch_size:(k + 1) * self.batch_size])
+                self.resumed.handed.append(
+                    sampler.pass_indices[k * self.batch_size : (k + 1) * self.batch_size]
+                )
             yield batch
         self._finished = True
 
     # -- the position a checkpoint records -------------------------------------------------
     def _epoch_order(self, epoch: int) -> list[int]:
         """The samples a pass of ``epoch`` hands out, in the global order (whole batches only)."""
-        whole = self.sampler.num_samples // self.batch_size * self.global_micro_batch if self.drop_last else None
+        whole = (
+            self.sampler.num_samples // self.batch_size * self.global_micro_batch
+            if self.drop_last
+            else None
+        )
         return epoch_order(self.sampler, epoch, whole)
 
     def position(self) -> dict:
-        """Where the loop stands: the epoch of the pass under way (or the last), the samples of its order handed
-        out, and digests of that order and of the samples before the position."""
+        """Where the loop stands: the epoch of the pass under way (or the last), the samples of its
+        order handed out, and digests of that order and of the samples before the position."""
         epoch, handed, finished = self._epoch, self._handed, self._finished
-        if self.sampler.pending is not None:  # resumed, its pass not begun: still where the checkpoint stood
+        # resumed, its pass not begun: still where the checkpoint stood
+        if self.sampler.pending is not None:
             epoch, handed, _ = self.sampler.pending
             finished = False
         order = self._epoch_order(epoch)
         handed = min(handed, len(order))
-        return {"epoch": epoch, "position": handed, "epoch_samples": len(order), "order": order_digest(order),
-                "consumed": order_digest(sorted(order[:handed])), "global_micro_batch": self.global_micro_batch,
-                "finished": finished}
+        return {
+            "epoch": epoch,
+            "position": handed,
+            "epoch_samples": len(order),
+            "order": order_digest(order),
+            "consumed": order_digest(sorted(order[:handed])),
+            "global_micro_batch": self.global_micro_batch,
+            "finished": finished,
+        }
 
     # -- a resume ----------------------------------------------------------------------------
     def resume(self, recorded: dict, step_samples: int) -> None:
-        """Continue after ``recorded`` (a checkpoint's :meth:`position`); ``step_samples``: the samples of one
-        optimizer step (global batch), to tell a finished epoch from one with a step left."""
+        """Continue after ``recorded`` (a checkpoint's :meth:`position`); ``step_samples``: the
+        samples of one optimizer step (global batch), to tell a finished epoch from one with a step
+        left."""
         if recorded.get("finished") and not self.sampler.shuffle:
-            # An unshuffled loader (an evaluation set, say) whose last pass ran to its end: the next pass starts
-            # whole, as it would have.  (A shuffled one at the end of its epoch continues as any other position.)
+            # An unshuffled loader (an evaluation set, say) whose last pass ran to its end: the next
+            # pass starts whole, as it would have.  (A shuffled one at the end of its epoch
+            # continues as any other position.)
             return
         epoch, position = recorded["epoch"], recorded["position"]
         order = self._epoch_order(epoch)
-        mine = {"epoch_samples": len(order), "order": order_digest(order),
-                "consumed": order_digest(sorted(order[:position]))}
+        mine = {
+            "epoch_samples": len(order),
+            "order": order_digest(order),
+            "consumed": order_digest(sorted(order[:position])),
+        }
         differs = [key for key in mine if mine[key] != recorded[key]]
         if differs:
             raise ConfigError(
-                f"{self._name}: the checkpoint stood at sample {position} of epoch {epoch} in an order this run's "
+                f"{self._name}: the checkpoint stood at sample {position} of epoch {epoch} in an "
+                "order this run's "
                 f"loader does not have ({', '.join(differs)} differ: the checkpoint's epoch has "
-                f"{recorded['epoch_samples']} samples, this run's {len(order)}). The dataset, the seed, the global "
-                "batch or the length grouping changed since it was written: build the loader as that run did, or "
-                "load the checkpoint's weights alone (rt.load_weights) to start the data from its beginning")
+                f"{recorded['epoch_samples']} samples, this run's {len(order)}). The dataset, the "
+                "seed, the global "
+                "batch or the length grouping changed since it was written: build the loader as "
+                "that run did, or "
+                "load the checkpoint's weights alone (rt.load_weights) to start the data from its "
+                "beginning"
+            )
         if position % self._world:
-            raise ConfigError(f"{self._name}: the checkpoint stood at sample {position} of its epoch, which "
-                              f"{self._world} ranks cannot split (save at an optimizer step)")
+            raise ConfigError(
+                f"{self._name}: the checkpoint stood at sample {position} of its epoch, which "
+                f"{self._world} ranks cannot split (save at an optimizer step)"
+            )
         at_end = len(order) - position < step_samples
         self.sampler.resume_at(epoch, position, at_end)
         self.resumed = Resumed(recorded)
 
     def check_first_step(self, grad_accum: int, strategy: str) -> None:
-        """At the first optimizer step after a resume (every rank, a collective): did the ranks train the order's
-        next samples?  Prints the record on rank 0; stops a loop that passed over batches itself."""
+        """At the first optimizer step after a resume (every rank, a collective): did the ranks
+        train the order's next samples?  Prints the record on rank 0; stops a loop that passed over
+        batches itself."""
         resumed, self.resumed = self.resumed, None
         assert resumed is not None  # the Runtime calls this only while a resume is pending
         # Why: the ranks' shares together are the step's global batch.
@@ -134,40 +175,67 @@ class ResumableLoader(DataLoader):
             return  # not iterated before the step (a loader for evaluation): nothing to check
         if handed > grad_accum:
             raise RuntimeError(
-                f"{self._name} continued the checkpoint's epoch {recorded['epoch']} at sample {cut} (rt.load_state "
-                f"restores where it was), but the loop took {handed} batches before its first step, where a step "
-                f"takes {grad_accum}: it passed over {handed - grad_accum} itself, which this run would then never "
+                f"{self._name} continued the checkpoint's epoch {recorded['epoch']} at sample "
+                f"{cut} (rt.load_state "
+                f"restores where it was), but the loop took {handed} batches before its first "
+                "step, where a step "
+                f"takes {grad_accum}: it passed over {handed - grad_accum} itself, which this run "
+                "would then never "
                 "train. Remove the loop's own skip of the steps already done (or declare "
-                "rt.prepare(..., grad_accum=N) if the loop accumulates N micro-batches)")
+                "rt.prepare(..., grad_accum=N) if the loop accumulates N micro-batches)"
+            )
         trained = [index for share in everyone for batch in share for index in batch]
-        expected = global_order(sampler)[cut:cut + len(trained)]
+        expected = global_order(sampler)[cut : cut + len(trained)]
         record = {
-            "epoch": sampler.epoch, "position": cut, "epoch_samples": recorded["epoch_samples"],
-            "written": {"strategy": recorded.get("strategy"), "world_size": recorded.get("world_size")},
+            "epoch": sampler.epoch,
+            "position": cut,
+            "epoch_samples": recorded["epoch_samples"],
+            "written": {
+                "strategy": recorded.get("strategy"),
+                "world_size": recorded.get("world_size"),
+            },
             "resumed": {"strategy": strategy, "world_size": self._world},
-            "loop_epoch": sampler.overruled, "trained": len(trained), "distinct": len(set(trained)),
+            "loop_epoch": sampler.overruled,
+            "trained": len(trained),
+            "distinct": len(set(trained)),
             "continuous": sorted(trained) == sorted(expected) and len(set(trained)) == len(trained),
         }
         self.continuity = record
         if self.say is not None:
             self.say(describe(record, self._name))
         if not record["continuous"]:
-            raise RuntimeError(f"{self._name}: the first step after the resume did not train the order's next "
-                               f"{len(expected)} samples (it trained {len(trained)}, {len(set(trained))} distinct)")
+            raise RuntimeError(
+                f"{self._name}: the first step after the resume did not train the order's next "
+                f"{len(expected)} samples (it trained {len(trained)}, {len(set(trained))} distinct)"
+            )
 
 
 def describe(record: dict, name: str = "rt.loader") -> str:
     """A resume's record as rank 0 prints it."""
     written, resumed = record["written"], record["resumed"]
-    lines = [f"continuity: {name} resumed epoch {record['epoch']} at sample {record['position']} of "
-             f"{record['epoch_samples']} in its order ({written['strategy']} x{written['world_size']} -> "
-             f"{resumed['strategy']} x{resumed['world_size']})"]
+    lines = [
+        f"continuity: {name} resumed epoch {record['epoch']} at sample {record['position']} of "
+        f"{record['epoch_samples']} in its order ({written['strategy']} x{written['world_size']} "
+        "-> "
+        f"{resumed['strategy']} x{resumed['world_size']})"
+    ]
     if record["loop_epoch"] is not None:
-        lines.append(f"  the loop set epoch {record['loop_epoch']}; the checkpoint's position wins, so the loop's "
-                     "epoch count is off from here (restart the loop at load_state's extra epoch)")
-    lines.append(f"  before the cut: the order's first {record['position']} samples (digest matches the checkpoint)")
+        lines.append(
+            f"  the loop set epoch {record['loop_epoch']}; the checkpoint's position wins, so the "
+            "loop's "
+            "epoch count is off from here (restart the loop at load_state's extra epoch)"
+        )
+    lines.append(
+        f"  before the cut: the order's first {record['position']} samples (digest matches the "
+        "checkpoint)"
+    )
     verdict = "the order's next ones" if record["continuous"] else "NOT the order's next ones"
-    lines.append(f"  first step: the ranks trained {record['trained']} samples ({record['distinct']} distinct) = "
-                 f"{verdict}")
-    lines.append("  no sample skipped, none repeated" if record["continuous"] else "  NOT CONTINUOUS")
+    lines.append(
+        f"  first step: the ranks trained {record['trained']} samples ({record['distinct']} "
+        "distinct) = "
+        f"{verdict}"
+    )
+    lines.append(
+        "  no sample skipped, none repeated" if record["continuous"] else "  NOT CONTINUOUS"
+    )
     return "\n".join(lines)

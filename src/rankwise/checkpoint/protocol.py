@@ -1,4 +1,5 @@
-"""The checkpoint protocol: weights, optimizer, scheduler, progress and RNG, written atomically and verified.
+"""The checkpoint protocol: weights, optimizer, scheduler, progress and RNG, written atomically and
+verified.
 
 Layout of a checkpoints folder (``<run>/checkpoints/`` for ``rankwise train``)::
 
@@ -58,12 +59,20 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         state = load_weights_file(path)
     else:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-        state = loaded.get("model", loaded) if isinstance(loaded, dict) and "model" in loaded else loaded
+        state = (
+            loaded.get("model", loaded)
+            if isinstance(loaded, dict) and "model" in loaded
+            else loaded
+        )
     return strip_module_prefix(state)
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -90,9 +99,16 @@ def begin_checkpoint(root: str | os.PathLike, step: int) -> Path:
     return tmp
 
 
-def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor],
-                      training_state: dict, files: Mapping[str, str | os.PathLike | bytes] | None = None,
-                      keep: int = 2, meta: dict | None = None) -> Path:
+def commit_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    weights: dict[str, torch.Tensor],
+    training_state: dict,
+    files: Mapping[str, str | os.PathLike | bytes] | None = None,
+    keep: int = 2,
+    meta: dict | None = None,
+) -> Path:
     """Add weights, training state and ``files`` (name -> text, or a path to copy) to the staging
     directory, checksum everything, rename it into place as ``root/step-NNNNNNNN``, point
     ``root/latest`` at it and keep the newest ``keep`` (rank 0 only).  ``meta`` (small facts such as
@@ -113,9 +129,14 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
             shutil.copyfile(content, tmp / name)
     # Strategy files (FSDP shards, DeepSpeed state) live in subdirectories: checksum them all.
     written = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {"step": step, "meta": meta or {},
-                "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
-                          for p in written}}
+    manifest = {
+        "step": step,
+        "meta": meta or {},
+        "files": {
+            str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
+            for p in written
+        },
+    }
     for p in written:
         fsync_file(p)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -127,13 +148,13 @@ def commit_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, 
     os.replace(tmp, final)
     _point_latest(root, final.name)
     fsync_dir(root)
-    # Only checkpoints older than this one are pruned: newer ones (from before a resume at an earlier
-    # step) are another timeline the user may still want, and the one just written always stays.
+    # Only checkpoints older than this one are pruned: newer ones (from before a resume at an
+    # earlier step) are another timeline the user may still want, and the one just written always
+    # stays.
     older = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name < final.name)
-    for old in older[:max(0, len(older) - (keep - 1))]:
+    for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -146,7 +167,8 @@ def _point_latest(root: Path, name: str) -> None:
 
 
 def resolve(path: str | os.PathLike) -> Path:
-    """A checkpoint directory from a step directory, ``.../latest`` or a run's ``checkpoints`` folder."""
+    """A checkpoint directory from a step directory, ``.../latest`` or a run's ``checkpoints``
+    folder."""
     path = Path(path)
     if (path / "checkpoints").is_dir() and not (path / MANIFEST).exists():
         path = path / "checkpoints"
@@ -175,10 +197,14 @@ def verify(path: Path) -> dict:
         if not file.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}")
         if "size" in expected and file.stat().st_size != expected["size"]:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, "
-                                  f"the manifest says {expected['size']} (truncated?)")
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, "
+                f"the manifest says {expected['size']} (truncated?)"
+            )
         if sha256_of(file) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its checksum")
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: {name} does not match its checksum"
+            )
     return manifest
 
 
@@ -197,17 +223,24 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
     try:
         newest = resolve(given)
         folder = newest.parent
-    except CheckpointError as e:  # e.g. `latest` dangling: fall back on the step directories themselves
-        folder = given.parent if given.name == "latest" else given / "checkpoints" if (given / "checkpoints").is_dir() \
+    # e.g. `latest` dangling: fall back on the step directories themselves
+    except CheckpointError as e:
+        folder = (
+            given.parent
+            if given.name == "latest"
+            else given / "checkpoints"
+            if (given / "checkpoints").is_dir()
             else given
+        )
         steps = sorted((p for p in folder.glob("step-*") if p.is_dir()), reverse=True)
         if not steps or strict:
             raise
         warnings.append(f"{e}; trying the checkpoints in {folder}")
         newest = steps[0]
     # Only older ones: a newer step directory belongs to another timeline (see commit_checkpoint).
-    candidates = [newest] + sorted((p for p in folder.glob("step-*") if p.is_dir() and p.name < newest.name),
-                                   reverse=True)
+    candidates = [newest] + sorted(
+        (p for p in folder.glob("step-*") if p.is_dir() and p.name < newest.name), reverse=True
+    )
     for candidate in candidates:
         try:
             verify(candidate)
@@ -223,31 +256,45 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
 
 
 def manifest_meta(path: str | os.PathLike) -> dict:
-    """The facts a checkpoint's manifest records (world size, strategy), without verifying or loading it."""
+    """The facts a checkpoint's manifest records (world size, strategy), without verifying or
+    loading it."""
     return _read_manifest(resolve(path)).get("meta", {})
 
 
-def check_compatible(directory: str | os.PathLike, meta: dict, strategy: str, world_size: int, *,
-                     portable: bool = False) -> None:
-    """Refuse a checkpoint this run cannot continue (``meta``: its manifest's or state's facts).  ``portable``: the
-    writing strategy's state loads under this one at any world size (``rankwise.strategies.portable``: every
-    strategy this installation knows); otherwise only the same strategy at the same world size continues it."""
+def check_compatible(
+    directory: str | os.PathLike,
+    meta: dict,
+    strategy: str,
+    world_size: int,
+    *,
+    portable: bool = False,
+) -> None:
+    """Refuse a checkpoint this run cannot continue (``meta``: its manifest's or state's facts).
+    ``portable``: the writing strategy's state loads under this one at any world size
+    (``rankwise.strategies.portable``: every strategy this installation knows); otherwise only the
+    same strategy at the same world size continues it."""
     if portable:
         return
     if meta.get("strategy", strategy) != strategy:
-        raise ConfigError(f"checkpoint {directory} was written by strategy {meta['strategy']!r}, whose state is "
-                          f"sharded per rank (or {strategy!r}'s is): resume it with {meta['strategy']!r}, or start a "
-                          "new run from its weights (rankwise export, model.init_weights)")
+        raise ConfigError(
+            f"checkpoint {directory} was written by strategy {meta['strategy']!r}, whose state is "
+            f"sharded per rank (or {strategy!r}'s is): resume it with {meta['strategy']!r}, or "
+            "start a "
+            "new run from its weights (rankwise export, model.init_weights)"
+        )
     if meta["world_size"] != world_size:
-        raise ConfigError(f"checkpoint {directory} was written at world size {meta['world_size']}, this run has "
-                          f"{world_size}, and {strategy}'s state is sharded per rank: resume with the same number of "
-                          "processes, or start a new run from its weights (rankwise export, model.init_weights)")
+        raise ConfigError(
+            f"checkpoint {directory} was written at world size {meta['world_size']}, this run has "
+            f"{world_size}, and {strategy}'s state is sharded per rank: resume with the same "
+            "number of "
+            "processes, or start a new run from its weights (rankwise export, model.init_weights)"
+        )
 
 
 def checked_write(rank: int, staging: Path, write, *args, **kwargs) -> tuple[object, str | None]:
-    """``(write(...)'s result, None)``, or ``(None, a message naming the rank and the path)`` for whatever
-    it raised (disk full, permissions, an unpicklable ``extra``), so that no rank leaves the others
-    waiting in the next collective of the save."""
+    """``(write(...)'s result, None)``, or ``(None, a message naming the rank and the path)`` for
+    whatever it raised (disk full, permissions, an unpicklable ``extra``), so that no rank leaves
+    the others waiting in the next collective of the save."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:

@@ -1,14 +1,13 @@
 """rankwise: one PyTorch training loop on every data-parallel strategy.
 
 Commands
-  rankwise train    train and evaluate a text (or toy) classifier with any strategy
-  rankwise launch   start any script on N processes / nodes, like torchrun
-  rankwise predict  classify texts with a trained checkpoint
-  rankwise export   write a checkpoint's weights as one plain .safetensors file
-  rankwise doctor   check this machine, or every node of a multi-node job, before a run
-  rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
-  rankwise verify   where your script on N ranks stops matching one process, step by step, and why
-  rankwise comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
+  rankwise train    train and evaluate a text (or toy) classifier with any strategy rankwise launch
+  start any script on N processes / nodes, like torchrun rankwise predict  classify texts with a
+  trained checkpoint rankwise export   write a checkpoint's weights as one plain .safetensors file
+  rankwise doctor   check this machine, or every node of a multi-node job, before a run rankwise
+  bench    every strategy on one job: speed, memory, accuracy, equivalence to one process rankwise
+  verify   where your script on N ranks stops matching one process, step by step, and why rankwise
+  comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
   rankwise plan     memory and step time per strategy and world size, before you have the hardware
 
 Concepts
@@ -47,8 +46,9 @@ COMMANDS = (train, launch, predict, export, doctor, bench, verify, comm, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rankwise", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="rankwise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(commands)
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     to_terminal()  # rankwise's messages (logging) printed as the commands always have
-    if argv and argv[0] == "launch":  # torchrun's flags and the script's own arguments, parsed by torchrun
+    # torchrun's flags and the script's own arguments, parsed by torchrun
+    if argv and argv[0] == "launch":
         command, run = "launch", lambda: launch.run_command_line(argv[1:])
     else:
         args = build_parser().parse_args(argv)
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         code = exit_code(e)
         prefix = "error: " if code == USAGE else ""
-        # The command's own last word on stderr with its exit code, not a library message: a plain write.
+        # The command's own last word on stderr with its exit code, not a library message: a plain
+        # write.
         print(f"rankwise {command}: {prefix}{e}", file=sys.stderr)
         return code
 

@@ -1,9 +1,10 @@
-"""rankwise bench: every strategy on the same job, timed fairly, with correctness in the same report.
+"""rankwise bench: every strategy on the same job, timed fairly, with correctness in the same
+report.
 
   rankwise bench                                   quick preset, every available row, 2 processes
-  rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate
-  rankwise bench --data my.csv --model small --out runs/bench-mine
-  rankwise bench --script my_train.py --strategies ddp,fsdp -- --my-arg 1   your own script, unchanged
+  rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate rankwise bench
+  --data my.csv --model small --out runs/bench-mine rankwise bench --script my_train.py --strategies
+  ddp,fsdp -- --my-arg 1   your own script, unchanged
 
 Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
 deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
@@ -45,49 +46,118 @@ from rankwise.tools.watch.frameworks import FRAMEWORKS
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("bench", help="benchmark every strategy on one job, with correctness checks",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=list(PRESETS), default="quick",
-                   help="quick: " + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items()) +
-                        "; full: " + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()))
-    p.add_argument("--strategies", metavar="ROW,ROW", help="rows to run (single is always added as the "
-                   f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves "
-                   f"out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
-                   f"{', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise strategies for a "
-                   "script on rankwise.setup(); the launcher's own strategy names for a Lightning Fabric script "
-                   "(fabric run --strategy: ddp, fsdp, deepspeed, ...) or an Accelerate one (ddp, fsdp, deepspeed), "
-                   "each a row at the largest --nproc-per-node")
-    p.add_argument("--nproc", "--nproc-per-node", type=_world_sizes, default=[2], metavar="N[,N...]",
-                   help="processes of each multi-process row (default 2); --script on a script not on "
-                        "rankwise.setup(): a row per world size, e.g. 1,2 (one process is always the first row)")
+    p = commands.add_parser(
+        "bench",
+        help="benchmark every strategy on one job, with correctness checks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default="quick",
+        help="quick: "
+        + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items())
+        + "; full: "
+        + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()),
+    )
+    p.add_argument(
+        "--strategies",
+        metavar="ROW,ROW",
+        help="rows to run (single is always added as the "
+        f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset "
+        "leaves "
+        f"out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only when "
+        "named: "
+        f"{', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise strategies "
+        "for a "
+        "script on rankwise.setup(); the launcher's own strategy names for a Lightning Fabric "
+        "script "
+        "(fabric run --strategy: ddp, fsdp, deepspeed, ...) or an Accelerate one (ddp, fsdp, "
+        "deepspeed), "
+        "each a row at the largest --nproc-per-node",
+    )
+    p.add_argument(
+        "--nproc",
+        "--nproc-per-node",
+        type=_world_sizes,
+        default=[2],
+        metavar="N[,N...]",
+        help="processes of each multi-process row (default 2); --script on a script not on "
+        "rankwise.setup(): a row per world size, e.g. 1,2 (one process is always the first row)",
+    )
     p.add_argument("--data", help="sentiment (default) | PATH.csv/.tsv/.jsonl")
     p.add_argument("--model", help="tiny (default) | small | base | LOCAL_PATH")
     p.add_argument("--repeats", type=int, help="runs of every row (default: the preset's)")
     p.add_argument("--out", help="report directory (default runs/bench-<preset>-<time>)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a `rankwise train` config override for every row (e.g. max_steps=100)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a `rankwise train` config override for every row (e.g. max_steps=100)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print report.json's summary as the last stdout line")
-    p.add_argument("--script", metavar="SCRIPT.py", help="benchmark your own script, unchanged, instead of "
-                   "`rankwise train`; arguments after -- go to it. On rankwise.setup(): --strategies are strategy "
-                   "names (default ddp,fsdp,deepspeed-zero2,accelerate; single is the reference). Plain torch, "
-                   "Accelerate, Trainer or Fabric: a row per world size (--nproc-per-node 1,2), started as its "
-                   "framework's launcher would")
-    p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
-                   help="--script: how the script trains (default: from its imports)")
-    p.add_argument("--steps", type=int, default=20, help="--script: optimizer steps of each timed run (default 20)")
-    p.add_argument("--min-window", type=float, default=MIN_WINDOW_S, metavar="SECONDS",
-                   help="--script: the least a row's timed window lasts; a fast script runs on, a short one runs "
-                        f"again and its windows are pooled, until it has (default {MIN_WINDOW_S:g}; 0: the --steps "
-                        "as asked, once)")
-    p.add_argument("--verify-steps", type=int, default=5,
-                   help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
-                        "(default 5)")
-    p.add_argument("--precision", help="--script: the precision every row runs at (default: the script's)")
-    p.add_argument("--explain", metavar="ROW", help="after the table, ROW's step-time breakdown: every rank's "
-                   "compute, exposed communication, data wait, host syncs and wait for the slowest rank, and the "
-                   "cause; with --report, from an earlier bench's report.json, without running anything")
-    p.add_argument("--report", metavar="REPORT.json", help="--explain: the report of an earlier `rankwise bench`")
+    p.add_argument(
+        "--json", action="store_true", help="print report.json's summary as the last stdout line"
+    )
+    p.add_argument(
+        "--script",
+        metavar="SCRIPT.py",
+        help="benchmark your own script, unchanged, instead of "
+        "`rankwise train`; arguments after -- go to it. On rankwise.setup(): --strategies are "
+        "strategy "
+        "names (default ddp,fsdp,deepspeed-zero2,accelerate; single is the reference). Plain "
+        "torch, "
+        "Accelerate, Trainer or Fabric: a row per world size (--nproc-per-node 1,2), started as "
+        "its "
+        "framework's launcher would",
+    )
+    p.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="auto",
+        help="--script: how the script trains (default: from its imports)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="--script: optimizer steps of each timed run (default 20)",
+    )
+    p.add_argument(
+        "--min-window",
+        type=float,
+        default=MIN_WINDOW_S,
+        metavar="SECONDS",
+        help="--script: the least a row's timed window lasts; a fast script runs on, a short one "
+        "runs "
+        f"again and its windows are pooled, until it has (default {MIN_WINDOW_S:g}; 0: the --steps "
+        "as asked, once)",
+    )
+    p.add_argument(
+        "--verify-steps",
+        type=int,
+        default=5,
+        help="--script: steps of each row's equivalence check, `rankwise verify` with dropout off "
+        "(default 5)",
+    )
+    p.add_argument(
+        "--precision", help="--script: the precision every row runs at (default: the script's)"
+    )
+    p.add_argument(
+        "--explain",
+        metavar="ROW",
+        help="after the table, ROW's step-time breakdown: every rank's "
+        "compute, exposed communication, data wait, host syncs and wait for the slowest rank, and "
+        "the "
+        "cause; with --report, from an earlier bench's report.json, without running anything",
+    )
+    p.add_argument(
+        "--report",
+        metavar="REPORT.json",
+        help="--explain: the report of an earlier `rankwise bench`",
+    )
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
@@ -96,7 +166,9 @@ def _world_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a process count or a list, such as 2 or 1,2,4") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a process count or a list, such as 2 or 1,2,4"
+        ) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: process counts are at least 1")
     return sizes
@@ -108,18 +180,46 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--report: give --explain ROW (the row of that report to explain)")
         print(why.explain_report(Path(args.report), args.explain))
         return 0
-    output = Output(out=Path(args.out) if args.out else None, explain=args.explain, as_json=args.json)
+    output = Output(
+        out=Path(args.out) if args.out else None, explain=args.explain, as_json=args.json
+    )
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     strategies = tuple(name.strip() for name in (args.strategies or "").split(",") if name.strip())
     if args.script:
-        return script.bench(ScriptSettings(
-            script=Path(args.script), script_args=tuple(script_args), framework=args.framework,
-            strategies=strategies, nproc=tuple(args.nproc), steps=args.steps, verify_steps=args.verify_steps,
-            min_window_s=args.min_window, precision=args.precision, repeats=args.repeats, output=output))
+        return script.bench(
+            ScriptSettings(
+                script=Path(args.script),
+                script_args=tuple(script_args),
+                framework=args.framework,
+                strategies=strategies,
+                nproc=tuple(args.nproc),
+                steps=args.steps,
+                verify_steps=args.verify_steps,
+                min_window_s=args.min_window,
+                precision=args.precision,
+                repeats=args.repeats,
+                output=output,
+            )
+        )
     if len(args.nproc) > 1:
-        raise ConfigError("--nproc: one process count (several are for --script on a script not on rankwise.setup())")
+        raise ConfigError(
+            "--nproc: one process count (several are for --script on a script not on "
+            "rankwise.setup())"
+        )
     if script_args:
-        raise ConfigError(f"unexpected arguments {' '.join(script_args)} (only --script takes arguments after --)")
-    return suite.bench(SuiteSettings(
-        rows=strategies or None, preset=args.preset, nproc=args.nproc[0], data=args.data, model=args.model,
-        repeats=args.repeats, overrides=tuple(args.set), progress=not args.no_progress, output=output))
+        raise ConfigError(
+            f"unexpected arguments {' '.join(script_args)} (only --script takes arguments after --)"
+        )
+    return suite.bench(
+        SuiteSettings(
+            rows=strategies or None,
+            preset=args.preset,
+            nproc=args.nproc[0],
+            data=args.data,
+            model=args.model,
+            repeats=args.repeats,
+            overrides=tuple(args.set),
+            progress=not args.no_progress,
+            output=output,
+        )
+    )

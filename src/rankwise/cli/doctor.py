@@ -10,9 +10,12 @@ from rankwise.tools.harness import check_layout
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("doctor", help="check this machine (and, with the multi-node flags, the nodes) for a "
-                                           "distributed run", description=doctor.__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = commands.add_parser(
+        "doctor",
+        help="check this machine (and, with the multi-node flags, the nodes) for a distributed run",
+        description=doctor.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_node_flags(p, timeout_s=60.0)
     p.set_defaults(run=run)
 

@@ -36,49 +36,111 @@ here), measures peak tensor memory and steady step time, and prints them against
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc-per-node", "--nproc_per_node", default="1,2", metavar="N,N,...",
-                   help="ranks per node to plan, a comma-separated list (default 1,2)")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes (default 1); world size = nnodes x nproc-per-node")
-    p.add_argument("--strategies", default="", metavar="NAME,NAME",
-                   help=f"strategies to plan (default: every installed one of single, ddp, fsdp, "
-                        f"deepspeed-zero1..3); known: {', '.join(KNOWN)}")
-    p.add_argument("--precision", choices=PRECISIONS, default="32-true", help="the precision (default 32-true)")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="plan with each transformer layer's activations recomputed in the backward pass")
-    p.add_argument("--device", choices=devices.names(), help="the device to plan for (default: the one present)")
-    p.add_argument("--headroom", type=float, default=0.1, help="share of the device's memory left free (default 0.1)")
-    p.add_argument("--efficiency", type=float,
-                   help="share of the peak FLOP/s the step runs at (default: the device's stated one)")
-    p.add_argument("--comm", type=Path, metavar="COMM.JSON",
-                   help="bandwidths measured by rankwise comm bench instead of the device's link")
-    p.add_argument("--micro-batch", type=int, metavar="ROWS",
-                   help="samples per rank per micro-batch at every world size (default: the script's global batch "
-                        "split over the ranks)")
-    p.add_argument("--no-timing", action="store_true",
-                   help="on the CPU, use FLOPs at the stated efficiency instead of timing the model's passes here")
-    p.add_argument("--validate", action="store_true",
-                   help="also run the strategies here at 1 and 2 ranks and print measured against planned")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        default="1,2",
+        metavar="N,N,...",
+        help="ranks per node to plan, a comma-separated list (default 1,2)",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="nodes (default 1); world size = nnodes x nproc-per-node",
+    )
+    p.add_argument(
+        "--strategies",
+        default="",
+        metavar="NAME,NAME",
+        help=f"strategies to plan (default: every installed one of single, ddp, fsdp, "
+        f"deepspeed-zero1..3); known: {', '.join(KNOWN)}",
+    )
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="32-true", help="the precision (default 32-true)"
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="plan with each transformer layer's activations recomputed in the backward pass",
+    )
+    p.add_argument(
+        "--device",
+        choices=devices.names(),
+        help="the device to plan for (default: the one present)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="share of the device's memory left free (default 0.1)",
+    )
+    p.add_argument(
+        "--efficiency",
+        type=float,
+        help="share of the peak FLOP/s the step runs at (default: the device's stated one)",
+    )
+    p.add_argument(
+        "--comm",
+        type=Path,
+        metavar="COMM.JSON",
+        help="bandwidths measured by rankwise comm bench instead of the device's link",
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        metavar="ROWS",
+        help="samples per rank per micro-batch at every world size (default: the script's global "
+        "batch "
+        "split over the ranks)",
+    )
+    p.add_argument(
+        "--no-timing",
+        action="store_true",
+        help="on the CPU, use FLOPs at the stated efficiency instead of timing the model's passes "
+        "here",
+    )
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="also run the strategies here at 1 and 2 ranks and print measured against planned",
+    )
     p.add_argument("--out", help="report directory (default runs/plan-<time>)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary as the last stdout line")
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON summary as the last stdout line"
+    )
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("plan", help="memory and step time per strategy and world size, before running there",
-                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                            usage="rankwise plan SCRIPT.py [options] [-- SCRIPT ARGS]")
+    p = commands.add_parser(
+        "plan",
+        help="memory and step time per strategy and world size, before running there",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="rankwise plan SCRIPT.py [options] [-- SCRIPT ARGS]",
+    )
     _options(p)
     script_args.add_rest(p)
     p.set_defaults(run=run)
 
 
 def config_from(args: argparse.Namespace) -> PlanConfig:
-    return PlanConfig(script=Path(args.script), script_args=list(args.script_args),
-                      nproc_per_node=parse_sizes(args.nproc_per_node), nnodes=args.nnodes,
-                      strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
-                      precision=args.precision, activation_checkpointing=args.activation_checkpointing,
-                      device=args.device, headroom=args.headroom, efficiency=args.efficiency, comm=args.comm,
-                      micro_batch=args.micro_batch, no_timing=args.no_timing,
-                      out=Path(args.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}"))
+    return PlanConfig(
+        script=Path(args.script),
+        script_args=list(args.script_args),
+        nproc_per_node=parse_sizes(args.nproc_per_node),
+        nnodes=args.nnodes,
+        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
+        precision=args.precision,
+        activation_checkpointing=args.activation_checkpointing,
+        device=args.device,
+        headroom=args.headroom,
+        efficiency=args.efficiency,
+        comm=args.comm,
+        micro_batch=args.micro_batch,
+        no_timing=args.no_timing,
+        out=Path(args.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}"),
+    )
 
 
 def parse_rest(args: argparse.Namespace) -> argparse.Namespace:

@@ -10,10 +10,17 @@ from rankwise.errors import ConfigError
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("predict", help="classify texts with a trained checkpoint",
-                            description="Classify texts with a checkpoint written by `rankwise train`.")
-    p.add_argument("--checkpoint", required=True, help="checkpoint dir, .../checkpoints/latest or a run dir")
-    p.add_argument("texts", nargs="*", help="texts to classify (read one per line from stdin when none)")
+    p = commands.add_parser(
+        "predict",
+        help="classify texts with a trained checkpoint",
+        description="Classify texts with a checkpoint written by `rankwise train`.",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint dir, .../checkpoints/latest or a run dir"
+    )
+    p.add_argument(
+        "texts", nargs="*", help="texts to classify (read one per line from stdin when none)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     p.set_defaults(run=run)
 

@@ -32,12 +32,22 @@ def _config_reference() -> str:
 def add_parser(commands) -> None:
     strategies = "\n".join(f"  {name:<16} {lookup(name).description}" for name in strategy_names())
     p = commands.add_parser(
-        "train", help="train and evaluate a classifier with a data-parallel strategy",
+        "train",
+        help="train and evaluate a classifier with a data-parallel strategy",
         description="Train and evaluate a classifier.\n\nStrategies:\n" + strategies,
-        epilog=EPILOG_TRAIN + _config_reference(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG_TRAIN + _config_reference(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     flag = lambda *names, key, **kw: p.add_argument(*names, dest=key, default=None, **kw)  # noqa: E731
-    flag("--data", key="data.source", metavar="SOURCE", help="sentiment | toy | PATH.csv/.tsv/.jsonl")
-    flag("--strategy", key="strategy", choices=strategy_names(), help="data-parallel strategy (default single)")
+    flag(
+        "--data", key="data.source", metavar="SOURCE", help="sentiment | toy | PATH.csv/.tsv/.jsonl"
+    )
+    flag(
+        "--strategy",
+        key="strategy",
+        choices=strategy_names(),
+        help="data-parallel strategy (default single)",
+    )
     flag("--precision", key="precision", choices=PRECISIONS)
     flag("--epochs", key="epochs", type=int)
     flag("--max-steps", key="max_steps", type=int, help="stop after this many optimizer steps")
@@ -48,14 +58,35 @@ def add_parser(commands) -> None:
     flag("--seed", key="seed", type=int)
     flag("--out", key="out", help="run directory (default runs/<name>)")
     flag("--name", key="name", help="run name")
-    flag("--resume", key="resume", help="checkpoint directory, or 'latest' for <out>/checkpoints/latest")
-    flag("--strict", key="strict", action="store_const", const=True,
-         help="on resume, refuse a corrupt latest checkpoint instead of falling back to the previous one")
-    flag("--trust-checkpoint", key="trust_checkpoint", action="store_const", const=True,
-         help="on resume, load pickled files naming classes rankwise does not know (they could run code): only "
-              "for a checkpoint from someone you trust")
+    flag(
+        "--resume",
+        key="resume",
+        help="checkpoint directory, or 'latest' for <out>/checkpoints/latest",
+    )
+    flag(
+        "--strict",
+        key="strict",
+        action="store_const",
+        const=True,
+        help="on resume, refuse a corrupt latest checkpoint instead of falling back to the "
+        "previous one",
+    )
+    flag(
+        "--trust-checkpoint",
+        key="trust_checkpoint",
+        action="store_const",
+        const=True,
+        help="on resume, load pickled files naming classes rankwise does not know (they could run "
+        "code): only "
+        "for a checkpoint from someone you trust",
+    )
     flag("--nproc-per-node", "--nproc_per_node", key="launch.nproc_per_node", type=int)
-    flag("--nnodes", key="launch.nnodes", metavar="N|MIN:MAX", help="nodes; MIN:MAX for an elastic c10d job")
+    flag(
+        "--nnodes",
+        key="launch.nnodes",
+        metavar="N|MIN:MAX",
+        help="nodes; MIN:MAX for an elastic c10d job",
+    )
     flag("--node-rank", "--node_rank", key="launch.node_rank", type=int)
     flag("--master-addr", "--master_addr", key="launch.master_addr")
     flag("--master-port", "--master_port", key="launch.master_port", type=int)
@@ -63,13 +94,25 @@ def add_parser(commands) -> None:
     flag("--rdzv-endpoint", key="launch.rdzv_endpoint")
     flag("--rdzv-id", key="launch.rdzv_id")
     flag("--max-restarts", key="launch.max_restarts", type=int)
-    p.add_argument("--hostfile", metavar="FILE", help="'host slots=N' per line: nnodes, this node's rank and "
-                   "processes and the master (the first host) from the file; the same command on every node")
-    flag("--launcher", key="launch.launcher", choices=[name for name in LAUNCHERS if name != "horovodrun"])
+    p.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="'host slots=N' per line: nnodes, this node's rank and "
+        "processes and the master (the first host) from the file; the same command on every node",
+    )
+    flag(
+        "--launcher",
+        key="launch.launcher",
+        choices=[name for name in LAUNCHERS if name != "horovodrun"],
+    )
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with any of the keys below")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print one JSON summary object as the last stdout line")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON summary object as the last stdout line"
+    )
     p.set_defaults(run=run)
 
 
@@ -88,4 +131,3 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
         if flags.get(f"launch.{key}") is None:
             flags[f"launch.{key}"] = value
     return build_config(args.config, args.set, flags)
-

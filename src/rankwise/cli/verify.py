@@ -72,39 +72,94 @@ Writes verify.md, verify.json and verify.png (the differences by step) under --o
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", metavar="NAME",
-                   help="for a script on rankwise.setup(): the strategy to check (ddp, fsdp, ...)")
-    p.add_argument("--framework", choices=FRAMEWORKS, default="auto",
-                   help="how the script trains, so it starts as its launcher would (default: from its imports)")
-    p.add_argument("--reference-args", metavar="'ARGS'", type=shlex.split,
-                   help="the script's arguments for the one-process reference, when its batching cannot be scaled "
-                        "by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they are")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=2,
-                   help="ranks of the distributed run (default 2)")
-    p.add_argument("--steps", type=int, default=5,
-                   help="optimizer steps compared with one process (default 5); the distributed run then goes on "
-                        "through the rest of the script")
-    p.add_argument("--as-written", action="store_true",
-                   help="after the compared steps, run the rest of the script as written (default: each later "
-                        "training pass is cut to two optimizer steps' batches; evaluation runs whole)")
-    p.add_argument("--precision", choices=PRECISIONS, help="the precision of both runs (default: the script's)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="an option of the strategy's section for the distributed run, e.g. "
-                        "ddp.find_unused_parameters=true (repeatable)")
-    p.add_argument("--keep-dropout", action="store_true", help="leave dropout modules on in both runs")
-    p.add_argument("--keep-weights", action="store_true", help="keep every step's weights and gradients under --out")
-    p.add_argument("--out", help="report directory (default runs/verify-<script>-<strategy>-<time>)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
-    p.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S, metavar="SECONDS",
-                   help=f"stop a rank that makes no progress for this long, and say where each rank waited (default "
-                        f"{STALL_TIMEOUT_S:g}; 0: never)")
-    p.add_argument("--json", action="store_true", help="print the verdict as JSON as the last stdout line")
+    p.add_argument(
+        "--strategy",
+        metavar="NAME",
+        help="for a script on rankwise.setup(): the strategy to check (ddp, fsdp, ...)",
+    )
+    p.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="auto",
+        help="how the script trains, so it starts as its launcher would (default: from its "
+        "imports)",
+    )
+    p.add_argument(
+        "--reference-args",
+        metavar="'ARGS'",
+        type=shlex.split,
+        help="the script's arguments for the one-process reference, when its batching cannot be "
+        "scaled "
+        "by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they are",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=2,
+        help="ranks of the distributed run (default 2)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=5,
+        help="optimizer steps compared with one process (default 5); the distributed run then "
+        "goes on "
+        "through the rest of the script",
+    )
+    p.add_argument(
+        "--as-written",
+        action="store_true",
+        help="after the compared steps, run the rest of the script as written (default: each later "
+        "training pass is cut to two optimizer steps' batches; evaluation runs whole)",
+    )
+    p.add_argument(
+        "--precision", choices=PRECISIONS, help="the precision of both runs (default: the script's)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="an option of the strategy's section for the distributed run, e.g. "
+        "ddp.find_unused_parameters=true (repeatable)",
+    )
+    p.add_argument(
+        "--keep-dropout", action="store_true", help="leave dropout modules on in both runs"
+    )
+    p.add_argument(
+        "--keep-weights",
+        action="store_true",
+        help="keep every step's weights and gradients under --out",
+    )
+    p.add_argument(
+        "--out", help="report directory (default runs/verify-<script>-<strategy>-<time>)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds each run may take (default 600)"
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=STALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="stop a rank that makes no progress for this long, and say where each rank waited "
+        "(default "
+        f"{STALL_TIMEOUT_S:g}; 0: never)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the verdict as JSON as the last stdout line"
+    )
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("verify", help="find the step where N ranks stop matching one process, and why",
-                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                            usage="rankwise verify SCRIPT.py [--strategy NAME] [options] [-- SCRIPT ARGS]")
+    p = commands.add_parser(
+        "verify",
+        help="find the step where N ranks stop matching one process, and why",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="rankwise verify SCRIPT.py [--strategy NAME] [options] [-- SCRIPT ARGS]",
+    )
     _options(p)
     # The script's own flags may follow it: everything from SCRIPT on is parsed again in run().
     script_args.add_rest(p)
@@ -118,13 +173,24 @@ def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 
 def settings_from(args: argparse.Namespace) -> VerifySettings:
     """The typed settings the flags describe (the tools see no argparse namespace)."""
-    return VerifySettings(script=Path(args.script), script_args=tuple(args.script_args), strategy=args.strategy,
-                          framework=args.framework,
-                          reference_args=tuple(args.reference_args) if args.reference_args is not None else None,
-                          nproc_per_node=args.nproc_per_node, steps=args.steps, as_written=args.as_written,
-                          precision=args.precision, overrides=tuple(args.set), keep_dropout=args.keep_dropout,
-                          keep_weights=args.keep_weights, out=Path(args.out) if args.out else None,
-                          timeout_s=args.timeout, stall_s=args.stall_timeout, as_json=args.json)
+    return VerifySettings(
+        script=Path(args.script),
+        script_args=tuple(args.script_args),
+        strategy=args.strategy,
+        framework=args.framework,
+        reference_args=tuple(args.reference_args) if args.reference_args is not None else None,
+        nproc_per_node=args.nproc_per_node,
+        steps=args.steps,
+        as_written=args.as_written,
+        precision=args.precision,
+        overrides=tuple(args.set),
+        keep_dropout=args.keep_dropout,
+        keep_weights=args.keep_weights,
+        out=Path(args.out) if args.out else None,
+        timeout_s=args.timeout,
+        stall_s=args.stall_timeout,
+        as_json=args.json,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""What every workaround records about itself, and the version check that decides whether it applies."""
+"""What every workaround records about itself, and the version check that decides whether it
+applies."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from packaging.version import Version
 _warned: set[str] = set()
 
 
-@functools.cache  # (a lookup in the package metadata each time: workarounds ask per parameter and per step)
+# (a lookup in the package metadata each time: workarounds ask per parameter and per step)
+@functools.cache
 def installed(library: str) -> Version | None:
-    """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``), or ``None``."""
+    """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``), or
+    ``None``."""
     try:
         return Version(importlib.metadata.version(library))
     except importlib.metadata.PackageNotFoundError:
@@ -22,7 +25,8 @@ def installed(library: str) -> Version | None:
 
 
 def series(version: Version) -> str:
-    """``major.minor`` of a release (``2.13.0+cpu`` -> ``2.13``): the granularity workarounds are checked at."""
+    """``major.minor`` of a release (``2.13.0+cpu`` -> ``2.13``): the granularity workarounds are
+    checked at."""
     return f"{version.major}.{version.minor}"
 
 
@@ -33,54 +37,76 @@ class Workaround:
     name: str
     """The function applying it, as ``module.function``."""
     library: str
-    """The distribution whose behaviour it works around (``torch``, ``deepspeed``, ``accelerate``)."""
+    """The distribution whose behaviour it works around (``torch``, ``deepspeed``,
+    ``accelerate``)."""
     upstream: str
     """The upstream issue, or, where none is filed, what was searched."""
     seen_on: tuple[str, ...]
     """Release series (``major.minor``) on which the bug was seen and the workaround checked."""
     fixed_in: str | None = None
-    """The first release without the bug: from there the workaround is not applied.  ``None``: not fixed yet."""
+    """The first release without the bug: from there the workaround is not applied.  ``None``: not
+    fixed yet."""
 
     def applies(self) -> bool:
-        """Whether to apply it: the library is installed at a release before ``fixed_in``.  On a release series it
-        was not checked on, it still applies, with one warning per process (its test says whether it is needed)."""
+        """Whether to apply it: the library is installed at a release before ``fixed_in``.  On a
+        release series it was not checked on, it still applies, with one warning per process (its
+        test says whether it is needed)."""
         version = installed(self.library)
         if version is None or (self.fixed_in is not None and version >= Version(self.fixed_in)):
             return False
         if series(version) not in self.seen_on and self.name not in _warned:
             _warned.add(self.name)
-            warnings.warn(f"rankwise applies {self.name} (a workaround for {self.upstream}) to {self.library} "
-                          f"{version}, a release it was not checked on (checked: {', '.join(self.seen_on)}); "
-                          f"run tests/compat to see whether it is still needed", stacklevel=3)
+            warnings.warn(
+                f"rankwise applies {self.name} (a workaround for {self.upstream}) to "
+                f"{self.library} "
+                f"{version}, a release it was not checked on (checked: {', '.join(self.seen_on)}); "
+                f"run tests/compat to see whether it is still needed",
+                stacklevel=3,
+            )
         return True
 
 
 @dataclass(frozen=True)
 class Patch:
-    """One attribute of another library that rankwise replaces at run time: not a bug's workaround but code written
-    against that library's insides all the same (often private ones), so it is recorded and version-checked alike."""
+    """One attribute of another library that rankwise replaces at run time: not a bug's workaround
+    but code written against that library's insides all the same (often private ones), so it is
+    recorded and version-checked alike."""
 
     target: str
-    """What is replaced, as ``module.Class.attribute`` or ``module.function``, where the owner's ``__module__`` and
-    ``__qualname__`` (a module's ``__name__``) place it."""
+    """What is replaced, as ``module.Class.attribute`` or ``module.function``, where the owner's
+    ``__module__`` and ``__qualname__`` (a module's ``__name__``) place it."""
     library: str
-    """The distribution it belongs to (``torch``, ``deepspeed``, ``accelerate``, ``horovod``, ``lightning``)."""
+    """The distribution it belongs to (``torch``, ``deepspeed``, ``accelerate``, ``horovod``,
+    ``lightning``)."""
     why: str
     """What the replacement records or changes, and why no public API gives it."""
     seen_on: tuple[str, ...]
-    """Release series (``major.minor``) on which it was checked: the attribute is there and behaves as relied on."""
+    """Release series (``major.minor``) on which it was checked: the attribute is there and behaves
+    as relied on."""
 
     @property
     def private(self) -> bool:
-        """Whether the owner or the attribute is private to the library (a leading underscore, dunders aside)."""
-        return any(part.startswith("_") and not part.startswith("__") for part in self.target.split("."))
+        """Whether the owner or the attribute is private to the library (a leading underscore,
+        dunders aside)."""
+        return any(
+            part.startswith("_") and not part.startswith("__") for part in self.target.split(".")
+        )
 
     def check(self) -> None:
-        """The version check, where the patch is made: on a release series it was not checked on it is still made,
-        with one warning per process (``tests/compat/test_watch_patches.py`` says whether it still holds)."""
+        """The version check, where the patch is made: on a release series it was not checked on it
+        is still made, with one warning per process (``tests/compat/test_watch_patches.py`` says
+        whether it still holds)."""
         version = installed(self.library)
-        if version is not None and series(version) not in self.seen_on and self.target not in _warned:
+        if (
+            version is not None
+            and series(version) not in self.seen_on
+            and self.target not in _warned
+        ):
             _warned.add(self.target)
-            warnings.warn(f"rankwise replaces {self.target} ({'private, ' if self.private else ''}{self.why}) on "
-                          f"{self.library} {version}, a release it was not checked on (checked: "
-                          f"{', '.join(self.seen_on)}); run tests/compat to see whether it still holds", stacklevel=3)
+            warnings.warn(
+                f"rankwise replaces {self.target} "
+                f"({'private, ' if self.private else ''}{self.why}) on "
+                f"{self.library} {version}, a release it was not checked on (checked: "
+                f"{', '.join(self.seen_on)}); run tests/compat to see whether it still holds",
+                stacklevel=3,
+            )

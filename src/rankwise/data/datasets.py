@@ -10,8 +10,13 @@ class TokenizedTextDataset(Dataset):
     """Token-id sequences of varying length and integer labels, optionally with each text's
     hashed character n-grams (``ngrams``: flat ids and per-text offsets, see ``data.ngrams``)."""
 
-    def __init__(self, ids: list[list[int]], labels: list[int], pad_id: int = 0,
-                 ngrams: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        ids: list[list[int]],
+        labels: list[int],
+        pad_id: int = 0,
+        ngrams: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         if len(ids) != len(labels):
             raise ValueError(f"{len(ids)} texts but {len(labels)} labels")
         if ngrams is not None and len(ngrams[1]) != len(ids) + 1:
@@ -52,7 +57,7 @@ class TokenizedTextDataset(Dataset):
         sample like every other input, also under DataParallel's scatter)."""
         assert self.ngrams is not None  # collate calls this only for a dataset with n-grams
         flat, offsets = self.ngrams
-        rows = [flat[offsets[i]:offsets[i + 1]] for i in indices]
+        rows = [flat[offsets[i] : offsets[i + 1]] for i in indices]
         out = torch.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=torch.long)
         for row, ids in enumerate(rows):
             out[row, : len(ids)] = ids

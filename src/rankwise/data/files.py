@@ -15,8 +15,13 @@ from pathlib import Path
 from rankwise.data.records import DataError, Record
 
 SPLIT_ALIASES = {
-    "train": "train", "training": "train",
-    "dev": "dev", "val": "dev", "valid": "dev", "validation": "dev", "eval": "dev",
+    "train": "train",
+    "training": "train",
+    "dev": "dev",
+    "val": "dev",
+    "valid": "dev",
+    "validation": "dev",
+    "eval": "dev",
     "test": "test",
 }
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -33,8 +38,12 @@ def read_text_utf8(path: Path) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                              "re-encode the file as UTF-8", line) from None
+        raise DataError(
+            path,
+            f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "re-encode the file as UTF-8",
+            line,
+        ) from None
     text = text.removeprefix("\ufeff")  # a BOM from spreadsheet exports
     if not text.strip():
         raise DataError(path, "the file is empty")
@@ -57,8 +66,9 @@ def _record(path: Path, line: int, text, label, split_value, split_column: str |
     return Record(str(text).strip(), str(label).strip(), split, f"{path}:{line}")
 
 
-def read_delimited(path: Path, delimiter: str, text_column: str, label_column: str,
-                   split_column: str | None) -> list[Record]:
+def read_delimited(
+    path: Path, delimiter: str, text_column: str, label_column: str, split_column: str | None
+) -> list[Record]:
     content = read_text_utf8(path)
     reader = csv.reader(io.StringIO(content, newline=""), delimiter=delimiter, strict=True)
     try:
@@ -69,8 +79,12 @@ def read_delimited(path: Path, delimiter: str, text_column: str, label_column: s
     wanted = [c for c in (text_column, label_column, split_column) if c]
     missing = [c for c in wanted if c not in header]
     if missing:
-        raise DataError(path, f"missing column(s) {', '.join(map(repr, missing))}; the header has "
-                              f"{', '.join(map(repr, header))} (set data.text_column / data.label_column)", 1)
+        raise DataError(
+            path,
+            f"missing column(s) {', '.join(map(repr, missing))}; the header has "
+            f"{', '.join(map(repr, header))} (set data.text_column / data.label_column)",
+            1,
+        )
     positions = {c: header.index(c) for c in wanted}
     records = []
     while True:
@@ -84,15 +98,27 @@ def read_delimited(path: Path, delimiter: str, text_column: str, label_column: s
         if not row or all(not cell.strip() for cell in row):
             continue
         if len(row) != len(header):
-            raise DataError(path, f"malformed row: {len(row)} fields, the header has {len(header)}", start_line)
-        records.append(_record(path, start_line, row[positions[text_column]], row[positions[label_column]],
-                               row[positions[split_column]] if split_column else None, split_column))
+            raise DataError(
+                path, f"malformed row: {len(row)} fields, the header has {len(header)}", start_line
+            )
+        records.append(
+            _record(
+                path,
+                start_line,
+                row[positions[text_column]],
+                row[positions[label_column]],
+                row[positions[split_column]] if split_column else None,
+                split_column,
+            )
+        )
     if not records:
         raise DataError(path, "no data rows after the header")
     return records
 
 
-def read_jsonl(path: Path, text_column: str, label_column: str, split_column: str | None) -> list[Record]:
+def read_jsonl(
+    path: Path, text_column: str, label_column: str, split_column: str | None
+) -> list[Record]:
     content = read_text_utf8(path)
     records = []
     for line_no, line in enumerate(content.splitlines(), start=1):
@@ -103,24 +129,44 @@ def read_jsonl(path: Path, text_column: str, label_column: str, split_column: st
         except json.JSONDecodeError as e:
             raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", line_no) from None
         if not isinstance(row, dict):
-            raise DataError(path, f"expected a JSON object per line, got {type(row).__name__}", line_no)
+            raise DataError(
+                path, f"expected a JSON object per line, got {type(row).__name__}", line_no
+            )
         for column in (text_column, label_column, split_column):
             if column and column not in row:
-                raise DataError(path, f"missing key {column!r}; this line has {', '.join(map(repr, row))} "
-                                      "(set data.text_column / data.label_column)", line_no)
-        records.append(_record(path, line_no, row[text_column], row[label_column],
-                               row.get(split_column) if split_column else None, split_column))
+                raise DataError(
+                    path,
+                    f"missing key {column!r}; this line has {', '.join(map(repr, row))} "
+                    "(set data.text_column / data.label_column)",
+                    line_no,
+                )
+        records.append(
+            _record(
+                path,
+                line_no,
+                row[text_column],
+                row[label_column],
+                row.get(split_column) if split_column else None,
+                split_column,
+            )
+        )
     if not records:
         raise DataError(path, "no records")
     return records
 
 
-def read_file(path: str | Path, text_column: str = "text", label_column: str = "label",
-              split_column: str | None = None) -> list[Record]:
+def read_file(
+    path: str | Path,
+    text_column: str = "text",
+    label_column: str = "label",
+    split_column: str | None = None,
+) -> list[Record]:
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(path, f"unsupported file type {path.suffix!r}; use .csv, .tsv or .jsonl")
     if fmt == "jsonl":
         return read_jsonl(path, text_column, label_column, split_column)
-    return read_delimited(path, "," if fmt == "csv" else "\t", text_column, label_column, split_column)
+    return read_delimited(
+        path, "," if fmt == "csv" else "\t", text_column, label_column, split_column
+    )

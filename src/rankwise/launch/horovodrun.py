@@ -22,19 +22,35 @@ from rankwise.launch.ports import free_port, set_worker_environment
 def horovodrun_command(nproc: int, entry: list[str]) -> list[str]:
     binary = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
     if not Path(binary).exists():
-        raise LaunchError(["horovodrun not found: pip install 'rankwise[horovod]' (see scripts/build_horovod.sh)"])
+        raise LaunchError(
+            ["horovodrun not found: pip install 'rankwise[horovod]' (see scripts/build_horovod.sh)"]
+        )
     return [binary, "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo", sys.executable, *entry]
 
 
 def launch(config: LaunchConfig, entry: Entry) -> None:
-    """Run ``entry`` on ``config.nproc_per_node`` local workers under ``horovodrun --gloo`` (one node)."""
+    """Run ``entry`` on ``config.nproc_per_node`` local workers under ``horovodrun --gloo`` (one
+    node)."""
     if config.multi_node:
-        raise LaunchError(["the horovodrun launcher starts one node; for several run "
-                           "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.train.worker RUN_DIR`"])
+        raise LaunchError(
+            [
+                "the horovodrun launcher starts one node; for several run "
+                "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.train.worker "
+                "RUN_DIR`"
+            ]
+        )
     nproc = config.nproc_per_node
     set_worker_environment(nproc)
-    env = dict(os.environ, MASTER_ADDR=config.master_addr, MASTER_PORT=str(config.master_port or free_port()))
+    env = dict(
+        os.environ,
+        MASTER_ADDR=config.master_addr,
+        MASTER_PORT=str(config.master_port or free_port()),
+    )
     proc = subprocess.run(horovodrun_command(nproc, entry.argv()), env=env)
     if proc.returncode:
-        raise LaunchError([f"horovodrun exited with code {proc.returncode}; each rank's output above is "
-                           "prefixed with [rank]"])
+        raise LaunchError(
+            [
+                f"horovodrun exited with code {proc.returncode}; each rank's output above is "
+                "prefixed with [rank]"
+            ]
+        )

@@ -65,11 +65,14 @@ def hostname_is_loopback() -> bool:
 
 
 def choose_interface(master_addr: str, node: str) -> str | None:
-    """Set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for a multi-node job's workers; returns a line saying
-    what was chosen and why (None when nothing was done)."""
+    """Set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for a multi-node job's workers; returns a line
+    saying what was chosen and why (None when nothing was done)."""
     chosen = {name: os.environ[name] for name in VARIABLES if os.environ.get(name)}
     if chosen:
-        return f"{node}: using the interface you set ({', '.join(f'{k}={v}' for k, v in chosen.items())})"
+        return (
+            f"{node}: using the interface you set "
+            f"({', '.join(f'{k}={v}' for k, v in chosen.items())})"
+        )
     interface = route_to(master_addr)
     if interface is None:
         return None
@@ -77,16 +80,24 @@ def choose_interface(master_addr: str, node: str) -> str | None:
         return None  # no route but loopback: leave gloo's own choice and its error
     for name in VARIABLES:
         os.environ[name] = interface.name
-    note = (f"{node}: ranks talk over {interface.name} ({interface.address}), the interface that routes "
-            f"to the master {master_addr} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set; export them to choose)")
+    note = (
+        f"{node}: ranks talk over {interface.name} ({interface.address}), the interface that "
+        "routes "
+        f"to the master {master_addr} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set; export them "
+        "to choose)"
+    )
     if hostname_is_loopback():
-        note += (f"; this machine's hostname {socket.gethostname()!r} resolves to a loopback address, which the "
-                 "ranks would otherwise advertise to each other")
+        note += (
+            f"; this machine's hostname {socket.gethostname()!r} resolves to a loopback address, "
+            "which the "
+            "ranks would otherwise advertise to each other"
+        )
     return note
 
 
 def is_this_machine(host: str) -> bool:
-    """Whether ``host`` is one of this machine's own addresses (it then hosts the rendezvous store)."""
+    """Whether ``host`` is one of this machine's own addresses (it then hosts the rendezvous
+    store)."""
     try:
         address = resolve(host)
     except OSError:
@@ -96,32 +107,52 @@ def is_this_machine(host: str) -> bool:
 
 
 def wait_for_master(host: str, port: int, timeout_s: float, node: str) -> None:
-    """Return once ``host:port`` accepts a connection; ``MasterUnreachable`` naming this node, the address
-    and the likely cause after ``timeout_s``.  Retries meanwhile: the master node may start later."""
+    """Return once ``host:port`` accepts a connection; ``MasterUnreachable`` naming this node, the
+    address and the likely cause after ``timeout_s``.  Retries meanwhile: the master node may start
+    later."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
         try:
-            with socket.create_connection((host, port), timeout=max(0.5, min(5.0, deadline - time.monotonic()))):
+            with socket.create_connection(
+                (host, port), timeout=max(0.5, min(5.0, deadline - time.monotonic()))
+            ):
                 return
         except OSError as e:
             last = e
         if time.monotonic() >= deadline:
             break
         if not said:
-            log.info(f"rankwise: {node}: waiting for the master {host}:{port} (up to {timeout_s:g} s)", stderr=True,
-                     every_rank=True)
+            log.info(
+                f"rankwise: {node}: waiting for the master {host}:{port} (up to {timeout_s:g} s)",
+                stderr=True,
+                every_rank=True,
+            )
             said = True
         time.sleep(1.0)
     interface = route_to(host)
     me = f"{socket.gethostname()}, {interface.address}" if interface else socket.gethostname()
     if isinstance(last, socket.gaierror):
-        cause, fix = f"the name does not resolve ({last})", "check --master-addr and DNS / /etc/hosts"
+        cause, fix = (
+            f"the name does not resolve ({last})",
+            "check --master-addr and DNS / /etc/hosts",
+        )
     elif isinstance(last, ConnectionRefusedError):
-        cause, fix = "connection refused: nothing listens there", "start node 0 first, or check --master-port"
-    elif interface is None or getattr(last, "errno", None) in (errno.ENETUNREACH, errno.EHOSTUNREACH):
-        cause, fix = "no route to it", "check the network between the nodes (a link down?) and --master-addr"
+        cause, fix = (
+            "connection refused: nothing listens there",
+            "start node 0 first, or check --master-port",
+        )
+    elif interface is None or getattr(last, "errno", None) in (
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    ):
+        cause, fix = (
+            "no route to it",
+            "check the network between the nodes (a link down?) and --master-addr",
+        )
     else:
         cause, fix = "no answer (timed out)", "a firewall, a link down, or a wrong --master-addr"
-    raise MasterUnreachable(f"{node} ({me}) cannot reach the master {host}:{port} within {timeout_s:g} s: "
-                            f"{cause}; {fix}")
+    raise MasterUnreachable(
+        f"{node} ({me}) cannot reach the master {host}:{port} within {timeout_s:g} s: "
+        f"{cause}; {fix}"
+    )

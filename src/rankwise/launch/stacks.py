@@ -1,8 +1,9 @@
 """Python stacks as :mod:`faulthandler` writes them, read back.
 
-faulthandler is how a process that is stuck says where: its C thread writes every thread's frames while another
-thread holds the GIL, and needs nothing of the interpreter.  The stall deadline (``rankwise verify``) and the exit
-guard (:mod:`rankwise.launch.exits`) both leave such a dump; this reads one.
+faulthandler is how a process that is stuck says where: its C thread writes every thread's frames
+while another thread holds the GIL, and needs nothing of the interpreter.  The stall deadline
+(``rankwise verify``) and the exit guard (:mod:`rankwise.launch.exits`) both leave such a dump; this
+reads one.
 """
 
 from __future__ import annotations
@@ -29,16 +30,19 @@ class Frame:
 
 
 HEADER = "rankwise {kind}: {who} main thread 0x{thread:016x} seconds {seconds:g}"
-"""The line a deadline's dump file starts with, written when it is armed: what it is, whose (``rank0``, ...), the
-main thread's id (faulthandler names threads by id) and the deadline."""
-_HEADER = re.compile(r"^rankwise (?P<kind>[a-z ]+): (?P<who>\S+) main thread (?P<thread>0x[0-9a-f]+) "
-                     r"seconds (?P<seconds>[\d.]+)")
+"""The line a deadline's dump file starts with, written when it is armed: what it is, whose
+(``rank0``, ...), the main thread's id (faulthandler names threads by id) and the deadline."""
+_HEADER = re.compile(
+    r"^rankwise (?P<kind>[a-z ]+): (?P<who>\S+) main thread (?P<thread>0x[0-9a-f]+) "
+    r"seconds (?P<seconds>[\d.]+)"
+)
 
 
 @dataclass
 class Dump:
-    """One process's dump: what wrote it and whose, its deadline, whether the deadline stopped it (else a signal
-    wrote it), and each thread's frames, innermost first."""
+    """One process's dump: what wrote it and whose, its deadline, whether the deadline stopped it
+    (else a signal wrote it), and each thread's frames, innermost first."""
+
     who: str
     seconds: float
     timed_out: bool
@@ -48,26 +52,32 @@ class Dump:
 
     @property
     def main(self) -> list[Frame]:
-        """The main thread's frames (innermost first); the last thread dumped where the main one is not known."""
+        """The main thread's frames (innermost first); the last thread dumped where the main one is
+        not known."""
         if self.main_thread in self.threads:
             return self.threads[self.main_thread]
         return next(reversed(self.threads.values()), [])
 
 
 def parse_dump(text: str) -> Dump | None:
-    """A dump file's text (:data:`HEADER`, then faulthandler's), or ``None`` where it holds no stack: the process
-    ended without being stopped."""
+    """A dump file's text (:data:`HEADER`, then faulthandler's), or ``None`` where it holds no
+    stack: the process ended without being stopped."""
     header = _HEADER.match(text)
     dump = Dump(who="?", seconds=0.0, timed_out=False, main_thread=None)
     if header:
-        dump.who, dump.seconds, dump.main_thread, dump.kind = (header["who"], float(header["seconds"]),
-                                                               header["thread"], header["kind"])
+        dump.who, dump.seconds, dump.main_thread, dump.kind = (
+            header["who"],
+            float(header["seconds"]),
+            header["thread"],
+            header["kind"],
+        )
     dump.timed_out, dump.threads = parse_threads(text)
     return dump if dump.threads else None
 
 
 def parse_threads(text: str) -> tuple[bool, dict[str, list[Frame]]]:
-    """Whether a deadline wrote the dump (rather than a signal), and each thread's frames, innermost first."""
+    """Whether a deadline wrote the dump (rather than a signal), and each thread's frames, innermost
+    first."""
     timed_out, frames = False, None
     threads: dict[str, list[Frame]] = {}
     for line in text.splitlines():

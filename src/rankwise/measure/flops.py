@@ -32,23 +32,30 @@ Forward = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 def _signature(batch: Batch) -> tuple:
-    return tuple((key, tuple(value.shape), value.dtype) for key, value in sorted(batch.items())
-                 if isinstance(value, torch.Tensor))
+    return tuple(
+        (key, tuple(value.shape), value.dtype)
+        for key, value in sorted(batch.items())
+        if isinstance(value, torch.Tensor)
+    )
 
 
 class FlopCounter:
-    """FLOPs of one forward and backward pass over a batch, counted once per distinct set of input shapes."""
+    """FLOPs of one forward and backward pass over a batch, counted once per distinct set of input
+    shapes."""
 
     def __init__(self, model: nn.Module, forward: Forward):
-        """``model``: the unwrapped model, before a strategy shards it (its parameters' full shapes);
-        ``forward(model, batch)``: the logits the training loop computes."""
+        """``model``: the unwrapped model, before a strategy shards it (its parameters' full
+        shapes); ``forward(model, batch)``: the logits the training loop computes."""
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.mode = FakeTensorMode()
         self.forward = forward
-        # A copy whose parameters and buffers are fake: the real model is neither copied nor touched.
-        memo: dict[int, torch.Tensor] = {id(p): nn.Parameter(self.mode.from_tensor(p.detach()), p.requires_grad)
-                                         for p in model.parameters()}
+        # A copy whose parameters and buffers are fake: the real model is neither copied nor
+        # touched.
+        memo: dict[int, torch.Tensor] = {
+            id(p): nn.Parameter(self.mode.from_tensor(p.detach()), p.requires_grad)
+            for p in model.parameters()
+        }
         memo.update({id(b): self.mode.from_tensor(b) for b in model.buffers()})
         self.model = copy.deepcopy(model, memo)
         self.cache: dict[tuple, int] = {}
@@ -64,7 +71,10 @@ class FlopCounter:
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         with self.mode:
-            fake = {k: self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            fake = {
+                k: self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()
+            }
             with FlopCounterMode(display=False) as counter:
                 loss = self.forward(self.model, fake).float().sum()
                 # The gradients the backward pass computes, without writing any .grad.
@@ -79,30 +89,36 @@ def padded_length(batch: Batch) -> int | None:
 
 
 def rows(batch: Batch) -> int:
-    return next(int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim >= 1)
+    return next(
+        int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim >= 1
+    )
 
 
 def fake_counter(model: nn.Module, forward: Forward) -> FlopCounter | None:
-    """A :class:`FlopCounter` for ``model``, or None where it cannot be faked: FLOPs are a report, never a reason
-    for a run to fail (said at debug level only: nothing the user can change makes torch's fake tensors copy it)."""
+    """A :class:`FlopCounter` for ``model``, or None where it cannot be faked: FLOPs are a report,
+    never a reason for a run to fail (said at debug level only: nothing the user can change makes
+    torch's fake tensors copy it)."""
     try:
         return FlopCounter(model, forward)
     except Exception as e:  # noqa: BLE001 - any model torch's fake tensors cannot copy
-        log.debug(f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
-                  every_rank=True)
+        log.debug(
+            f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
+            every_rank=True,
+        )
         return None
 
 
 def devices(model: nn.Module) -> int:
-    """The devices one rank computes on: DataParallel's GPUs, or those a model is split over (else 1)."""
+    """The devices one rank computes on: DataParallel's GPUs, or those a model is split over (else
+    1)."""
     if isinstance(model, nn.DataParallel):
         return len(model.device_ids) or 1  # no GPU: it runs the module on the CPU
     return len({p.device for p in model.parameters()}) or 1
 
 
 def with_length(batch: Batch, length: int | None, rows: int) -> Batch:
-    """``batch`` with ``rows`` samples and every tensor of its padded length at ``length`` instead (``None``:
-    no length to change); values are zeros (only shapes are counted)."""
+    """``batch`` with ``rows`` samples and every tensor of its padded length at ``length`` instead
+    (``None``: no length to change); values are zeros (only shapes are counted)."""
     old = padded_length(batch)
     resized = {}
     for key, value in batch.items():
@@ -116,32 +132,43 @@ def with_length(batch: Batch, length: int | None, rows: int) -> Batch:
 
 
 MAX_SHAPES = 64
-"""Distinct batch shapes counted one by one at most, where the length fit does not hold (each is a traced pass)."""
+"""Distinct batch shapes counted one by one at most, where the length fit does not hold (each is a
+traced pass)."""
 
 
 class LengthFlops:
-    """FLOPs of many batches that differ in rows and padded length, from few counts: per sample a quadratic
-    in the padded length, fitted on three counted lengths and used only when a fourth count agrees."""
+    """FLOPs of many batches that differ in rows and padded length, from few counts: per sample a
+    quadratic in the padded length, fitted on three counted lengths and used only when a fourth
+    count agrees."""
 
     def __init__(self, counter: FlopCounter, template: Batch):
         self.counter, self.template = counter, template
         self.fitted: tuple[float, float, float] | None = None
-        """The per-sample quadratic's coefficients, once a fourth count confirmed it; else every shape is counted."""
+        """The per-sample quadratic's coefficients, once a fourth count confirmed it; else every
+        shape is counted."""
 
     def per_sample(self, length: int | None) -> float:
         return self.counter.count(with_length(self.template, length, rows=1))
 
     def total(self, shapes: Counter) -> int:
-        """Total FLOPs of batches given as ``Counter({(rows, padded length or None): how many})``."""
+        """Total FLOPs of batches given as ``Counter({(rows, padded length or None): how
+        many})``."""
         lengths = sorted({length for _, length in shapes if length is not None})
         if len(lengths) > 4 and not self._fit(lengths) and len(shapes) > MAX_SHAPES:
-            raise ValueError(f"the FLOPs are not quadratic in the padded length, and {len(shapes)} batch shapes are "
-                             f"too many to count one by one (at most {MAX_SHAPES})")
+            raise ValueError(
+                f"the FLOPs are not quadratic in the padded length, and {len(shapes)} batch "
+                "shapes are "
+                f"too many to count one by one (at most {MAX_SHAPES})"
+            )
         if len(lengths) <= 4 or not self.fitted:
-            return sum(self.counter.count(with_length(self.template, n, rows)) * times
-                       for (rows, n), times in shapes.items())
+            return sum(
+                self.counter.count(with_length(self.template, n, rows)) * times
+                for (rows, n), times in shapes.items()
+            )
         a, b, c = self.fitted
-        return round(sum(rows * (a + b * n + c * n * n) * times for (rows, n), times in shapes.items()))
+        return round(
+            sum(rows * (a + b * n + c * n * n) * times for (rows, n), times in shapes.items())
+        )
 
     def _fit(self, lengths: list[int]) -> bool:
         import numpy as np
@@ -158,8 +185,9 @@ class LengthFlops:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> float:
-    """FLOP/s of the best of repeated square matrix products at ``dtype`` on ``device``: the most this process
-    can compute here, measured (the rate a step's matrix products could at best reach)."""
+    """FLOP/s of the best of repeated square matrix products at ``dtype`` on ``device``: the most
+    this process can compute here, measured (the rate a step's matrix products could at best
+    reach)."""
     size = 4096 if device.type == "cuda" else 512
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
@@ -181,12 +209,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# Dense (no sparsity) peak TFLOP/s from NVIDIA's datasheets: fp32 without tensor cores, and bf16/fp16 tensor cores.
+# Dense (no sparsity) peak TFLOP/s from NVIDIA's datasheets: fp32 without tensor cores, and
+# bf16/fp16 tensor cores.
 DATASHEET_TFLOPS = {
     "H200": {"fp32": 67.0, "16": 989.4},
     "H100 PCIe": {"fp32": 51.2, "16": 756.0},
     "H100 NVL": {"fp32": 60.0, "16": 835.0},
-    "H100": {"fp32": 66.9, "16": 989.4},  # SXM5 (the "H100 80GB HBM3" of torch.cuda.get_device_name)
+    # SXM5 (the "H100 80GB HBM3" of torch.cuda.get_device_name)
+    "H100": {"fp32": 66.9, "16": 989.4},
     "A100": {"fp32": 19.5, "16": 312.0},
     "L40S": {"fp32": 91.6, "16": 362.1},
     "L40": {"fp32": 90.5, "16": 181.0},
@@ -196,12 +226,14 @@ DATASHEET_TFLOPS = {
 
 
 def datasheet_peak(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The datasheet's peak FLOP/s for this GPU at ``dtype``, else None: a CPU, an unknown GPU, bf16 on a V100,
-    or fp32 where torch lets matrix products use TF32 (whose peak is neither fp32's nor listed here)."""
+    """The datasheet's peak FLOP/s for this GPU at ``dtype``, else None: a CPU, an unknown GPU, bf16
+    on a V100, or fp32 where torch lets matrix products use TF32 (whose peak is neither fp32's nor
+    listed here)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for model, peaks in DATASHEET_TFLOPS.items():  # the longer names first where one contains another
+    # the longer names first where one contains another
+    for model, peaks in DATASHEET_TFLOPS.items():
         if model in name:
             if dtype == torch.float32:
                 if torch.backends.cuda.matmul.allow_tf32:

@@ -28,16 +28,20 @@ class SteadyThroughput:
         self.samples = 0
         self.tokens = 0
         self.shapes: Counter = Counter()
-        """The counted steps' micro-batches as ``(rows, padded length)``: what their FLOPs are counted from."""
+        """The counted steps' micro-batches as ``(rows, padded length)``: what their FLOPs are
+        counted from."""
         self._since = time.perf_counter()
 
     def restart(self) -> None:
-        """Time from now: call after anything that is not a training step (evaluation, checkpoint)."""
+        """Time from now: call after anything that is not a training step (evaluation,
+        checkpoint)."""
         self._since = time.perf_counter()
 
-    def step(self, samples: int, tokens: int, shapes: Iterable[tuple[int, int | None]] = ()) -> None:
-        """One optimizer step ended, over ``samples`` samples and ``tokens`` tokens (this process's count), in
-        micro-batches of ``shapes``."""
+    def step(
+        self, samples: int, tokens: int, shapes: Iterable[tuple[int, int | None]] = ()
+    ) -> None:
+        """One optimizer step ended, over ``samples`` samples and ``tokens`` tokens (this process's
+        count), in micro-batches of ``shapes``."""
         now = time.perf_counter()
         self.steps_seen += 1
         if self.steps_seen > self.warmup_steps:
@@ -49,26 +53,30 @@ class SteadyThroughput:
         self._since = now
 
     def rates(self, all_tokens: int | None = None) -> dict:
-        """``steady_samples_per_s`` and ``tokens_per_s`` (``all_tokens``: every rank's count summed),
-        None when no step came after the warm-up."""
+        """``steady_samples_per_s`` and ``tokens_per_s`` (``all_tokens``: every rank's count
+        summed), None when no step came after the warm-up."""
         tokens = self.tokens if all_tokens is None else all_tokens
         if not self.steps or self.seconds <= 0:
             return {"steady_steps": 0, "steady_samples_per_s": None, "tokens_per_s": None}
-        return {"steady_steps": self.steps, "steady_samples_per_s": round(self.samples / self.seconds, 2),
-                "tokens_per_s": round(tokens / self.seconds, 1) if tokens else None}
+        return {
+            "steady_steps": self.steps,
+            "steady_samples_per_s": round(self.samples / self.seconds, 2),
+            "tokens_per_s": round(tokens / self.seconds, 1) if tokens else None,
+        }
 
 
 MIN_WINDOW_S = 2.0
-"""A benchmark's timed window lasts at least this long where the script trains long enough: a 10 ms window of a fast
-script reads throughputs 20 % apart from one run to the next."""
+"""A benchmark's timed window lasts at least this long where the script trains long enough: a 10 ms
+window of a fast script reads throughputs 20 % apart from one run to the next."""
 MAX_WINDOW_STEPS = 5000
 """...and takes at most this many timed steps to get there."""
 
 
 def window_end(step: int, warmup: int, elapsed_s: float, min_window_s: float = MIN_WINDOW_S) -> int:
-    """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup`` timed steps that
-    took ``elapsed_s``): ``step`` when the window lasted ``min_window_s`` already, else the step at which it will
-    have at the pace measured so far (at most ``MAX_WINDOW_STEPS`` timed steps)."""
+    """The optimizer step a benchmark's timing ends at, decided at ``step`` (after ``step - warmup``
+    timed steps that took ``elapsed_s``): ``step`` when the window lasted ``min_window_s`` already,
+    else the step at which it will have at the pace measured so far (at most ``MAX_WINDOW_STEPS``
+    timed steps)."""
     timed = step - warmup
     if timed < 1 or elapsed_s >= min_window_s or timed >= MAX_WINDOW_STEPS:
         return step

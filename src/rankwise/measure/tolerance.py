@@ -2,17 +2,17 @@
 
 Two judgements use them.
 
-* The strategy tests, and the ``rankwise bench`` rows verify cannot judge, compare the weights after the
-  same first steps (same data order and seed, dropout off) by their largest absolute difference.
-* ``rankwise verify`` and ``rankwise bench`` (its other rows, and ``--script``'s) judge step by step,
-  in lockstep, what distribution is responsible for (:func:`gradient_difference`): one process takes
-  each step from the N-rank run's weights, so differences never compound, and the gradient the N ranks'
-  optimizer received must be the one process's gradient up to :func:`gradient_tolerance`, relative to
-  its size.  The optimizer then steps from the same weights with that same gradient, so the weights
-  after it must agree to :func:`tolerance`.  An optimizer that amplifies rounding (Adam's update
-  ``m / (sqrt(v) + eps)`` is nearly a sign for a gradient near ``eps``: the last bit the all-reduce's
-  summation order leaves in it becomes a step of size ``lr``) can then no longer pass off summation
-  order as a defect.
+* The strategy tests, and the ``rankwise bench`` rows verify cannot judge, compare the weights after
+  the same first steps (same data order and seed, dropout off) by their largest absolute difference.
+* ``rankwise verify`` and ``rankwise bench`` (its other rows, and ``--script``'s) judge step by
+  step, in lockstep, what distribution is responsible for (:func:`gradient_difference`): one process
+  takes each step from the N-rank run's weights, so differences never compound, and the gradient the
+  N ranks' optimizer received must be the one process's gradient up to :func:`gradient_tolerance`,
+  relative to its size.  The optimizer then steps from the same weights with that same gradient, so
+  the weights after it must agree to :func:`tolerance`.  An optimizer that amplifies rounding
+  (Adam's update ``m / (sqrt(v) + eps)`` is nearly a sign for a gradient near ``eps``: the last bit
+  the all-reduce's summation order leaves in it becomes a step of size ``lr``) can then no longer
+  pass off summation order as a defect.
 
 At fp32 only the order of the summations differs; a compressed gradient exchange or a lower
 precision adds its rounding.
@@ -37,73 +37,99 @@ PRECISION = {"bf16-mixed": 2e-2, "16-mixed": 2e-2}
 
 
 GRADIENT = 5e-5
-"""fp32 gradients, relative (:func:`gradient_difference`): summation-order noise between 2 ranks and one process
-measured 1.1e-7 .. 1.7e-7 over 50 steps of the GPT-2 example and 6.7e-7 .. 2.1e-6 in the CNN example (convolutions
-sum over batch x height x width), both at torch's defaults; the smallest real difference verify must catch, DDP's
-fp16 compression hook, 2.7e-4 .. 3.5e-4 (fp16's 11 significant bits).  The tolerance sits 25x above the one and
-5x below the other."""
+"""fp32 gradients, relative (:func:`gradient_difference`): summation-order noise between 2 ranks and
+one process measured 1.1e-7 .. 1.7e-7 over 50 steps of the GPT-2 example and 6.7e-7 .. 2.1e-6 in the
+CNN example (convolutions sum over batch x height x width), both at torch's defaults; the smallest
+real difference verify must catch, DDP's fp16 compression hook, 2.7e-4 .. 3.5e-4 (fp16's 11
+significant bits).  The tolerance sits 25x above the one and 5x below the other."""
 
 TF32 = 2e-3
-"""fp32 tensors multiplied on a GPU's TF32 units (10 significant bits, torch's default for cuDNN convolutions):
-each product rounds as fp16 would, and the ranks' smaller batches may take other kernels than one process."""
+"""fp32 tensors multiplied on a GPU's TF32 units (10 significant bits, torch's default for cuDNN
+convolutions): each product rounds as fp16 would, and the ranks' smaller batches may take other
+kernels than one process."""
 
 
 def gradient_tolerance(precision: str = "32-true", tf32: bool = False) -> float:
-    """How far, relatively, the gradient an N-rank step applied may be from one process's at the same weights:
-    exact averaging at fp32, the rounding of the arithmetic the run really does otherwise (a comm hook is never
-    excused here: verify names it as the compression it is)."""
+    """How far, relatively, the gradient an N-rank step applied may be from one process's at the
+    same weights: exact averaging at fp32, the rounding of the arithmetic the run really does
+    otherwise (a comm hook is never excused here: verify names it as the compression it is)."""
     return max(GRADIENT, PRECISION.get(precision, GRADIENT), TF32 if tf32 else GRADIENT)
 
 
 def tolerance(precision: str = "32-true", comm_hook: str = "none") -> float:
-    """The stated tolerance for a run at ``precision`` with ``comm_hook``: the loosest that applies."""
+    """The stated tolerance for a run at ``precision`` with ``comm_hook``: the loosest that
+    applies."""
     return max(EXACT, COMM_HOOK.get(comm_hook, EXACT), PRECISION.get(precision, EXACT))
 
 
-def tensor_differences(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Each tensor's largest absolute difference, compared in fp32, for the keys both hold with one shape."""
-    return {key: (weights[key].float() - reference[key].float()).abs().max().item()
-            for key in reference if key in weights and weights[key].shape == reference[key].shape}
+def tensor_differences(
+    weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+) -> dict[str, float]:
+    """Each tensor's largest absolute difference, compared in fp32, for the keys both hold with one
+    shape."""
+    return {
+        key: (weights[key].float() - reference[key].float()).abs().max().item()
+        for key in reference
+        if key in weights and weights[key].shape == reference[key].shape
+    }
 
 
-def max_param_diff(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
+def max_param_diff(
+    weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+) -> float:
     """The largest absolute difference between two sets of weights, compared in fp32, key by key.
 
     Both must hold the same keys: a missing or extra tensor is an error naming it, not a pass.
     """
     if weights.keys() != reference.keys():
-        missing, extra = sorted(reference.keys() - weights.keys()), sorted(weights.keys() - reference.keys())
-        raise KeyError(f"the weights hold different tensors: missing {missing[:5]}, extra {extra[:5]}")
+        missing, extra = (
+            sorted(reference.keys() - weights.keys()),
+            sorted(weights.keys() - reference.keys()),
+        )
+        raise KeyError(
+            f"the weights hold different tensors: missing {missing[:5]}, extra {extra[:5]}"
+        )
     reshaped = [key for key in reference if weights[key].shape != reference[key].shape]
     if reshaped:
         raise KeyError(f"the weights hold tensors of other shapes: {reshaped[:5]}")
     return max(tensor_differences(weights, reference).values(), default=0.0)
 
 
-def gradient_difference(candidate: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
-                        top: int = 3) -> dict:
-    """How far ``candidate``'s gradients are from ``reference``'s, taken at the same weights: the criterion.
+def gradient_difference(
+    candidate: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], top: int = 3
+) -> dict:
+    """How far ``candidate``'s gradients are from ``reference``'s, taken at the same weights: the
+    criterion.
 
-    ``difference`` is the norm of the whole gradient's difference relative to the whole reference gradient's
-    norm, ``|c - r| / |r|`` over every parameter together.  Summation order leaves each element an error
-    proportional to the terms it summed, not to the sum: a gradient that cancels to almost nothing (an
-    attention key's bias, the bias of a softmax's last layer, whose per-sample gradients sum to zero over
-    the classes) keeps a rounding error that is large against itself and negligible against the whole
-    gradient.  What distribution can get wrong — a loss averaged per micro-batch, statistics of a rank's share,
-    a compressed or summed exchange, other samples — changes the whole gradient.  ``top``: the tensors whose
-    own difference is largest against the whole gradient's norm; ``scale``: the least-squares factor
-    ``<c, r> / <r, r>`` (2.0 or 0.5 when the gradients were summed over ranks instead of averaged, or averaged
-    twice); ``only_one``: tensors one side has a non-zero gradient for and the other none (compared as zero, and
-    a difference of their own; ZeRO gives a parameter the forward did not use a gradient of zeros, not none)."""
+    ``difference`` is the norm of the whole gradient's difference relative to the whole reference
+    gradient's norm, ``|c - r| / |r|`` over every parameter together.  Summation order leaves each
+    element an error proportional to the terms it summed, not to the sum: a gradient that cancels to
+    almost nothing (an attention key's bias, the bias of a softmax's last layer, whose per-sample
+    gradients sum to zero over the classes) keeps a rounding error that is large against itself and
+    negligible against the whole gradient.  What distribution can get wrong — a loss averaged per
+    micro-batch, statistics of a rank's share, a compressed or summed exchange, other samples —
+    changes the whole gradient.  ``top``: the tensors whose own difference is largest against the
+    whole gradient's norm; ``scale``: the least-squares factor ``<c, r> / <r, r>`` (2.0 or 0.5 when
+    the gradients were summed over ranks instead of averaged, or averaged twice); ``only_one``:
+    tensors one side has a non-zero gradient for and the other none (compared as zero, and a
+    difference of their own; ZeRO gives a parameter the forward did not use a gradient of zeros, not
+    none)."""
     names = sorted(reference.keys() | candidate.keys())
     zero = torch.zeros(())
-    pairs = {name: (candidate.get(name, zero).double(), reference.get(name, zero).double()) for name in names}
+    pairs = {
+        name: (candidate.get(name, zero).double(), reference.get(name, zero).double())
+        for name in names
+    }
     gaps = {name: float((c - r).norm()) for name, (c, r) in pairs.items()}
     whole = math.sqrt(sum(float(r.square().sum()) for _, r in pairs.values()))
     gap = math.sqrt(sum(g * g for g in gaps.values()))
     dot = sum(float((c * r).sum()) for c, r in pairs.values())
-    relative = {name: g / whole if whole > 0 else (0.0 if g == 0 else math.inf) for name, g in gaps.items()}
-    return {"difference": gap / whole if whole > 0 else (0.0 if gap == 0 else math.inf),
-            "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
-            "scale": dot / whole**2 if whole > 0 else None,
-            "only_one": sorted(name for name in reference.keys() ^ candidate.keys() if gaps[name] > 0)}
+    relative = {
+        name: g / whole if whole > 0 else (0.0 if g == 0 else math.inf) for name, g in gaps.items()
+    }
+    return {
+        "difference": gap / whole if whole > 0 else (0.0 if gap == 0 else math.inf),
+        "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
+        "scale": dot / whole**2 if whole > 0 else None,
+        "only_one": sorted(name for name in reference.keys() ^ candidate.keys() if gaps[name] > 0),
+    }

@@ -1,4 +1,5 @@
-"""BERT-style sequence classifiers from ``transformers``: size presets or a local pretrained model."""
+"""BERT-style sequence classifiers from ``transformers``: size presets or a local pretrained
+model."""
 
 from __future__ import annotations
 
@@ -7,13 +8,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-# Sizes for models trained from scratch.  tiny is ~1M parameters with a 6k vocabulary, base ~90M, large ~310M.
+# Sizes for models trained from scratch.  tiny is ~1M parameters with a 6k vocabulary, base ~90M,
+# large ~310M.
 BERT_PRESETS: dict[str, dict] = {
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    # ~310M parameters: where sharding (fsdp, deepspeed ZeRO-3) pays off against each process's fixed footprint.
-    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "tiny": dict(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
+    ),
+    "small": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+    ),
+    "base": dict(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+    ),
+    # ~310M parameters: where sharding (fsdp, deepspeed ZeRO-3) pays off against each process's
+    # fixed footprint.
+    "large": dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ),
 }
 POOLINGS = ("cls", "mean")
 
@@ -39,10 +50,14 @@ class MeanPooledBert(nn.Module):
         nn.init.normal_(self.classifier.weight, std=config.initializer_range)
         nn.init.zeros_(self.classifier.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs
+    ) -> torch.Tensor:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        states = self.bert(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        states = self.bert(
+            input_ids=input_ids, attention_mask=attention_mask, **inputs
+        ).last_hidden_state
         mask = attention_mask.unsqueeze(-1).to(states.dtype)
         pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.classifier(self.dropout(pooled))
@@ -71,8 +86,13 @@ class WideAndDeepBert(nn.Module):
         self.ngrams = nn.Embedding(buckets, num_labels, padding_idx=0)
         nn.init.zeros_(self.ngrams.weight)  # starts as the plain transformer
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                ngram_ids: torch.Tensor | None = None, **inputs) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        ngram_ids: torch.Tensor | None = None,
+        **inputs,
+    ) -> torch.Tensor:
         if ngram_ids is None:
             raise ValueError("this model also reads character n-grams: the batch needs ngram_ids")
         deep = self.bert(input_ids=input_ids, attention_mask=attention_mask, **inputs)
@@ -83,12 +103,27 @@ class WideAndDeepBert(nn.Module):
         return deep + wide.to(deep.dtype)
 
 
-# Dropout settings of the common encoder configs (BERT, RoBERTa, ALBERT, ELECTRA, MegatronBERT; DistilBERT).
-DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+# Dropout settings of the common encoder configs (BERT, RoBERTa, ALBERT, ELECTRA, MegatronBERT;
+# DistilBERT).
+DROPOUT_KEYS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "dropout",
+    "attention_dropout",
+)
 
 
-def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | None, pad_id: int,
-               max_length: int, pooling: str = "cls", ngrams: dict | None = None) -> tuple[nn.Module, dict]:
+def build_bert(
+    name: str,
+    *,
+    num_labels: int,
+    dropout: float,
+    vocab_size: int | None,
+    pad_id: int,
+    max_length: int,
+    pooling: str = "cls",
+    ngrams: dict | None = None,
+) -> tuple[nn.Module, dict]:
     """A preset trained from scratch (with a bag-of-n-grams path when ``ngrams`` describes the
     data's character n-grams) or a local pretrained model (tokens only)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig
@@ -98,15 +133,24 @@ def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | 
     if name in BERT_PRESETS:
         if vocab_size is None:
             raise ValueError("a BERT preset needs the tokenizer's vocabulary size")
-        # ignore[call-arg]: num_labels is PretrainedConfig's, passed on through BertConfig's **kwargs
-        config = BertConfig(vocab_size=vocab_size, max_position_embeddings=max_length, pad_token_id=pad_id,  # type: ignore[call-arg]
-                            num_labels=num_labels, hidden_dropout_prob=dropout,
-                            attention_probs_dropout_prob=dropout, **BERT_PRESETS[name])
+        # ignore[call-arg]: num_labels is PretrainedConfig's, passed on through BertConfig's
+        # **kwargs
+        config = BertConfig(
+            vocab_size=vocab_size,
+            max_position_embeddings=max_length,
+            pad_token_id=pad_id,  # type: ignore[call-arg]
+            num_labels=num_labels,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            **BERT_PRESETS[name],
+        )
         spec = {"kind": "hf", "config": config.to_dict(), "pooling": pooling, "ngrams": ngrams}
         return bert_from_spec(spec), spec
     if Path(name).is_dir():
         if pooling != "cls":
-            raise ValueError("a local pretrained model keeps its own classification head: use model.pooling=cls")
+            raise ValueError(
+                "a local pretrained model keeps its own classification head: use model.pooling=cls"
+            )
         # A local pretrained model; never downloads (local_files_only).
         config = AutoConfig.from_pretrained(name, num_labels=num_labels, local_files_only=True)
         # Dropout is set in the config before loading: the dropout layers are built from it.
@@ -114,14 +158,18 @@ def build_bert(name: str, *, num_labels: int, dropout: float, vocab_size: int | 
             if dropout is not None and hasattr(config, key):
                 setattr(config, key, dropout)
         model = AutoModelForSequenceClassification.from_pretrained(
-            name, config=config, local_files_only=True, ignore_mismatched_sizes=True)
+            name, config=config, local_files_only=True, ignore_mismatched_sizes=True
+        )
         return model, {"kind": "hf", "config": model.config.to_dict(), "pooling": "cls"}
-    raise ValueError(f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
-                     "and not a local directory with a pretrained model")
+    raise ValueError(
+        f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
+        "and not a local directory with a pretrained model"
+    )
 
 
 def bert_from_spec(spec: dict) -> nn.Module:
-    """A freshly initialised model of the spec's architecture (the RNG state decides the weights)."""
+    """A freshly initialised model of the spec's architecture (the RNG state decides the
+    weights)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     settings = dict(spec["config"])

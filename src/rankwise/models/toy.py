@@ -1,4 +1,5 @@
-"""Toy models for the ``toy`` task: one dense layer, and a Linear-ReLU-Linear MLP (PyTorch's DDP tutorial's ToyModel).
+"""Toy models for the ``toy`` task: one dense layer, and a Linear-ReLU-Linear MLP (PyTorch's DDP
+tutorial's ToyModel).
 
 ``split_devices`` puts the two halves of the MLP on two devices inside one process
 (the tutorial's ToyMpModel), the pattern DDP supports without ``device_ids``.
@@ -22,8 +23,14 @@ class LinearClassifier(nn.Module):
 
 
 class ToyMLP(nn.Module):
-    def __init__(self, features: int, num_labels: int, hidden: int = 10, dropout: float = 0.0,
-                 devices: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        features: int,
+        num_labels: int,
+        hidden: int = 10,
+        dropout: float = 0.0,
+        devices: tuple[str, str] | None = None,
+    ):
         super().__init__()
         self.devices = devices
         self.net1 = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout))
@@ -47,9 +54,21 @@ def split_device_pair(local_rank: int) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-def build_toy(name: str, features: int, num_labels: int, dropout: float, split_devices: bool = False,
-              local_rank: int = 0):
-    spec = {"kind": "toy", "name": name, "features": features, "num_labels": num_labels, "dropout": dropout}
+def build_toy(
+    name: str,
+    features: int,
+    num_labels: int,
+    dropout: float,
+    split_devices: bool = False,
+    local_rank: int = 0,
+):
+    spec = {
+        "kind": "toy",
+        "name": name,
+        "features": features,
+        "num_labels": num_labels,
+        "dropout": dropout,
+    }
     return toy_from_spec(spec, split_device_pair(local_rank) if split_devices else None), spec
 
 

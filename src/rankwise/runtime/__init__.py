@@ -20,7 +20,7 @@ A single-device script becomes distributed by changing a few lines::
                         loss = loss_fn(model(batch["x"]), batch["y"])
                     rt.backward(loss / 2, model)
                 if last:
-                    norm = rt.step(optimizer, model, max_norm=1.0)   # clip + step; the global norm before clipping
+                    norm = rt.step(optimizer, model, max_norm=1.0)  # clip + step; the norm before
                     rt.zero_grad(optimizer)
             rt.save_state("ckpt", model, optimizer, scheduler, extra={"epoch": epoch})
         rt.print("mean loss", rt.all_reduce(loss.detach(), "mean").item())
@@ -60,7 +60,13 @@ from rankwise.process import ProcessEnv
 from rankwise.runtime import hangs, observers
 from rankwise.runtime.agreement import agree_with_rank0
 from rankwise.runtime.data_shares import DataSharesCheck
-from rankwise.sampling.batching import check_enough_samples, dataset_size, longest_first, micro_batch_size, rank_sampler
+from rankwise.sampling.batching import (
+    check_enough_samples,
+    dataset_size,
+    longest_first,
+    micro_batch_size,
+    rank_sampler,
+)
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
 
@@ -74,37 +80,53 @@ def seed_everything(seed: int) -> None:
 class Runtime:
     """One process's view of a distributed run: its strategy, device, rank and collectives."""
 
-    def __init__(self, strategy: str | None = None, precision: str | None = None, *, seed: int | None = 0,
-                 options: Options | Mapping[str, Any] | None = None, timeout_s: float = 300.0,
-                 env: ProcessEnv | None = None):
-        """``strategy`` / ``precision``: when not given, what ``rankwise launch --strategy / --precision``
-        chose, else ``ddp`` for one of several processes (``single`` alone) and ``32-true``.
-        ``options``: the strategy's own section (e.g. ``{"zero_stage": 3}`` for deepspeed), merged with
-        the launcher's ``--set``; a variant's fixed settings (``deepspeed-zero3``) apply on top and
-        must not be contradicted."""
+    def __init__(
+        self,
+        strategy: str | None = None,
+        precision: str | None = None,
+        *,
+        seed: int | None = 0,
+        options: Options | Mapping[str, Any] | None = None,
+        timeout_s: float = 300.0,
+        env: ProcessEnv | None = None,
+    ):
+        """``strategy`` / ``precision``: when not given, what ``rankwise launch --strategy /
+        --precision`` chose, else ``ddp`` for one of several processes (``single`` alone) and
+        ``32-true``. ``options``: the strategy's own section (e.g. ``{"zero_stage": 3}`` for
+        deepspeed), merged with the launcher's ``--set``; a variant's fixed settings
+        (``deepspeed-zero3``) apply on top and must not be contradicted."""
         self.env = env or ProcessEnv.detect()
         strategy, precision, options = settle(strategy, precision, options, self.env.world_size)
         variant = lookup(strategy)
         strategy_cls = variant.cls
         strategy_cls.check_available()
         check_world_size(variant, self.env.world_size)
-        self.strategy: Strategy = strategy_cls(self.env, precision, resolve_options(variant, options), timeout_s)
+        self.strategy: Strategy = strategy_cls(
+            self.env, precision, resolve_options(variant, options), timeout_s
+        )
         self.strategy_name = strategy
         self.strategy.setup_environment()
-        seen = self.strategy.library_world_size if self.strategy.multiprocess and self.env.distributed else None
+        seen = (
+            self.strategy.library_world_size
+            if self.strategy.multiprocess and self.env.distributed
+            else None
+        )
         if seen is not None and seen != self.env.world_size:
             self.strategy.teardown(clean=False)  # the group was joined: leave it before refusing
             raise RuntimeError(
                 f"rank {self.rank}: the {strategy} library sees world size {seen}, "
-                f"the launcher started {self.env.world_size} processes: each process would train alone"
+                f"the launcher started {self.env.world_size} processes: each process would train "
+                "alone"
             )
-        hangs.announce(self.env)  # which node and address each rank runs on, should it later go silent
+        # which node and address each rank runs on, should it later go silent
+        hangs.announce(self.env)
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
         self._data_shares = DataSharesCheck(self.env.world_size)
         self.observers = observers.registered()
-        """What a tool watches in this run (``rankwise verify``, ``bench --script``); empty otherwise."""
+        """What a tool watches in this run (``rankwise verify``, ``bench --script``); empty
+        otherwise."""
         self.steps = 0
         """Optimizer steps taken through :meth:`step` (restored by :meth:`load_state`)."""
         self._prepared: list[nn.Module] = []
@@ -113,7 +135,8 @@ class Runtime:
         self._grad_accum = 1
         self._loaders: list[weakref.ref[ResumableLoader]] = []
         self._positions: list[dict] = []
-        """Loader positions a checkpoint holds for loaders not built yet (rt.load_state before rt.loader)."""
+        """Loader positions a checkpoint holds for loaders not built yet (rt.load_state before
+        rt.loader)."""
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -137,31 +160,44 @@ class Runtime:
         return self.strategy.device
 
     def print(self, *args, **kwargs) -> None:
-        """``print`` on rank 0 only: your script's own output.  rankwise's messages go through :mod:`logging`
-        instead (``logging.getLogger("rankwise")``, rank-aware: :mod:`rankwise.logs`)."""
+        """``print`` on rank 0 only: your script's own output.  rankwise's messages go through
+        :mod:`logging` instead (``logging.getLogger("rankwise")``, rank-aware:
+        :mod:`rankwise.logs`)."""
         if self.is_main:
             print(*args, **kwargs, flush=True)
 
     # -- model, optimizer, data --------------------------------------------------------------
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, grad_accum: int = 1,
-                micro_batch_size: int | None = None, compile: bool = False,
-                activation_checkpointing: bool = False):
-        """Move and wrap the model for the strategy; returns ``(model, optimizer)``.  Every rank starts from rank 0's
-        weights and buffers (:mod:`rankwise.runtime.agreement`; rank 0 warns once where a rank had built others).
+    def prepare(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        grad_accum: int = 1,
+        micro_batch_size: int | None = None,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+    ):
+        """Move and wrap the model for the strategy; returns ``(model, optimizer)``.  Every rank
+        starts from rank 0's weights and buffers (:mod:`rankwise.runtime.agreement`; rank 0 warns
+        once where a rank had built others).
 
-        Build the optimizer on the *unwrapped* model's parameters before calling this
-        (the same code as a single-device script).  ``grad_accum``: micro-batches per
-        optimizer step, when the loop accumulates (Horovod and DeepSpeed must know it up
-        front); ``micro_batch_size``: samples per rank per micro-batch, if known.
-        ``compile``: ``torch.compile`` the model's forward in place, inside the strategy's wrapping (inside
-        DDP's forward, after FSDP's sharding, with DeepSpeed's engine; refused under ``dp``); the first steps
-        then pay for the compilation.  ``activation_checkpointing``: recompute each transformer layer's activations in
-        the backward pass (see :mod:`rankwise.strategies.blocks` for how layers are found).
+        Build the optimizer on the *unwrapped* model's parameters before calling this (the same code
+        as a single-device script).  ``grad_accum``: micro-batches per optimizer step, when the loop
+        accumulates (Horovod and DeepSpeed must know it up front); ``micro_batch_size``: samples per
+        rank per micro-batch, if known. ``compile``: ``torch.compile`` the model's forward in place,
+        inside the strategy's wrapping (inside DDP's forward, after FSDP's sharding, with
+        DeepSpeed's engine; refused under ``dp``); the first steps then pay for the compilation.
+        ``activation_checkpointing``: recompute each transformer layer's activations in the backward
+        pass (see :mod:`rankwise.strategies.blocks` for how layers are found).
         """
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
-        facts = LoopFacts(grad_accum=grad_accum, micro_batch_size=micro_batch_size, compile=compile,
-                          activation_checkpointing=activation_checkpointing)
+        facts = LoopFacts(
+            grad_accum=grad_accum,
+            micro_batch_size=micro_batch_size,
+            compile=compile,
+            activation_checkpointing=activation_checkpointing,
+        )
         for observer in self.observers:
             observer.prepared(self, model, grad_accum)
         if self.strategy.multiprocess:
@@ -171,9 +207,19 @@ class Runtime:
         self._grad_accum = grad_accum
         return wrapped, optimizer
 
-    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool | None = None,
-               seed: int | None = None, collate_fn=None, num_workers: int = 0,
-               lengths: Sequence[int] | None = None, group_size: int | None = None) -> ResumableLoader:
+    def loader(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool | None = None,
+        seed: int | None = None,
+        collate_fn=None,
+        num_workers: int = 0,
+        lengths: Sequence[int] | None = None,
+        group_size: int | None = None,
+    ) -> ResumableLoader:
         """A DataLoader over this rank's shard; ``batch_size`` is the *global* batch.
 
         Training loaders (``shuffle=True``) drop the last incomplete global batch, so each
@@ -192,18 +238,36 @@ class Runtime:
             observer.loader(self, batch_size, shuffle)
         if seed is None:
             seed = self.seed or 0
-        sampler = rank_sampler(dataset, batch_size, self.world_size, self.rank, shuffle=shuffle, drop_last=drop_last,
-                               seed=seed, lengths=lengths, group_size=group_size)
+        sampler = rank_sampler(
+            dataset,
+            batch_size,
+            self.world_size,
+            self.rank,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            lengths=lengths,
+            group_size=group_size,
+        )
         per_rank = batch_size // self.world_size
         if drop_last:
             check_enough_samples(dataset_size(dataset), batch_size)
         # A private generator: iterating the loader must not consume the global RNG (dropout's),
         # or a resumed run would draw different dropout masks than an uninterrupted one.
-        loader = ResumableLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=drop_last,
-                                 collate_fn=collate_fn, num_workers=num_workers, pin_memory=self.device.type == "cuda",
-                                 generator=torch.Generator().manual_seed(seed), gather=self.all_gather_object,
-                                 say=self.print, world_size=self.world_size,
-                                 name=f"rt.loader #{len(self._loaders) + 1}" if self._loaders else "rt.loader")
+        loader = ResumableLoader(
+            dataset,
+            batch_size=per_rank,
+            sampler=sampler,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed),
+            gather=self.all_gather_object,
+            say=self.print,
+            world_size=self.world_size,
+            name=f"rt.loader #{len(self._loaders) + 1}" if self._loaders else "rt.loader",
+        )
         self._loaders.append(weakref.ref(loader))
         if self._positions:  # load_state ran before this loader was built: it continues too
             self._resume_loader(loader, self._positions.pop(0))
@@ -224,13 +288,22 @@ class Runtime:
         return _to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
-    def eval_loader(self, dataset: Dataset, per_rank_batch: int, collate_fn=None, *,
-                    lengths: Sequence[int] | None = None) -> Iterable:
-        """This rank's share of an evaluation set, as the strategy shards it; feed each batch's per-sample
-        outputs to an :meth:`eval_gatherer`, which returns them in index order.  ``lengths`` (one per
-        sample): evaluate the longest first, so a batch padded to its longest pads little."""
+    def eval_loader(
+        self,
+        dataset: Dataset,
+        per_rank_batch: int,
+        collate_fn=None,
+        *,
+        lengths: Sequence[int] | None = None,
+    ) -> Iterable:
+        """This rank's share of an evaluation set, as the strategy shards it; feed each batch's
+        per-sample outputs to an :meth:`eval_gatherer`, which returns them in index order.
+        ``lengths`` (one per sample): evaluate the longest first, so a batch padded to its longest
+        pads little."""
         if lengths is not None and len(lengths) != dataset_size(dataset):
-            raise ValueError(f"{len(lengths)} lengths for an evaluation set of {dataset_size(dataset)} samples")
+            raise ValueError(
+                f"{len(lengths)} lengths for an evaluation set of {dataset_size(dataset)} samples"
+            )
         order = longest_first(lengths) if lengths is not None else None
         return self.strategy.eval_loader(dataset, per_rank_batch, collate_fn, order)
 
@@ -252,22 +325,26 @@ class Runtime:
             observer.backward(self, loss)
         self.strategy.backward(loss, model)
 
-    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module,
-             max_norm: float | None = None) -> torch.Tensor | None:
-        """Take one optimizer step on the gradients of every rank, first clipping their global norm to
-        ``max_norm`` when given; returns that norm before clipping (the same on every rank and under
-        every strategy), or ``None`` without clipping.  Clip and step are one call because some
-        strategies (DeepSpeed ZeRO) can only clip inside their step."""
+    def step(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None = None
+    ) -> torch.Tensor | None:
+        """Take one optimizer step on the gradients of every rank, first clipping their global norm
+        to ``max_norm`` when given; returns that norm before clipping (the same on every rank and
+        under every strategy), or ``None`` without clipping.  Clip and step are one call because
+        some strategies (DeepSpeed ZeRO) can only clip inside their step."""
         if self._stepped_by_clip is optimizer:  # clip_grad_norm already took this step
             self._stepped_by_clip = None
             if max_norm is not None:
-                raise RuntimeError("rt.clip_grad_norm already clipped and took this step; call rt.step without "
-                                   "max_norm after it, or only rt.step(optimizer, model, max_norm=...)")
+                raise RuntimeError(
+                    "rt.clip_grad_norm already clipped and took this step; call rt.step without "
+                    "max_norm after it, or only rt.step(optimizer, model, max_norm=...)"
+                )
             norm = None
         else:
             norm = self._take_step(optimizer, model, max_norm)
         self.steps += 1
-        self._data_shares.stepped()  # once, at the first step: did every rank train on its own share?
+        # once, at the first step: did every rank train on its own share?
+        self._data_shares.stepped()
         for loader in self.loaders():
             if loader.resumed is not None:  # the first step after a resume: did the data continue?
                 loader.check_first_step(self._grad_accum, self.strategy_name)
@@ -275,15 +352,19 @@ class Runtime:
             observer.stepped(self, model)
         return norm
 
-    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-        """The older spelling of ``rt.step(optimizer, model, max_norm)``: clips to ``max_norm`` and takes the
-        optimizer step right away, returning the global norm before clipping; the :meth:`step` that
-        follows in the loop then only counts the step."""
+    def clip_grad_norm(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> torch.Tensor:
+        """The older spelling of ``rt.step(optimizer, model, max_norm)``: clips to ``max_norm`` and
+        takes the optimizer step right away, returning the global norm before clipping; the
+        :meth:`step` that follows in the loop then only counts the step."""
         norm = self._take_step(optimizer, model, max_norm)
         self._stepped_by_clip = optimizer
         return norm
 
-    def _take_step(self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None):
+    def _take_step(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, max_norm: float | None
+    ):
         for observer in self.observers:
             observer.before_step(self, model, optimizer)
         return self.strategy.step(optimizer, model, max_norm)
@@ -317,8 +398,9 @@ class Runtime:
 
     # -- weights -----------------------------------------------------------------------------
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full unwrapped weights on the CPU.  Sharded strategies (fsdp, deepspeed ZeRO-3) gather them
-        collectively, so call it on every rank; they return them on rank 0 only (others get ``{}``)."""
+        """Full unwrapped weights on the CPU.  Sharded strategies (fsdp, deepspeed ZeRO-3) gather
+        them collectively, so call it on every rank; they return them on rank 0 only (others get
+        ``{}``)."""
         return self.strategy.model_state_dict(model)
 
     def save_weights(self, model: nn.Module, path: str | os.PathLike) -> None:
@@ -333,19 +415,47 @@ class Runtime:
         self.strategy.load_model_state_dict(model, ckpt.read_weights(path))
 
     # -- training state ----------------------------------------------------------------------
-    def save_state(self, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   scheduler=None, extra: dict | None = None, *, step: int | None = None,
-                   files: Mapping[str, str | os.PathLike | bytes] | None = None, keep: int = 2,
-                   meta: Mapping | None = None) -> Path:
-        """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every rank); see
-        :func:`rankwise.checkpoint.resume.save_state`.  Returns the checkpoint's path on every rank."""
-        return resume.save_state(self, directory, model, optimizer, scheduler, extra, step=step, files=files,
-                                keep=keep, meta=meta)
+    def save_state(
+        self,
+        directory: str | os.PathLike,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler=None,
+        extra: dict | None = None,
+        *,
+        step: int | None = None,
+        files: Mapping[str, str | os.PathLike | bytes] | None = None,
+        keep: int = 2,
+        meta: Mapping | None = None,
+    ) -> Path:
+        """Checkpoint everything a resume needs into ``directory/step-NNNNNNNN`` (call on every
+        rank); see :func:`rankwise.checkpoint.resume.save_state`.  Returns the checkpoint's path on
+        every rank."""
+        return resume.save_state(
+            self,
+            directory,
+            model,
+            optimizer,
+            scheduler,
+            extra,
+            step=step,
+            files=files,
+            keep=keep,
+            meta=meta,
+        )
 
-    def load_state(self, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   scheduler=None, *, strict: bool = False) -> dict:
-        """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`); returns its
-        ``extra`` with ``step`` added.  See :func:`rankwise.checkpoint.resume.load_state`."""
+    def load_state(
+        self,
+        path: str | os.PathLike,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler=None,
+        *,
+        strict: bool = False,
+    ) -> dict:
+        """Restore what :meth:`save_state` wrote (call on every rank, after :meth:`prepare`);
+        returns its ``extra`` with ``step`` added.  See
+        :func:`rankwise.checkpoint.resume.load_state`."""
         return resume.load_state(self, path, model, optimizer, scheduler, strict=strict)
 
     def loaders(self) -> list[ResumableLoader]:
@@ -353,8 +463,8 @@ class Runtime:
         return [loader for loader in (ref() for ref in self._loaders) if loader is not None]
 
     def resume_loaders(self, positions: list[dict]) -> None:
-        """Continue this run's loaders, in the order they were made, where a checkpoint's stood (``positions``); a
-        loader made later continues the next one left."""
+        """Continue this run's loaders, in the order they were made, where a checkpoint's stood
+        (``positions``); a loader made later continues the next one left."""
         positions = list(positions)
         for loader in self.loaders():
             if not positions:
@@ -370,8 +480,8 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        # Wrapped modules must be gone before the process group is destroyed: dropped here, collected by
-        # process.destroy_process_group right before it leaves the group.
+        # Wrapped modules must be gone before the process group is destroyed: dropped here,
+        # collected by process.destroy_process_group right before it leaves the group.
         self._prepared.clear()
         self.strategy.teardown(clean)
 
@@ -379,15 +489,17 @@ class Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        done = exc_type is None or issubclass(exc_type, observers.Finished)  # an observer ends every rank at once
+        # an observer ends every rank at once
+        done = exc_type is None or issubclass(exc_type, observers.Finished)
         if exc_type is None:
             for observer in self.observers:
                 observer.ended(self)
         explained = hangs.explain(exc, self.env, self.strategy.timeout_s) if not done else None
         self.teardown(clean=done)
         if not done:
-            # Under torchrun's agent (rankwise launch): the failure summary then names what happened, not only
-            # an exit code, for a user's script too (rankwise train's worker records it itself, with @record).
+            # Under torchrun's agent (rankwise launch): the failure summary then names what
+            # happened, not only an exit code, for a user's script too (rankwise train's worker
+            # records it itself, with @record).
             record_for_launcher(explained or exc)
         if explained is not None:
             raise explained from exc
@@ -404,8 +516,9 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 
 
 def setup(strategy: str | None = None, precision: str | None = None, **kwargs) -> Runtime:
-    """Create the :class:`Runtime` for this process (joins the process group when launched with several).
+    """Create the :class:`Runtime` for this process (joins the process group when launched with
+    several).
 
-    Without ``strategy`` / ``precision``: the launcher's choice (``rankwise launch --strategy``), else
-    ``ddp`` when launched as one of several processes and ``single`` alone, at ``32-true``."""
+    Without ``strategy`` / ``precision``: the launcher's choice (``rankwise launch --strategy``),
+    else ``ddp`` when launched as one of several processes and ``single`` alone, at ``32-true``."""
     return Runtime(strategy, precision, **kwargs)

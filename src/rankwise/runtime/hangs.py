@@ -20,11 +20,16 @@ import time
 
 from rankwise.process import ProcessEnv, restart_count
 
-TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure",
-                 "Watchdog caught collective operation timeout")
-"""How gloo and NCCL report a collective that did not complete in time (nothing else is diagnosed)."""
+TIMEOUT_SIGNS = (
+    "Timed out waiting",
+    "Application timeout caused pair closure",
+    "Watchdog caught collective operation timeout",
+)
+"""How gloo and NCCL report a collective that did not complete in time (nothing else is
+diagnosed)."""
 PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer \[([^\]]+)\]")
-"""How gloo reports a peer whose process died or whose node went down mid-collective (its address)."""
+"""How gloo reports a peer whose process died or whose node went down mid-collective (its
+address)."""
 KEY = "rankwise/timed-out/attempt-{attempt}/{rank}"
 """Per attempt: a restarted worker group must not see the records of the one before."""
 WHERE = "rankwise/where/attempt-{attempt}/{rank}"
@@ -35,15 +40,23 @@ def _store(env: ProcessEnv, timeout_s: float):
     from torch.distributed import TCPStore
 
     assert env.master_port is not None  # a multi-node rank: its launcher set MASTER_PORT
-    return TCPStore(env.master_addr, env.master_port, is_master=False,
-                    timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)))
+    return TCPStore(
+        env.master_addr,
+        env.master_port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)),
+    )
 
 
 def _whereabouts(env: ProcessEnv) -> dict:
     from rankwise.launch.network import route_to
 
     interface = route_to(env.master_addr)
-    return {"node": env.node_rank, "host": socket.gethostname(), "address": interface.address if interface else "?"}
+    return {
+        "node": env.node_rank,
+        "host": socket.gethostname(),
+        "address": interface.address if interface else "?",
+    }
 
 
 def _describe(where: dict) -> str:
@@ -51,11 +64,14 @@ def _describe(where: dict) -> str:
 
 
 def announce(env: ProcessEnv) -> None:
-    """Record this rank's node and address for a later diagnosis (multi-node jobs only; best effort)."""
+    """Record this rank's node and address for a later diagnosis (multi-node jobs only; best
+    effort)."""
     if not env.distributed or env.master_port is None or env.local_world_size == env.world_size:
         return
     try:
-        _store(env, 10.0).set(WHERE.format(attempt=restart_count(), rank=env.rank), json.dumps(_whereabouts(env)))
+        _store(env, 10.0).set(
+            WHERE.format(attempt=restart_count(), rank=env.rank), json.dumps(_whereabouts(env))
+        )
     except Exception:  # noqa: BLE001 - the diagnosis is a help, never a new failure
         pass
 
@@ -70,16 +86,20 @@ def missing_ranks(store, env: ProcessEnv, grace_s: float = 5.0) -> list[int]:
     store.set(KEY.format(attempt=attempt, rank=env.rank), "1")
     deadline = time.monotonic() + grace_s
     while True:
-        missing = [r for r in range(env.world_size) if not store.check([KEY.format(attempt=attempt, rank=r)])]
+        missing = [
+            r
+            for r in range(env.world_size)
+            if not store.check([KEY.format(attempt=attempt, rank=r)])
+        ]
         if not missing or time.monotonic() > deadline:
             return missing
         time.sleep(0.2)
 
 
 def explain(exc: BaseException, env: ProcessEnv, timeout_s: float) -> RuntimeError | None:
-    """A RuntimeError naming the ranks that never arrived (a collective timed out) or the node whose ranks closed
-    their connections (gloo's "Connection closed by peer [ADDRESS]"), or None when ``exc`` is neither (or the
-    store cannot tell)."""
+    """A RuntimeError naming the ranks that never arrived (a collective timed out) or the node whose
+    ranks closed their connections (gloo's "Connection closed by peer [ADDRESS]"), or None when
+    ``exc`` is neither (or the store cannot tell)."""
     if not env.distributed or env.master_port is None:
         return None
     peer = PEER_GONE.search(str(exc))
@@ -94,31 +114,40 @@ def explain(exc: BaseException, env: ProcessEnv, timeout_s: float) -> RuntimeErr
     except Exception:  # noqa: BLE001 - the store does not answer either
         if env.local_world_size == env.world_size:
             return None  # one node: the master process is gone, its own error is the cause
-        return RuntimeError(f"rank {env.rank} on {_describe(_whereabouts(env))}: {what}, and the master's store at "
-                            f"{env.master_addr}:{env.master_port} does not answer either: this node lost its "
-                            "connection to the master node (a link down, a firewall), or the master node is gone")
+        return RuntimeError(
+            f"rank {env.rank} on {_describe(_whereabouts(env))}: {what}, and the master's store at "
+            f"{env.master_addr}:{env.master_port} does not answer either: this node lost its "
+            "connection to the master node (a link down, a firewall), or the master node is gone"
+        )
     if not missing:
         return None
     names = ", ".join(_name(store, rank) for rank in missing)
-    return RuntimeError(f"rank {env.rank}: {what}: {names} never arrived (hung, far slower than the others, or cut "
-                        f"off from the network); the other ranks were waiting for them")
+    return RuntimeError(
+        f"rank {env.rank}: {what}: {names} never arrived (hung, far slower than the others, or cut "
+        f"off from the network); the other ranks were waiting for them"
+    )
 
 
 def _peer_gone(env: ProcessEnv, address: str) -> RuntimeError | None:
-    """Name the node at ``address`` from the ranks' announcements, or None when none announced it."""
+    """Name the node at ``address`` from the ranks' announcements, or None when none announced
+    it."""
     attempt = restart_count()
     try:
         store = _store(env, 5.0)
         keys = {rank: WHERE.format(attempt=attempt, rank=rank) for rank in range(env.world_size)}
-        announced = {rank: json.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
+        announced = {
+            rank: json.loads(store.get(key)) for rank, key in keys.items() if store.check([key])
+        }
         there = [(rank, where) for rank, where in announced.items() if where["address"] == address]
     except Exception:  # noqa: BLE001 - the master's store is gone too (it was on that node): nothing to name
         return None
     if not there:
         return None
     ranks = ", ".join(str(rank) for rank, _ in there)
-    return RuntimeError(f"rank {env.rank}: {_describe(there[0][1])} closed its connections in the middle of a "
-                        f"collective (rank(s) {ranks} there): their processes died or that node went down")
+    return RuntimeError(
+        f"rank {env.rank}: {_describe(there[0][1])} closed its connections in the middle of a "
+        f"collective (rank(s) {ranks} there): their processes died or that node went down"
+    )
 
 
 def _name(store, rank: int) -> str:

@@ -1,5 +1,6 @@
-"""What a batch is made of, sample by sample: how many rows it has, one digest per sample (padding left out), the
-tokens a loss averages over.  The Runtime's sharding check and the tools' probes describe batches the same way."""
+"""What a batch is made of, sample by sample: how many rows it has, one digest per sample (padding
+left out), the tokens a loss averages over.  The Runtime's sharding check and the tools' probes
+describe batches the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Mapping
 import torch
 
 PADDING = (0, -100)
-"""Values trimmed from the end of a sample without an attention mask (pad id 0, ignored label -100)."""
+"""Values trimmed from the end of a sample without an attention mask (pad id 0, ignored label
+-100)."""
 
 
 def _tensors(batch) -> list[torch.Tensor]:
@@ -37,7 +39,8 @@ def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
 
 
 def batch_rows(batch) -> int:
-    """Samples in a batch: the first dimension most of its tensors share (0 for a batch without tensors)."""
+    """Samples in a batch: the first dimension most of its tensors share (0 for a batch without
+    tensors)."""
     firsts = [t.shape[0] for t in _tensors(batch) if t.dim() > 0]
     return max(set(firsts), key=firsts.count) if firsts else 0
 
@@ -51,7 +54,9 @@ def sample_digests(batch) -> list[str]:
     rows = max(set(firsts), key=firsts.count)  # the batch dimension: the one most tensors share
     tensors = [t for t in tensors if t.shape[0] == rows]
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    mask = mask.detach().cpu().bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    mask = (
+        mask.detach().cpu().bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    )
     digests = []
     for i in range(rows):
         digest = hashlib.blake2b(digest_size=8)
@@ -63,7 +68,8 @@ def sample_digests(batch) -> list[str]:
 
 
 def token_count(batch) -> int | None:
-    """Tokens a loss averages over, where the batch says it: labels not -100, else the attention mask."""
+    """Tokens a loss averages over, where the batch says it: labels not -100, else the attention
+    mask."""
     if not isinstance(batch, Mapping):
         return None
     labels, mask = batch.get("labels"), batch.get("attention_mask")

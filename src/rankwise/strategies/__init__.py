@@ -46,7 +46,11 @@ class Variant:
     def options_for(self, section: str | None) -> dict[str, Any]:
         """The variant's settings inside one config section, keys relative to it."""
         prefix = f"{section}."
-        return {key[len(prefix):]: value for key, value in self.settings.items() if section and key.startswith(prefix)}
+        return {
+            key[len(prefix) :]: value
+            for key, value in self.settings.items()
+            if section and key.startswith(prefix)
+        }
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}
@@ -54,7 +58,8 @@ _VARIANTS: dict[str, Variant] = {}
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
-    """Class decorator: register a strategy under ``cls.name`` (also a variant with nothing fixed)."""
+    """Class decorator: register a strategy under ``cls.name`` (also a variant with nothing
+    fixed)."""
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy name {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls
@@ -73,7 +78,8 @@ _discovered = False
 
 
 def _discover() -> None:
-    # A flag, not "is the registry empty": importing one strategy module directly registers it alone.
+    # A flag, not "is the registry empty": importing one strategy module directly registers it
+    # alone.
     global _discovered
     if _discovered:
         return
@@ -94,11 +100,14 @@ def lookup(name: str) -> Variant:
     try:
         return _VARIANTS[name]
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}") from None
+        raise ValueError(
+            f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}"
+        ) from None
 
 
 def unavailable(name: str) -> str | None:
-    """Why strategy ``name`` cannot run here (its library is not installed, with the install command), else None."""
+    """Why strategy ``name`` cannot run here (its library is not installed, with the install
+    command), else None."""
     try:
         lookup(name).cls.check_available()
     except ImportError as e:
@@ -107,10 +116,10 @@ def unavailable(name: str) -> str | None:
 
 
 def portable(written_by: str, resumed_by: str) -> bool:
-    """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world size: each keeps
-    whole state (one optimizer file) or shards that regroup on load (FSDP's DCP shards, DeepSpeed's ZeRO
-    partitions); every strategy reads its own back into the whole state by parameter name
-    (``Strategy.read_whole_state``), which every strategy loads."""
+    """Whether a checkpoint ``written_by`` one strategy continues under ``resumed_by`` at any world
+    size: each keeps whole state (one optimizer file) or shards that regroup on load (FSDP's DCP
+    shards, DeepSpeed's ZeRO partitions); every strategy reads its own back into the whole state by
+    parameter name (``Strategy.read_whole_state``), which every strategy loads."""
     try:
         written, resumed = lookup(written_by).cls, lookup(resumed_by).cls
     except ValueError:  # a strategy this installation does not know wrote it
@@ -119,30 +128,41 @@ def portable(written_by: str, resumed_by: str) -> bool:
 
 
 def format_owner(directory: Path, written_by: str | None = None) -> type[Strategy]:
-    """The strategy whose checkpoint format ``directory`` holds, to read it back (``Strategy.read_whole_state``):
-    ``written_by`` (the name its manifest records) where that strategy claims it, else the first registered one
-    that does; a checkpoint saved without optimizer state, which none claims, is its writer's."""
+    """The strategy whose checkpoint format ``directory`` holds, to read it back
+    (``Strategy.read_whole_state``): ``written_by`` (the name its manifest records) where that
+    strategy claims it, else the first registered one that does; a checkpoint saved without
+    optimizer state, which none claims, is its writer's."""
     _discover()
     writer = _VARIANTS[written_by].cls if written_by in _VARIANTS else None
-    for cls in ([writer] if writer else []) + sorted(set(_REGISTRY.values()) - {writer}, key=lambda c: c.name):
+    for cls in ([writer] if writer else []) + sorted(
+        set(_REGISTRY.values()) - {writer}, key=lambda c: c.name
+    ):
         if cls.claims(directory):
             return cls
     if writer is not None:
         return writer
-    raise CheckpointError(f"{directory} was written by strategy {written_by!r}, which this installation does not "
-                          f"know, and no strategy it knows ({', '.join(sorted(_REGISTRY))}) reads its format")
+    raise CheckpointError(
+        f"{directory} was written by strategy {written_by!r}, which this installation does not "
+        f"know, and no strategy it knows ({', '.join(sorted(_REGISTRY))}) reads its format"
+    )
 
 
 def check_world_size(variant: Variant, world_size: int) -> None:
     """Refuse a one-process strategy in a job of several processes."""
     if not variant.cls.multiprocess and world_size > 1:
-        raise ConfigError(f"strategy {variant.name!r} runs in one process, but the job has {world_size} processes; "
-                          "drop --nproc-per-node / --nnodes (or the launcher), or use a multi-process strategy "
-                          "such as ddp")
+        raise ConfigError(
+            f"strategy {variant.name!r} runs in one process, but the job has {world_size} "
+            "processes; "
+            "drop --nproc-per-node / --nnodes (or the launcher), or use a multi-process strategy "
+            "such as ddp"
+        )
 
 
-def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | None) -> Options | None:
-    """The strategy's options: the given ones with the variant's fixed settings applied, validated."""
+def resolve_options(
+    variant: Variant, options: Options | Mapping[str, Any] | None
+) -> Options | None:
+    """The strategy's options: the given ones with the variant's fixed settings applied,
+    validated."""
     cls = variant.cls
     fixed = variant.options_for(cls.options_section)
     if cls.options_cls is None:
@@ -158,29 +178,38 @@ def resolve_options(variant: Variant, options: Options | Mapping[str, Any] | Non
     clashes = {key: given[key] for key in fixed if key in given and given[key] != fixed[key]}
     if clashes:
         key, value = next(iter(clashes.items()))
-        raise ConfigError(f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; "
-                          f"it was also given {value!r}")
+        raise ConfigError(
+            f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; "
+            f"it was also given {value!r}"
+        )
     # An options object keeps its defaults too; a mapping holds only what was given.
     base = options.model_dump() if isinstance(options, cls.options_cls) else given
     try:
         merged = cls.options_cls.model_validate({**base, **fixed})
     except ValidationError as e:
-        problems = "; ".join(f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: "
-                             + ("no such option" if err["type"] == "extra_forbidden" else err["msg"])
-                             + (f" (got {err['input']!r})" if "input" in err else "")
-                             + _did_you_mean(err, cls.options_section, list(cls.options_cls.model_fields))
-                             for err in e.errors())
+        problems = "; ".join(
+            f"{cls.options_section}.{'.'.join(map(str, err['loc']))}: "
+            + ("no such option" if err["type"] == "extra_forbidden" else err["msg"])
+            + (f" (got {err['input']!r})" if "input" in err else "")
+            + _did_you_mean(err, cls.options_section, list(cls.options_cls.model_fields))
+            for err in e.errors()
+        )
         raise ConfigError(f"strategy {variant.name!r}: {problems}") from None
     cls.check_options(merged)
     return merged
 
 
 def _did_you_mean(error: Mapping[str, Any], section: str | None, fields: list[str]) -> str:
-    """For an unknown option, the known one it most resembles (``ddp.bucket_cap`` -> ``ddp.bucket_cap_mb``)."""
+    """For an unknown option, the known one it most resembles (``ddp.bucket_cap`` ->
+    ``ddp.bucket_cap_mb``)."""
     if error.get("type") != "extra_forbidden":
         return ""
     close = difflib.get_close_matches(str(error["loc"][-1]), fields, n=1, cutoff=0.5)
-    return f"; did you mean {section}.{close[0]}?" if close else f"; {section} takes {', '.join(fields)}"
+    return (
+        f"; did you mean {section}.{close[0]}?"
+        if close
+        else f"; {section} takes {', '.join(fields)}"
+    )
 
 
 def get_strategy(name: str) -> type[Strategy]:
@@ -188,5 +217,16 @@ def get_strategy(name: str) -> type[Strategy]:
     return lookup(name).cls
 
 
-__all__ = ["LoopFacts", "Strategy", "Variant", "check_world_size", "format_owner", "get_strategy", "lookup", "register",
-           "register_variant", "resolve_options", "strategy_names"]
+__all__ = [
+    "LoopFacts",
+    "Strategy",
+    "Variant",
+    "check_world_size",
+    "format_owner",
+    "get_strategy",
+    "lookup",
+    "register",
+    "register_variant",
+    "resolve_options",
+    "strategy_names",
+]

@@ -30,7 +30,8 @@ MIXED = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
 
 
 class AcceleratePrecision(Precision):
-    """Accelerate's own mixed precision: autocast patched into the model's forward, its GradScaler."""
+    """Accelerate's own mixed precision: autocast patched into the model's forward, its
+    GradScaler."""
 
     def __init__(self, name: str, device: torch.device, strategy: Accelerate):
         super().__init__(name, device)
@@ -71,7 +72,8 @@ class AcceleratePrecision(Precision):
 
 
 class AccelerateGather(dist.ExactGather):
-    """Accelerate gathers each batch itself (``gather_for_metrics``) and drops its last batch's repeats."""
+    """Accelerate gathers each batch itself (``gather_for_metrics``) and drops its last batch's
+    repeats."""
 
     def __init__(self, total: int, accelerator):
         super().__init__(total)
@@ -86,8 +88,10 @@ class AccelerateGather(dist.ExactGather):
     def result(self) -> tuple[torch.Tensor, ...]:
         rows = self.local()
         if rows[0].numel() != self.total:  # the library's promise, checked
-            raise RuntimeError(f"accelerate's gather_for_metrics returned {rows[0].numel()} rows "
-                               f"for {self.total} samples")
+            raise RuntimeError(
+                f"accelerate's gather_for_metrics returned {rows[0].numel()} rows "
+                f"for {self.total} samples"
+            )
         return dist.exactly_once(*rows, total=self.total)
 
 
@@ -119,10 +123,16 @@ class Accelerate(Strategy):
         super().setup_environment()  # Accelerate's state adopts the existing process group
         ddp = self.options
         ddp_kwargs = DistributedDataParallelKwargs(
-            bucket_cap_mb=max(1, round(ddp.bucket_cap_mb)), find_unused_parameters=ddp.find_unused_parameters,
-            static_graph=ddp.static_graph, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
-        self.accelerator = Accelerator(cpu=self.device.type == "cpu", mixed_precision=MIXED[self.precision.name],
-                                       kwargs_handlers=[ddp_kwargs])
+            bucket_cap_mb=max(1, round(ddp.bucket_cap_mb)),
+            find_unused_parameters=ddp.find_unused_parameters,
+            static_graph=ddp.static_graph,
+            gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        )
+        self.accelerator = Accelerator(
+            cpu=self.device.type == "cpu",
+            mixed_precision=MIXED[self.precision.name],
+            kwargs_handlers=[ddp_kwargs],
+        )
 
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -131,10 +141,14 @@ class Accelerate(Strategy):
         from rankwise.strategies.ddp import FORWARD_SYNC_BUFFERS, broadcast_buffers
 
         every_forward = broadcast_buffers(model, self.options)
-        if not FORWARD_SYNC_BUFFERS:  # Accelerate passes its handler's fields to DDP inside prepare()
+        # Accelerate passes its handler's fields to DDP inside prepare()
+        if not FORWARD_SYNC_BUFFERS:
             self.accelerator.ddp_handler.broadcast_buffers = every_forward
-        prepared = self.accelerator.prepare(model, optimizer) if optimizer is not None else \
-            (self.accelerator.prepare(model), None)
+        prepared = (
+            self.accelerator.prepare(model, optimizer)
+            if optimizer is not None
+            else (self.accelerator.prepare(model), None)
+        )
         if FORWARD_SYNC_BUFFERS and isinstance(prepared[0], DistributedDataParallel):
             # Left at its default (no deprecated keyword, no warning), then set as DDP itself would.
             prepared[0].forward_sync_buffers = every_forward
@@ -153,17 +167,22 @@ class Accelerate(Strategy):
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         norm = None
         if max_norm is not None:
-            norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)  # unscales first (fp16)
+            # unscales first (fp16)
+            norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
         self.precision.step(optimizer)
         return norm
 
     @override
-    def eval_loader(self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None):
+    def eval_loader(
+        self, dataset, per_rank_batch: int, collate_fn=None, order: list[int] | None = None
+    ):
         from torch.utils.data import DataLoader
 
         # Accelerate shards the batches itself (rank r takes batches r, r+W, ...) and remembers how
         # many samples the last round really holds; rankwise moves each batch to the device.
-        loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=order, shuffle=False, collate_fn=collate_fn)
+        loader = DataLoader(
+            dataset, batch_size=per_rank_batch, sampler=order, shuffle=False, collate_fn=collate_fn
+        )
         return self.accelerator.prepare_data_loader(loader, device_placement=False)
 
     @override
@@ -181,4 +200,5 @@ class Accelerate(Strategy):
             self.accelerator.free_memory()
             self.accelerator = None
         super().teardown(clean)
-        reset_accelerate_state()  # a later setup() in this process (a notebook, a second run) starts afresh
+        # a later setup() in this process (a notebook, a second run) starts afresh
+        reset_accelerate_state()

@@ -34,7 +34,9 @@ class DDP(Strategy):
         model = self.place(model)
         # device_ids only for a module on one CUDA device; CPU modules and modules split
         # across devices (ToyMpModel) must leave it unset.
-        on_one_cuda_device = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
+        on_one_cuda_device = (
+            self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
+        )
         wrapped = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if on_one_cuda_device else None,
@@ -65,13 +67,15 @@ class DDP(Strategy):
 
 def changing_buffers(model: nn.Module) -> list[str]:
     """Buffers training may change: the persistent ones (BatchNorm's running statistics, counters).
-    Non-persistent buffers are constants a module derives from its configuration (position ids, masks)."""
+    Non-persistent buffers are constants a module derives from its configuration (position ids,
+    masks)."""
     persistent = set(model.state_dict())
     return [name for name, _ in model.named_buffers() if name in persistent]
 
 
 def broadcast_buffers(model: nn.Module, options: DDPOptions) -> bool:
-    """Whether DDP should broadcast rank 0's buffers at every forward (``ddp.broadcast_buffers``)."""
+    """Whether DDP should broadcast rank 0's buffers at every forward
+    (``ddp.broadcast_buffers``)."""
     if options.broadcast_buffers == "auto":
         # Why: the broadcast is a blocking collective at the start of every forward; it only matters
         # for buffers that change (each rank's BatchNorm statistics would drift apart without it).
@@ -80,23 +84,29 @@ def broadcast_buffers(model: nn.Module, options: DDPOptions) -> bool:
 
 
 def buffer_sync(every_forward: bool) -> dict[str, Any]:
-    """DDP's keyword for syncing rank 0's buffers at every forward: ``forward_sync_buffers`` where torch has
-    it (torch 2.13 deprecates ``broadcast_buffers`` with a warning per rank), ``broadcast_buffers`` before."""
+    """DDP's keyword for syncing rank 0's buffers at every forward: ``forward_sync_buffers`` where
+    torch has it (torch 2.13 deprecates ``broadcast_buffers`` with a warning per rank),
+    ``broadcast_buffers`` before."""
     if FORWARD_SYNC_BUFFERS:
         return {"forward_sync_buffers": every_forward}
     return {"broadcast_buffers": every_forward}
 
 
-FORWARD_SYNC_BUFFERS = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-"""Whether this torch's DDP takes ``forward_sync_buffers`` (the buffers are then still synced once at wrap time)."""
+FORWARD_SYNC_BUFFERS = (
+    "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+)
+"""Whether this torch's DDP takes ``forward_sync_buffers`` (the buffers are then still synced once
+at wrap time)."""
 
 
-def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, and they are strings here
+# no annotations: DDP checks them, and they are strings here
+def bfloat16_average_hook(group, bucket):
     """Average a gradient bucket in bfloat16 (gloo reduces bf16; torch's hook allows NCCL only)."""
     group = group or torch_dist.group.WORLD
     gradients = bucket.buffer()
     compressed = gradients.to(torch.bfloat16).div_(group.size())
-    # Why: the bucket's all-reduce is the gradient synchronisation; DDP waits on the returned future.
+    # Why: the bucket's all-reduce is the gradient synchronisation; DDP waits on the returned
+    # future.
     future = torch_dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
     def decompress(done: torch.futures.Future) -> torch.Tensor:
@@ -107,19 +117,30 @@ def bfloat16_average_hook(group, bucket):  # no annotations: DDP checks them, an
 
 
 def register_comm_hook(model: DistributedDataParallel, options: DDPOptions) -> None:
-    """Install the gradient communication hook ``options.comm_hook`` names (nothing for ``none``)."""
+    """Install the gradient communication hook ``options.comm_hook`` names (nothing for
+    ``none``)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if options.comm_hook == "fp16_compress":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif options.comm_hook == "bf16_compress":
         nccl = torch_dist.get_backend() == "nccl"  # torch's own hook refuses every other backend
-        model.register_comm_hook(None, default_hooks.bf16_compress_hook if nccl else bfloat16_average_hook)
+        model.register_comm_hook(
+            None, default_hooks.bf16_compress_hook if nccl else bfloat16_average_hook
+        )
     elif options.comm_hook == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=options.powersgd_rank,
-                                            start_powerSGD_iter=options.powersgd_start_step, random_seed=0)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=options.powersgd_rank,
+            start_powerSGD_iter=options.powersgd_start_step,
+            random_seed=0,
+        )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-register_variant("ddp-spawn", "ddp", {"launch.launcher": "spawn"},
-                 "DistributedDataParallel started by torch.multiprocessing spawn (mp.spawn)")
+register_variant(
+    "ddp-spawn",
+    "ddp",
+    {"launch.launcher": "spawn"},
+    "DistributedDataParallel started by torch.multiprocessing spawn (mp.spawn)",
+)

@@ -1,11 +1,12 @@
 """``deepspeed``: ``deepspeed.initialize`` with a generated config; rankwise keeps the loop.
 
-ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-zero0`` .. ``deepspeed-zero3``),
-optional CPU offload, optional user JSON merged on top.  Gradient accumulation is DeepSpeed's own
-(``gradient_accumulation_steps``, boundaries set by ``no_sync``); precision maps onto its ``bf16`` / ``fp16``
-sections instead of autocast.  Clipping happens only when the loop asks (``rt.step(..., max_norm=...)``): under
-ZeRO, DeepSpeed clips inside its optimizer step, which then returns the norm DeepSpeed computed.  Runs under the
-torchrun-style launcher: no ``deepspeed`` launcher needed.
+ZeRO stage 0-3 (``--set deepspeed.zero_stage=N``, or the variants ``deepspeed-zero0`` ..
+``deepspeed-zero3``), optional CPU offload, optional user JSON merged on top.  Gradient accumulation
+is DeepSpeed's own (``gradient_accumulation_steps``, boundaries set by ``no_sync``); precision maps
+onto its ``bf16`` / ``fp16`` sections instead of autocast.  Clipping happens only when the loop asks
+(``rt.step(..., max_norm=...)``): under ZeRO, DeepSpeed clips inside its optimizer step, which then
+returns the norm DeepSpeed computed.  Runs under the torchrun-style launcher: no ``deepspeed``
+launcher needed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from rankwise.checkpoint.deepspeed_format import (
     read_whole,
 )
 from rankwise.checkpoint.files import cpu_copies
-from rankwise.compat.deepspeed_zero import alias_fp32_masters, clipping_for_one_step, skip_shm_comm_build
+from rankwise.compat.deepspeed_zero import (
+    alias_fp32_masters,
+    clipping_for_one_step,
+    skip_shm_comm_build,
+)
 from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
@@ -46,8 +51,8 @@ from rankwise.strategies.options import DeepSpeedOptions, Options
 INSTALL = "pip install 'rankwise[deepspeed]'"
 
 Engine = Any
-"""The ``deepspeed.DeepSpeedEngine`` :meth:`DeepSpeedStrategy.wrap` returns, which the loop then passes back as its
-model (deepspeed ships no type information)."""
+"""The ``deepspeed.DeepSpeedEngine`` :meth:`DeepSpeedStrategy.wrap` returns, which the loop then
+passes back as its model (deepspeed ships no type information)."""
 
 
 def import_deepspeed():
@@ -60,9 +65,15 @@ def import_deepspeed():
 
 
 def cast_floating_inputs(dtype: torch.dtype):
-    """A forward pre-hook (``with_kwargs=True``) casting floating-point tensor inputs to ``dtype``."""
+    """A forward pre-hook (``with_kwargs=True``) casting floating-point tensor inputs to
+    ``dtype``."""
+
     def cast(value):
-        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+        return (
+            value.to(dtype)
+            if isinstance(value, torch.Tensor) and value.is_floating_point()
+            else value
+        )
 
     def hook(module, args, kwargs):
         return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
@@ -76,8 +87,9 @@ def fp32_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class EnginePrecision(Precision):
-    """DeepSpeed's precision: the engine casts the model (its ``bf16`` / ``fp16`` sections) and keeps
-    its loss scaler in its own checkpoint, so there is no autocast and no scaler of rankwise's."""
+    """DeepSpeed's precision: the engine casts the model (its ``bf16`` / ``fp16`` sections) and
+    keeps its loss scaler in its own checkpoint, so there is no autocast and no scaler of
+    rankwise's."""
 
     def __init__(self, name: str, device: torch.device):
         super().__init__(name, device)
@@ -93,7 +105,8 @@ class DeepSpeed(Strategy):
     name = "deepspeed"
     description = "DeepSpeed ZeRO stage 0-3 (--set deepspeed.zero_stage=N), rankwise's loop"
     whole_state = False  # each rank saves its own shard
-    reshards = True  # DeepSpeed's universal conversion regroups the partitions for any world size (load_state)
+    # DeepSpeed's universal conversion regroups the partitions for any world size (load_state)
+    reshards = True
     requires = ("deepspeed",)
     install = INSTALL
     options_section = "deepspeed"
@@ -103,7 +116,8 @@ class DeepSpeed(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = None
-        self._stepping, self._backwards = False, 0  # inside rt.step; rt.backward calls since the last step
+        # inside rt.step; rt.backward calls since the last step
+        self._stepping, self._backwards = False, 0
         self.group_names: list[list[str]] = []
 
     @override
@@ -113,7 +127,8 @@ class DeepSpeed(Strategy):
     @classmethod
     @override
     def check_options(cls, options: Options | None) -> None:
-        assert isinstance(options, DeepSpeedOptions)  # resolve_options builds this strategy's own type
+        # resolve_options builds this strategy's own type
+        assert isinstance(options, DeepSpeedOptions)
         if options.offload_param and options.zero_stage != 3:
             raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
         if options.config_file:
@@ -132,42 +147,57 @@ class DeepSpeed(Strategy):
         os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))
         super().setup_environment()
         if self.device.type == "cpu":
-            skip_shm_comm_build()  # a kernel only inference uses, JIT-compiled for minutes otherwise
+            # a kernel only inference uses, JIT-compiled for minutes otherwise
+            skip_shm_comm_build()
         # DeepSpeed's communication layer attaches to the process group created above.
-        deepspeed.init_distributed(dist_backend=backend_for(self.device), auto_mpi_discovery=False,
-                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+        deepspeed.init_distributed(
+            dist_backend=backend_for(self.device),
+            auto_mpi_discovery=False,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+        )
 
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         deepspeed = import_deepspeed()
         if optimizer is None:
             raise ValueError("strategy deepspeed needs the optimizer in prepare(model, optimizer)")
-        # ZeRO-3 empties the optimizer's groups: keep their parameters' names for converting whole state.
+        # ZeRO-3 empties the optimizer's groups: keep their parameters' names for converting whole
+        # state.
         self.group_names = parameter_names(model, optimizer)
-        self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), optimizer=optimizer,
-                                                    config=self.ds_config(self.facts), dist_init_required=False)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model.to(self.device),
+            optimizer=optimizer,
+            config=self.ds_config(self.facts),
+            dist_init_required=False,
+        )
         alias_fp32_masters(self.engine.optimizer)  # fp32 ZeRO-3: no second copy of the partition
         if self.precision.dtype != torch.float32:
             # DeepSpeed casts the weights to bf16/fp16 but not keyword inputs: float features would
             # meet half-precision layers.  (Token ids and masks are integers and pass unchanged.)
-            self.engine.module.register_forward_pre_hook(cast_floating_inputs(self.precision.dtype),
-                                                        with_kwargs=True)
+            self.engine.module.register_forward_pre_hook(
+                cast_floating_inputs(self.precision.dtype), with_kwargs=True
+            )
         # The client optimizer keeps the param groups DeepSpeed's wrapper steps with, so
-        # learning-rate schedulers and zero_grad on it work as in any other strategy; its step, only in rt.step.
+        # learning-rate schedulers and zero_grad on it work as in any other strategy; its step, only
+        # in rt.step.
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._refuse_plain_step)
         return self.engine, optimizer
 
     def _refuse_plain_step(self, optimizer, args, kwargs) -> None:
         if not self._stepping:
-            raise RuntimeError("optimizer.step() changes nothing under deepspeed: ZeRO steps its own partitions of "
-                               "the weights, with the gradients its backward reduced into them. Call "
-                               "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)")
+            raise RuntimeError(
+                "optimizer.step() changes nothing under deepspeed: ZeRO steps its own partitions "
+                "of "
+                "the weights, with the gradients its backward reduced into them. Call "
+                "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)"
+            )
 
     @override
     def compile(self, model: Engine) -> nn.Module:
-        """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and keeps its ZeRO
-        hooks in step), with the module compiled through a frame Dynamo traces (``compat.torch_compile``)."""
+        """DeepSpeed's own hook, ``engine.compile()`` (it records that the engine is compiled and
+        keeps its ZeRO hooks in step), with the module compiled through a frame Dynamo traces
+        (``compat.torch_compile``)."""
         model.compile()
         compile_forward(model.module)
         return model
@@ -198,9 +228,12 @@ class DeepSpeed(Strategy):
     @override
     def step(self, optimizer, model: Engine, max_norm: float | None = None):
         if not self._backwards:
-            raise RuntimeError("rt.step under deepspeed, but no backward pass of this step went through "
-                               "rt.backward(loss, model): DeepSpeed reduces the gradients into its partitions in its "
-                               "own backward, which loss.backward() skips. Call rt.backward(loss, model)")
+            raise RuntimeError(
+                "rt.step under deepspeed, but no backward pass of this step went through "
+                "rt.backward(loss, model): DeepSpeed reduces the gradients into its partitions in "
+                "its "
+                "own backward, which loss.backward() skips. Call rt.backward(loss, model)"
+            )
         self._stepping, self._backwards = True, 0
         try:
             return self._step(model, max_norm)
@@ -220,8 +253,9 @@ class DeepSpeed(Strategy):
         if max_norm is None:
             model.step()
             return None
-        # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them inside
-        # its step: take the step with this step's limit and return the norm it computed (before clipping).
+        # Under ZeRO the gradients live in DeepSpeed's partitions, and its optimizer clips them
+        # inside its step: take the step with this step's limit and return the norm it computed
+        # (before clipping).
         with clipping_for_one_step(model, zero_optimizer, max_norm):
             model.step()
         return torch.tensor(float(model.get_global_grad_norm()))
@@ -233,21 +267,35 @@ class DeepSpeed(Strategy):
 
     @override
     def gradient_scale(self) -> float:
-        return float(getattr(self.engine.optimizer, "cur_scale", 1.0)) if self.precision.name == "16-mixed" else 1.0
+        return (
+            float(getattr(self.engine.optimizer, "cur_scale", 1.0))
+            if self.precision.name == "16-mixed"
+            else 1.0
+        )
 
     @override
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a collective, ZeRO 1-3)."""
+        """ZeRO keeps the averaged gradients in its partitions: DeepSpeed assembles each (a
+        collective, ZeRO 1-3)."""
         from deepspeed.utils import safe_get_full_grad
 
-        pairs = [(name, safe_get_full_grad(param)) for name, param in self.unwrap(model).named_parameters()]
-        scale = self.gradient_scale()  # every rank took part in each gather; rank 0 keeps the copies
-        return {name: g.detach().float().cpu() / scale for name, g in pairs if g is not None and self.env.is_main}
+        pairs = [
+            (name, safe_get_full_grad(param))
+            for name, param in self.unwrap(model).named_parameters()
+        ]
+        # every rank took part in each gather; rank 0 keeps the copies
+        scale = self.gradient_scale()
+        return {
+            name: g.detach().float().cpu() / scale
+            for name, g in pairs
+            if g is not None and self.env.is_main
+        }
 
     @override
     def zero_grad(self, optimizer) -> None:
         # engine.step() already zeroed DeepSpeed's gradients.  The client optimizer now holds the
-        # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it once.
+        # fp32 partitions, and dropping their .grad would break CPU offload, which allocates it
+        # once.
         return None
 
     @override
@@ -261,7 +309,8 @@ class DeepSpeed(Strategy):
             # Parameters prefetched for the next forward may still be in flight; the gathers below
             # re-partition each parameter on exit, which DeepSpeed refuses for one in flight.
             model.empty_partition_cache()
-        state = module.state_dict(keep_vars=True)  # partitioned parameters are empty placeholders here
+        # partitioned parameters are empty placeholders here
+        state = module.state_dict(keep_vars=True)
         full: dict[int, torch.Tensor] = {}
         for chunk in gathered_buckets(state, self.options.bucket_size, modifier_rank=None):
             if self.env.is_main:  # only rank 0 keeps the copies
@@ -272,15 +321,21 @@ class DeepSpeed(Strategy):
 
     @override
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every rank)."""
+        """Load full weights (rank 0's are used under ZeRO-3: it re-partitions them to every
+        rank)."""
         module = self.unwrap(model)
         if self.options.zero_stage != 3:
             module.load_state_dict(state)
             return
         current = module.state_dict(keep_vars=True)
         if current.keys() != state.keys():
-            missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
-            raise RuntimeError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            missing, unexpected = (
+                sorted(current.keys() - state.keys()),
+                sorted(state.keys() - current.keys()),
+            )
+            raise RuntimeError(
+                f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         names: dict[int, str] = {}
         for key, value in current.items():
             if isinstance(value, nn.Parameter):
@@ -294,7 +349,7 @@ class DeepSpeed(Strategy):
                     for param in chunk:
                         param.copy_(state[names[id(param)]])
 
-    # -- its checkpoint format: every rank's ZeRO partition, written by DeepSpeed into FOLDER/TAG ---------------
+    # -- its checkpoint format: each rank's ZeRO partition, by DeepSpeed into FOLDER/TAG -----------
     @classmethod
     @override
     def claims(cls, directory: Path) -> bool:
@@ -302,22 +357,25 @@ class DeepSpeed(Strategy):
 
     @override
     def save_state(self, directory: Path, model: Engine, optimizer) -> None:
-        # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of its own,
-        # so a rank that fails inside it cannot rejoin the others: the job stops, naming the rank and path.
+        # Every rank must call save_checkpoint: each writes its ZeRO partition.  It has barriers of
+        # its own, so a rank that fails inside it cannot rejoin the others: the job stops, naming
+        # the rank and path.
         from rankwise.checkpoint import CollectiveSaveError
 
         try:
             model.save_checkpoint(str(directory / FOLDER), tag=TAG, save_latest=False)
         except OSError as e:
-            raise CollectiveSaveError(f"rank {self.env.rank}: cannot write {e.filename or directory}: "
-                                      f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
-                                      "(the previous checkpoint is intact)") from e
+            raise CollectiveSaveError(
+                f"rank {self.env.rank}: cannot write {e.filename or directory}: "
+                f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
+                "(the previous checkpoint is intact)"
+            ) from e
 
     @classmethod
     @override
     def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
-        """The partitions regrouped whole; their fp32 master weights replace the saved (under 16-bit, rounded)
-        ones."""
+        """The partitions regrouped whole; their fp32 master weights replace the saved (under
+        16-bit, rounded) ones."""
         weights, _ = super().read_whole_state(directory, module, None)
         if names is None:
             return weights, None
@@ -325,37 +383,54 @@ class DeepSpeed(Strategy):
         return retie({**weights, **masters}, module), optim
 
     @override
-    def load_state(self, directory: Path, model: Engine, optimizer, writer: type[Strategy] | None = None) -> None:
-        """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout); else the whole
-        checkpoint (any world size or strategy) with this run's partitions cut from it, masters and moments alike."""
+    def load_state(
+        self, directory: Path, model: Engine, optimizer, writer: type[Strategy] | None = None
+    ) -> None:
+        """DeepSpeed's own load where its partitions fit this run (same world size, ZeRO layout);
+        else the whole checkpoint (any world size or strategy) with this run's partitions cut from
+        it, masters and moments alike."""
         if partitions_fit(directory / FOLDER / TAG, self.env.world_size, self.options.zero_stage):
-            loading.check_safe((directory / FOLDER).rglob("*.pt"), "DeepSpeed")  # it unpickles them fully
-            path, _ = model.load_checkpoint(str(directory / FOLDER), tag=TAG,
-                                            load_optimizer_states=True, load_lr_scheduler_states=False)
+            # it unpickles them fully
+            loading.check_safe((directory / FOLDER).rglob("*.pt"), "DeepSpeed")
+            path, _ = model.load_checkpoint(
+                str(directory / FOLDER),
+                tag=TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
             if path is None:
-                raise RuntimeError(f"rank {self.env.rank}: no DeepSpeed state under {directory / FOLDER}")
+                raise RuntimeError(
+                    f"rank {self.env.rank}: no DeepSpeed state under {directory / FOLDER}"
+                )
             return
         if self.options.zero_stage == 0 and self.precision.dtype != torch.float32:
             # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
-            raise RuntimeError(f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
-                               f"continue another strategy's or world size's checkpoint ({directory}); use "
-                               "ZeRO stage 1-3, or 32-true at stage 0")
+            raise RuntimeError(
+                f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
+                f"continue another strategy's or world size's checkpoint ({directory}); use "
+                "ZeRO stage 1-3, or 32-true at stage 0"
+            )
         super().load_state(directory, model, optimizer, writer)
 
     @override
     def optimizer_names(self, module: nn.Module, optimizer) -> list[list[str]] | None:
-        return self.group_names  # ZeRO-3 empties the optimizer's groups: the names kept at wrap time
+        # ZeRO-3 empties the optimizer's groups: the names kept at wrap time
+        return self.group_names
 
     @override
-    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
-                         optim: dict | None) -> None:
+    def load_whole_state(
+        self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor], optim: dict | None
+    ) -> None:
         self.load_model_state_dict(model, weights)
-        if optim is None:  # no optimizer (the contract's None); wrap always keeps the group names, so unseen
+        # no optimizer (the contract's None); wrap always keeps the group names, so unseen
+        if optim is None:
             return
         if self.options.zero_stage == 0:  # the optimizer is whole: torch's own load
             optimizer.load_state_dict(by_index(optim, self.group_names))
         else:
-            load_whole_optimizer(self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device)
+            load_whole_optimizer(
+                self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device
+            )
 
     @property
     @override
@@ -375,10 +450,15 @@ class DeepSpeed(Strategy):
 
         # DeepSpeed's own teardown also drops the groups it caches: a second run in this
         # process would otherwise broadcast over the destroyed ones.
-        process.destroy_process_group(clean, deepspeed.comm.destroy_process_group
-                                      if deepspeed.comm.is_initialized() else None)
+        process.destroy_process_group(
+            clean, deepspeed.comm.destroy_process_group if deepspeed.comm.is_initialized() else None
+        )
 
 
 for _stage in range(4):
-    register_variant(f"deepspeed-zero{_stage}", "deepspeed", {"deepspeed.zero_stage": _stage},
-                     f"DeepSpeed at ZeRO stage {_stage}")
+    register_variant(
+        f"deepspeed-zero{_stage}",
+        "deepspeed",
+        {"deepspeed.zero_stage": _stage},
+        f"DeepSpeed at ZeRO stage {_stage}",
+    )

@@ -1,9 +1,8 @@
 """``dp``: ``torch.nn.DataParallel``: one process drives every visible GPU.
 
-Each step scatters the batch over the GPUs, replicates the module, and gathers outputs
-on GPU 0, which becomes the bottleneck; it cannot span machines.  Kept so that
-``rankwise bench`` can measure it against DDP; prefer ``ddp``.  Without GPUs it runs the module on the
-CPU and says so once.
+Each step scatters the batch over the GPUs, replicates the module, and gathers outputs on GPU 0,
+which becomes the bottleneck; it cannot span machines.  Kept so that ``rankwise bench`` can measure
+it against DDP; prefer ``ddp``.  Without GPUs it runs the module on the CPU and says so once.
 """
 
 from __future__ import annotations
@@ -23,16 +22,24 @@ class DataParallel(SingleDevice):
     """One process like ``single``; only the module wrapping differs."""
 
     name = "dp"
-    description = "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
-    cannot_compile = ("DataParallel copies the module onto every GPU again at each forward, and torch.compile "
-                      "does not follow the copies; use ddp (one process per GPU), which compiles")
+    description = (
+        "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
+    )
+    cannot_compile = (
+        "DataParallel copies the module onto every GPU again at each forward, and torch.compile "
+        "does not follow the copies; use ddp (one process per GPU), which compiles"
+    )
 
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         model = self.place(model)
         if self.device.type != "cuda":
-            warnings.warn("strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one process "
-                          "(no parallelism); use ddp for multi-process CPU training", stacklevel=2)
+            warnings.warn(
+                "strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one "
+                "process "
+                "(no parallelism); use ddp for multi-process CPU training",
+                stacklevel=2,
+            )
             return model, optimizer
         return nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count()))), optimizer
 

@@ -1,10 +1,10 @@
 """``fsdp``: PyTorch FSDP2 (``fully_shard``) with full sharding, on CUDA/NCCL or CPU/gloo.
 
-Parameters, gradients and optimizer state are split across ranks; each layer's
-parameters are all-gathered just before it runs and freed after.  Layers named in a
-transformers model's ``_no_split_modules`` (e.g. ``BertLayer``) become their own
-shard units (:func:`rankwise.strategies.blocks.transformer_blocks`), then the root; other models are sharded as one
-unit.
+Parameters, gradients and optimizer state are split across ranks; each layer's parameters are
+all-gathered just before it runs and freed after.  Layers named in a transformers model's
+``_no_split_modules`` (e.g. ``BertLayer``) become their own shard units
+(:func:`rankwise.strategies.blocks.transformer_blocks`), then the root; other models are sharded as
+one unit.
 """
 
 from __future__ import annotations
@@ -27,23 +27,28 @@ SHARDS = "sharded"
 """Where each rank writes its shards (torch.distributed.checkpoint) inside a checkpoint."""
 
 
-def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]):
+def rebind_optimizer(
+    optimizer: torch.optim.Optimizer, model: nn.Module, names_by_id: dict[int, str]
+):
     """The user's optimizer, now over the model's new parameter objects: the same object, groups and
     hyper-parameters.
 
-    ``fully_shard`` replaces every parameter with a sharded DTensor parameter, so each group's parameter
-    list is swapped in place.  Not a new optimizer: a learning-rate scheduler the script built on this
-    one before ``rt.prepare`` must keep driving the optimizer that steps (a rebuilt copy left such a
-    scheduler changing the learning rate of an optimizer nothing stepped, and the run trained at the
-    warm-up's first rate throughout).
+    ``fully_shard`` replaces every parameter with a sharded DTensor parameter, so each group's
+    parameter list is swapped in place.  Not a new optimizer: a learning-rate scheduler the script
+    built on this one before ``rt.prepare`` must keep driving the optimizer that steps (a rebuilt
+    copy left such a scheduler changing the learning rate of an optimizer nothing stepped, and the
+    run trained at the warm-up's first rate throughout).
     """
     if optimizer.state:
-        raise RuntimeError("fsdp: the optimizer already holds state for the unsharded parameters; build it fresh "
-                           "before rt.prepare and restore a checkpoint after it (rt.load_state)")
+        raise RuntimeError(
+            "fsdp: the optimizer already holds state for the unsharded parameters; build it fresh "
+            "before rt.prepare and restore a checkpoint after it (rt.load_state)"
+        )
     current = dict(model.named_parameters())
     for group in optimizer.param_groups:
         group["params"] = [current[names_by_id[id(p)]] for p in group["params"]]
-    if isinstance(getattr(optimizer, "_params", None), list):  # LBFGS keeps its (one) group's list of its own
+    # LBFGS keeps its (one) group's list of its own
+    if isinstance(getattr(optimizer, "_params", None), list):
         optimizer._params = optimizer.param_groups[0]["params"]  # type: ignore[attr-defined]  # (LBFGS's private list)
     return optimizer
 
@@ -51,9 +56,12 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, names_b
 @register
 class FSDP(Strategy):
     name = "fsdp"
-    description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
+    description = (
+        "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks"
+    )
     whole_state = False  # each rank saves its own shard
-    reshards = True  # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
+    # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
+    reshards = True
     shards_optimizer_state = True
 
     @override
@@ -84,8 +92,8 @@ class FSDP(Strategy):
     @override
     def no_sync(self, model: nn.Module):
         # Why: without the reduce-scatter on all but the last micro-batch, gradients accumulate
-        # unsharded locally and are reduced once per optimizer step.  (ignore[operator]: the model is fully_shard's
-        # FSDPModule; nn.Module's __getattr__ types the method as Tensor | Module.)
+        # unsharded locally and are reduced once per optimizer step.  (ignore[operator]: the model
+        # is fully_shard's FSDPModule; nn.Module's __getattr__ types the method as Tensor | Module.)
         model.set_requires_gradient_sync(False)  # type: ignore[operator]
         try:
             yield
@@ -98,9 +106,10 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        # The gather copies each key apart: tied parameters (an LM's output layer and embedding) become one again.
-        # (ignore[arg-type], here and below: torch's state-dict helpers type values as ValueType, a union of tensors,
-        # DTensors and containers; a model's full state dict holds tensors.)
+        # The gather copies each key apart: tied parameters (an LM's output layer and embedding)
+        # become one again. (ignore[arg-type], here and below: torch's state-dict helpers type
+        # values as ValueType, a union of tensors, DTensors and containers; a model's full state
+        # dict holds tensors.)
         return retie(get_model_state_dict(model, options=options), model)  # type: ignore[arg-type]
 
     @override
@@ -118,7 +127,7 @@ class FSDP(Strategy):
         model_state, optim_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optim": optim_state}
 
-    # -- its checkpoint format: each rank's shards, written by torch.distributed.checkpoint into SHARDS --------
+    # -- its checkpoint format: each rank's shards, by torch.distributed.checkpoint in SHARDS ----
     @classmethod
     @override
     def claims(cls, directory: Path) -> bool:
@@ -126,7 +135,8 @@ class FSDP(Strategy):
 
     @override
     def save_state(self, directory: Path, model: nn.Module, optimizer) -> None:
-        """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank 0)."""
+        """Each rank writes its own shards with torch.distributed.checkpoint (no gather to rank
+        0)."""
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._sharded_state(model, optimizer), checkpoint_id=str(directory / SHARDS))
@@ -134,20 +144,27 @@ class FSDP(Strategy):
     @classmethod
     @override
     def read_whole_state(cls, directory: Path, module: nn.Module, names: list[list[str]] | None):
-        """The shards regrouped whole in this process by DCP; the optimizer state is keyed by name already."""
+        """The shards regrouped whole in this process by DCP; the optimizer state is keyed by name
+        already."""
         weights = read_weights(directory / WEIGHTS)
         if names is None:
             return weights, None
         optimizer_state = read_shards_whole(directory / SHARDS).get("optim")
         if optimizer_state is None:
-            raise CheckpointError(f"{directory / SHARDS} holds no optimizer state: it was saved without an optimizer; "
-                                  "load its weights instead (model.init_weights)")
+            raise CheckpointError(
+                f"{directory / SHARDS} holds no optimizer state: it was saved without an "
+                "optimizer; "
+                "load its weights instead (model.init_weights)"
+            )
         return weights, optimizer_state
 
     @override
-    def load_state(self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None) -> None:
-        """Each rank reads its share back; DCP regroups shards written at another world size.  Another
-        strategy's checkpoint (ddp's optimizer file, DeepSpeed's partitions) is read whole and sharded here."""
+    def load_state(
+        self, directory: Path, model: nn.Module, optimizer, writer: type[Strategy] | None = None
+    ) -> None:
+        """Each rank reads its share back; DCP regroups shards written at another world size.
+        Another strategy's checkpoint (ddp's optimizer file, DeepSpeed's partitions) is read whole
+        and sharded here."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -159,24 +176,33 @@ class FSDP(Strategy):
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
 
     @override
-    def load_whole_state(self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor],
-                         optim: dict | None) -> None:
-        """Every rank keeps its shard of the whole state (``set_state_dict`` of full state dicts)."""
+    def load_whole_state(
+        self, model: nn.Module, optimizer, weights: dict[str, torch.Tensor], optim: dict | None
+    ) -> None:
+        """Every rank keeps its shard of the whole state (``set_state_dict`` of full state
+        dicts)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         if optim is None:
             self.load_model_state_dict(model, weights)
             return
-        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,  # type: ignore[arg-type]
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=weights,  # type: ignore[arg-type]
+            optim_state_dict=optim,
+            options=StateDictOptions(full_state_dict=True),
+        )
 
 
 def read_shards_whole(directory: Path) -> dict:
-    """A DCP checkpoint (``directory``) read back whole in this process: ``{"model": ..., "optim": ...}`` with
-    full tensors, the optimizer keyed by parameter name."""
+    """A DCP checkpoint (``directory``) read back whole in this process: ``{"model": ..., "optim":
+    ...}`` with full tensors, the optimizer keyed by parameter name."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory(prefix="rankwise-unshard-") as tmp:

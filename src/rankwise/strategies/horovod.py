@@ -19,7 +19,10 @@ from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
 from rankwise.strategies.options import HorovodOptions
 
-INSTALL = "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: scripts/build_horovod.sh)"
+INSTALL = (
+    "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: "
+    "scripts/build_horovod.sh)"
+)
 
 
 def import_horovod():
@@ -64,11 +67,17 @@ class Horovod(Strategy):
             # optimizer is skipped: Horovod would first fill its state with a real step on zero
             # gradients, and AdamW's decoupled weight decay would shrink every weight once.
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        compression = hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
+        compression = (
+            hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
+        )
         # Horovod counts backward passes itself and reduces on the last of each step's grad_accum.
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             compression=compression, op=hvd.Average,
-                                             backward_passes_per_step=self.facts.grad_accum)
+        optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            op=hvd.Average,
+            backward_passes_per_step=self.facts.grad_accum,
+        )
         return model, optimizer
 
     @override
@@ -80,14 +89,17 @@ class Horovod(Strategy):
         # Horovod counts backward passes itself (backward_passes_per_step) and reduces on the last;
         # it can only do so when prepare() was told how many micro-batches a step has.
         if self.facts.grad_accum == 1:
-            raise RuntimeError("strategy horovod: accumulating gradients needs the number of micro-batches per "
-                               "step up front: rt.prepare(model, optimizer, grad_accum=N)")
+            raise RuntimeError(
+                "strategy horovod: accumulating gradients needs the number of micro-batches per "
+                "step up front: rt.prepare(model, optimizer, grad_accum=N)"
+            )
         return contextlib.nullcontext()
 
     @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         # Why: wait for the averaged gradients here, not inside step(): clipping needs every rank's
-        # gradients, and a GradScaler (fp16) reads them to unscale and check for overflow before stepping.
+        # gradients, and a GradScaler (fp16) reads them to unscale and check for overflow before
+        # stepping.
         optimizer.synchronize()
         norm = None
         if max_norm is not None:
@@ -99,7 +111,8 @@ class Horovod(Strategy):
 
     @override
     def zero_grad(self, optimizer) -> None:
-        optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none (torch's default is already True)
+        # Horovod's wrapper takes no set_to_none (torch's default is already True)
+        optimizer.zero_grad()
 
     @property
     @override

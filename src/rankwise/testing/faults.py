@@ -36,9 +36,15 @@ class Fault:
     def parse(cls, text: str) -> Fault:
         kind, *fields = text.split(":")
         values = dict(field.split("=", 1) for field in fields if "=" in field)
-        if kind not in ("raise", "kill", "hang", "term", "int") or not {"rank", "step"} <= values.keys():
-            raise ValueError(f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang, term "
-                             "or int")
+        if (
+            kind not in ("raise", "kill", "hang", "term", "int")
+            or not {"rank", "step"} <= values.keys()
+        ):
+            raise ValueError(
+                f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang, "
+                "term "
+                "or int"
+            )
         return cls(kind, int(values["rank"]), int(values["step"]), "always" in fields)
 
 
@@ -48,14 +54,15 @@ def configured() -> Fault | None:
 
 
 def step_end_hooks() -> list:
-    """The training loop's step-end hooks for the fault the environment asks for (none without one)."""
+    """The training loop's step-end hooks for the fault the environment asks for (none without
+    one)."""
     fault = configured()
     return [lambda rank, step: at_step_end(fault, rank, step)] if fault else []
 
 
 def at_step_end(fault: Fault | None, rank: int, step: int) -> None:
-    """Called by the loop after each optimizer step with :func:`configured`'s fault (read once per run);
-    does nothing unless a test asked for a fault here."""
+    """Called by the loop after each optimizer step with :func:`configured`'s fault (read once per
+    run); does nothing unless a test asked for a fault here."""
     if fault is None or fault.rank != rank or fault.step != step:
         return
     if not fault.always and restart_count() > 0:
@@ -65,12 +72,13 @@ def at_step_end(fault: Fault | None, rank: int, step: int) -> None:
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if fault.kind in ("term", "int"):
-        # The launcher, as a scheduler preempting the job (SIGTERM) or a user's Ctrl-C (SIGINT) would.
+        # The launcher, as a scheduler preempting the job (SIGTERM) or a user's Ctrl-C (SIGINT)
+        # would.
         os.kill(os.getppid(), signal.SIGTERM if fault.kind == "term" else signal.SIGINT)
         return
-    # hang: alive, but never reaches the next collective.  SIGTERM's default action is restored so that
-    # torchrun's SIGTERM ends this process at once (a rank stuck inside a C call waits for its SIGKILL,
-    # 30 s later): tests need not wait for that.
+    # hang: alive, but never reaches the next collective.  SIGTERM's default action is restored so
+    # that torchrun's SIGTERM ends this process at once (a rank stuck inside a C call waits for its
+    # SIGKILL, 30 s later): tests need not wait for that.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
         time.sleep(3600)

@@ -9,18 +9,33 @@ import torch
 
 from rankwise.process import usable_cores
 
-LIBRARIES = ("torch", "rankwise", "transformers", "tokenizers", "deepspeed", "accelerate", "horovod")
+LIBRARIES = (
+    "torch",
+    "rankwise",
+    "transformers",
+    "tokenizers",
+    "deepspeed",
+    "accelerate",
+    "horovod",
+)
 
 
 def machine() -> dict:
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
-    return {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu, "cores": usable_cores(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": usable_cores(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def versions() -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Stopping a run a tool started, with every process it started.
 
-A tool runs its launcher in a session of its own (:func:`rankwise.tools.harness.run_measured`), and torchrun starts
-each worker in a session of its own too: neither a signal to the tool nor one to its process group reaches the
-ranks.  :func:`stop_signals` turns a SIGTERM or SIGINT to the tool (``timeout``, Slurm's ``scancel``, Kubernetes,
-Ctrl-C) into :class:`~rankwise.errors.Stopped`, and :func:`stop_tree` then ends what it started: the launcher is
-asked first (it stops its ranks, which write where they waited), and whatever is left after ``grace_s`` is killed,
-found by parentage, not by session.
+A tool runs its launcher in a session of its own (:func:`rankwise.tools.harness.run_measured`), and
+torchrun starts each worker in a session of its own too: neither a signal to the tool nor one to its
+process group reaches the ranks.  :func:`stop_signals` turns a SIGTERM or SIGINT to the tool
+(``timeout``, Slurm's ``scancel``, Kubernetes, Ctrl-C) into :class:`~rankwise.errors.Stopped`, and
+:func:`stop_tree` then ends what it started: the launcher is asked first (it stops its ranks, which
+write where they waited), and whatever is left after ``grace_s`` is killed, found by parentage, not
+by session.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 @contextlib.contextmanager
 def _handled(handler):
-    """SIGTERM and SIGINT handled by ``handler`` while the block runs (where signals can be handled: the main
-    thread; elsewhere nothing changes)."""
+    """SIGTERM and SIGINT handled by ``handler`` while the block runs (where signals can be handled:
+    the main thread; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -55,8 +56,9 @@ def ignored_stop_signals():
 
 
 def stop_tree(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int:
-    """End ``proc`` and every process it started: SIGTERM to ``proc``, up to ``grace_s`` for it to end, then
-    SIGKILL to each one still running.  Returns how many processes ``proc`` had started."""
+    """End ``proc`` and every process it started: SIGTERM to ``proc``, up to ``grace_s`` for it to
+    end, then SIGKILL to each one still running.  Returns how many processes ``proc`` had
+    started."""
     family = _descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM) if grace_s > 0 else proc.kill()

@@ -1,25 +1,29 @@
-"""The step-by-step trace ``rankwise verify`` compares, as the watcher (:mod:`rankwise.tools.watch`) writes it.
+"""The step-by-step trace ``rankwise verify`` compares, as the watcher (:mod:`rankwise.tools.watch`)
+writes it.
 
 For every optimizer step each rank keeps a :class:`StepRecord`:
 
-* one digest per sample of every batch the step trained on (evaluation is left out); padding is not part of
-  a sample, so a sample padded to another batch's length keeps its digest;
-* the tokens of each micro-batch, where the batch says it (``labels`` with -100, ``attention_mask``);
+* one digest per sample of every batch the step trained on (evaluation is left out); padding is not
+  part of a sample, so a sample padded to another batch's length keeps its digest;
+* the tokens of each micro-batch, where the batch says it (``labels`` with -100,
+  ``attention_mask``);
 * every loss value given to backward;
 * how many micro-batches drew random numbers in their forward (the generator moved);
 * in a one-process run, the trainable parameters that got no gradient;
 
-and rank 0 writes the full fp32 weights after the step (``step-00000`` as built) and the gradients the step
-applied, whole, as the ranks exchanged them (``grad-00001``: what every rank's optimizer received).
-Dropout modules are switched off (p=0) unless asked to keep them; the trace's facts say which.
+and rank 0 writes the full fp32 weights after the step (``step-00000`` as built) and the gradients
+the step applied, whole, as the ranks exchanged them (``grad-00001``: what every rank's optimizer
+received). Dropout modules are switched off (p=0) unless asked to keep them; the trace's facts say
+which.
 
-A one-process run following a traced N-rank run does so in lockstep: it starts each step from the N-rank run's
-weights after the step before, computes its own gradient there and compares it with the N-rank gradient
-(:func:`rankwise.measure.tolerance.gradient_difference`), then steps its own optimizer with the N-rank gradient.  So
-what each step's comparison shows is that one step's difference, never rounding compounded over the steps
-before it, and the weights after the step tell whether the N-rank optimizer applied the same gradient as one
-process would.  In its first step the one-process run also records which random operations its forward ran,
-and in which module (:class:`RandomOps`).
+A one-process run following a traced N-rank run does so in lockstep: it starts each step from the
+N-rank run's weights after the step before, computes its own gradient there and compares it with the
+N-rank gradient (:func:`rankwise.measure.tolerance.gradient_difference`), then steps its own
+optimizer with the N-rank gradient.  So what each step's comparison shows is that one step's
+difference, never rounding compounded over the steps before it, and the weights after the step tell
+whether the N-rank optimizer applied the same gradient as one process would.  In its first step the
+one-process run also records which random operations its forward ran, and in which module
+(:class:`RandomOps`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ TRACE_FILE, FACTS_FILE = "trace.jsonl", "trace-facts.json"
 
 
 def _batch_dependent(module: nn.Module) -> bool:
-    """BatchNorm normalises over the batch; InstanceNorm only keeps running statistics over it (when it tracks them)."""
+    """BatchNorm normalises over the batch; InstanceNorm only keeps running statistics over it (when
+    it tracks them)."""
     if isinstance(module, nn.SyncBatchNorm):
         return False
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -51,18 +56,25 @@ def _batch_dependent(module: nn.Module) -> bool:
 def model_facts(model: nn.Module) -> dict:
     """What a model holds that can make N ranks compute something else than one process."""
     batch_dependent = sorted({type(m).__name__ for m in model.modules() if _batch_dependent(m)})
-    dropout = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)
-                      and m.p > 0})
+    dropout = sorted(
+        {
+            type(m).__name__
+            for m in model.modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+        }
+    )
     return {"batch_dependent": batch_dependent, "dropout": dropout}
 
 
 def uses_tf32(model: nn.Module, device: torch.device) -> bool:
-    """Whether fp32 products of this model run on TF32 units: on CUDA, matrix products where torch allows it
-    (off by default), convolutions where cuDNN does (on by default)."""
+    """Whether fp32 products of this model run on TF32 units: on CUDA, matrix products where torch
+    allows it (off by default), convolutions where cuDNN does (on by default)."""
     if device.type != "cuda":
         return False
     convolutions = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-    return torch.backends.cuda.matmul.allow_tf32 or (convolutions and torch.backends.cudnn.allow_tf32)
+    return torch.backends.cuda.matmul.allow_tf32 or (
+        convolutions and torch.backends.cudnn.allow_tf32
+    )
 
 
 def weights_file(directory: Path, step: int) -> Path:
@@ -74,7 +86,8 @@ def gradients_file(directory: Path, step: int) -> Path:
 
 
 def switch_off_dropout(model: nn.Module, keep: bool) -> list[DropoutModule]:
-    """Every dropout module with p > 0 (set to 0 unless ``keep``), as ``{"module", "type", "p"}``."""
+    """Every dropout module with p > 0 (set to 0 unless ``keep``), as ``{"module", "type",
+    "p"}``."""
     found: list[DropoutModule] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
@@ -84,21 +97,51 @@ def switch_off_dropout(model: nn.Module, keep: bool) -> list[DropoutModule]:
     return found
 
 
-RANDOM_FUNCTIONS = frozenset({
-    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
-    "gumbel_softmax", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
-    "bernoulli_", "normal", "normal_", "uniform_", "multinomial", "exponential_", "geometric_", "cauchy_",
-    "log_normal_", "random_", "poisson"})
-"""torch functions and tensor methods that can draw from a generator (``torch.nn.functional`` and ``torch``)."""
+RANDOM_FUNCTIONS = frozenset(
+    {
+        "dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "rrelu",
+        "gumbel_softmax",
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "bernoulli",
+        "bernoulli_",
+        "normal",
+        "normal_",
+        "uniform_",
+        "multinomial",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "poisson",
+    }
+)
+"""torch functions and tensor methods that can draw from a generator (``torch.nn.functional`` and
+``torch``)."""
 
 
 class RandomOps(TorchFunctionMode):
-    """Which random functions a forward calls, and in which module: every call of :data:`RANDOM_FUNCTIONS` that
-    really moved the generator (``F.dropout`` with ``p=0`` draws nothing and is not counted)."""
+    """Which random functions a forward calls, and in which module: every call of
+    :data:`RANDOM_FUNCTIONS` that really moved the generator (``F.dropout`` with ``p=0`` draws
+    nothing and is not counted)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
+        self.names = {
+            id(module): name or type(module).__name__ for name, module in model.named_modules()
+        }
         self.stack: list[str] = []
         self.found: dict[str, int] = {}
         self.hooks: list[RemovableHandle] = []
@@ -113,7 +156,10 @@ class RandomOps(TorchFunctionMode):
             if self.stack:
                 self.stack.pop()
 
-        self.hooks = [modules.register_module_forward_pre_hook(enter), modules.register_module_forward_hook(leave)]
+        self.hooks = [
+            modules.register_module_forward_pre_hook(enter),
+            modules.register_module_forward_hook(leave),
+        ]
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -122,8 +168,9 @@ class RandomOps(TorchFunctionMode):
         self.hooks, self.stack = [], []
         result = super().__exit__(*exc)
         if "torch._dynamo" in sys.modules:
-            # Code Dynamo first met under this mode may be marked to be skipped for good: forget it, so what the
-            # script compiles runs compiled from the next micro-batch on, as in the N-rank run.
+            # Code Dynamo first met under this mode may be marked to be skipped for good: forget it,
+            # so what the script compiles runs compiled from the next micro-batch on, as in the
+            # N-rank run.
             torch._dynamo.reset()
         return result
 
@@ -134,7 +181,10 @@ class RandomOps(TorchFunctionMode):
         before = torch.random.get_rng_state()
         result = func(*args, **(kwargs or {}))
         if not torch.equal(before, torch.random.get_rng_state()) or _on_cuda(args):
-            where = next((module for module in reversed(self.stack) if module), "the script, outside the model")
+            where = next(
+                (module for module in reversed(self.stack) if module),
+                "the script, outside the model",
+            )
             key = f"{name} in {where}"
             self.found[key] = self.found.get(key, 0) + 1
         return result
@@ -145,10 +195,12 @@ def _on_cuda(args) -> bool:
     return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
-def exchange_gradients(directory: Path, follow: Path | None, step: int, gradients: dict[str, torch.Tensor],
-                       main: bool) -> dict[str, torch.Tensor] | None:
-    """Lockstep's gradient exchange at ``step``: the N-rank run (no ``follow``) writes its whole gradient from its main
-    rank and gets ``None``; a following run gets the N-rank gradient (``None`` when that run ended before)."""
+def exchange_gradients(
+    directory: Path, follow: Path | None, step: int, gradients: dict[str, torch.Tensor], main: bool
+) -> dict[str, torch.Tensor] | None:
+    """Lockstep's gradient exchange at ``step``: the N-rank run (no ``follow``) writes its whole
+    gradient from its main rank and gets ``None``; a following run gets the N-rank gradient
+    (``None`` when that run ended before)."""
     if follow is None:
         if main:
             write_weights(gradients, gradients_file(directory, step))
@@ -159,13 +211,16 @@ def exchange_gradients(directory: Path, follow: Path | None, step: int, gradient
 
 def learning_rates(optimizer) -> list[float | None]:
     """Each parameter group's learning rate (``None`` where a group has none)."""
-    return [float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None
-            for group in getattr(optimizer, "param_groups", [])]
+    return [
+        float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None
+        for group in getattr(optimizer, "param_groups", [])
+    ]
 
 
 @dataclass
 class StepRecord:
-    """What one rank saw in one optimizer step: its line in ``trace.jsonl`` (every rank's, gathered by rank 0)."""
+    """What one rank saw in one optimizer step: its line in ``trace.jsonl`` (every rank's, gathered
+    by rank 0)."""
 
     samples: list[str] = field(default_factory=list)
     """One digest per sample the step trained on."""

@@ -1,4 +1,5 @@
-"""The built-in training app: ``rankwise train``, ``predict`` and ``export``, written on the library alone.
+"""The built-in training app: ``rankwise train``, ``predict`` and ``export``, written on the library
+alone.
 
   config.py      the run configuration: typed, validated, one docstring per field
   preflight.py   everything refusable before a worker starts

@@ -40,12 +40,15 @@ class Checkpoint:
 
     def training_state(self) -> dict:
         if not (self.path / STATE).is_file():
-            raise CheckpointError(f"{self.path} holds weights only (an export), no training state to resume")
+            raise CheckpointError(
+                f"{self.path} holds weights only (an export), no training state to resume"
+            )
         return loading.load(self.path / STATE, "training-state")
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """A checkpoint directory (verified against its manifest) or an exported ``.safetensors`` file."""
+    """A checkpoint directory (verified against its manifest) or an exported ``.safetensors``
+    file."""
     if Path(path).is_file():
         return load_export(path)
     path = resolve(path)
@@ -56,20 +59,30 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else default
 
     tokenizer = path / TOKENIZER
-    return Checkpoint(path, read_weights(path / WEIGHTS), read(CONFIG, {}), read(MODEL_SPEC, {}), read(LABELS, []),
-                      tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None)
+    return Checkpoint(
+        path,
+        read_weights(path / WEIGHTS),
+        read(CONFIG, {}),
+        read(MODEL_SPEC, {}),
+        read(LABELS, []),
+        tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None,
+    )
 
 
 def export(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write a checkpoint's full weights as one plain safetensors file, whatever strategy trained them.
+    """Write a checkpoint's full weights as one plain safetensors file, whatever strategy trained
+    them.
 
-    The architecture, labels, tokenizer and max length travel in the file's metadata, so
-    ``rankwise predict --checkpoint model.safetensors`` and ``model.init_weights`` need nothing else.
+    The architecture, labels, tokenizer and max length travel in the file's metadata, so ``rankwise
+    predict --checkpoint model.safetensors`` and ``model.init_weights`` need nothing else.
     """
     source = load_checkpoint(checkpoint)
-    metadata = {"format": "rankwise-export", "model_spec": json.dumps(source.model_spec, ensure_ascii=False),
-                "label_names": json.dumps(source.label_names, ensure_ascii=False),
-                "max_length": str(source.max_length)}
+    metadata = {
+        "format": "rankwise-export",
+        "model_spec": json.dumps(source.model_spec, ensure_ascii=False),
+        "label_names": json.dumps(source.label_names, ensure_ascii=False),
+        "max_length": str(source.max_length),
+    }
     if source.tokenizer_json is not None:
         metadata["tokenizer"] = source.tokenizer_json
     with atomic_path(out) as tmp:
@@ -88,6 +101,11 @@ def load_export(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from None
     if metadata.get("format") != "rankwise-export":
         raise CheckpointError(f"{path} has no rankwise metadata; export it with `rankwise export`")
-    return Checkpoint(path, read_weights(path), {"data": {"max_length": int(metadata["max_length"])}},
-                      json.loads(metadata["model_spec"]), json.loads(metadata["label_names"]),
-                      metadata.get("tokenizer"))
+    return Checkpoint(
+        path,
+        read_weights(path),
+        {"data": {"max_length": int(metadata["max_length"])}},
+        json.loads(metadata["model_spec"]),
+        json.loads(metadata["label_names"]),
+        metadata.get("tokenizer"),
+    )

@@ -37,12 +37,21 @@ class EvalResult:
     targets: torch.Tensor
 
     def markdown(self, label_names: list[str], title: str) -> str:
-        lines = [f"# {title}", "", f"samples: {self.samples}", "",
-                 "| class | precision | recall | f1-score | support |", "|---|---:|---:|---:|---:|"]
+        lines = [
+            f"# {title}",
+            "",
+            f"samples: {self.samples}",
+            "",
+            "| class | precision | recall | f1-score | support |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for name in [*label_names, "macro avg", "weighted avg"]:
             row = self.report[name]
-            lines.append(f"| {name} | {row['precision']:.4f} | {row['recall']:.4f} | {row['f1-score']:.4f} | "
-                         f"{int(row['support'])} |")
+            lines.append(
+                f"| {name} | {row['precision']:.4f} | {row['recall']:.4f} | {row['f1-score']:.4f} "
+                "| "
+                f"{int(row['support'])} |"
+            )
         lines.append(f"| accuracy | | | {self.accuracy:.4f} | {self.samples} |")
         return "\n".join(lines) + "\n"
 
@@ -50,11 +59,14 @@ class EvalResult:
 @torch.no_grad()
 def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, collate_fn=None):
     """Predictions and targets of the whole ``dataset``, exactly once each, on every rank."""
-    per_rank = -(-batch_size // rt.world_size)  # evaluation batches need not divide evenly: round up
+    # evaluation batches need not divide evenly: round up
+    per_rank = -(-batch_size // rt.world_size)
     gatherer = rt.eval_gatherer(len(dataset))
     was_training = model.training
     model.eval()
-    for batch in rt.eval_loader(dataset, per_rank, collate_fn, lengths=getattr(dataset, "lengths", None)):
+    for batch in rt.eval_loader(
+        dataset, per_rank, collate_fn, lengths=getattr(dataset, "lengths", None)
+    ):
         batch = rt.to_device(batch)
         with rt.autocast():
             logits = forward_logits(model, batch)
@@ -66,7 +78,8 @@ def gather_predictions(rt: Runtime, model: nn.Module, dataset, batch_size: int, 
 
 
 def score(predictions: torch.Tensor, targets: torch.Tensor, label_names: list[str]) -> EvalResult:
-    from sklearn.metrics import accuracy_score, classification_report, f1_score  # slow import: only when scoring
+    # slow import: only when scoring
+    from sklearn.metrics import accuracy_score, classification_report, f1_score
 
     y_pred, y_true = predictions.numpy(), targets.numpy()
     labels = list(range(len(label_names)))
@@ -75,7 +88,9 @@ def score(predictions: torch.Tensor, targets: torch.Tensor, label_names: list[st
         samples=len(y_true),
         accuracy=float(accuracy_score(y_true, y_pred)),
         macro_f1=float(f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0)),
-        weighted_f1=float(f1_score(y_true, y_pred, labels=labels, average="weighted", zero_division=0)),
+        weighted_f1=float(
+            f1_score(y_true, y_pred, labels=labels, average="weighted", zero_division=0)
+        ),
         report=classification_report(y_true, y_pred, output_dict=True, **kwargs),
         report_text=classification_report(y_true, y_pred, **kwargs),
         predictions=predictions,
@@ -83,8 +98,9 @@ def score(predictions: torch.Tensor, targets: torch.Tensor, label_names: list[st
     )
 
 
-def evaluate(rt: Runtime, model: nn.Module, dataset, label_names: list[str], batch_size: int,
-             collate_fn=None) -> EvalResult:
+def evaluate(
+    rt: Runtime, model: nn.Module, dataset, label_names: list[str], batch_size: int, collate_fn=None
+) -> EvalResult:
     predictions, targets = gather_predictions(rt, model, dataset, batch_size, collate_fn)
     return score(predictions, targets, label_names)
 

@@ -1,9 +1,9 @@
-"""The built-in task's training loop, written only against the public :class:`~rankwise.runtime.Runtime` API.
+"""The built-in task's training loop, written only against the public
+:class:`~rankwise.runtime.Runtime` API.
 
-The same code runs under every strategy.  Per optimizer step: ``grad_accum``
-micro-batches, gradient synchronisation only on the last (``no_sync`` before), clip,
-step (with clipping), schedule.  No barrier and no ``.item()`` per step: the loss is reduced across ranks
-only when it is logged.
+The same code runs under every strategy.  Per optimizer step: ``grad_accum`` micro-batches, gradient
+synchronisation only on the last (``no_sync`` before), clip, step (with clipping), schedule.  No
+barrier and no ``.item()`` per step: the loss is reduced across ranks only when it is logged.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def attention_for_varying_lengths(device: torch.device) -> None:
 
     Batches are padded to their own longest text, so nearly every step has a new sequence length,
     and torch's cuDNN attention builds a new execution plan for each one.  Measured on an H100
-    (torch 2.11, CUDA 13, base BERT, bf16, batch 128): a step on a new length took 0.17-2.3 s, median
-    184 ms, against 39 ms with that backend off (43 ms with it on lengths already seen); `rankwise train`
-    (60 steps) ran at 555 steady samples/s with it, 2,657 without.  Flash and
-    memory-efficient attention take over, with no per-shape cost.  Process-wide, in the training
-    app only: the library (``rankwise.setup``) leaves the user's backends alone.
+    (torch 2.11, CUDA 13, base BERT, bf16, batch 128): a step on a new length took 0.17-2.3 s,
+    median 184 ms, against 39 ms with that backend off (43 ms with it on lengths already seen);
+    `rankwise train` (60 steps) ran at 555 steady samples/s with it, 2,657 without.  Flash and
+    memory-efficient attention take over, with no per-shape cost.  Process-wide, in the training app
+    only: the library (``rankwise.setup``) leaves the user's backends alone.
     """
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -71,7 +71,8 @@ class LossWindow:
         self.sum += micro_loss
 
     def take_mean(self, rt: Runtime) -> float:
-        """The mean loss per step over every rank since the last call, then an empty window (a collective)."""
+        """The mean loss per step over every rank since the last call, then an empty window (a
+        collective)."""
         # Why: the only per-interval sync of the loop; .item() waits for the device.
         mean = rt.all_reduce(self.sum / self.steps, "mean").item()
         self.sum.zero_()
@@ -80,21 +81,37 @@ class LossWindow:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, data: PreparedData, run_dir: Path, rt: Runtime,
-                 step_end_hooks: Sequence[Callable[[int, int], None]] = ()):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        data: PreparedData,
+        run_dir: Path,
+        rt: Runtime,
+        step_end_hooks: Sequence[Callable[[int, int], None]] = (),
+    ):
         self.cfg, self.data, self.run_dir, self.rt = cfg, data, RunDir(run_dir), rt
         attention_for_varying_lengths(rt.device)
         self.step_end_hooks = list(step_end_hooks)
-        """Called as ``hook(rank, step)`` after every optimizer step (the tests' fault injection)."""
+        """Called as ``hook(rank, step)`` after every optimizer step (the tests' fault
+        injection)."""
         model, self.model_spec = build_model(
-            cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
+            cfg.model.name,
+            num_labels=data.num_labels,
+            dropout=cfg.model.dropout,
             vocab_size=data.encoder.vocab_size if data.encoder else None,
-            pad_id=data.encoder.pad_id if data.encoder else 0, max_length=cfg.data.max_length,
-            features=data.features, split_devices=cfg.model.split_devices, local_rank=rt.local_rank,
-            pooling=cfg.model.pooling, ngrams=data.ngrams.to_dict() if data.ngrams else None)
+            pad_id=data.encoder.pad_id if data.encoder else 0,
+            max_length=cfg.data.max_length,
+            features=data.features,
+            split_devices=cfg.model.split_devices,
+            local_rank=rt.local_rank,
+            pooling=cfg.model.pooling,
+            ngrams=data.ngrams.to_dict() if data.ngrams else None,
+        )
         ngrams = reads_ngrams(self.model_spec)
         self.train_set = data.dataset("train", ngrams)
-        self.eval_sets = {name: data.dataset(name, ngrams) for name in ("dev", "test") if data.size(name)}
+        self.eval_sets = {
+            name: data.dataset(name, ngrams) for name in ("dev", "test") if data.size(name)
+        }
         if cfg.model.init_weights:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
@@ -103,61 +120,101 @@ class Trainer:
         self.flop_template: dict | None = None
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)
-        self.model, self.optimizer = rt.prepare(model, optimizer, grad_accum=cfg.grad_accum,
-                                                micro_batch_size=self.micro_batch, compile=cfg.compile,
-                                                activation_checkpointing=cfg.model.activation_checkpointing)
+        self.model, self.optimizer = rt.prepare(
+            model,
+            optimizer,
+            grad_accum=cfg.grad_accum,
+            micro_batch_size=self.micro_batch,
+            compile=cfg.compile,
+            activation_checkpointing=cfg.model.activation_checkpointing,
+        )
         # Weights are initialised identically on every rank (same seed); from here on each
         # rank gets its own stream so dropout masks differ between ranks, as they should.
         torch.manual_seed(cfg.seed + rt.rank)
         collate = getattr(self.train_set, "collate", None)
         lengths = getattr(self.train_set, "lengths", None) if cfg.data.group_by_length else None
-        self.loader = rt.loader(self.train_set, self.micro_batch * rt.world_size, shuffle=True, seed=cfg.seed,
-                                collate_fn=collate, lengths=lengths, group_size=cfg.batch_size)
+        self.loader = rt.loader(
+            self.train_set,
+            self.micro_batch * rt.world_size,
+            shuffle=True,
+            seed=cfg.seed,
+            collate_fn=collate,
+            lengths=lengths,
+            group_size=cfg.batch_size,
+        )
         self.loader.say = None  # after a resume this loop prints its own, fuller continuity record
-        self.steps_per_epoch = len(self.loader) // cfg.grad_accum  # >= 1: the loader refuses fewer samples
+        # >= 1: the loader refuses fewer samples
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
         self.profile = LoopProfile(rt, 0, 0)
-        """Steps profiled for the summary's breakdown (set up by :meth:`fit`, where ``profile_steps`` asks)."""
-        self.schedule = Schedule.of(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
-                                    log_every=cfg.log_every, save_every=cfg.save_every,
-                                    save_at_steps=cfg.save_at_steps,
-                                    evaluate_dev="dev" in self.eval_sets and cfg.dev_each_epoch)
+        """Steps profiled for the summary's breakdown (set up by :meth:`fit`, where
+        ``profile_steps`` asks)."""
+        self.schedule = Schedule.of(
+            total_steps=self.total_steps,
+            steps_per_epoch=self.steps_per_epoch,
+            log_every=cfg.log_every,
+            save_every=cfg.save_every,
+            save_at_steps=cfg.save_at_steps,
+            evaluate_dev="dev" in self.eval_sets and cfg.dev_each_epoch,
+        )
         warmup = int(cfg.optim.warmup_ratio * self.total_steps)
-        self.scheduler = LambdaLR(self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps))
+        self.scheduler = LambdaLR(
+            self.optimizer, lr_lambda(cfg.optim.schedule, warmup, self.total_steps)
+        )
         self.step = 0
         self.data_digest = data.digest("train")
         self.last_logged: dict | None = None
-        """The last logged loss ({"step", "value"}), recorded in checkpoints for the continuity record."""
+        """The last logged loss ({"step", "value"}), recorded in checkpoints for the continuity
+        record."""
         self.continuity_check: continuity.PendingCheck | None = None
         """After a resume, until its first step has trained and been checked."""
         self.step_tokens, self.step_shapes = 0, list[tuple[int, int | None]]()
-        """This rank's tokens and micro-batch shapes of the step in progress (for throughput and FLOPs)."""
+        """This rank's tokens and micro-batch shapes of the step in progress (for throughput and
+        FLOPs)."""
         self.checkpoint_path: Path | None = None
         self.saved_step: int | None = None
         self.train_peak_rss_mb = 0.0
 
     # -- state -------------------------------------------------------------------------------
     def save(self, epoch: int) -> None:
-        files: dict[str, str | Path] = {artifacts.CONFIG: self.cfg.to_json(),
-                 artifacts.MODEL_SPEC: json.dumps(self.model_spec, indent=2, ensure_ascii=False),
-                 artifacts.LABELS: json.dumps(self.data.label_names, ensure_ascii=False)}
+        files: dict[str, str | Path] = {
+            artifacts.CONFIG: self.cfg.to_json(),
+            artifacts.MODEL_SPEC: json.dumps(self.model_spec, indent=2, ensure_ascii=False),
+            artifacts.LABELS: json.dumps(self.data.label_names, ensure_ascii=False),
+        }
         if self.run_dir.tokenizer.is_file():
             files[artifacts.TOKENIZER] = self.run_dir.tokenizer
-        facts = {**continuity.position(self.loader.sampler, self.steps_per_epoch, self.cfg.batch_size, self.step),
-                 "step": self.step, "data": self.data_digest, "lr": self.scheduler.get_last_lr()[0],
-                 "loss": self.last_logged, "strategy": self.rt.strategy_name, "world_size": self.rt.world_size}
-        self.checkpoint_path = self.rt.save_state(self.run_dir.checkpoints, self.model, self.optimizer,
-                                                  self.scheduler, extra={"epoch": epoch, "continuity": facts},
-                                                  step=self.step, files=files, keep=self.cfg.keep_checkpoints,
-                                                  meta={"continuity": facts})
+        facts = {
+            **continuity.position(
+                self.loader.sampler, self.steps_per_epoch, self.cfg.batch_size, self.step
+            ),
+            "step": self.step,
+            "data": self.data_digest,
+            "lr": self.scheduler.get_last_lr()[0],
+            "loss": self.last_logged,
+            "strategy": self.rt.strategy_name,
+            "world_size": self.rt.world_size,
+        }
+        self.checkpoint_path = self.rt.save_state(
+            self.run_dir.checkpoints,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            extra={"epoch": epoch, "continuity": facts},
+            step=self.step,
+            files=files,
+            keep=self.cfg.keep_checkpoints,
+            meta={"continuity": facts},
+        )
         self.saved_step = self.step
 
     def latest_to_continue(self) -> str | None:
-        """``"latest"`` where this worker group continues its run (torchrun restarted it, or a node joined an
-        elastic job) and the run directory holds a checkpoint; else ``None``.  Rank 0 decides for all: each
-        node's agent counts its own restarts, so a node that joins later has 0 where the survivors have more."""
+        """``"latest"`` where this worker group continues its run (torchrun restarted it, or a node
+        joined an elastic job) and the run directory holds a checkpoint; else ``None``.  Rank 0
+        decides for all: each node's agent counts its own restarts, so a node that joins later has 0
+        where the survivors have more."""
         decision = None
         if self.rt.is_main and (restart_count() or len(self.cfg.world_sizes) > 1):
             checkpoints = self.run_dir.checkpoints
@@ -169,7 +226,9 @@ class Trainer:
     def resume(self, path: str) -> None:
         if path == "latest":
             path = str(self.run_dir.latest)
-        state = self.rt.load_state(path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict)
+        state = self.rt.load_state(
+            path, self.model, self.optimizer, self.scheduler, strict=self.cfg.strict
+        )
         self.step = state["step"]
         log.info(f"resumed at step {self.step}")
         if state.get("continuity") and self.step < self.total_steps:
@@ -179,20 +238,34 @@ class Trainer:
 
     def report_continuity(self, loss_sum: torch.Tensor) -> None:
         """After the first resumed step: check and record that the data continued (a collective)."""
-        loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()  # only this step's loss is in the sum
+        # only this step's loss is in the sum
+        loss = self.rt.all_reduce(loss_sum.clone(), "mean").item()
         check, self.continuity_check = self.continuity_check, None
-        assert check is not None  # called at the first step after a resume, while its check is pending
+        # called at the first step after a resume, while its check is pending
+        assert check is not None
         record = continuity.first_step_record(
-            self.rt, self.loader, check.facts, check.trained, step=self.step - 1,
-            steps_per_epoch=self.steps_per_epoch, batch_size=self.cfg.batch_size, lr_resumed=check.lr,
-            loss=loss, data_digest=self.data_digest, resumed_from=f"the checkpoint of step {self.step - 1}")
+            self.rt,
+            self.loader,
+            check.facts,
+            check.trained,
+            step=self.step - 1,
+            steps_per_epoch=self.steps_per_epoch,
+            batch_size=self.cfg.batch_size,
+            lr_resumed=check.lr,
+            loss=loss,
+            data_digest=self.data_digest,
+            resumed_from=f"the checkpoint of step {self.step - 1}",
+        )
         if self.rt.is_main:
             continuity.write(self.run_dir.root, record)
         log.info(continuity.describe(record))
         if not record["continuous"]:
-            raise RuntimeError(f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample order "
-                               f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
-                               f"{self.run_dir.root / continuity.FILE}")
+            raise RuntimeError(
+                f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample "
+                "order "
+                f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
+                f"{self.run_dir.root / continuity.FILE}"
+            )
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, batch: dict, sync: bool) -> torch.Tensor:
@@ -200,8 +273,11 @@ class Trainer:
         with self.rt.no_sync(self.model, enabled=not sync):
             with self.rt.autocast(), self.profile.mark("forward"):
                 logits = forward_logits(self.model, batch)
-                loss = nn.functional.cross_entropy(logits.float(), batch["labels"].to(logits.device),
-                                                   label_smoothing=self.cfg.optim.label_smoothing)
+                loss = nn.functional.cross_entropy(
+                    logits.float(),
+                    batch["labels"].to(logits.device),
+                    label_smoothing=self.cfg.optim.label_smoothing,
+                )
             with self.profile.mark("backward"):
                 self.rt.backward(loss / self.cfg.grad_accum, self.model)
         return loss.detach()
@@ -221,12 +297,22 @@ class Trainer:
         self.check_ranks_agree()
         start_step = self.step
         self.metrics = MetricsLog(self.run_dir, rt.is_main, resumed_step=start_step)
-        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{cfg.strategy} x{rt.world_size}",
-                   unit="step", disable=not (rt.is_main and cfg.progress), dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc=f"{cfg.strategy} x{rt.world_size}",
+            unit="step",
+            disable=not (rt.is_main and cfg.progress),
+            dynamic_ncols=True,
+        )
         stop = StopRequest()
-        # The steps right after the warm-up are profiled where asked (profile_steps); the throughput starts after them.
-        profiled = cfg.profile_steps if self.total_steps > start_step + cfg.throughput_warmup_steps + \
-            cfg.profile_steps else 0  # (a run too short to keep a steady step after them profiles none)
+        # The steps right after the warm-up are profiled where asked (profile_steps); the throughput
+        # starts after them.
+        profiled = (
+            cfg.profile_steps
+            if self.total_steps > start_step + cfg.throughput_warmup_steps + cfg.profile_steps
+            else 0
+        )  # (a run too short to keep a steady step after them profiles none)
         self.profile = LoopProfile(rt, profiled, start_step + cfg.throughput_warmup_steps)
         self.throughput = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)
         finished = False
@@ -234,33 +320,51 @@ class Trainer:
             train_time, stopped_by = self.train(bar, stop)
             finished = True
         finally:
-            stop.close(wait=finished)  # after a failed collective the group may be broken: wait for nothing
+            # after a failed collective the group may be broken: wait for nothing
+            stop.close(wait=finished)
             bar.close()
         if stopped_by:
             self.metrics.close()
-            log.info(f"stopped by signal {stopped_by} after step {self.step}; checkpoint {self.checkpoint_path}")
-            return {"preempted": stopped_by, "steps": self.step, "checkpoint": str(self.checkpoint_path)}
+            log.info(
+                f"stopped by signal {stopped_by} after step {self.step}; checkpoint "
+                f"{self.checkpoint_path}"
+            )
+            return {
+                "preempted": stopped_by,
+                "steps": self.step,
+                "checkpoint": str(self.checkpoint_path),
+            }
         return self.finish(train_time, (self.step - start_step) * cfg.batch_size)
 
     def check_ranks_agree(self) -> None:
         """Ranks that would take different numbers of steps hang in a collective one of them never
-        reaches: compare what each rank is about to do once, before training, and say what differs."""
-        mine = {"steps per epoch": self.steps_per_epoch, "total steps": self.total_steps, "first step": self.step,
-                "parameters": self.num_parameters, "training samples": len(self.train_set)}
+        reaches: compare what each rank is about to do once, before training, and say what
+        differs."""
+        mine = {
+            "steps per epoch": self.steps_per_epoch,
+            "total steps": self.total_steps,
+            "first step": self.step,
+            "parameters": self.num_parameters,
+            "training samples": len(self.train_set),
+        }
         everyone = self.rt.all_gather_object(mine)
         for key in mine:
             values = [theirs[key] for theirs in everyone]
             if len(set(values)) > 1:
-                raise RuntimeError(f"ranks disagree on {key}: " +
-                                   ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+                raise RuntimeError(
+                    f"ranks disagree on {key}: "
+                    + ", ".join(f"rank {r} has {v}" for r, v in enumerate(values))
+                )
 
     def train(self, bar, stop: StopRequest) -> tuple[float, int]:
-        """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped for or 0)."""
+        """Train to ``total_steps``; returns (seconds spent training, the signal all ranks stopped
+        for or 0)."""
         loss = LossWindow(self.rt.device)
         train_time = 0.0
         epoch = self.schedule.epoch_of(self.step)
         while not self.schedule.done(self.step):
-            self.rt.set_epoch(self.loader, epoch)  # after a resume, the loader continues where the checkpoint stood
+            # after a resume, the loader continues where the checkpoint stood
+            self.rt.set_epoch(self.loader, epoch)
             started = time.perf_counter()
             self.throughput.restart()
             for _, sync, batch in iterate_steps(self.loader, self.cfg.grad_accum):
@@ -271,7 +375,8 @@ class Trainer:
                 self.optimizer_step()
                 self.after_step(epoch, loss, bar)
                 signum = stop.agreed()
-                if signum:  # every rank agreed at this same step: checkpoint here, never in the handler
+                # every rank agreed at this same step: checkpoint here, never in the handler
+                if signum:
                     train_time += time.perf_counter() - started
                     if self.saved_step != self.step:
                         self.save(epoch)
@@ -279,14 +384,16 @@ class Trainer:
                 if self.schedule.done(self.step):
                     break
             train_time += time.perf_counter() - started
-            self.train_peak_rss_mb = peak_rss_megabytes()  # before this epoch's evaluation and checkpoint
+            # before this epoch's evaluation and checkpoint
+            self.train_peak_rss_mb = peak_rss_megabytes()
             if self.schedule.epoch_ends(self.step):
                 self.end_epoch(epoch, bar)
             epoch += 1
         return train_time, 0
 
     def about_to_train(self, batch: dict) -> None:
-        """A micro-batch is about to train: counted for throughput and FLOPs, and for a resume's check."""
+        """A micro-batch is about to train: counted for throughput and FLOPs, and for a resume's
+        check."""
         self.step_tokens += count_tokens(batch)
         self.step_shapes.append((rows(batch), padded_length(batch)))
         if self.flop_template is None:
@@ -295,8 +402,8 @@ class Trainer:
             self.continuity_check.saw(batch)
 
     def after_step(self, epoch: int, loss: LossWindow, bar) -> None:
-        """What follows each optimizer step, in this order: a resume's continuity check, throughput, the loss
-        log, a checkpoint, the step-end hooks (the tests' fault injection)."""
+        """What follows each optimizer step, in this order: a resume's continuity check, throughput,
+        the loss log, a checkpoint, the step-end hooks (the tests' fault injection)."""
         if self.continuity_check:
             self.report_continuity(loss.sum)
         self.throughput.step(self.cfg.batch_size, self.step_tokens, self.step_shapes)
@@ -320,19 +427,32 @@ class Trainer:
         bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
 
     def end_epoch(self, epoch: int, bar) -> None:
-        """An epoch (or training) ended: evaluate the dev split if the schedule says so, then checkpoint."""
+        """An epoch (or training) ended: evaluate the dev split if the schedule says so, then
+        checkpoint."""
         if self.schedule.should_evaluate(self.step):
             dev = self.evaluate("dev")
-            self.metrics.log(self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1)
+            self.metrics.log(
+                self.step, epoch=epoch, dev_accuracy=dev.accuracy, dev_macro_f1=dev.macro_f1
+            )
             if self.rt.is_main and self.cfg.progress:
-                bar.write(f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}")
-        if self.saved_step != self.step:  # (a periodic save may have written this very step already)
+                bar.write(
+                    f"epoch {epoch}: dev accuracy {dev.accuracy:.4f}, macro-F1 {dev.macro_f1:.4f}"
+                )
+        # (a periodic save may have written this very step already)
+        if self.saved_step != self.step:
             self.save(epoch)
 
     def evaluate(self, split: str):
-        dataset = self.eval_sets[split]  # its own collate: a text's n-grams are looked up in its own split
-        return evaluate(self.rt, self.model, dataset, self.data.label_names, self.cfg.eval_batch_size,
-                        getattr(dataset, "collate", None))
+        # its own collate: a text's n-grams are looked up in its own split
+        dataset = self.eval_sets[split]
+        return evaluate(
+            self.rt,
+            self.model,
+            dataset,
+            self.data.label_names,
+            self.cfg.eval_batch_size,
+            getattr(dataset, "collate", None),
+        )
 
     def finish(self, train_time: float, samples: int) -> dict:
         cfg, rt = self.cfg, self.rt
@@ -342,8 +462,12 @@ class Trainer:
         # (training peak, overall peak) per rank; the overall one includes checkpoint gathers.
         peak_rss_mb = rt.all_gather_object((self.train_peak_rss_mb, peak_rss_megabytes()))
         # Why: each rank counted only its own shard's tokens.
-        tokens = int(rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item())
-        flops = utilisation(rt, self.flop_counter, self.flop_template, self.throughput, devices(self.model))
+        tokens = int(
+            rt.all_reduce(torch.tensor(self.throughput.tokens, device=rt.device), "sum").item()
+        )
+        flops = utilisation(
+            rt, self.flop_counter, self.flop_template, self.throughput, devices(self.model)
+        )
         window = self.throughput.seconds / self.throughput.steps if self.throughput.steps else None
         breakdown = self.profile.breakdown(self.model, rt.device.type, window)
         summary = {
@@ -375,21 +499,43 @@ class Trainer:
             run_dir = self.run_dir
             title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
             write_report(run_dir.report_md, result, self.data.label_names, title)
-            self.metrics.log(self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")})
+            self.metrics.log(
+                self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")}
+            )
             write_text_atomic(run_dir.report_txt, result.report_text)
             names = self.data.label_names
-            write_text_atomic(run_dir.predictions, "".join(
-                json.dumps({"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False) + "\n"
-                for i, (p, t) in enumerate(zip(result.predictions.tolist(), result.targets.tolist()))))
-            write_text_atomic(run_dir.result, json.dumps(summary, indent=2))  # last: the run is complete
+            write_text_atomic(
+                run_dir.predictions,
+                "".join(
+                    json.dumps(
+                        {"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False
+                    )
+                    + "\n"
+                    for i, (p, t) in enumerate(
+                        zip(result.predictions.tolist(), result.targets.tolist())
+                    )
+                ),
+            )
+            # last: the run is complete
+            write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
         self.metrics.close()
         return summary
 
 
-def run_training(cfg: TrainConfig, data: PreparedData, run_dir: str | Path,
-                 step_end_hooks: Sequence[Callable[[int, int], None]] = ()) -> dict:
-    """Train and evaluate in this process (one rank of the job); always tears the process group down."""
+def run_training(
+    cfg: TrainConfig,
+    data: PreparedData,
+    run_dir: str | Path,
+    step_end_hooks: Sequence[Callable[[int, int], None]] = (),
+) -> dict:
+    """Train and evaluate in this process (one rank of the job); always tears the process group
+    down."""
     # The strategy gets its own options section, nothing else of the configuration.
-    with setup(cfg.strategy, cfg.precision, seed=cfg.seed, options=cfg.strategy_options(),
-               timeout_s=cfg.launch.timeout_s) as rt:
+    with setup(
+        cfg.strategy,
+        cfg.precision,
+        seed=cfg.seed,
+        options=cfg.strategy_options(),
+        timeout_s=cfg.launch.timeout_s,
+    ) as rt:
         return Trainer(cfg, data, Path(run_dir), rt, step_end_hooks).fit()

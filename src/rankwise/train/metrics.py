@@ -26,13 +26,16 @@ class MetricsLog:
 
             path = run_dir.metrics
             kept = _records_up_to(path, resumed_step) if resumed_step else []
-            write_text_atomic(path, "".join(kept))  # the earlier log stays whole until the kept part replaces it
+            # the earlier log stays whole until the kept part replaces it
+            write_text_atomic(path, "".join(kept))
             self.file = open(path, "a", encoding="utf-8")
             events = run_dir.tensorboard
             if not resumed_step:
                 shutil.rmtree(events, ignore_errors=True)
             # purge_step hides the earlier run's events after the checkpoint from TensorBoard.
-            self.writer = SummaryWriter(str(events), purge_step=resumed_step + 1 if resumed_step else None)
+            self.writer = SummaryWriter(
+                str(events), purge_step=resumed_step + 1 if resumed_step else None
+            )
 
     def log(self, step: int, **values) -> None:
         if not self.enabled:

@@ -18,14 +18,24 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: nn.Module, cfg: TrainConfig, device: torch.device
+) -> torch.optim.Optimizer:
     o = cfg.optim
     # The fused kernel is one pass over all parameters on CPU and CUDA alike.
-    return torch.optim.AdamW(parameter_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
-                             fused=device.type in ("cpu", "cuda"))
+    return torch.optim.AdamW(
+        parameter_groups(model, o.weight_decay),
+        lr=o.lr,
+        betas=o.betas,
+        eps=o.eps,
+        fused=device.type in ("cpu", "cuda"),
+    )
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):

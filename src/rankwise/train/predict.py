@@ -16,8 +16,13 @@ from rankwise.train.evaluate import forward_logits
 
 
 class Predictor:
-    def __init__(self, model: nn.Module, encoder: TextEncoder, label_names: list[str],
-                 ngrams: CharNgrams | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        encoder: TextEncoder,
+        label_names: list[str],
+        ngrams: CharNgrams | None = None,
+    ):
         self.model = model.eval()
         self.encoder = encoder
         self.label_names = label_names
@@ -42,13 +47,20 @@ class Predictor:
         dataset = TokenizedTextDataset(ids, [0] * len(ids), self.encoder.pad_id, ngrams)
         out = []
         for start in range(0, len(ids), batch_size):
-            batch = dataset.collate([dataset[i] for i in range(start, min(start + batch_size, len(ids)))])
+            batch = dataset.collate(
+                [dataset[i] for i in range(start, min(start + batch_size, len(ids)))]
+            )
             out.append(forward_logits(self.model, batch).float().softmax(dim=-1))
         return torch.cat(out)
 
     def predict(self, texts: list[str]) -> list[dict]:
         probs = self.probabilities(texts)
         best = probs.argmax(dim=-1)
-        return [{"label": self.label_names[int(i)], "probability": float(p[i]),
-                 "probabilities": {name: round(float(x), 6) for name, x in zip(self.label_names, p)}}
-                for i, p in zip(best, probs)]
+        return [
+            {
+                "label": self.label_names[int(i)],
+                "probability": float(p[i]),
+                "probabilities": {name: round(float(x), 6) for name, x in zip(self.label_names, p)},
+            }
+            for i, p in zip(best, probs)
+        ]

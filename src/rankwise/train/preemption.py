@@ -1,4 +1,5 @@
-"""SIGTERM / SIGINT (preemption, Ctrl-C) become a request to stop at a step boundary all ranks agree on.
+"""SIGTERM / SIGINT (preemption, Ctrl-C) become a request to stop at a step boundary all ranks agree
+on.
 
 The signal handler only records the signal: saving a checkpoint inside a handler could
 interrupt a collective half-way.  At each optimizer-step boundary every rank contributes
@@ -26,9 +27,12 @@ class StopRequest:
     def __init__(self):
         self.received = 0
         """The signal number seen by this process (0: none)."""
-        # Handlers can only be installed from the main thread; elsewhere signals keep their default action.
+        # Handlers can only be installed from the main thread; elsewhere signals keep their default
+        # action.
         on_main_thread = threading.current_thread() is threading.main_thread()
-        self._previous = {sig: signal.signal(sig, self._record) for sig in SIGNALS} if on_main_thread else {}
+        self._previous = (
+            {sig: signal.signal(sig, self._record) for sig in SIGNALS} if on_main_thread else {}
+        )
         self._distributed = dist.world_size() > 1
         self._group = dist.cpu_group() if self._distributed else None
         self._buffer = torch.zeros(1, dtype=torch.int64)
@@ -47,10 +51,11 @@ class StopRequest:
             if agreed:
                 return agreed
         self._buffer = torch.tensor([self.received], dtype=torch.int64)
-        # Why: every rank must stop at the same step (a checkpoint is collective); started now and read
-        # at the next boundary, so it never holds a step up.
-        self._pending = torch_dist.all_reduce(self._buffer, op=torch_dist.ReduceOp.MAX, group=self._group,
-                                              async_op=True)
+        # Why: every rank must stop at the same step (a checkpoint is collective); started now and
+        # read at the next boundary, so it never holds a step up.
+        self._pending = torch_dist.all_reduce(
+            self._buffer, op=torch_dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
         return 0
 
     def close(self, wait: bool = True) -> None:

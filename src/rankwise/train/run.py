@@ -33,7 +33,8 @@ WORKER = "rankwise.train.worker"
 
 
 def train(cfg: TrainConfig, as_json: bool = False) -> int:
-    """Check -> prepare -> launch -> report; returns the exit code (errors raise, see ``rankwise.errors``)."""
+    """Check -> prepare -> launch -> report; returns the exit code (errors raise, see
+    ``rankwise.errors``)."""
     started = time.perf_counter()
     preflight.before_launch(cfg)
     if cfg.trust_checkpoint:  # the workers read the checkpoint: they inherit the user's word
@@ -41,43 +42,58 @@ def train(cfg: TrainConfig, as_json: bool = False) -> int:
     cfg.out = str(default_run_dir(cfg))
     preflight.resumable(cfg)
     run_dir = prepare_run(cfg, quiet=as_json)
-    # Rank 0 writes this into its result: nodes sharing one --out see the same result.json, and only the node
-    # whose workers wrote it reports it (with c10d rendezvous any node may hold rank 0).
+    # Rank 0 writes this into its result: nodes sharing one --out see the same result.json, and only
+    # the node whose workers wrote it reports it (with c10d rendezvous any node may hold rank 0).
     os.environ[LAUNCH_ID] = uuid.uuid4().hex
     try:
         launch_workers(cfg, run_dir.root)
     except Stopped as e:
         latest = run_dir.latest.resolve() if run_dir.latest.exists() else None
         where = f"the last checkpoint is {latest}" if latest else "no checkpoint was written"
-        raise Stopped(e.signum, f"{where}; continue with the same command and --resume latest") from None
+        raise Stopped(
+            e.signum, f"{where}; continue with the same command and --resume latest"
+        ) from None
     return report_run(cfg, run_dir, time.perf_counter() - started, as_json=as_json)
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
     if cfg.out:
         return Path(cfg.out)
-    source = Path(cfg.data.source).stem if cfg.data.source not in ("sentiment", "toy") else cfg.data.source
+    source = (
+        Path(cfg.data.source).stem
+        if cfg.data.source not in ("sentiment", "toy")
+        else cfg.data.source
+    )
     name = cfg.name or f"{source}-{cfg.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
     return Path("runs") / name
 
 
 def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
-    """Read, validate, split and tokenize the data here, once: bad input fails before any worker starts."""
+    """Read, validate, split and tokenize the data here, once: bad input fails before any worker
+    starts."""
     assert cfg.out is not None  # train() set it (default_run_dir)
     run_dir = RunDir(Path(cfg.out))
     if cfg.resume is None and run_dir.result.exists() and not quiet:
-        log.info(f"note: {run_dir.root} already holds a finished run; it will be overwritten", stderr=True)
+        log.info(
+            f"note: {run_dir.root} already holds a finished run; it will be overwritten",
+            stderr=True,
+        )
     data = prepare_data(cfg.data)
     preflight.prepared_data(cfg, {split: data.size(split) for split in ("train", "dev", "test")})
     preflight.continues_the_data(cfg, data)
     run_dir.root.mkdir(parents=True, exist_ok=True)
     if cfg.resume is None and run_dir.checkpoints.exists() and len(cfg.world_sizes) > 1:
-        # An elastic job's nodes come and go with the same command: a node (re)joining must keep the live run's
-        # checkpoints, which the workers continue from.
-        log.info(f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its latest checkpoint "
-                 "(a new job needs a new --out)", stderr=True)
+        # An elastic job's nodes come and go with the same command: a node (re)joining must keep the
+        # live run's checkpoints, which the workers continue from.
+        log.info(
+            f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its "
+            "latest checkpoint "
+            "(a new job needs a new --out)",
+            stderr=True,
+        )
     elif cfg.resume is None and run_dir.checkpoints.exists():
-        # A fresh run must not resume (after a restart) from, or be pruned against, another run's checkpoints.
+        # A fresh run must not resume (after a restart) from, or be pruned against, another run's
+        # checkpoints.
         aside = run_dir.root / f"checkpoints-replaced-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             run_dir.checkpoints.rename(aside)
@@ -90,8 +106,11 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
         log.warning(f"warning: {cfg.data.source}: {warning}")
     if not quiet:
         counts = ", ".join(f"{s} {data.size(s)}" for s in ("train", "dev", "test"))
-        log.info(f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} duplicates and "
-                 f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)")
+        log.info(
+            f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} "
+            "duplicates and "
+            f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)"
+        )
     return run_dir
 
 
@@ -110,10 +129,16 @@ def launch_workers(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) -> int:
-    summary = json.loads(run_dir.result.read_text(encoding="utf-8")) if run_dir.result.exists() else {}
-    if summary.get("launch_id") != os.environ[LAUNCH_ID]:  # a node other than the one holding rank 0
+    summary = (
+        json.loads(run_dir.result.read_text(encoding="utf-8")) if run_dir.result.exists() else {}
+    )
+    # a node other than the one holding rank 0
+    if summary.get("launch_id") != os.environ[LAUNCH_ID]:
         node = "this node" if cfg.launch.rdzv_backend else f"node {cfg.launch.node_rank}"
-        log.info(f"{node}: workers finished; rank 0's report is on the node that holds rank 0", every_rank=True)
+        log.info(
+            f"{node}: workers finished; rank 0's report is on the node that holds rank 0",
+            every_rank=True,
+        )
         return 0
     summary["wall_s"] = round(wall_s, 2)
     write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
@@ -122,13 +147,22 @@ def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) 
         print(json.dumps(summary, ensure_ascii=False))
         return 0
     print(run_dir.report_txt.read_text(encoding="utf-8"))
-    print(f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, macro-F1 "
-          f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
-          f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s")
+    print(
+        f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, "
+        "macro-F1 "
+        f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
+        f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s"
+    )
     if summary.get("tflops_per_s"):
-        sheet = f", {summary['mfu_datasheet']:.1%} of the datasheet's" if summary.get("mfu_datasheet") else ""
-        print(f"compute: {summary['tflops_per_s']:.4g} TFLOP/s in the steady steps "
-              f"({summary['tflops_per_s_per_rank']:.4g} per rank); MFU {summary['mfu']:.1%} of the "
-              f"{summary['peak_tflops_per_s']:.4g} TFLOP/s matrix-product peak measured here{sheet}")
+        sheet = (
+            f", {summary['mfu_datasheet']:.1%} of the datasheet's"
+            if summary.get("mfu_datasheet")
+            else ""
+        )
+        print(
+            f"compute: {summary['tflops_per_s']:.4g} TFLOP/s in the steady steps "
+            f"({summary['tflops_per_s_per_rank']:.4g} per rank); MFU {summary['mfu']:.1%} of the "
+            f"{summary['peak_tflops_per_s']:.4g} TFLOP/s matrix-product peak measured here{sheet}"
+        )
     print(f"report: {run_dir.report_md}\ncheckpoint: {summary['checkpoint']}")
     return 0

@@ -12,7 +12,7 @@
         report.txt           scikit-learn's classification report
         predictions.jsonl    every evaluated sample's label and prediction
         result.json          the run's summary (what --json prints)
-        continuity.json      after a resume: where the data continued, checked at the first resumed step
+        continuity.json      after a resume: where the data continued, checked at its first step
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAUNCH_ID = "RANKWISE_LAUNCH_ID"
-"""The launching process's id, inherited by its workers: rank 0 records it in ``result.json``, so of the nodes
-sharing one run directory only the one whose workers wrote the result reports it."""
+"""The launching process's id, inherited by its workers: rank 0 records it in ``result.json``, so of
+the nodes sharing one run directory only the one whose workers wrote the result reports it."""
 
 
 @dataclass(frozen=True)

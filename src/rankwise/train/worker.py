@@ -1,9 +1,9 @@
 """What each rank of ``rankwise train`` runs: load the prepared run directory, train, evaluate.
 
 Started as ``python -m rankwise.train.worker RUN_DIR`` by torchrun and horovodrun, or as
-``main([RUN_DIR])`` in each process by the spawn launcher.  When torchrun restarts the
-worker group after a failure (``--max-restarts``), or when a node joins an elastic job, the new
-workers continue from the run's latest checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with
+``main([RUN_DIR])`` in each process by the spawn launcher.  When torchrun restarts the worker group
+after a failure (``--max-restarts``), or when a node joins an elastic job, the new workers continue
+from the run's latest checkpoint.  A worker stopped by SIGTERM / SIGINT checkpoints and exits with
 128 + signal.
 """
 
@@ -25,7 +25,8 @@ from rankwise.train.rundir import RunDir
 def train_from_run_dir(run_dir: str | Path) -> dict:
     layout = RunDir(Path(run_dir))
     cfg = load_config_json(layout.config)
-    # A restarted group (or one a node joined) continues from the latest checkpoint: Trainer.latest_to_continue.
+    # A restarted group (or one a node joined) continues from the latest checkpoint:
+    # Trainer.latest_to_continue.
     return run_training(cfg, PreparedData.load(layout.data), layout.root, faults.step_end_hooks())
 
 

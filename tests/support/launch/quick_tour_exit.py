@@ -1,9 +1,12 @@
-"""Accelerate's quick tour as a user writes it, whole: a main(), ``prepare``, ``accelerator.backward``,
-``gather_for_metrics`` in each evaluation, rank 0 saving with ``accelerator.save``, then ``end_training()``.
+"""Accelerate's quick tour as a user writes it, whole: a main(), ``prepare``,
+``accelerator.backward``, ``gather_for_metrics`` in each evaluation, rank 0 saving with
+``accelerator.save``, then ``end_training()``.
 
-The pattern an issue reporter saw hang at exit in 4 of 10 two-rank runs (``scripts/exit_stress.py`` counts how its
-runs end).  ``ACCELERATE_USE_CPU=true`` on a machine without GPUs; the weights go to DIR/model.pt.
+The pattern an issue reporter saw hang at exit in 4 of 10 two-rank runs (``scripts/exit_stress.py``
+counts how its runs end).  ``ACCELERATE_USE_CPU=true`` on a machine without GPUs; the weights go to
+DIR/model.pt.
 """
+
 import sys
 
 import torch

@@ -10,7 +10,15 @@ def main(out_dir: str) -> None:
     import rankwise
 
     with rankwise.setup("ddp") as rt:
-        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+        keys = (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "OMP_NUM_THREADS",
+        )
         seen = {key: os.environ.get(key) for key in keys}
         seen["runtime"] = [rt.rank, rt.local_rank, rt.world_size]
         Path(out_dir, f"rank-{rt.rank}.json").write_text(json.dumps(seen), encoding="utf-8")

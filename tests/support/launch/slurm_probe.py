@@ -1,8 +1,10 @@
-"""Started on the Slurm tests' nodes (by srun, or by `rankwise launch` under srun): joins the job through
-rankwise.setup(), sums the ranks with an all_reduce, and prints what this rank sees as one JSON line.
+"""Started on the Slurm tests' nodes (by srun, or by `rankwise launch` under srun): joins the job
+through rankwise.setup(), sums the ranks with an all_reduce, and prints what this rank sees as one
+JSON line.
 
-With ``--loop FILE TIMEOUT_S`` it then keeps all-reducing, rank 0 adding a line to FILE after each round,
-until the job is ended from outside (the killed-node test); collectives give up after TIMEOUT_S.
+With ``--loop FILE TIMEOUT_S`` it then keeps all-reducing, rank 0 adding a line to FILE after each
+round, until the job is ended from outside (the killed-node test); collectives give up after
+TIMEOUT_S.
 """
 
 import json
@@ -19,12 +21,21 @@ def main(argv: list[str]) -> None:
 
     loop = argv[:1] == ["--loop"]
     with rankwise.setup(timeout_s=float(argv[2]) if loop else 60.0) as rt:
-        total = rt.all_reduce(torch.tensor([float(rt.rank + 1)]), "sum").item()  # every rank must take part
+        # every rank must take part
+        total = rt.all_reduce(torch.tensor([float(rt.rank + 1)]), "sum").item()
         hosts = rt.all_gather_object(socket.gethostname())
-        seen = {"rank": rt.rank, "local_rank": rt.local_rank, "world_size": rt.world_size, "source": rt.env.source,
-                "host": socket.gethostname(), "hosts": hosts, "sum": total,
-                "master": f"{rt.env.master_addr}:{rt.env.master_port}"}
-        # One write per line: ranks of a node share one stdout, and print's separate newline could interleave.
+        seen = {
+            "rank": rt.rank,
+            "local_rank": rt.local_rank,
+            "world_size": rt.world_size,
+            "source": rt.env.source,
+            "host": socket.gethostname(),
+            "hosts": hosts,
+            "sum": total,
+            "master": f"{rt.env.master_addr}:{rt.env.master_port}",
+        }
+        # One write per line: ranks of a node share one stdout, and print's separate newline could
+        # interleave.
         sys.stdout.write(json.dumps(seen) + "\n")
         sys.stdout.flush()
         rounds = 0

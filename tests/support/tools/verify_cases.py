@@ -1,14 +1,15 @@
-"""A small training script on rankwise.setup() with one way (or none) to break equivalence, for `rankwise verify`.
+"""A small training script on rankwise.setup() with one way (or none) to break equivalence, for
+`rankwise verify`.
 
-    python tests/support/tools/verify_cases.py --case ok  # every rank count computes the same
-    --case batch-norm          BatchNorm1d normalises over each rank's share of the batch
-    --case micro-mean          a loss averaged over each micro-batch's tokens, whose count varies
-    --case plain-loader        a torch DataLoader without a rank sampler: each rank sees every sample
-    --case rank-seeded-sampler a DistributedSampler shuffled with the rank as its seed: the ranks' shares overlap
-    --case functional-dropout  F.dropout in forward: rankwise cannot switch it off
-    --case half                bfloat16 parameters: gradients accumulate in 16 bits
-    --case unused              a layer that never gets a gradient
-    --case plain-calls         loss.backward() and optimizer.step() instead of rt.backward / rt.step (equivalent)
+python tests/support/tools/verify_cases.py --case ok  # every rank count computes the same --case
+batch-norm          BatchNorm1d normalises over each rank's share of the batch --case micro-mean
+a loss averaged over each micro-batch's tokens, whose count varies --case plain-loader        a
+torch DataLoader without a rank sampler: each rank sees every sample --case rank-seeded-sampler a
+DistributedSampler shuffled with the rank as its seed: the ranks' shares overlap --case
+functional-dropout  F.dropout in forward: rankwise cannot switch it off --case half
+bfloat16 parameters: gradients accumulate in 16 bits --case unused              a layer that never
+gets a gradient --case plain-calls         loss.backward() and optimizer.step() instead of
+rt.backward / rt.step (equivalent)
 """
 
 import argparse
@@ -24,7 +25,8 @@ FEATURES, CLASSES, LENGTH = 8, 3, 6
 
 
 class Tokens(Dataset):
-    """Samples of LENGTH positions, each with a class label; a random number of trailing positions is padding."""
+    """Samples of LENGTH positions, each with a class label; a random number of trailing positions
+    is padding."""
 
     def __init__(self, samples: int):
         g = torch.Generator().manual_seed(1)
@@ -76,8 +78,12 @@ def main():
         if args.case == "plain-loader":
             loader = DataLoader(dataset, batch_size=micro_batch, shuffle=False)
         elif args.case == "rank-seeded-sampler":
-            sampler = DistributedSampler(dataset, rt.world_size, rt.rank, shuffle=True, seed=rt.rank)
-            loader = DataLoader(dataset, batch_size=micro_batch // rt.world_size, sampler=sampler, drop_last=True)
+            sampler = DistributedSampler(
+                dataset, rt.world_size, rt.rank, shuffle=True, seed=rt.rank
+            )
+            loader = DataLoader(
+                dataset, batch_size=micro_batch // rt.world_size, sampler=sampler, drop_last=True
+            )
         else:
             loader = rt.loader(dataset, batch_size=micro_batch, shuffle=True)
         step = 0
@@ -86,12 +92,18 @@ def main():
             x = batch["x"].to(torch.bfloat16) if args.case == "half" else batch["x"]
             with rt.no_sync(model, enabled=not last):
                 logits = model(x).float()
-                losses = F.cross_entropy(logits.reshape(-1, CLASSES), batch["labels"].reshape(-1), reduction="none",
-                                         ignore_index=-100)
+                losses = F.cross_entropy(
+                    logits.reshape(-1, CLASSES),
+                    batch["labels"].reshape(-1),
+                    reduction="none",
+                    ignore_index=-100,
+                )
                 if args.case == "micro-mean":
-                    loss = losses.sum() / (batch["labels"] != -100).sum()  # mean over this micro-batch's tokens
+                    # mean over this micro-batch's tokens
+                    loss = losses.sum() / (batch["labels"] != -100).sum()
                 else:
-                    loss = (losses.reshape(len(x), LENGTH).sum(1) / LENGTH).mean()  # per-sample mean: exact
+                    # per-sample mean: exact
+                    loss = (losses.reshape(len(x), LENGTH).sum(1) / LENGTH).mean()
                 if args.case == "plain-calls":
                     (loss / args.grad_accum).backward()
                 else:

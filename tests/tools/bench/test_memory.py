@@ -1,5 +1,5 @@
-"""The memory benchmark runs end to end (a tiny model, one step), with and without activation checkpointing on
-long texts, and tabulates the runs."""
+"""The memory benchmark runs end to end (a tiny model, one step), with and without activation
+checkpointing on long texts, and tabulates the runs."""
 
 import json
 
@@ -13,8 +13,19 @@ pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or
 def test_memory_benchmark_tabulates_the_runs_with_and_without_checkpointing(capsys):
     # ddp alone: fsdp and ZeRO-3 run the same code path (and every strategy checkpoints layers in
     # tests/strategies/test_equivalence.py); each run here costs two fresh processes.
-    memory.main(["--model", "tiny", "--steps", "1", "--strategies", "ddp", "--activation-checkpointing",
-                 "--max-length", "64"])
+    memory.main(
+        [
+            "--model",
+            "tiny",
+            "--steps",
+            "1",
+            "--strategies",
+            "ddp",
+            "--activation-checkpointing",
+            "--max-length",
+            "64",
+        ]
+    )
     out = capsys.readouterr().out
     assert "failed" not in out, out
     result = json.loads(out.strip().splitlines()[-1])

@@ -1,6 +1,7 @@
 """The step-time breakdown on real ranks (gloo): causes injected in a plain torchrun DDP script
-(tests/support/tools/bench/injected.py) are found, attributed to the right rank and part within 20 % of the
-injected time, and named with their fix; a clean script has no cause above the noise."""
+(tests/support/tools/bench/injected.py) are found, attributed to the right rank and part within 20 %
+of the injected time, and named with their fix; a clean script has no cause above the noise."""
+
 from pathlib import Path
 
 import pytest
@@ -15,23 +16,39 @@ pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or
 
 SCRIPT = Path(__file__).resolve().parents[2] / "support" / "tools" / "bench" / "injected.py"
 SLEEP_MS = 30.0
-CASES = {"clean": ["--layers", "24"], "slow data on rank 1": ["--slow-data-rank", "1"],
-         "slow forward on rank 1": ["--slow-forward-rank", "1"], "barrier and item": ["--barrier", "--item"],
-         "tiny buckets": ["--bucket-cap-mb", "0.01", "--layers", "24"]}
-"""The causes injected; the clean script and the tiny buckets share a 24-layer model, whose 49 gradients make
-DDP's bucket count tell (one bucket of 1.6 MB, or dozens)."""
+CASES = {
+    "clean": ["--layers", "24"],
+    "slow data on rank 1": ["--slow-data-rank", "1"],
+    "slow forward on rank 1": ["--slow-forward-rank", "1"],
+    "barrier and item": ["--barrier", "--item"],
+    "tiny buckets": ["--bucket-cap-mb", "0.01", "--layers", "24"],
+}
+"""The causes injected; the clean script and the tiny buckets share a 24-layer model, whose 49
+gradients make DDP's bucket count tell (one bucket of 1.6 MB, or dozens)."""
 
 
 @pytest.fixture(scope="module")
 @starts_processes()
 def breakdowns(tmp_path_factory):
-    """Each case once, as `rankwise bench --script` measures a row (its profiled steps before the window)."""
+    """Each case once, as `rankwise bench --script` measures a row (its profiled steps before the
+    window)."""
     found = {}
     for name, args in CASES.items():
         run_dir = tmp_path_factory.mktemp(name.replace(" ", "-"))
-        result = watched_run(SCRIPT, [*args, "--sleep-ms", str(SLEEP_MS)], framework("torch"), 2, run_dir,
-                             steps=12, warmup=3, trace=False, keep_dropout=True, min_window_s=0.5, timeout_s=240,
-                             profile_steps=PROFILED_STEPS)
+        result = watched_run(
+            SCRIPT,
+            [*args, "--sleep-ms", str(SLEEP_MS)],
+            framework("torch"),
+            2,
+            run_dir,
+            steps=12,
+            warmup=3,
+            trace=False,
+            keep_dropout=True,
+            min_window_s=0.5,
+            timeout_s=240,
+            profile_steps=PROFILED_STEPS,
+        )
         assert "error" not in result, result
         found[name] = result["breakdown"]
         print(name, found[name]["ranks"])
@@ -47,25 +64,39 @@ def test_the_parts_add_up_to_the_step_and_every_step_is_profiled_before_the_wind
         assert breakdown["steps"] == [4, 3 + PROFILED_STEPS], name
         for rank in breakdown["ranks"]:
             named = sum(rank["parts_ms"][part] for part in PARTS if part != "other")
-            assert abs(rank["step_ms"] - named) <= 0.1 * rank["step_ms"], (name, rank)  # the remainder, under 10 %
+            # the remainder, under 10 %
+            assert abs(rank["step_ms"] - named) <= 0.1 * rank["step_ms"], (name, rank)
 
 
 def test_a_slow_data_loader_on_rank_1_is_its_data_wait_and_rank_0_waits_for_it(breakdowns):
     breakdown = breakdowns["slow data on rank 1"]
     assert _parts(breakdown, 1)["data"] == pytest.approx(SLEEP_MS, rel=0.2)
     assert _parts(breakdown, 0)["straggler"] == pytest.approx(SLEEP_MS, rel=0.2)
-    assert _parts(breakdown, 0)["data"] < 0.2 * SLEEP_MS and _parts(breakdown, 1)["straggler"] < 0.2 * SLEEP_MS
+    assert (
+        _parts(breakdown, 0)["data"] < 0.2 * SLEEP_MS
+        and _parts(breakdown, 1)["straggler"] < 0.2 * SLEEP_MS
+    )
     why = explain(breakdown)
-    assert why["part"] == "straggler" and "for rank 1" in why["line"] and "data loader waits" in why["line"], why
+    assert (
+        why["part"] == "straggler"
+        and "for rank 1" in why["line"]
+        and "data loader waits" in why["line"]
+    ), why
     assert "num_workers=0" in why["line"] and "num_workers=2" in why["line"]
 
 
 def test_a_slow_forward_on_rank_1_names_rank_1_as_the_straggler(breakdowns):
     breakdown = breakdowns["slow forward on rank 1"]
-    assert _parts(breakdown, 1)["forward"] - _parts(breakdown, 0)["forward"] == pytest.approx(SLEEP_MS, rel=0.2)
+    assert _parts(breakdown, 1)["forward"] - _parts(breakdown, 0)["forward"] == pytest.approx(
+        SLEEP_MS, rel=0.2
+    )
     assert _parts(breakdown, 0)["straggler"] == pytest.approx(SLEEP_MS, rel=0.2)
     why = explain(breakdown)
-    assert why["part"] == "straggler" and "for rank 1" in why["line"] and "its forward takes" in why["line"], why
+    assert (
+        why["part"] == "straggler"
+        and "for rank 1" in why["line"]
+        and "its forward takes" in why["line"]
+    ), why
 
 
 def _line(text: str) -> int:
@@ -73,7 +104,10 @@ def _line(text: str) -> int:
 
 
 def test_a_per_step_barrier_and_item_are_host_syncs_named_by_line(breakdowns):
-    expected = {f"barrier at injected.py:{_line('dist.barrier()')}", f".item() at injected.py:{_line('loss.item()')}"}
+    expected = {
+        f"barrier at injected.py:{_line('dist.barrier()')}",
+        f".item() at injected.py:{_line('loss.item()')}",
+    }
     for rank in breakdowns["barrier and item"]["ranks"]:
         assert set(rank["sync_ms"]) == expected, rank
     for name in ("clean", "slow data on rank 1"):  # (no sync the script did not make)
@@ -83,10 +117,15 @@ def test_a_per_step_barrier_and_item_are_host_syncs_named_by_line(breakdowns):
 def test_tiny_ddp_buckets_expose_more_communication_and_are_named(breakdowns):
     def comm(name):
         return max(rank["parts_ms"]["comm"] for rank in breakdowns[name]["ranks"])
-    assert breakdowns["tiny buckets"]["facts"]["ddp"]["buckets"] > breakdowns["clean"]["facts"]["ddp"]["buckets"]
+
+    assert (
+        breakdowns["tiny buckets"]["facts"]["ddp"]["buckets"]
+        > breakdowns["clean"]["facts"]["ddp"]["buckets"]
+    )
     assert comm("tiny buckets") > comm("clean")
-    # The largest loss is the exchange: exposed, or (on a loaded machine) as one rank's later arrival, the many
-    # all-reduces launched from its backward; when it is the exposed part, the line names the buckets.
+    # The largest loss is the exchange: exposed, or (on a loaded machine) as one rank's later
+    # arrival, the many all-reduces launched from its backward; when it is the exposed part, the
+    # line names the buckets.
     why = explain(breakdowns["tiny buckets"])
     assert why["part"] in ("comm", "straggler"), why
     assert why["part"] != "comm" or "bucket_cap_mb=25" in why["line"], why

@@ -1,4 +1,5 @@
-"""rankwise plan's accounting against closed-form counts, on small models built with fake parameters."""
+"""rankwise plan's accounting against closed-form counts, on small models built with fake
+parameters."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def test_a_billion_parameters_build_without_memory():
     from rankwise.measure.memory import peak_rss_megabytes
 
     before = peak_rss_megabytes()
-    big = from_factory(lambda: (nn.Linear(32768, 32768), None), (torch.randn(1, 32768),))  # 1.07e9 parameters
+    # 1.07e9 parameters
+    big = from_factory(lambda: (nn.Linear(32768, 32768), None), (torch.randn(1, 32768),))
     assert sum(p.numel() for p in big.model.parameters()) > 1e9
     assert peak_rss_megabytes() - before < 200  # its 4.3 GB of fp32 were never touched
 
@@ -91,14 +93,20 @@ def test_activations_scale_with_the_rows(capture, fp32):
 
     def most(t):  # at the end of the forward pass: what it saved for the backward pass
         return max(sample.activations for sample in t.samples if sample.phase == 0)
+
     assert most(double) == pytest.approx(2 * most(fp32), rel=0.05)
     assert double.flops == 2 * fp32.flops
-    assert 2 * fp32.forward_flops < fp32.flops < 3 * fp32.forward_flops  # (no gradient for the input)
+    # (no gradient for the input)
+    assert 2 * fp32.forward_flops < fp32.flops < 3 * fp32.forward_flops
 
 
 def test_ddp_holds_everything_and_its_buckets_are_the_gradients(fp32):
     m = memory.ddp(fp32, Setting(world_size=8))
-    assert (m.parameters, m.gradients, m.optimizer) == (fp32.param_bytes, fp32.gradient_bytes, fp32.optimizer_bytes)
+    assert (m.parameters, m.gradients, m.optimizer) == (
+        fp32.param_bytes,
+        fp32.gradient_bytes,
+        fp32.optimizer_bytes,
+    )
     assert m.at_peak["gradients"] == fp32.gradient_bytes and m.at_peak["buffers"] == 0
     assert m.peak == sum(m.at_peak[kind] for kind in KINDS)
     separate = memory.ddp(fp32, Setting(world_size=8, ddp_bucket_view=False))
@@ -108,33 +116,48 @@ def test_ddp_holds_everything_and_its_buckets_are_the_gradients(fp32):
 
 @pytest.mark.parametrize("world", [1, 2, 8, 64])
 def test_zero_model_states_in_mixed_precision_are_the_paper_s_closed_forms(capture, world):
-    """ZeRO paper, section 5: 2 + 2 + 12 bytes per parameter, sharded by stage (bf16 model, fp32 master and Adam)."""
+    """ZeRO paper, section 5: 2 + 2 + 12 bytes per parameter, sharded by stage (bf16 model, fp32
+    master and Adam)."""
     bf16 = trace(capture, ROWS, param_dtype=torch.bfloat16)
     n = phi()
     part = zero_partition(n, world)
     one = memory.zero12(1)(bf16, Setting(world_size=world))
-    assert (one.parameters, one.gradients, one.optimizer) == (2 * part * world, 2 * part * world, 12 * part)
+    assert (one.parameters, one.gradients, one.optimizer) == (
+        2 * part * world,
+        2 * part * world,
+        12 * part,
+    )
     two = memory.zero12(2)(bf16, Setting(world_size=world))
     assert (two.parameters, two.gradients, two.optimizer) == (2 * part * world, 2 * part, 12 * part)
     three = memory.zero3(bf16, Setting(world_size=world, zero_persistence=0))
     shards = sum(math.ceil(p.numel() / world) for p in Net().parameters())
-    assert (three.parameters, three.gradients, three.optimizer) == (2 * shards, 2 * shards, 12 * shards)
+    assert (three.parameters, three.gradients, three.optimizer) == (
+        2 * shards,
+        2 * shards,
+        12 * shards,
+    )
     assert three.parameters + three.gradients + three.optimizer == 16 * shards
-    assert 16 * shards == pytest.approx(16 * n / world, rel=len(list(Net().parameters())) * world / n + 1e-9)
+    assert 16 * shards == pytest.approx(
+        16 * n / world, rel=len(list(Net().parameters())) * world / n + 1e-9
+    )
 
 
 def test_zero3_keeps_small_parameters_whole(fp32):
-    kept = memory.zero3(fp32, Setting(world_size=4))  # every parameter here is under 100,000 elements
+    # every parameter here is under 100,000 elements
+    kept = memory.zero3(fp32, Setting(world_size=4))
     assert kept.parameters == 4 * (sum(math.ceil(n / 4) for n in fp32.numels) + fp32.numel)
 
 
 @pytest.mark.parametrize("world", [1, 4])
 def test_fsdp_on_fake_ranks_shards_parameters_gradients_and_state(capture, world):
     m = fsdp(capture, ROWS, world)
-    padded = sum(math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0]) for p in Net().parameters())
+    padded = sum(
+        math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0]) for p in Net().parameters()
+    )
     assert m.parameters == 4 * padded
     assert m.gradients == 4 * padded
-    assert m.optimizer == pytest.approx(8 * padded, rel=0.02)  # (the last rank's shards are shorter, and step counts)
+    # (the last rank's shards are shorter, and step counts)
+    assert m.optimizer == pytest.approx(8 * padded, rel=0.02)
     assert m.peak == sum(m.at_peak.values()) and m.at_peak["activations"] > 0
 
 
@@ -145,14 +168,21 @@ def test_collectives_per_step(fp32):
     calls = {(c.op, c.what): c.nbytes for c in collectives("fsdp", fp32, 8, 2)}
     assert calls[("all_gather", "parameters, forward")] == 2 * params  # every micro-batch
     assert calls[("reduce_scatter", "gradients")] == grads  # once a step (no_sync)
-    assert {c.op for c in collectives("deepspeed-zero2", fp32, 8, 1)} == {"reduce_scatter", "all_gather"}
+    assert {c.op for c in collectives("deepspeed-zero2", fp32, 8, 1)} == {
+        "reduce_scatter",
+        "all_gather",
+    }
     assert collectives("ddp", fp32, 1, 1) == []
 
 
 def test_the_bandwidth_model_is_alpha_beta_with_nccl_tests_factors():
-    link = Bandwidth({"all_reduce": 1e9, "all_gather": 1e9, "reduce_scatter": 1e9},
-                     {"all_reduce": 1e-4, "all_gather": 1e-4, "reduce_scatter": 1e-4}, measured_at=2)
-    assert link.seconds("all_reduce", 1e9, 1, 2) == pytest.approx(1e-4 + 1.0)  # 2(n-1)/n = 1 at two ranks
+    link = Bandwidth(
+        {"all_reduce": 1e9, "all_gather": 1e9, "reduce_scatter": 1e9},
+        {"all_reduce": 1e-4, "all_gather": 1e-4, "reduce_scatter": 1e-4},
+        measured_at=2,
+    )
+    # 2(n-1)/n = 1 at two ranks
+    assert link.seconds("all_reduce", 1e9, 1, 2) == pytest.approx(1e-4 + 1.0)
     assert link.seconds("all_reduce", 1e9, 1, 8) == pytest.approx(3e-4 + 1.75)  # latency x log2(8)
     assert link.seconds("all_gather", 1e9, 4, 8) == pytest.approx(4 * 3e-4 + 0.875)
     assert link.seconds("all_reduce", 1e9, 1, 1) == 0

@@ -19,9 +19,12 @@ def test_a_script_on_rankwise_setup_is_captured_with_its_loop_facts():
     capture = from_script(ROOT / "examples/causal_lm.py", ["--out", "unused", "--length", "24"])
     assert type(capture.model).__name__ == "GPT2LMHeadModel"
     assert all(is_fake(p) for p in capture.model.parameters())
-    assert (capture.grad_accum, capture.global_batch, capture.rows) == (2, 16, 16)  # rt.prepare's, rt.loader's
+    # rt.prepare's, rt.loader's
+    assert (capture.grad_accum, capture.global_batch, capture.rows) == (2, 16, 16)
     assert capture.autocast  # the forward runs under rt.autocast()
-    assert capture.kwargs["input_ids"].shape == (16, 24) and not is_fake(capture.kwargs["input_ids"])
+    assert capture.kwargs["input_ids"].shape == (16, 24) and not is_fake(
+        capture.kwargs["input_ids"]
+    )
     assert "causal_lm.py --out unused --length 24" in capture.source
 
 
@@ -36,18 +39,23 @@ def test_a_plain_torch_script_is_captured_at_its_first_training_forward():
 
 @pytest.mark.parametrize("script", ["tutorial_ddp.py", "spawn_ddp.py"])
 def test_a_script_that_starts_its_own_ddp_job_is_captured_as_one_rank(script):
-    """PyTorch's DDP tutorial (torchrun's variables, env:// rendezvous, ``DDP(model)``) and the documents' mp.spawn
-    script (two ranks asked for in code): one rank here, the model as the script built it, nothing left behind."""
+    """PyTorch's DDP tutorial (torchrun's variables, env:// rendezvous, ``DDP(model)``) and the
+    documents' mp.spawn script (two ranks asked for in code): one rank here, the model as the script
+    built it, nothing left behind."""
     import os
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     capture = from_script(ROOT / "tests/support/tools/watch/scripts" / script, [])
-    assert not isinstance(capture.model, DistributedDataParallel) and type(capture.model).__name__ != "StandAside"
+    assert (
+        not isinstance(capture.model, DistributedDataParallel)
+        and type(capture.model).__name__ != "StandAside"
+    )
     assert all(is_fake(p) for p in capture.model.parameters()) and capture.rows > 0
     assert not dist.is_initialized() and "RANK" not in os.environ  # the one-rank world is gone
-    assert torch.nn.parallel.DistributedDataParallel is DistributedDataParallel  # and the wrapper put back
+    # and the wrapper put back
+    assert torch.nn.parallel.DistributedDataParallel is DistributedDataParallel
 
 
 def test_a_script_that_never_trains_is_a_clear_error():
@@ -59,6 +67,8 @@ def test_a_script_that_never_trains_is_a_clear_error():
 
 def test_an_8b_model_is_captured_without_allocating_it():
     before = peak_rss_megabytes()
-    capture = from_script(ROOT / "examples/llama_pretrain.py", ["--size", "8b", "--length", "128", "--samples", "32"])
+    capture = from_script(
+        ROOT / "examples/llama_pretrain.py", ["--size", "8b", "--length", "128", "--samples", "32"]
+    )
     assert sum(p.numel() for p in capture.model.parameters()) == pytest.approx(8.03e9, rel=0.001)
     assert peak_rss_megabytes() - before < 1024  # its 32 GB of fp32 parameters were never touched

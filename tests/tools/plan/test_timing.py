@@ -1,4 +1,5 @@
-"""rankwise plan's step-time model: compute at a stated efficiency, alpha-beta collectives, what computation hides."""
+"""rankwise plan's step-time model: compute at a stated efficiency, alpha-beta collectives, what
+computation hides."""
 
 from __future__ import annotations
 
@@ -14,21 +15,36 @@ from rankwise.tools.plan.timing import Timed, step_time
 from rankwise.tools.plan.trace import Trace
 
 H100 = devices.GPUS["h100"]
-LINK = Bandwidth(dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), 100e9),
-                 dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), 0.0))
+LINK = Bandwidth(
+    dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), 100e9),
+    dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), 0.0),
+)
 
 
 def fake_trace(flops: int = 10**15, forward: int = 10**15 // 3) -> Trace:
-    return Trace(rows=1, param_dtype="float32", autocast=None, checkpointed=False, numels=[10**9],
-                 param_bytes=4 * 10**9, buffer_bytes=0, input_bytes=0, gradient_bytes=4 * 10**9,
-                 optimizer_bytes=8 * 10**9, optimizer_moments=2, flops=flops, forward_flops=forward)
+    return Trace(
+        rows=1,
+        param_dtype="float32",
+        autocast=None,
+        checkpointed=False,
+        numels=[10**9],
+        param_bytes=4 * 10**9,
+        buffer_bytes=0,
+        input_bytes=0,
+        gradient_bytes=4 * 10**9,
+        optimizer_bytes=8 * 10**9,
+        optimizer_moments=2,
+        flops=flops,
+        forward_flops=forward,
+    )
 
 
 def test_compute_is_the_flops_at_the_stated_efficiency_of_the_datasheet_peak():
     t = step_time("single", fake_trace(), 1, 1, H100, True, [], LINK)
     assert t.compute_s == pytest.approx(1e15 / (989.4e12 * 0.4))
     assert t.efficiency == pytest.approx(0.4)
-    # the optimizer reads and writes parameters and state and reads gradients once, at the HBM bandwidth
+    # the optimizer reads and writes parameters and state and reads gradients once, at the HBM
+    # bandwidth
     assert t.optimizer_s == pytest.approx((2 * 4e9 + 4e9 + 2 * 8e9) / 3.35e12)
     assert t.exposed_comm_s == 0 and t.total_s == t.compute_s + t.optimizer_s
 
@@ -40,13 +56,16 @@ def test_a_sharding_strategy_steps_a_shard_of_the_state():
 
 
 def test_backward_communication_is_hidden_by_the_backward_pass_except_its_last_call():
-    hidden = [Collective("all_reduce", 10**9, 4, "backward", "gradients")]  # 1 GB at 8 ranks: 17.5 ms
+    # 1 GB at 8 ranks: 17.5 ms
+    hidden = [Collective("all_reduce", 10**9, 4, "backward", "gradients")]
     t = step_time("ddp", fake_trace(), 8, 1, H100, True, hidden, LINK)
     assert t.comm_s == pytest.approx(2 * 7 / 8 * 1e9 / 100e9)
-    assert t.exposed_comm_s == pytest.approx(t.comm_s / 4)  # the last bucket: ready when the pass ends
+    # the last bucket: ready when the pass ends
+    assert t.exposed_comm_s == pytest.approx(t.comm_s / 4)
     apart = [Collective("reduce_scatter", 10**9, 4, "", "gradients")]
-    assert step_time("deepspeed-zero2", fake_trace(), 8, 1, H100, True, apart, LINK).exposed_comm_s == \
-        pytest.approx(7 / 8 * 1e9 / 100e9)
+    assert step_time(
+        "deepspeed-zero2", fake_trace(), 8, 1, H100, True, apart, LINK
+    ).exposed_comm_s == pytest.approx(7 / 8 * 1e9 / 100e9)
     tiny = fake_trace(flops=10**9, forward=10**9 // 3)  # a pass shorter than its communication
     t = step_time("ddp", tiny, 8, 1, H100, True, hidden, LINK)
     backward = 10**9 * 2 / 3 / (989.4e12 * 0.4)
@@ -73,37 +92,67 @@ def test_links_inside_and_across_nodes():
 
 
 def test_comm_bench_results_calibrate_the_model(tmp_path):
-    rows = [{"op": "all_reduce", "bytes": b, "time_us": t, "busbw_GBps": g}
-            for b, t, g in ((4, 80.0, 0.0001), (2**20, 1200.0, 0.9), (8 * 2**20, 8000.0, 1.05),
-                            (64 * 2**20, 60000.0, 1.1))]
+    rows = [
+        {"op": "all_reduce", "bytes": b, "time_us": t, "busbw_GBps": g}
+        for b, t, g in (
+            (4, 80.0, 0.0001),
+            (2**20, 1200.0, 0.9),
+            (8 * 2**20, 8000.0, 1.05),
+            (64 * 2**20, 60000.0, 1.1),
+        )
+    ]
     path = tmp_path / "comm.json"
     path.write_text(json.dumps({"world_size": 2, "backend": "gloo", "nnodes": 1, "results": rows}))
     bandwidth, nodes = from_comm_bench(path)
-    assert nodes == 1 and bandwidth.busbw["all_reduce"] == pytest.approx(1.075e9)  # median of the >= 4 MiB rows
+    # median of the >= 4 MiB rows
+    assert nodes == 1 and bandwidth.busbw["all_reduce"] == pytest.approx(1.075e9)
     assert bandwidth.latency_s["all_reduce"] == pytest.approx(80e-6)
-    assert bandwidth.busbw["all_gather"] == bandwidth.busbw["all_reduce"]  # not measured: the all_reduce's ring
+    # not measured: the all_reduce's ring
+    assert bandwidth.busbw["all_gather"] == bandwidth.busbw["all_reduce"]
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a comm.json"):
         from_comm_bench(tmp_path / "bad.json")
 
 
 def test_a_call_between_computations_costs_what_was_measured_where_every_core_computes(tmp_path):
-    rows = [{"op": "all_gather", "bytes": b, "time_us": t, "busbw_GBps": g}
-            for b, t, g in ((4, 200.0, 0.0001), (8 * 2**20, 8000.0, 1.0))]
+    rows = [
+        {"op": "all_gather", "bytes": b, "time_us": t, "busbw_GBps": g}
+        for b, t, g in ((4, 200.0, 0.0001), (8 * 2**20, 8000.0, 1.0))
+    ]
     (tmp_path / "comm.json").write_text(json.dumps({"world_size": 2, "results": rows}))
-    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}  # not measured: the latency stands in
-    (tmp_path / "between.json").write_text(json.dumps({"world_size": 2, "call_us": {"all_gather": 2000.0}}))
+    # not measured: the latency stands in
+    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}
+    (tmp_path / "between.json").write_text(
+        json.dumps({"world_size": 2, "call_us": {"all_gather": 2000.0}})
+    )
     bandwidth, _ = from_comm_bench(tmp_path / "comm.json")
-    assert bandwidth.call_s == {"all_gather": pytest.approx(2e-3)} and "between computations" in bandwidth.source
+    assert (
+        bandwidth.call_s == {"all_gather": pytest.approx(2e-3)}
+        and "between computations" in bandwidth.source
+    )
     by_bytes = 2**20 * 0.5 / 1e9
     assert bandwidth.seconds("all_gather", 2**20, 3, 2) == pytest.approx(3 * 200e-6 + by_bytes)
-    assert bandwidth.seconds("all_gather", 2**20, 3, 2, busy=True) == pytest.approx(3 * 2e-3 + by_bytes)
-    cpu = replace(H100, overlaps=False)  # every core computes: each call costs what was measured between them
-    t = step_time("fsdp", fake_trace(), 2, 1, cpu, False, [Collective("all_gather", 2**20, 3, "forward", "p")],
-                  bandwidth)
+    assert bandwidth.seconds("all_gather", 2**20, 3, 2, busy=True) == pytest.approx(
+        3 * 2e-3 + by_bytes
+    )
+    # every core computes: each call costs what was measured between them
+    cpu = replace(H100, overlaps=False)
+    t = step_time(
+        "fsdp",
+        fake_trace(),
+        2,
+        1,
+        cpu,
+        False,
+        [Collective("all_gather", 2**20, 3, "forward", "p")],
+        bandwidth,
+    )
     assert t.exposed_comm_s == pytest.approx(3 * 2e-3 + by_bytes)
-    (tmp_path / "between.json").write_text(json.dumps({"world_size": 4, "call_us": {"all_gather": 2000.0}}))
-    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}  # measured at another world size: not used
+    (tmp_path / "between.json").write_text(
+        json.dumps({"world_size": 4, "call_us": {"all_gather": 2000.0}})
+    )
+    # measured at another world size: not used
+    assert from_comm_bench(tmp_path / "comm.json")[0].call_s == {}
 
 
 def test_devices_from_their_datasheets_and_refusals():

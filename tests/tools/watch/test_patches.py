@@ -1,5 +1,6 @@
-"""Everything the watcher replaces in torch and the frameworks is recorded in ``rankwise.compat.watch_patches``, and
-every record is something it replaces: the watcher and each framework's adapter installed in a fresh process."""
+"""Everything the watcher replaces in torch and the frameworks is recorded in
+``rankwise.compat.watch_patches``, and every record is something it replaces: the watcher and each
+framework's adapter installed in a fresh process."""
 
 from __future__ import annotations
 
@@ -43,9 +44,20 @@ print(json.dumps(made))
 def test_every_replacement_the_watcher_makes_is_recorded_and_every_record_is_one():
     for module in ("deepspeed", "horovod.torch", "lightning", "pytorch_lightning", "accelerate"):
         pytest.importorskip(module)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", INSTALL_EVERYTHING], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", INSTALL_EVERYTHING],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]  # (an unrecorded replacement: LookupError)
     made = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(made) == len(set(made))  # each replaced once

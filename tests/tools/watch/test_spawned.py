@@ -1,4 +1,5 @@
-"""An mp.spawn script's ranks: the parts that need no process (the whole run: test_verify_scripts.py)."""
+"""An mp.spawn script's ranks: the parts that need no process (the whole run:
+test_verify_scripts.py)."""
 
 from __future__ import annotations
 

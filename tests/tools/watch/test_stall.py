@@ -1,5 +1,5 @@
-"""The stall deadline: a process that makes no progress is stopped with every thread's stack, read back as where it
-waited (the whole command: tests/tools/watch/test_verify_scripts.py)."""
+"""The stall deadline: a process that makes no progress is stopped with every thread's stack, read
+back as where it waited (the whole command: tests/tools/watch/test_verify_scripts.py)."""
 
 from __future__ import annotations
 
@@ -19,19 +19,28 @@ DUMPS = Path(__file__).parents[2] / "support" / "tools" / "watch" / "dumps"
 
 
 def test_a_dump_names_the_main_threads_line_in_the_script_and_its_innermost_frame():
-    # A real dump (rank 1 of tests/support/tools/watch/scripts/stalls.py waiting for rank 0 in DDP's all-reduce),
-    # its paths shortened, with a second thread ahead of the main one as faulthandler lists them.
+    # A real dump (rank 1 of tests/support/tools/watch/scripts/stalls.py waiting for rank 0 in DDP's
+    # all-reduce), its paths shortened, with a second thread ahead of the main one as faulthandler
+    # lists them.
     dump = parse_dump((DUMPS / "rank1-in-backward.txt").read_text())
     assert dump.who == "rank1" and dump.seconds == 8 and dump.timed_out
     assert len(dump.threads) == 2 and dump.main[0].function == "_engine_run_backward"
     assert str(in_script(dump.main, "/home/user/project/train.py")) == "train.py:20 in <module>"
-    assert str(in_script(dump.main)) == "train.py:20 in <module>"  # the script unknown: the innermost not a library
+    # the script unknown: the innermost not a library
+    assert str(in_script(dump.main)) == "train.py:20 in <module>"
     assert describe([dump], "/home/user/project/train.py") == (
         "rank 1 made no progress for 8 s and was stopped; it waited at train.py:20 in <module> "
-        "(torch/autograd/graph.py:979 in _engine_run_backward)")
-    stopped = parse_dump((DUMPS / "rank1-in-backward.txt").read_text().replace("Timeout (0:00:08)!\n", ""))
-    assert not stopped.timed_out and describe([stopped]) is None  # a SIGTERM's stack alone is no stall
-    assert parse_dump("rankwise stall deadline: rank0 main thread 0x00007f0000000001 seconds 8\n") is None
+        "(torch/autograd/graph.py:979 in _engine_run_backward)"
+    )
+    stopped = parse_dump(
+        (DUMPS / "rank1-in-backward.txt").read_text().replace("Timeout (0:00:08)!\n", "")
+    )
+    # a SIGTERM's stack alone is no stall
+    assert not stopped.timed_out and describe([stopped]) is None
+    assert (
+        parse_dump("rankwise stall deadline: rank0 main thread 0x00007f0000000001 seconds 8\n")
+        is None
+    )
 
 
 WAITS = textwrap.dedent("""\
@@ -42,7 +51,7 @@ WAITS = textwrap.dedent("""\
         time.sleep(0.25)
         stall.progress()
     def waits():
-        print("waiting", flush=True); time.sleep(60)  # (one line: a SIGTERM right after the print finds it here)
+        print("waiting", flush=True); time.sleep(60)  # (one line: SIGTERM finds it here)
     waits()
     """)
 
@@ -53,25 +62,35 @@ def test_a_process_without_progress_is_stopped_with_its_stack_and_a_sigterm_writ
     script.write_text(WAITS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     started = time.monotonic()
-    stalled, stopped = (subprocess.Popen([sys.executable, str(script), str(tmp_path / f"stall-{who}-pid{n}.txt"),
-                                          seconds, who], env=env, stdout=subprocess.PIPE, text=True)
-                        for n, (seconds, who) in enumerate((("1", "rank3"), ("60", "rank4"))))
+    stalled, stopped = (
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"stall-{who}-pid{n}.txt"), seconds, who],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n, (seconds, who) in enumerate((("1", "rank3"), ("60", "rank4")))
+    )
     try:
         assert stopped.stdout.readline() == "waiting\n"
         stopped.send_signal(signal.SIGTERM)
         assert stopped.wait(timeout=30) == -signal.SIGTERM
         assert stalled.wait(timeout=30) == 1  # faulthandler's exit
-        assert stalled.stdout.read() == "waiting\n"  # its progress kept it going past its 1 s deadline
+        # its progress kept it going past its 1 s deadline
+        assert stalled.stdout.read() == "waiting\n"
     finally:
         for proc in (stalled, stopped):
             proc.kill()
     assert time.monotonic() - started < 20
     dumps = read_dumps(tmp_path)
     assert [(dump.who, dump.timed_out) for dump in dumps] == [("rank3", True), ("rank4", False)]
-    assert all(str(dump.main[0]) == "waits.py:8 in waits" for dump in dumps), [dump.main for dump in dumps]
+    assert all(str(dump.main[0]) == "waits.py:8 in waits" for dump in dumps), [
+        dump.main for dump in dumps
+    ]
     assert describe(dumps, script).splitlines() == [
         "rank 3 made no progress for 1 s and was stopped; it waited at waits.py:8 in waits",
-        "rank 4 was stopped by its launcher meanwhile; it waited at waits.py:8 in waits"]
+        "rank 4 was stopped by its launcher meanwhile; it waited at waits.py:8 in waits",
+    ]
 
 
 WAITS_FOR_OTHERS = textwrap.dedent("""\
@@ -96,8 +115,13 @@ def test_a_rank_waiting_while_another_works_is_not_stalled_until_the_whole_run_s
     script.write_text(WAITS_FOR_OTHERS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     started = time.monotonic()
-    ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"stall-rank{r}-pid{r}.txt"), f"rank{r}"],
-                              env=env) for r in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"stall-rank{r}-pid{r}.txt"), f"rank{r}"],
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     try:
         codes = [rank.wait(timeout=30) for rank in ranks]
     finally:
@@ -105,5 +129,6 @@ def test_a_rank_waiting_while_another_works_is_not_stalled_until_the_whole_run_s
             rank.kill()
     ended = time.monotonic() - started
     assert codes == [1, 1]  # both stopped by their deadline once nothing moved for 1 s ...
-    assert ended > 3.5  # ... not while rank 0 worked: rank 1's own deadline (1 s) followed the run's progress
+    # ... not while rank 0 worked: rank 1's own deadline (1 s) followed the run's progress
+    assert ended > 3.5
     assert [dump.who for dump in read_dumps(tmp_path) if dump.timed_out] == ["rank0", "rank1"]

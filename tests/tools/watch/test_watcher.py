@@ -1,4 +1,5 @@
-"""The watcher's timed window (a benchmark's throughput), decided on one process with a clock the test drives."""
+"""The watcher's timed window (a benchmark's throughput), decided on one process with a clock the
+test drives."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 
 @pytest.mark.parametrize("first_step_s, speed_up", [(0.010, 0.985), (0.001, 1.0), (0.002, 1.0005)])
-def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(tmp_path, monkeypatch, first_step_s,
-                                                                         speed_up):
-    """Under load a fast script's first steps are slow and its later ones fast (or the other way round): the window
-    is pushed further until it lasted MIN_WINDOW_S, never cut short after a fixed number of decisions."""
+def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(
+    tmp_path, monkeypatch, first_step_s, speed_up
+):
+    """Under load a fast script's first steps are slow and its later ones fast (or the other way
+    round): the window is pushed further until it lasted MIN_WINDOW_S, never cut short after a fixed
+    number of decisions."""
     now, step_s = [0.0], [first_step_s]
     clock = SimpleNamespace(perf_counter=lambda: now[0])
     monkeypatch.setattr(window, "time", clock)  # (the window times the steps and reports them)
@@ -25,7 +28,8 @@ def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(tmp_path
     with pytest.raises(WatchDone):
         for _ in range(20_000):
             now[0] += step_s[0]
-            step_s[0] = max(step_s[0] * speed_up, 1e-3)  # (at most MAX_WINDOW_STEPS fit in the window)
+            # (at most MAX_WINDOW_STEPS fit in the window)
+            step_s[0] = max(step_s[0] * speed_up, 1e-3)
             watcher.step_ends([], dict, lambda theirs: None)
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert MIN_WINDOW_S <= probe["steady_s"] < 1.5 * MIN_WINDOW_S, probe

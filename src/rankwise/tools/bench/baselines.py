@@ -53,8 +53,9 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
         from accelerate import Accelerator, DataLoaderConfiguration
 
         # split_batches: each global batch of the loader is cut across the ranks, as rankwise does.
-        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True),
-                                  cpu=device.type == "cpu")
+        accelerator = Accelerator(
+            dataloader_config=DataLoaderConfiguration(split_batches=True), cpu=device.type == "cpu"
+        )
         device = accelerator.device
     else:
         dist.init_process_group(backend_for(device))
@@ -63,31 +64,57 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
     torch.manual_seed(cfg.seed)
     ngrams = data.ngrams.to_dict() if data.ngrams else None
     assert data.encoder is not None  # the bench's data is text, tokenized
-    model, spec = build_model(cfg.model.name, num_labels=data.num_labels, dropout=cfg.model.dropout,
-                              vocab_size=data.encoder.vocab_size, pad_id=data.encoder.pad_id,
-                              max_length=cfg.data.max_length, ngrams=ngrams)
+    model, spec = build_model(
+        cfg.model.name,
+        num_labels=data.num_labels,
+        dropout=cfg.model.dropout,
+        vocab_size=data.encoder.vocab_size,
+        pad_id=data.encoder.pad_id,
+        max_length=cfg.data.max_length,
+        ngrams=ngrams,
+    )
     model.to(device)
     optimizer = make_optimizer(model, cfg, device)  # AdamW, fused where the device has the kernel
     torch.manual_seed(cfg.seed + rank)  # each rank its own dropout stream, as in rankwise
     steps = cfg.max_steps
     assert steps is not None  # the bench sets max_steps for every row
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim.schedule, int(cfg.optim.warmup_ratio * steps), steps))
+        optimizer, lr_lambda(cfg.optim.schedule, int(cfg.optim.warmup_ratio * steps), steps)
+    )
     dataset = data.dataset("train", ngrams=reads_ngrams(spec))
     if accelerator is not None:
-        sampler = LengthGroupedSampler(dataset, dataset.lengths, cfg.batch_size, num_replicas=1, rank=0,
-                                       seed=cfg.seed)
-        loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                            collate_fn=dataset.collate)
-        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+        sampler = LengthGroupedSampler(
+            dataset, dataset.lengths, cfg.batch_size, num_replicas=1, rank=0, seed=cfg.seed
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size,
+            sampler=sampler,
+            drop_last=True,
+            collate_fn=dataset.collate,
+        )
+        model, optimizer, loader, scheduler = accelerator.prepare(
+            model, optimizer, loader, scheduler
+        )
     else:
-        sampler = LengthGroupedSampler(dataset, dataset.lengths, cfg.batch_size, num_replicas=world, rank=rank,
-                                       seed=cfg.seed)
-        loader = DataLoader(dataset, batch_size=cfg.batch_size // world, sampler=sampler, drop_last=True,
-                            collate_fn=dataset.collate)
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=True)
-    timer = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)  # (the steps rankwise rows profile)
+        sampler = LengthGroupedSampler(
+            dataset, dataset.lengths, cfg.batch_size, num_replicas=world, rank=rank, seed=cfg.seed
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size // world,
+            sampler=sampler,
+            drop_last=True,
+            collate_fn=dataset.collate,
+        )
+        model = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.ddp.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+        )
+    # (the steps rankwise rows profile)
+    timer = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)
     done, epoch, train_peak = 0, 0, 0.0
     started = time.perf_counter()
     while done < steps:
@@ -99,10 +126,13 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
             batch.pop("index")
             output = model(**{k: v.to(device) for k, v in batch.items()})
             logits = getattr(output, "logits", output)
-            loss = nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.optim.label_smoothing)
+            loss = nn.functional.cross_entropy(
+                logits.float(), labels, label_smoothing=cfg.optim.label_smoothing
+            )
             if accelerator is not None:
                 accelerator.backward(loss)
-                if cfg.optim.max_grad_norm is not None:  # (None: no clipping, as in rankwise's loop)
+                # (None: no clipping, as in rankwise's loop)
+                if cfg.optim.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
             else:
                 loss.backward()
@@ -112,8 +142,8 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             if style == "per-step-sync":
-                # Why (the style measured): every rank waits for the slowest, then the loss is averaged and
-                # read on the host, a device sync, after every step.
+                # Why (the style measured): every rank waits for the slowest, then the loss is
+                # averaged and read on the host, a device sync, after every step.
                 dist.barrier()
                 mean_loss = loss.detach().clone()
                 dist.all_reduce(mean_loss)
@@ -134,15 +164,23 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
     dist.all_gather_object(peaks, (round(train_peak, 1), round(peak_rss_megabytes(), 1)))
     if rank == 0:
         evaluation = _evaluate(_unwrap(model), data, cfg, device, reads_ngrams(spec))
-        result = {"strategy": style, "world_size": world, "steps": done, "train_s": round(train_s, 3),
-                  "samples_per_s": round(done * cfg.batch_size / train_s, 2), **timer.rates(int(all_tokens)),
-                  "peak_rss_mb": peaks, **evaluation}
+        result = {
+            "strategy": style,
+            "world_size": world,
+            "steps": done,
+            "train_s": round(train_s, 3),
+            "samples_per_s": round(done * cfg.batch_size / train_s, 2),
+            **timer.rates(int(all_tokens)),
+            "peak_rss_mb": peaks,
+            **evaluation,
+        }
         Path(out_dir, "result.json").write_text(json.dumps(result), encoding="utf-8")
-    # The DDP module must be gone before the group is (torch 2.13 on gloo aborts at exit otherwise): the last
-    # step's output and loss reach it through their autograd graph, so they go too.
+    # The DDP module must be gone before the group is (torch 2.13 on gloo aborts at exit otherwise):
+    # the last step's output and loss reach it through their autograd graph, so they go too.
     del model, optimizer, scheduler, output, logits, loss
     if accelerator is None:
-        # Why a barrier inside: rank 0 evaluates alone; the others must not tear the group down under it.
+        # Why a barrier inside: rank 0 evaluates alone; the others must not tear the group down
+        # under it.
         destroy_process_group(clean=True)
     else:
         dist.barrier()  # Why: as above, rank 0 evaluates alone.
@@ -176,12 +214,17 @@ def _evaluate(model: nn.Module, data, cfg, device: torch.device, ngrams: bool) -
         output = model(**{k: v.to(device) for k, v in batch.items()})
         predictions.append(getattr(output, "logits", output).argmax(-1).cpu())
     predicted, true = torch.cat(predictions).numpy(), torch.cat(targets).numpy()
-    return {"eval_split": cfg.eval_split, "eval_samples": len(true), "accuracy": float(accuracy_score(true, predicted)),
-            "macro_f1": float(f1_score(true, predicted, average="macro"))}
+    return {
+        "eval_split": cfg.eval_split,
+        "eval_samples": len(true),
+        "accuracy": float(accuracy_score(true, predicted)),
+        "macro_f1": float(f1_score(true, predicted, average="macro")),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m rankwise.tools.bench.baselines STYLE DATA_DIR OUT_DIR NPROC CONFIG_JSON`` (what the bench runs)."""
+    """``python -m rankwise.tools.bench.baselines STYLE DATA_DIR OUT_DIR NPROC CONFIG_JSON`` (what
+    the bench runs)."""
     import sys
 
     from rankwise.launch.spawn import spawn

@@ -1,9 +1,11 @@
-"""``rankwise bench``'s records: a row's runs as :func:`rankwise.tools.bench.suite.run_all` gathers them, its
-equivalence columns, its cause of lost time, and the row of the table (``report.json``'s ``rows``, ``--json``) that
-the report, ``--explain`` and the exit code read.  JSON is the wire format; tuples come back as lists.
+"""``rankwise bench``'s records: a row's runs as :func:`rankwise.tools.bench.suite.run_all` gathers
+them, its equivalence columns, its cause of lost time, and the row of the table (``report.json``'s
+``rows``, ``--json``) that the report, ``--explain`` and the exit code read.  JSON is the wire
+format; tuples come back as lists.
 
-A run's own result (``RunResult``) is what ``rankwise train --json`` (or a baseline loop) printed, plus ``wall_s`` and
-``run_dir``, or ``{"error"}``: the app's summary, whose fields :mod:`rankwise.train` documents.
+A run's own result (``RunResult``) is what ``rankwise train --json`` (or a baseline loop) printed,
+plus ``wall_s`` and ``run_dir``, or ``{"error"}``: the app's summary, whose fields
+:mod:`rankwise.train` documents.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from typing import Any, TypedDict
 from typing_extensions import NotRequired
 
 RunResult = dict[str, Any]
-"""One run of a row: the app's or the baseline's summary (``steady_samples_per_s``, ``accuracy``, ``peak_rss_mb``,
-``breakdown``, ...) plus ``wall_s`` and ``run_dir``; a run that could not run: ``error`` (and ``wall_s``)."""
+"""One run of a row: the app's or the baseline's summary (``steady_samples_per_s``, ``accuracy``,
+``peak_rss_mb``, ``breakdown``, ...) plus ``wall_s`` and ``run_dir``; a run that could not run:
+``error`` (and ``wall_s``)."""
 
 
 class EquivalenceColumns(TypedDict, total=False):
-    """A row's equivalence to one process by its criterion (:mod:`rankwise.tools.bench.equivalence`); empty where
-    no check ran."""
+    """A row's equivalence to one process by its criterion
+    (:mod:`rankwise.tools.bench.equivalence`); empty where no check ran."""
 
     equivalent: bool | None
     """True: equivalent; False: not; None: undecided (not comparable, could not run, unchecked)."""
     verdict: str | None
-    """``equivalent``, ``not equivalent``, ``not comparable``, ``could not run``, ``unchecked`` or ``reference``."""
+    """``equivalent``, ``not equivalent``, ``not comparable``, ``could not run``, ``unchecked`` or
+    ``reference``."""
     compared_steps: int
     """Optimizer steps compared."""
     compared: str
@@ -38,12 +42,14 @@ class EquivalenceColumns(TypedDict, total=False):
     gradient_tolerance: float | None
     """The gradients' tolerance (lockstep only)."""
     reason: str | None
-    """Why the verdict is not ``equivalent``, or why the check could not run (in a :class:`BenchRow` that could not
-    run: its first run's error)."""
+    """Why the verdict is not ``equivalent``, or why the check could not run (in a :class:`BenchRow`
+    that could not run: its first run's error)."""
     criterion: str | None
-    """``reference`` (single), ``lockstep`` (rankwise verify) or ``weights`` (separate runs' weights)."""
+    """``reference`` (single), ``lockstep`` (rankwise verify) or ``weights`` (separate runs'
+    weights)."""
     criterion_note: str | None
-    """Why this criterion where it is not the lockstep one, or what lockstep ran instead of the row's name."""
+    """Why this criterion where it is not the lockstep one, or what lockstep ran instead of the
+    row's name."""
 
 
 class RowRecord(TypedDict):
@@ -62,11 +68,13 @@ class RowRecord(TypedDict):
     runs: list[RunResult]
     """Each repeat's run, in the order they ran."""
     missing: str | None
-    """Why the row cannot run here (a library not installed, with its install command), else None."""
+    """Why the row cannot run here (a library not installed, with its install command), else
+    None."""
     eval_expected: NotRequired[int]
     """Samples of the evaluation split: what every run's evaluation should count."""
     eval_count_ok: NotRequired[bool]
-    """Whether every run evaluated exactly ``eval_expected`` samples (no duplicates from padded shards)."""
+    """Whether every run evaluated exactly ``eval_expected`` samples (no duplicates from padded
+    shards)."""
     equivalence: NotRequired[EquivalenceColumns]
     """The row's equivalence columns (empty where no check ran)."""
 
@@ -90,8 +98,8 @@ class BreakdownColumns(TypedDict, total=False):
     """A row's breakdown entries in its table row (:func:`rankwise.tools.bench.why.summary`)."""
 
     breakdown: dict[str, Any] | None
-    """The profiled steps' breakdown per rank (:func:`rankwise.measure.breakdown.combine`), where the row was
-    profiled."""
+    """The profiled steps' breakdown per rank (:func:`rankwise.measure.breakdown.combine`), where
+    the row was profiled."""
     steps: dict[str, Any] | None
     """The table's step cells: compute, comm, data, sync and wait, in milliseconds a step."""
     why: Explanation | None
@@ -99,8 +107,9 @@ class BreakdownColumns(TypedDict, total=False):
 
 
 class BenchRow(EquivalenceColumns, BreakdownColumns):
-    """One line of the table: medians over repeats of a row's runs, its checks (:class:`EquivalenceColumns`: the
-    equivalence, its ``tolerance`` the one it used) and its breakdown (:class:`BreakdownColumns`)."""
+    """One line of the table: medians over repeats of a row's runs, its checks
+    (:class:`EquivalenceColumns`: the equivalence, its ``tolerance`` the one it used) and its
+    breakdown (:class:`BreakdownColumns`)."""
 
     row: str
     """The row's name."""
@@ -140,4 +149,3 @@ class BenchRow(EquivalenceColumns, BreakdownColumns):
     """Whether every run evaluated exactly ``eval_expected``."""
     accuracy_ok: NotRequired[bool]
     """Whether the accuracy is within one point of ``single``'s."""
-

@@ -1,4 +1,5 @@
-"""``rankwise bench``'s outputs: the table, ``report.md``, ``report.json`` (every number) and ``report.png``."""
+"""``rankwise bench``'s outputs: the table, ``report.md``, ``report.json`` (every number) and
+``report.png``."""
 
 from __future__ import annotations
 
@@ -27,17 +28,23 @@ def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
 
 
 def significant(value: float | None, digits: int = 4) -> float | None:
-    """``value`` to ``digits`` significant figures: a CPU's 0.0028 TFLOP/s keeps its precision (4 decimals made it
-    0.0028 from 0.002832, 1 % off the MFU computed from it)."""
+    """``value`` to ``digits`` significant figures: a CPU's 0.0028 TFLOP/s keeps its precision (4
+    decimals made it 0.0028 from 0.002832, 1 % off the MFU computed from it)."""
     return None if value is None else float(f"{value:.{digits}g}")
 
 
 def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
-    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``; a run that
-    could not run points to the table's notes, which carry its error once."""
-    outcome = "could not run (why: under the table)" if "error" in run else \
-        f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
-    return f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
+    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``; a run
+    that could not run points to the table's notes, which carry its error once."""
+    outcome = (
+        "could not run (why: under the table)"
+        if "error" in run
+        else f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
+    )
+    return (
+        f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, "
+        f"{outcome}"
+    )
 
 
 def summarize(records: list[RowRecord], meta: dict) -> dict:
@@ -48,8 +55,15 @@ def summarize(records: list[RowRecord], meta: dict) -> dict:
     lines: list[BenchRow] = []
     for record in records:
         runs = ok[record["row"]]
-        line: BenchRow = {"row": record["row"], "about": record["about"], "processes": record["processes"],
-                          "threads": record["threads"], "tolerance": record["tolerance"], "status": ""}  # (set below)
+        line: BenchRow = {
+            "row": record["row"],
+            "about": record["about"],
+            "processes": record["processes"],
+            # (set below)
+            "threads": record["threads"],
+            "tolerance": record["tolerance"],
+            "status": "",
+        }
         if record["missing"]:
             line["status"] = f"not installed: {record['missing']}"
         elif not runs:
@@ -74,10 +88,17 @@ def summarize(records: list[RowRecord], meta: dict) -> dict:
                 "eval_samples": first["eval_samples"],
                 "eval_expected": record["eval_expected"],
                 "eval_count_ok": record["eval_count_ok"],
-                "accuracy_ok": (single_accuracy is not None
-                                and abs(first["accuracy"] - single_accuracy) <= ACCURACY_POINTS),
-                # The equivalence check by its criterion (tools/bench/equivalence.py): verdict, reason, differences.
-                "criterion": None, "verdict": None, "equivalent": None, "reason": None, "max_param_diff": None,
+                "accuracy_ok": (
+                    single_accuracy is not None
+                    and abs(first["accuracy"] - single_accuracy) <= ACCURACY_POINTS
+                ),
+                # The equivalence check by its criterion (tools/bench/equivalence.py): verdict,
+                # reason, differences.
+                "criterion": None,
+                "verdict": None,
+                "equivalent": None,
+                "reason": None,
+                "max_param_diff": None,
             }
             line |= record.get("equivalence", {})
             line |= why.summary(first.get("breakdown"))
@@ -87,17 +108,26 @@ def summarize(records: list[RowRecord], meta: dict) -> dict:
 
 def _paired_ratio(ok: dict, a: str, b: str) -> dict | None:
     """Median over repeats of a's throughput / b's (runs of one repeat are neighbours: a pair)."""
-    pairs = [(x["steady_samples_per_s"], y["steady_samples_per_s"]) for x, y in zip(ok.get(a, []), ok.get(b, []))
-             if x.get("steady_samples_per_s") and y.get("steady_samples_per_s")]
+    pairs = [
+        (x["steady_samples_per_s"], y["steady_samples_per_s"])
+        for x, y in zip(ok.get(a, []), ok.get(b, []))
+        if x.get("steady_samples_per_s") and y.get("steady_samples_per_s")
+    ]
     if not pairs:
         return None
-    return {"median": round(statistics.median(x / y for x, y in pairs), 3),
-            "pairs": [round(x / y, 3) for x, y in pairs]}
+    return {
+        "median": round(statistics.median(x / y for x, y in pairs), 3),
+        "pairs": [round(x / y, 3) for x, y in pairs],
+    }
 
 
 def reading(lines: list[BenchRow], ok: dict) -> dict:
     measured = [line for line in lines if line["status"] == "ok"]
-    passing = [line for line in measured if line["equivalent"] and line["eval_count_ok"] and line["accuracy_ok"]]
+    passing = [
+        line
+        for line in measured
+        if line["equivalent"] and line["eval_count_ok"] and line["accuracy_ok"]
+    ]
     fastest = max(passing, key=lambda line: line["samples_per_s"] or 0, default=None)
     return {
         "fastest_passing": fastest["row"] if fastest else None,
@@ -106,20 +136,30 @@ def reading(lines: list[BenchRow], ok: dict) -> dict:
         "ddp_vs_plain_accelerate": _paired_ratio(ok, "ddp", "plain-accelerate"),
         "plain_ddp_vs_per_step_sync": _paired_ratio(ok, "plain-ddp", "per-step-sync"),
         "scaling_efficiency": scaling_efficiency(measured),
-        "failing": [line["row"] for line in measured if line not in passing and line["verdict"] not in UNDECIDED],
+        "failing": [
+            line["row"]
+            for line in measured
+            if line not in passing and line["verdict"] not in UNDECIDED
+        ],
         "not_run": [line["row"] for line in lines if line["status"] != "ok"],
     }
 
 
 def scaling_efficiency(measured: list[BenchRow]) -> dict[str, float]:
-    """Each multi-process row's throughput / (the cores it used x one process on one thread), when ``single-1t``
-    ran.  Cores are processes x threads: on C cores a row of N ranks runs C/N threads each, so dividing by N
-    alone credited the ranks' threads to the scaling (on 16 cores, 2 ranks x 8 threads counted as 2 cores)."""
+    """Each multi-process row's throughput / (the cores it used x one process on one thread), when
+    ``single-1t`` ran.  Cores are processes x threads: on C cores a row of N ranks runs C/N threads
+    each, so dividing by N alone credited the ranks' threads to the scaling (on 16 cores, 2 ranks x
+    8 threads counted as 2 cores)."""
     base = next((line["samples_per_s"] for line in measured if line["row"] == "single-1t"), None)
     if not base:
         return {}
-    return {line["row"]: round(line["samples_per_s"] / (line["processes"] * line.get("threads", 1) * base), 3)
-            for line in measured if line["processes"] > 1 and line["samples_per_s"]}
+    return {
+        line["row"]: round(
+            line["samples_per_s"] / (line["processes"] * line.get("threads", 1) * base), 3
+        )
+        for line in measured
+        if line["processes"] > 1 and line["samples_per_s"]
+    }
 
 
 def _check(value: bool | None) -> str:
@@ -128,34 +168,52 @@ def _check(value: bool | None) -> str:
 
 def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
-    head = ("| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak RSS MB/rank "
-            "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | Δgradient (tol) "
-            "| Δweights (tol) | equivalent | criterion |")
+    head = (
+        "| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak "
+        "RSS MB/rank "
+        "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | "
+        "Δgradient (tol) "
+        "| Δweights (tol) | equivalent | criterion |"
+    )
     out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
-            out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | | | | "
-                       f"{line['status']} | |")
+            out.append(
+                f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | "
+                "| | | "
+                f"{line['status']} | |"
+            )
             continue
         count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
-        out.append(f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
-                   f"{line['samples_per_s']:,.0f} | "
-                   f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
-                   f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | {why.step_cell(line.get('steps'))} | "
-                   f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | "
-                   f"{_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
-                   f"{_difference(line, 'max_param_diff', 'tolerance')} | {CELLS.get(line['verdict'], '—')} | "
-                   f"{CRITERIA.get(line['criterion'], '—')} |")
+        out.append(
+            f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
+            f"{line['samples_per_s']:,.0f} | "
+            f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
+            f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+            f"{why.step_cell(line.get('steps'))} | "
+            f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | "
+            f"{_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
+            f"{_difference(line, 'max_param_diff', 'tolerance')} | "
+            f"{CELLS.get(line['verdict'], '—')} | "
+            f"{CRITERIA.get(line['criterion'], '—')} |"
+        )
     notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
-    notes += [f"- {line['row']}, criterion: {line['criterion_note']}" for line in summary["rows"]
-              if line.get("criterion_note")]
+    notes += [
+        f"- {line['row']}, criterion: {line['criterion_note']}"
+        for line in summary["rows"]
+        if line.get("criterion_note")
+    ]
     notes += why.notes(summary["rows"])
     return "\n".join(out + ([""] + notes if notes else []))
 
 
-CRITERIA = {"reference": "reference", "lockstep": "lockstep (verify)", "weights": "weights (dropout 0)"}
+CRITERIA = {
+    "reference": "reference",
+    "lockstep": "lockstep (verify)",
+    "weights": "weights (dropout 0)",
+}
 """The table's criterion cell (tools/bench/equivalence.py)."""
 CELLS = {**VERDICT_CELLS, "could not run": "could not run"}
 """The equivalence cell (the criterion cell beside it says which check could not run)."""
@@ -186,22 +244,39 @@ def reading_text(summary: dict) -> str:
     r, meta = summary["reading"], summary["meta"]
     said = []
     if r["fastest_passing"]:
-        said.append(f"Fastest row that passes every check: **{r['fastest_passing']}** "
-                    f"({r['fastest_passing_speedup']:.2f}× `single` at {meta['cores']} cores).")
-    for key, text in (("ddp_vs_plain_ddp", "rankwise `ddp` / hand-written DDP loop"),
-                      ("ddp_vs_plain_accelerate", "rankwise `ddp` / plain Accelerate"),
-                      ("plain_ddp_vs_per_step_sync", "hand-written DDP / per-step-sync loop")):
+        said.append(
+            f"Fastest row that passes every check: **{r['fastest_passing']}** "
+            f"({r['fastest_passing_speedup']:.2f}× `single` at {meta['cores']} cores)."
+        )
+    for key, text in (
+        ("ddp_vs_plain_ddp", "rankwise `ddp` / hand-written DDP loop"),
+        ("ddp_vs_plain_accelerate", "rankwise `ddp` / plain Accelerate"),
+        ("plain_ddp_vs_per_step_sync", "hand-written DDP / per-step-sync loop"),
+    ):
         if r[key] and len(r[key]["pairs"]) == 1:
-            said.append(f"{text}: {r[key]['median']:.3f} from one pair only: run to run noise is about ±15 % "
-                        "on 2 cores, so this says little; `make bench` (alternating repeats) gives the real figure.")
+            said.append(
+                f"{text}: {r[key]['median']:.3f} from one pair only: run to run noise is about "
+                "±15 % "
+                "on 2 cores, so this says little; `make bench` (alternating repeats) gives the "
+                "real figure."
+            )
         elif r[key]:
-            said.append(f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
-                        f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])}).")
+            said.append(
+                f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
+                f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])})."
+            )
     if r.get("scaling_efficiency"):
-        said.append("Scaling efficiency (throughput / (processes × threads × `single-1t`)): " + ", ".join(
-            f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items()) + ".")
-    said.append(f"Failing a check: {', '.join(r['failing'])}." if r["failing"] else "Every measured row passes "
-                "its equivalence check, the evaluation count and accuracy within 1 point of `single`.")
+        said.append(
+            "Scaling efficiency (throughput / (processes × threads × `single-1t`)): "
+            + ", ".join(f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items())
+            + "."
+        )
+    said.append(
+        f"Failing a check: {', '.join(r['failing'])}."
+        if r["failing"]
+        else "Every measured row passes "
+        "its equivalence check, the evaluation count and accuracy within 1 point of `single`."
+    )
     if r["not_run"]:
         said.append(f"Not measured: {', '.join(r['not_run'])} (see the table).")
     return "\n".join(f"- {line}" for line in said)
@@ -209,26 +284,50 @@ def reading_text(summary: dict) -> str:
 
 def markdown(summary: dict) -> str:
     meta = summary["meta"]
-    return "\n".join([
-        f"# rankwise bench — {meta['preset']} preset", "",
-        f"{meta['data']} · model {meta['model']} · {meta['steps']} steps × batch {meta['batch_size']} · "
-        f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · the app's stock settings (dropout on) · "
-        f"equivalence over the first {meta['equivalence_step']} steps against one process", "",
-        f"Machine: {meta['cpu']}, {meta['cores']} cores, GPU {meta['cuda'] or 'none'}; torch {meta['torch']}, "
-        f"python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()), "",
-        table(summary), "",
-        "samples/s and tokens/s: training only, after the warm-up steps (checkpoints and evaluation left out); "
-        "TFLOP/s: the model's FLOPs (torch's FLOP counter, forward and backward) per second, all ranks together; "
-        "MFU: that over the matrix-product peak measured in the same run at the run's dtype (all ranks), and "
-        "over the datasheet peak after a slash on known GPUs; "
-        "speedup: against `single` at the same total cores; peak RSS: each rank's resident memory during "
-        "training; eval count: predictions gathered against the split size; equivalence by the row's criterion: "
-        "lockstep (`rankwise verify` of the built-in app under the row's strategy, dropout off, one process "
-        "following it step by step: Δgradient relative to the gradient, Δweights after each step) or, for a row "
-        "verify cannot run or judge (the reason is under the table), weights (the largest parameter difference "
-        "from `single` after the same first steps, in separate untimed runs with dropout 0, judged against the "
-        "row's stated tolerance).", "",
-        "## Reading", "", reading_text(summary), ""])
+    return "\n".join(
+        [
+            f"# rankwise bench — {meta['preset']} preset",
+            "",
+            f"{meta['data']} · model {meta['model']} · {meta['steps']} steps × batch "
+            f"{meta['batch_size']} · "
+            f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · the app's stock settings "
+            "(dropout on) · "
+            f"equivalence over the first {meta['equivalence_step']} steps against one process",
+            "",
+            f"Machine: {meta['cpu']}, {meta['cores']} cores, GPU {meta['cuda'] or 'none'}; torch "
+            f"{meta['torch']}, "
+            f"python {meta['python']}; "
+            + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()),
+            "",
+            table(summary),
+            "",
+            "samples/s and tokens/s: training only, after the warm-up steps (checkpoints and "
+            "evaluation left out); "
+            "TFLOP/s: the model's FLOPs (torch's FLOP counter, forward and backward) per second, "
+            "all ranks together; "
+            "MFU: that over the matrix-product peak measured in the same run at the run's dtype "
+            "(all ranks), and "
+            "over the datasheet peak after a slash on known GPUs; "
+            "speedup: against `single` at the same total cores; peak RSS: each rank's resident "
+            "memory during "
+            "training; eval count: predictions gathered against the split size; equivalence by "
+            "the row's criterion: "
+            "lockstep (`rankwise verify` of the built-in app under the row's strategy, dropout "
+            "off, one process "
+            "following it step by step: Δgradient relative to the gradient, Δweights after each "
+            "step) or, for a row "
+            "verify cannot run or judge (the reason is under the table), weights (the largest "
+            "parameter difference "
+            "from `single` after the same first steps, in separate untimed runs with dropout 0, "
+            "judged against the "
+            "row's stated tolerance).",
+            "",
+            "## Reading",
+            "",
+            reading_text(summary),
+            "",
+        ]
+    )
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -239,13 +338,21 @@ def plot(summary: dict, path: Path) -> None:
 
     lines = [line for line in summary["rows"] if line["status"] == "ok"]
     names = [line["row"] for line in lines]
-    colour = ["#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines]
+    colour = [
+        "#2b8a3e" if line["equivalent"] and line["eval_count_ok"] else "#c92a2a" for line in lines
+    ]
     figure, axes = plt.subplots(1, 6, figsize=(28, 0.45 * len(lines) + 2), sharey=True)
-    panels = (("samples_per_s", "training samples/s"), ("speedup", "speedup vs single (equal cores)"),
-              ("mfu", "MFU (of the measured peak)"), ("accuracy", "test accuracy"),
-              ("peak_rss_mb", "peak RSS MB (largest rank; every rank's)"))
+    panels = (
+        ("samples_per_s", "training samples/s"),
+        ("speedup", "speedup vs single (equal cores)"),
+        ("mfu", "MFU (of the measured peak)"),
+        ("accuracy", "test accuracy"),
+        ("peak_rss_mb", "peak RSS MB (largest rank; every rank's)"),
+    )
     for axis, (key, title) in zip(axes, panels):
-        values = [max(line[key]) if key == "peak_rss_mb" and line[key] else line[key] for line in lines]
+        values = [
+            max(line[key]) if key == "peak_rss_mb" and line[key] else line[key] for line in lines
+        ]
         axis.barh(names, [value or 0 for value in values], color=colour)
         axis.set_title(title)
         for y, (line, value) in enumerate(zip(lines, values)):
@@ -257,8 +364,10 @@ def plot(summary: dict, path: Path) -> None:
     if lines and lines[0]["row"] == "single":
         axes[3].axvline(lines[0]["accuracy"], color="grey", linestyle="--", linewidth=1)
     meta = summary["meta"]
-    figure.suptitle(f"rankwise bench ({meta['preset']}): {meta['data']}, {meta['nproc']} processes, "
-                    f"{meta['cores']} cores — green: passes equivalence and count checks, red: fails")
+    figure.suptitle(
+        f"rankwise bench ({meta['preset']}): {meta['data']}, {meta['nproc']} processes, "
+        f"{meta['cores']} cores — green: passes equivalence and count checks, red: fails"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,4 +1,5 @@
-"""``rankwise bench``'s settings, one typed object per mode, built from the flags in ``cli/bench.py``."""
+"""``rankwise bench``'s settings, one typed object per mode, built from the flags in
+``cli/bench.py``."""
 
 from __future__ import annotations
 
@@ -53,10 +54,11 @@ class ScriptSettings:
     script_args: tuple[str, ...] = ()
     """The script's own arguments (after ``--``)."""
     framework: str = "auto"
-    """How the script trains (:data:`rankwise.tools.watch.frameworks.FRAMEWORKS`); ``auto``: from its imports."""
+    """How the script trains (:data:`rankwise.tools.watch.frameworks.FRAMEWORKS`); ``auto``: from
+    its imports."""
     strategies: tuple[str, ...] = ()
-    """rankwise strategies (a script on ``rankwise.setup()``) or the launcher's own (Fabric, Accelerate);
-    empty: the defaults."""
+    """rankwise strategies (a script on ``rankwise.setup()``) or the launcher's own (Fabric,
+    Accelerate); empty: the defaults."""
     nproc: tuple[int, ...] = (2,)
     """Processes: one count for a script on ``rankwise.setup()``; else a row per count."""
     steps: int = 20

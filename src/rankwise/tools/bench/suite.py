@@ -7,9 +7,10 @@ Method:
 * Throughput is the summary's steady rate: the first ``throughput_warmup_steps`` steps,
   checkpoints and evaluations are left out.
 * Equivalence, after the timed runs (:mod:`rankwise.tools.bench.equivalence`): ``rankwise verify``'s
-  lockstep judgement of the built-in app under the row's strategy for ``K`` steps, as ``--script`` rows
-  have; rows verify cannot run or judge compare their weights after ``K`` steps with ``single``'s, in
-  separate untimed runs with dropout 0, against the row's stated tolerance (:mod:`rankwise.measure.tolerance`).
+  lockstep judgement of the built-in app under the row's strategy for ``K`` steps, as ``--script``
+  rows have; rows verify cannot run or judge compare their weights after ``K`` steps with
+  ``single``'s, in separate untimed runs with dropout 0, against the row's stated tolerance
+  (:mod:`rankwise.measure.tolerance`).
 * Repeats alternate the order (forward, then backward, ...) and the report takes medians.
 """
 
@@ -33,7 +34,12 @@ from rankwise.measure.breakdown import PROFILED_STEPS
 from rankwise.measure.tolerance import max_param_diff
 from rankwise.process import usable_cores
 from rankwise.tools.bench import report, why
-from rankwise.tools.bench.equivalence import criterion, lockstep_columns, verify_app, weights_columns
+from rankwise.tools.bench.equivalence import (
+    criterion,
+    lockstep_columns,
+    verify_app,
+    weights_columns,
+)
 from rankwise.tools.bench.records import EquivalenceColumns, RowRecord, RunResult
 from rankwise.tools.bench.rows import Row, select
 from rankwise.tools.bench.settings import SuiteSettings
@@ -55,8 +61,8 @@ class BenchPlan:
     nproc: int
     repeats: int
     settings: list[str]
-    """``--set`` overrides every row shares (data, model, steps, batch, seed, ...): the app's stock settings
-    otherwise (dropout on)."""
+    """``--set`` overrides every row shares (data, model, steps, batch, seed, ...): the app's stock
+    settings otherwise (dropout on)."""
     out: Path
     equivalence_step: int
     cores: int = field(default_factory=usable_cores)
@@ -68,43 +74,79 @@ class BenchPlan:
         return build_config(overrides=self.settings)
 
     def threads(self, row: Row) -> int:
-        """Fair cores: every row uses all of them, as threads of one process or split among its ranks."""
+        """Fair cores: every row uses all of them, as threads of one process or split among its
+        ranks."""
         return row.threads or max(1, self.cores // row.processes(self.nproc))
 
 
-def plan(preset: str, rows: list[Row], *, nproc: int, out: Path, data: str | None = None, model: str | None = None,
-         extra: Sequence[str] = (), repeats: int | None = None) -> BenchPlan:
+def plan(
+    preset: str,
+    rows: list[Row],
+    *,
+    nproc: int,
+    out: Path,
+    data: str | None = None,
+    model: str | None = None,
+    extra: Sequence[str] = (),
+    repeats: int | None = None,
+) -> BenchPlan:
     values = PRESETS[preset]
     steps = values["max_steps"]
     equivalence_step = 5
-    settings = [f"max_steps={steps}", "batch_size=32", "seed=0", "eval_split=test",
-                f"throughput_warmup_steps={equivalence_step}", "log_every=10", "dev_each_epoch=false",
-                f"profile_steps={PROFILED_STEPS}",
-                f"data.cache_dir={json.dumps(str(out / 'data-cache'))}"]
+    settings = [
+        f"max_steps={steps}",
+        "batch_size=32",
+        "seed=0",
+        "eval_split=test",
+        f"throughput_warmup_steps={equivalence_step}",
+        "log_every=10",
+        "dev_each_epoch=false",
+        f"profile_steps={PROFILED_STEPS}",
+        f"data.cache_dir={json.dumps(str(out / 'data-cache'))}",
+    ]
     if data:
         settings.append(f"data.source={json.dumps(data)}")
     if model:
         settings.append(f"model.name={json.dumps(model)}")
-    return BenchPlan(rows, nproc, repeats or values["repeats"], [*settings, *extra], out, equivalence_step)
+    return BenchPlan(
+        rows, nproc, repeats or values["repeats"], [*settings, *extra], out, equivalence_step
+    )
 
 
 def run_all(plan: BenchPlan, progress: bool = True) -> list[RowRecord]:
-    """Every row ``plan.repeats`` times, alternating the order; one record per row (repeats kept)."""
+    """Every row ``plan.repeats`` times, alternating the order; one record per row (repeats
+    kept)."""
     from rankwise.data.prepare import cache_entry, prepare_data
 
     cfg = plan.config
     prepared = prepare_data(cfg.data)  # once, into the cache every row reads
     data_dir = cache_entry(cfg.data)
-    assert data_dir is not None  # every row reads the data prepared once, from the cache (data.cache_dir)
+    # every row reads the data prepared once, from the cache (data.cache_dir)
+    assert data_dir is not None
     split_size = prepared.size(cfg.eval_split)
     records: dict[str, RowRecord] = {
-        row.name: {"row": row.name, "about": row.about, "processes": row.processes(plan.nproc),
-                   "threads": plan.threads(row), "tolerance": row.tolerance, "runs": [], "missing": row.missing()}
-        for row in plan.rows}
+        row.name: {
+            "row": row.name,
+            "about": row.about,
+            "processes": row.processes(plan.nproc),
+            "threads": plan.threads(row),
+            "tolerance": row.tolerance,
+            "runs": [],
+            "missing": row.missing(),
+        }
+        for row in plan.rows
+    }
     runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
-    # A terminal gets a live bar; a log (CI, `make demo > log`) one line per finished run, not per update.
+    # A terminal gets a live bar; a log (CI, `make demo > log`) one line per finished run, not per
+    # update.
     live = progress and sys.stderr.isatty()
-    bar = tqdm(total=len(runnable) * plan.repeats, unit="run", disable=not live, dynamic_ncols=True, desc="bench")
+    bar = tqdm(
+        total=len(runnable) * plan.repeats,
+        unit="run",
+        disable=not live,
+        dynamic_ncols=True,
+        desc="bench",
+    )
     done = 0
     for repeat in range(plan.repeats):
         order = runnable if repeat % 2 == 0 else runnable[::-1]
@@ -116,9 +158,13 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[RowRecord]:
             bar.update(1)
             done += 1
             if progress and not live:
-                # The progress bar's stand-in where stderr is not a terminal: the command's display, like the bar.
-                print(report.run_line(done, bar.total, row.name, repeat, plan.repeats, run), file=sys.stderr,
-                      flush=True)
+                # The progress bar's stand-in where stderr is not a terminal: the command's display,
+                # like the bar.
+                print(
+                    report.run_line(done, bar.total, row.name, repeat, plan.repeats, run),
+                    file=sys.stderr,
+                    flush=True,
+                )
     bar.close()
     checks = check_equivalence(plan, records, runnable, data_dir)
     for row in plan.rows:
@@ -127,7 +173,8 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[RowRecord]:
 
 
 def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> RunResult:
-    """One run of ``row`` in fresh processes; its summary (plus ``wall_s`` and ``run_dir``), or ``{"error"}``."""
+    """One run of ``row`` in fresh processes; its summary (plus ``wall_s`` and ``run_dir``), or
+    ``{"error"}``."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     processes = row.processes(plan.nproc)
@@ -139,16 +186,35 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> R
         bar.set_postfix_str(f"step {step}/{total}" if step else "starting", refresh=True)
 
     if row.baseline:
-        command = [sys.executable, "-m", "rankwise.tools.bench.baselines", row.baseline, str(data_dir), str(run_dir),
-                   str(processes), plan.config.model_copy(update={"strategy": "ddp"}).model_dump_json()]
-        result = run_measured(command, run_dir, env=env, timeout_s=plan.timeout_s, on_poll=progress,
-                              result_file=run_dir / "result.json")
+        command = [
+            sys.executable,
+            "-m",
+            "rankwise.tools.bench.baselines",
+            row.baseline,
+            str(data_dir),
+            str(run_dir),
+            str(processes),
+            plan.config.model_copy(update={"strategy": "ddp"}).model_dump_json(),
+        ]
+        result = run_measured(
+            command,
+            run_dir,
+            env=env,
+            timeout_s=plan.timeout_s,
+            on_poll=progress,
+            result_file=run_dir / "result.json",
+        )
     else:
         assert row.strategy is not None  # a row is a baseline or a rankwise strategy
         procs = ["--nproc-per-node", str(processes)] if processes > 1 else []
         sets = [arg for s in [*plan.settings, *row.settings] for arg in ("--set", s)]
-        result = run_train(["--strategy", row.strategy, *procs, *sets], run_dir, env=env, timeout_s=plan.timeout_s,
-                           on_poll=progress)
+        result = run_train(
+            ["--strategy", row.strategy, *procs, *sets],
+            run_dir,
+            env=env,
+            timeout_s=plan.timeout_s,
+            on_poll=progress,
+        )
     return {**result, "run_dir": str(run_dir)}
 
 
@@ -165,36 +231,60 @@ def _weights_at(run: RunResult, step: int):
 
     run_dir = Path(run["run_dir"])
     baseline = weights_file(run_dir, step)
-    return read_weights(baseline if baseline.exists() else run_dir / "checkpoints" / f"step-{step:08d}")
+    return read_weights(
+        baseline if baseline.exists() else run_dir / "checkpoints" / f"step-{step:08d}"
+    )
 
 
-def check_equivalence(plan: BenchPlan, records: dict[str, RowRecord], rows: list[Row],
-                      data_dir: Path) -> dict[str, EquivalenceColumns]:
+def check_equivalence(
+    plan: BenchPlan, records: dict[str, RowRecord], rows: list[Row], data_dir: Path
+) -> dict[str, EquivalenceColumns]:
     """Each row that ran: its equivalence columns by its criterion
-    (:func:`~rankwise.tools.bench.equivalence.criterion`), ``criterion`` and ``criterion_note`` among them."""
-    ran = {row.name: criterion(row, plan.nproc) for row in rows
-           if any("error" not in run for run in records[row.name]["runs"])}
+    (:func:`~rankwise.tools.bench.equivalence.criterion`), ``criterion`` and ``criterion_note``
+    among them."""
+    ran = {
+        row.name: criterion(row, plan.nproc)
+        for row in rows
+        if any("error" not in run for run in records[row.name]["runs"])
+    }
     checks: dict[str, EquivalenceColumns] = {
-        name: {"criterion": "reference", "verdict": "reference", "equivalent": True} for name, rule in ran.items()
-        if rule.kind == "reference"}
+        name: {"criterion": "reference", "verdict": "reference", "equivalent": True}
+        for name, rule in ran.items()
+        if rule.kind == "reference"
+    }
     steps, verified = plan.equivalence_step, {}
     for row in rows:
         rule = ran.get(row.name)
         if rule is None or rule.kind != "lockstep":
             continue
         assert rule.strategy is not None  # a lockstep criterion names the strategy verify runs
-        key = (rule.strategy, row.settings)  # (ddp-spawn trains as ddp does: one verify run for both)
+        # (ddp-spawn trains as ddp does: one verify run for both)
+        key = (rule.strategy, row.settings)
         if key not in verified:
-            verified[key] = verify_app(rule.strategy, row.processes(plan.nproc), data_dir,
-                                       [*_unprofiled(plan.settings), *row.settings], plan.out / "verify" / row.name,
-                                       steps=steps,
-                                       timeout_s=plan.timeout_s)
-        checks[row.name] = lockstep_columns(verified[key]) | {"criterion": "lockstep", "criterion_note": rule.note}
-        log.info(f"equivalence of {row.name} (rankwise verify of {rule.strategy}, {steps} steps, dropout off): "
-                 f"{checks[row.name]['verdict']}", stderr=True)
+            verified[key] = verify_app(
+                rule.strategy,
+                row.processes(plan.nproc),
+                data_dir,
+                [*_unprofiled(plan.settings), *row.settings],
+                plan.out / "verify" / row.name,
+                steps=steps,
+                timeout_s=plan.timeout_s,
+            )
+        checks[row.name] = lockstep_columns(verified[key]) | {
+            "criterion": "lockstep",
+            "criterion_note": rule.note,
+        }
+        log.info(
+            f"equivalence of {row.name} (rankwise verify of {rule.strategy}, {steps} steps, "
+            "dropout off): "
+            f"{checks[row.name]['verdict']}",
+            stderr=True,
+        )
     weighed = [row for row in rows if row.name in ran and ran[row.name].kind == "weights"]
     if weighed:
-        checks |= _compare_weights(plan, weighed, data_dir, {row.name: ran[row.name].note for row in weighed})
+        checks |= _compare_weights(
+            plan, weighed, data_dir, {row.name: ran[row.name].note for row in weighed}
+        )
     return checks
 
 
@@ -203,17 +293,27 @@ def _unprofiled(settings: list[str]) -> list[str]:
     return [setting for setting in settings if not setting.startswith("profile_steps=")]
 
 
-def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path,
-                     notes: dict[str, str | None]) -> dict[str, EquivalenceColumns]:
-    """The rows verify cannot judge, and ``single``, for ``K`` more steps each with dropout 0 (untimed): each row's
-    columns from its weights after them against ``single``'s."""
+def _compare_weights(
+    plan: BenchPlan, rows: list[Row], data_dir: Path, notes: dict[str, str | None]
+) -> dict[str, EquivalenceColumns]:
+    """The rows verify cannot judge, and ``single``, for ``K`` more steps each with dropout 0
+    (untimed): each row's columns from its weights after them against ``single``'s."""
     steps = plan.equivalence_step
-    short = replace(plan, settings=[*plan.settings, "model.dropout=0.0", f"max_steps={steps}",
-                                    f"save_at_steps=[{steps}]"])
+    short = replace(
+        plan,
+        settings=[
+            *plan.settings,
+            "model.dropout=0.0",
+            f"max_steps={steps}",
+            f"save_at_steps=[{steps}]",
+        ],
+    )
     quiet = tqdm(disable=True)
     where = plan.out / "equivalence"
-    runs = {row.name: _run_row(row, short, where / row.name, data_dir, quiet)
-            for row in [Row("single", "single"), *rows]}
+    runs = {
+        row.name: _run_row(row, short, where / row.name, data_dir, quiet)
+        for row in [Row("single", "single"), *rows]
+    }
     reference, problem = None, runs["single"].get("error")
     if problem is None:
         try:
@@ -222,21 +322,29 @@ def _compare_weights(plan: BenchPlan, rows: list[Row], data_dir: Path,
             problem = str(e)
     checks: dict[str, EquivalenceColumns] = {}
     for row in rows:
-        difference, error = None, runs[row.name].get("error") or (problem and f"single's run: {problem}")
+        difference, error = (
+            None,
+            runs[row.name].get("error") or (problem and f"single's run: {problem}"),
+        )
         if error is None and reference is not None:  # (no error: single's weights were read)
             try:
                 difference = max_param_diff(_weights_at(runs[row.name], steps), reference)
             except Exception as e:  # noqa: BLE001 - a missing or different checkpoint is a failed check, said why
                 error = str(e)
-        checks[row.name] = weights_columns(difference, row.tolerance, steps, error and error[:300]) | {
-            "criterion": "weights", "criterion_note": notes[row.name]}
-        log.info(f"equivalence of {row.name} (weights after {steps} steps against single's, dropout 0): "
-                 f"{checks[row.name]['verdict']}", stderr=True)
+        checks[row.name] = weights_columns(
+            difference, row.tolerance, steps, error and error[:300]
+        ) | {"criterion": "weights", "criterion_note": notes[row.name]}
+        log.info(
+            f"equivalence of {row.name} (weights after {steps} steps against single's, dropout 0): "
+            f"{checks[row.name]['verdict']}",
+            stderr=True,
+        )
     return checks
 
 
 def _judge(record: RowRecord, equivalence: EquivalenceColumns | None, split_size: int) -> None:
-    """Add the checks to ``record``: evaluation count, and its equivalence (``check_equivalence``'s columns)."""
+    """Add the checks to ``record``: evaluation count, and its equivalence (``check_equivalence``'s
+    columns)."""
     runs = [run for run in record["runs"] if "error" not in run]
     record["eval_expected"] = split_size
     if not runs:
@@ -246,7 +354,8 @@ def _judge(record: RowRecord, equivalence: EquivalenceColumns | None, split_size
 
 
 def bench(config: SuiteSettings) -> int:
-    """``rankwise bench``: run the plan, write report.md/json/png, print the table and the reading."""
+    """``rankwise bench``: run the plan, write report.md/json/png, print the table and the
+    reading."""
     from rankwise.tools.machine import machine, versions
 
     if config.nproc < 2:
@@ -260,20 +369,42 @@ def bench(config: SuiteSettings) -> int:
     output = config.output
     out = output.out or Path(f"runs/bench-{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     why.check_row(output.explain, [row.name for row in rows])
-    the_plan = plan(config.preset, rows, nproc=config.nproc, out=out, data=config.data, model=config.model,
-                    extra=list(config.overrides), repeats=config.repeats)
+    the_plan = plan(
+        config.preset,
+        rows,
+        nproc=config.nproc,
+        out=out,
+        data=config.data,
+        model=config.model,
+        extra=list(config.overrides),
+        repeats=config.repeats,
+    )
     cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
-    log.info(f"rankwise bench ({config.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), {cfg.max_steps} "
-             f"steps each, {config.nproc} processes on {the_plan.cores} cores; writing to {out}", stderr=True)
+    log.info(
+        f"rankwise bench ({config.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), "
+        f"{cfg.max_steps} "
+        f"steps each, {config.nproc} processes on {the_plan.cores} cores; writing to {out}",
+        stderr=True,
+    )
     records = run_all(the_plan, progress=config.progress)
     libraries = {k: v for k, v in versions().items() if k not in ("python", "torch")}
-    meta = {"preset": config.preset, "data": cfg.data.source, "model": cfg.model.name, "steps": cfg.max_steps,
-            "batch_size": cfg.batch_size, "nproc": config.nproc, "repeats": the_plan.repeats,
-            "equivalence_step": the_plan.equivalence_step, "settings": the_plan.settings, "libraries": libraries,
-            **machine()}
+    meta = {
+        "preset": config.preset,
+        "data": cfg.data.source,
+        "model": cfg.model.name,
+        "steps": cfg.max_steps,
+        "batch_size": cfg.batch_size,
+        "nproc": config.nproc,
+        "repeats": the_plan.repeats,
+        "equivalence_step": the_plan.equivalence_step,
+        "settings": the_plan.settings,
+        "libraries": libraries,
+        **machine(),
+    }
     summary = report.summarize(records, meta)
     paths = report.write(summary, out)
-    # The command's output (the table, its reading, the files, the JSON): printed whatever the logging level.
+    # The command's output (the table, its reading, the files, the JSON): printed whatever the
+    # logging level.
     print(report.table(summary))
     print()
     print(report.reading_text(summary))
@@ -290,7 +421,10 @@ def bench(config: SuiteSettings) -> int:
     if crashed:
         log.error(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)")
     if unchecked:
-        log.error(f"rankwise bench: the equivalence check of {', '.join(unchecked)} could not run (why: under the "
-                  "table)")
+        log.error(
+            f"rankwise bench: the equivalence check of {', '.join(unchecked)} could not run (why: "
+            "under the "
+            "table)"
+        )
     crashed += unchecked
     return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0

@@ -1,10 +1,10 @@
-"""Why a bench row is slow: its step-time breakdown (:mod:`rankwise.measure.breakdown`) read into one cause and
-the change that recovers it, from evidence only.
+"""Why a bench row is slow: its step-time breakdown (:mod:`rankwise.measure.breakdown`) read into
+one cause and the change that recovers it, from evidence only.
 
-The loss a row can recover is what is not compute: waiting for the slowest rank, for the next batch, for
-communication compute did not hide, and host syncs.  The largest is named when it is at least
-:data:`NOISE` of the step; a rank the others wait for is explained by the part in which it spends more than they
-do before it arrives.
+The loss a row can recover is what is not compute: waiting for the slowest rank, for the next batch,
+for communication compute did not hide, and host syncs.  The largest is named when it is at least
+:data:`NOISE` of the step; a rank the others wait for is explained by the part in which it spends
+more than they do before it arrives.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from rankwise.measure.breakdown import LABELS, PARTS, PROFILED_STEPS
 from rankwise.tools.bench.records import BenchRow, BreakdownColumns, Explanation
 
 NOISE = 0.10
-"""A loss below this share of the step is not named: profiled steps vary by about this much on a shared CPU."""
+"""A loss below this share of the step is not named: profiled steps vary by about this much on a
+shared CPU."""
 LOSSES = ("straggler", "data", "comm", "sync")
 DDP_DEFAULT_BUCKET_MB = 25.0
 ONE_BUCKET_MB = 1.0
@@ -27,29 +28,52 @@ _BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
 
 
 def explain(breakdown: dict | None) -> Explanation | None:
-    """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part`` None: nothing above
-    the noise), or None without a breakdown."""
+    """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part``
+    None: nothing above the noise), or None without a breakdown."""
     ranks = (breakdown or {}).get("ranks") or []
     if not ranks or breakdown is None:
         return None
     step = max(r["step_ms"] for r in ranks) or 1e-9
-    loss, rank = max(((part, r) for part in LOSSES for r in ranks), key=lambda pr: pr[1]["parts_ms"][pr[0]])
+    loss, rank = max(
+        ((part, r) for part in LOSSES for r in ranks), key=lambda pr: pr[1]["parts_ms"][pr[0]]
+    )
     ms = rank["parts_ms"][loss]
     waiting = max(ranks, key=lambda r: r["parts_ms"]["straggler"])
-    if not _consistently_late(ranks):  # (a rank the machine delayed once or twice: noise, not a straggler)
-        loss, rank = max(((part, r) for part in LOSSES if part != "straggler" for r in ranks),
-                         key=lambda pr: pr[1]["parts_ms"][pr[0]])
+    # (a rank the machine delayed once or twice: noise, not a straggler)
+    if not _consistently_late(ranks):
+        loss, rank = max(
+            ((part, r) for part in LOSSES if part != "straggler" for r in ranks),
+            key=lambda pr: pr[1]["parts_ms"][pr[0]],
+        )
         ms = rank["parts_ms"][loss]
-    elif waiting["parts_ms"]["straggler"] >= max(NOISE * step, 0.5 * ms):  # (what the late rank lost, others wait)
+    # (what the late rank lost, others wait)
+    elif waiting["parts_ms"]["straggler"] >= max(NOISE * step, 0.5 * ms):
         loss, rank, ms = "straggler", waiting, waiting["parts_ms"]["straggler"]
     if ms < NOISE * step:
-        compute = min(sum(r["parts_ms"][p] for p in ("forward", "backward", "optimizer")) / r["step_ms"]
-                      for r in ranks if r["step_ms"])
-        return {"part": None, "rank": None, "ms": 0.0, "share": 0.0,
-                "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} of each rank's "
-                        f"step computes"}
-    line = {"straggler": _straggler, "data": _data, "comm": _comm, "sync": _sync}[loss](ranks, rank, breakdown)
-    return {"part": loss, "rank": rank["rank"], "ms": ms, "share": round(ms / step, 3), "line": line}
+        compute = min(
+            sum(r["parts_ms"][p] for p in ("forward", "backward", "optimizer")) / r["step_ms"]
+            for r in ranks
+            if r["step_ms"]
+        )
+        return {
+            "part": None,
+            "rank": None,
+            "ms": 0.0,
+            "share": 0.0,
+            "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} "
+            "of each rank's "
+            f"step computes",
+        }
+    line = {"straggler": _straggler, "data": _data, "comm": _comm, "sync": _sync}[loss](
+        ranks, rank, breakdown
+    )
+    return {
+        "part": loss,
+        "rank": rank["rank"],
+        "ms": ms,
+        "share": round(ms / step, 3),
+        "line": line,
+    }
 
 
 def _consistently_late(ranks: list[dict]) -> bool:
@@ -61,59 +85,107 @@ def _consistently_late(ranks: list[dict]) -> bool:
 def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
     late = max(ranks, key=lambda r: r["late_ms"])
     others = [r for r in ranks if r is not late]
-    excess = {part: late["parts_ms"][part] - sum(r["parts_ms"][part] for r in others) / len(others)
-              for part in _BEFORE_ARRIVAL}
+    excess = {
+        part: late["parts_ms"][part] - sum(r["parts_ms"][part] for r in others) / len(others)
+        for part in _BEFORE_ARRIVAL
+    }
     part = max(excess, key=lambda name: excess[name])
-    head = (f"rank {waiting['rank']} waits {waiting['parts_ms']['straggler']:.1f} ms a step for rank {late['rank']}, "
-            f"which arrives {late['late_ms']:.1f} ms late at the gradient exchange")
+    head = (
+        f"rank {waiting['rank']} waits {waiting['parts_ms']['straggler']:.1f} ms a step for rank "
+        f"{late['rank']}, "
+        f"which arrives {late['late_ms']:.1f} ms late at the gradient exchange"
+    )
     if excess[part] < 0.5 * late["late_ms"]:
-        return f"{head} (no one part of its step explains it) → look for what rank {late['rank']} does differently"
-    cause = {"data": f"its data loader waits {excess[part]:.1f} ms a step longer ({_workers(late)})",
-             "forward": f"its forward takes {excess[part]:.1f} ms a step longer",
-             "backward": f"its backward takes {excess[part]:.1f} ms a step longer",
-             "sync": f"its host syncs take {excess[part]:.1f} ms a step longer ({_sites(late)})",
-             "other": f"its own code between forward, backward and the optimizer takes {excess[part]:.1f} ms a step "
-                      "longer"}[part]
-    fix = {"data": "DataLoader(num_workers=2 or more, persistent_workers=True), or a lighter __getitem__/collate_fn",
-           "sync": "read values and synchronise every N steps, not every step"}.get(
-        part, f"find what rank {late['rank']} does that the others do not (more data, other work, a slower device)")
+        return (
+            f"{head} (no one part of its step explains it) → look for what rank {late['rank']} "
+            "does differently"
+        )
+    cause = {
+        "data": f"its data loader waits {excess[part]:.1f} ms a step longer ({_workers(late)})",
+        "forward": f"its forward takes {excess[part]:.1f} ms a step longer",
+        "backward": f"its backward takes {excess[part]:.1f} ms a step longer",
+        "sync": f"its host syncs take {excess[part]:.1f} ms a step longer ({_sites(late)})",
+        "other": "its own code between forward, backward and the optimizer takes "
+        f"{excess[part]:.1f} ms a step "
+        "longer",
+    }[part]
+    fix = {
+        "data": "DataLoader(num_workers=2 or more, persistent_workers=True), or a lighter "
+        "__getitem__/collate_fn",
+        "sync": "read values and synchronise every N steps, not every step",
+    }.get(
+        part,
+        f"find what rank {late['rank']} does that the others do not (more data, other work, a "
+        "slower device)",
+    )
     return f"{head}: {cause} → {fix}"
 
 
 def _data(ranks: list[dict], rank: dict, breakdown: dict) -> str:
-    return (f"rank {rank['rank']} waits {rank['parts_ms']['data']:.1f} ms a step for its next batch "
-            f"({_workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
-            "persistent_workers=True)")
+    return (
+        f"rank {rank['rank']} waits {rank['parts_ms']['data']:.1f} ms a step for its next batch "
+        f"({_workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
+        "persistent_workers=True)"
+    )
 
 
 def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     facts = breakdown.get("facts") or {}
-    head = f"communication not hidden behind compute: {rank['parts_ms']['comm']:.1f} ms a step on rank {rank['rank']}"
+    head = (
+        f"communication not hidden behind compute: {rank['parts_ms']['comm']:.1f} ms a step on "
+        f"rank {rank['rank']}"
+    )
     ddp = facts.get("ddp")
     if ddp and ddp["buckets"] > 1 and ddp["bucket_cap_mb"] < DDP_DEFAULT_BUCKET_MB:
-        return (f"{head}, {ddp['buckets']} all-reduces a step (bucket_cap_mb={ddp['bucket_cap_mb']:g} for "
-                f"{ddp['parameter_mb']:g} MB of gradients) → DistributedDataParallel(bucket_cap_mb=25), DDP's default")
+        return (
+            f"{head}, {ddp['buckets']} all-reduces a step (bucket_cap_mb={ddp['bucket_cap_mb']:g} "
+            "for "
+            f"{ddp['parameter_mb']:g} MB of gradients) → "
+            "DistributedDataParallel(bucket_cap_mb=25), DDP's default"
+        )
     if ddp and ddp["buckets"] == 1 and ddp["parameter_mb"] > 2 * ONE_BUCKET_MB:
-        return (f"{head}: all {ddp['parameter_mb']:g} MB of gradients are one bucket, exchanged only once backward "
-                f"has ended, so nothing overlaps → DistributedDataParallel(bucket_cap_mb={ONE_BUCKET_MB:g}) starts "
-                "the exchange during backward (on a CPU only where cores are free for the backend's threads)")
+        return (
+            f"{head}: all {ddp['parameter_mb']:g} MB of gradients are one bucket, exchanged only "
+            "once backward "
+            "has ended, so nothing overlaps → "
+            f"DistributedDataParallel(bucket_cap_mb={ONE_BUCKET_MB:g}) starts "
+            "the exchange during backward (on a CPU only where cores are free for the backend's "
+            "threads)"
+        )
     if facts.get("fsdp_units") == 1:
-        return (f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → wrap each "
-                "layer (fully_shard every block, then the model)")
+        return (
+            f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → "
+            "wrap each "
+            "layer (fully_shard every block, then the model)"
+        )
     if facts.get("fsdp_units"):
-        return (f"{head}, FSDP's all-gathers and reduce-scatters over its {facts['fsdp_units']} units → more compute "
-                "per exchange: a larger batch per rank; or ddp, where the whole model and its optimizer fit a rank")
+        return (
+            f"{head}, FSDP's all-gathers and reduce-scatters over its {facts['fsdp_units']} units "
+            "→ more compute "
+            "per exchange: a larger batch per rank; or ddp, where the whole model and its "
+            "optimizer fit a rank"
+        )
     if ddp:
-        return (f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → more compute per "
-                "exchange: a larger batch per rank, or gradient accumulation under no_sync(); or bf16 gradients "
-                "(a comm hook)")
-    return f"{head} → more compute per exchange: a larger batch per rank, or fewer, larger collectives"
+        return (
+            f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → "
+            "more compute per "
+            "exchange: a larger batch per rank, or gradient accumulation under no_sync(); or bf16 "
+            "gradients "
+            "(a comm hook)"
+        )
+    return (
+        f"{head} → more compute per exchange: a larger batch per rank, or fewer, larger collectives"
+    )
 
 
 def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
-    return (f"host syncs {rank['parts_ms']['sync']:.1f} ms a step on rank {rank['rank']} ({_sites(rank)}) → "
-            "drop per-step barriers; reduce values for logging every N steps; add losses up on the device and "
-            "read them once")
+    return (
+        f"host syncs {rank['parts_ms']['sync']:.1f} ms a step on rank {rank['rank']} "
+        f"({_sites(rank)}) → "
+        "drop per-step barriers; reduce values for logging every N steps; add losses up on the "
+        "device and "
+        "read them once"
+    )
 
 
 def _workers(rank: dict) -> str:
@@ -129,34 +201,56 @@ def _sites(rank: dict) -> str:
 
 
 def cells(breakdown: dict | None) -> dict:
-    """The table's cells, in milliseconds a step: compute averaged over the ranks, each loss the most any rank
-    spent in it (a straggler's own wait and the others' wait for it both show)."""
+    """The table's cells, in milliseconds a step: compute averaged over the ranks, each loss the
+    most any rank spent in it (a straggler's own wait and the others' wait for it both show)."""
     ranks = (breakdown or {}).get("ranks") or []
     if not ranks:
         return {}
-    compute = [r["parts_ms"]["forward"] + r["parts_ms"]["backward"] + r["parts_ms"]["optimizer"] for r in ranks]
-    return {"step_ms": round(max(r["step_ms"] for r in ranks), 3), "compute_ms": round(sum(compute) / len(ranks), 3),
-            **{f"{part}_ms": max(r["parts_ms"][part] for r in ranks) for part in LOSSES}}
+    compute = [
+        r["parts_ms"]["forward"] + r["parts_ms"]["backward"] + r["parts_ms"]["optimizer"]
+        for r in ranks
+    ]
+    return {
+        "step_ms": round(max(r["step_ms"] for r in ranks), 3),
+        "compute_ms": round(sum(compute) / len(ranks), 3),
+        **{f"{part}_ms": max(r["parts_ms"][part] for r in ranks) for part in LOSSES},
+    }
 
 
 def detail(name: str, breakdown: dict | None) -> str:
     """``--explain ROW``: every rank's parts, the steps profiled, and the cause."""
     if not breakdown or not breakdown.get("ranks"):
-        return f"{name}: no step-time breakdown (the row did not run, or ended before its profiled steps)"
+        return (
+            f"{name}: no step-time breakdown (the row did not run, or ended before its "
+            "profiled steps)"
+        )
     steps = breakdown.get("steps")
-    lines = [f"{name}: steps {steps[0]}-{steps[1]} profiled, between the warm-up and the timed window" if steps
-             else name]
+    lines = [
+        f"{name}: steps {steps[0]}-{steps[1]} profiled, between the warm-up and the timed window"
+        if steps
+        else name
+    ]
     window = breakdown.get("window_step_ms")
     for r in breakdown["ranks"]:
-        cost = f", {r['step_ms'] / window - 1:+.0%} against the window's {window:.1f} ms" if window else ""
+        cost = (
+            f", {r['step_ms'] / window - 1:+.0%} against the window's {window:.1f} ms"
+            if window
+            else ""
+        )
         lines.append(f"  rank {r['rank']}: {r['step_ms']:.1f} ms a profiled step{cost}")
         for part in PARTS:
             ms = r["parts_ms"][part]
-            lines.append(f"    {LABELS[part]:<26}{ms:>9.2f} ms  {ms / r['step_ms']:>5.0%}" if r["step_ms"] else "")
+            lines.append(
+                f"    {LABELS[part]:<26}{ms:>9.2f} ms  {ms / r['step_ms']:>5.0%}"
+                if r["step_ms"]
+                else ""
+            )
         for site, ms in sorted(r.get("sync_ms", {}).items(), key=lambda kv: -kv[1]):
             lines.append(f"      {site}: {ms:.2f} ms")
         if r["late_ms"] > 0.05:
-            lines.append(f"    arrives {r['late_ms']:.2f} ms after the first rank at the gradient exchange")
+            lines.append(
+                f"    arrives {r['late_ms']:.2f} ms after the first rank at the gradient exchange"
+            )
     if breakdown.get("device") == "cuda":
         lines.append("  (on a GPU these are the host's times: kernels are queued, not timed)")
     why = explain(breakdown)
@@ -175,7 +269,10 @@ def step_cell(steps: dict | None) -> str:
     """``compute · comm · data · sync · wait`` in milliseconds a step (or "—")."""
     if not steps:
         return "—"
-    return " · ".join(f"{steps[key]:.1f}" for key in ("compute_ms", "comm_ms", "data_ms", "sync_ms", "straggler_ms"))
+    return " · ".join(
+        f"{steps[key]:.1f}"
+        for key in ("compute_ms", "comm_ms", "data_ms", "sync_ms", "straggler_ms")
+    )
 
 
 def notes(rows: list[BenchRow]) -> list[str]:
@@ -183,35 +280,62 @@ def notes(rows: list[BenchRow]) -> list[str]:
     explained = [line for line in rows if line.get("why")]
     if not explained:
         return []
-    breakdowns = [line.get("breakdown") or {} for line in explained]  # (a cause comes from a breakdown)
+    # (a cause comes from a breakdown)
+    breakdowns = [line.get("breakdown") or {} for line in explained]
     first = breakdowns[0]
-    where = f"steps {first['steps'][0]}-{first['steps'][1]}" if first.get("steps") else f"{PROFILED_STEPS} steps"
-    out = [f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its timed window: compute "
-           "averaged over the ranks; exposed comm, data wait, host syncs and waiting for the slowest rank, the most "
-           "any rank spent (`rankwise bench --explain ROW` shows every rank)"]
+    where = (
+        f"steps {first['steps'][0]}-{first['steps'][1]}"
+        if first.get("steps")
+        else f"{PROFILED_STEPS} steps"
+    )
+    out = [
+        f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its "
+        "timed window: compute "
+        "averaged over the ranks; exposed comm, data wait, host syncs and waiting for the slowest "
+        "rank, the most "
+        "any rank spent (`rankwise bench --explain ROW` shows every rank)"
+    ]
     if any(breakdown.get("device") == "cuda" for breakdown in breakdowns):
         out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")
-    out += [f"- {line['row']}: why: {why['line']}" for line in explained if (why := line.get("why"))]
+    out += [
+        f"- {line['row']}: why: {why['line']}" for line in explained if (why := line.get("why"))
+    ]
     return out
 
 
-COLOURS = {"forward": "tab:blue", "backward": "tab:cyan", "optimizer": "tab:purple", "comm": "tab:orange",
-           "data": "tab:brown", "sync": "tab:pink", "straggler": "tab:red", "other": "tab:gray"}
+COLOURS = {
+    "forward": "tab:blue",
+    "backward": "tab:cyan",
+    "optimizer": "tab:purple",
+    "comm": "tab:orange",
+    "data": "tab:brown",
+    "sync": "tab:pink",
+    "straggler": "tab:red",
+    "other": "tab:gray",
+}
 
 
 def plot(axis, rows: list[dict]) -> None:
     """A stacked bar per rank of each row: where its profiled step went."""
-    bars = [(f"{line['row']} r{r['rank']}", r["parts_ms"]) for line in rows for r in line["breakdown"]["ranks"]]
+    bars = [
+        (f"{line['row']} r{r['rank']}", r["parts_ms"])
+        for line in rows
+        for r in line["breakdown"]["ranks"]
+    ]
     _stack(axis, [label for label, _ in bars], [parts for _, parts in bars])
     axis.invert_yaxis()
     axis.set_title("where each rank's step goes")
 
 
 def plot_rows(axis, rows: list[dict]) -> None:
-    """A stacked bar per row (its ranks' mean; the axis shared with the table's other panels, in its order)."""
-    means = [{part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
-             if (ranks := (line.get("breakdown") or {}).get("ranks")) else dict.fromkeys(PARTS, 0.0)
-             for line in rows]
+    """A stacked bar per row (its ranks' mean; the axis shared with the table's other panels, in its
+    order)."""
+    means = [
+        {part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
+        if (ranks := (line.get("breakdown") or {}).get("ranks"))
+        else dict.fromkeys(PARTS, 0.0)
+        for line in rows
+    ]
     _stack(axis, [line["row"] for line in rows], means)
     axis.set_title("step ms, mean over ranks (profiled steps)")
 
@@ -236,7 +360,9 @@ def explained(rows: list[BenchRow], name: str) -> str:
     """``--explain NAME`` after a run: that row's :func:`detail`."""
     line = next((line for line in rows if line["row"] == name), None)
     if line is None:
-        raise ConfigError(f"--explain {name}: no such row (rows: {', '.join(r['row'] for r in rows)})")
+        raise ConfigError(
+            f"--explain {name}: no such row (rows: {', '.join(r['row'] for r in rows)})"
+        )
     return detail(name, line.get("breakdown"))
 
 

@@ -1,4 +1,5 @@
-"""rankwise comm bench: the collectives timed over message sizes, checked, and set against this machine's limits.
+"""rankwise comm bench: the collectives timed over message sizes, checked, and set against this
+machine's limits.
 
 For every operation and size (powers of two from --min-bytes to --max-bytes): the median
 and p90 time of --iters calls after --warmup (each call's time is the slowest rank's),
@@ -42,12 +43,19 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
 OVERHEAD_ITERS = 200
 OVERHEAD_ROUNDS = 15
 PATTERN = 7
-"""Check data: element i of rank r is (i mod 7) + r + 1, small integers every dtype holds exactly."""
+"""Check data: element i of rank r is (i mod 7) + r + 1, small integers every dtype holds
+exactly."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,16 @@ class Case:
     fill: Callable[[], None]
 
 
-def pattern(count: int, rank: int, dtype: torch.dtype, device: torch.device, start: int = 0) -> torch.Tensor:
+def pattern(
+    count: int, rank: int, dtype: torch.dtype, device: torch.device, start: int = 0
+) -> torch.Tensor:
     index = torch.arange(start, start + count, device=device, dtype=torch.int64)
     return (index % PATTERN + rank + 1).to(dtype)
 
 
-def summed(count: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0) -> torch.Tensor:
+def summed(
+    count: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
+) -> torch.Tensor:
     """The sum over ranks of ``pattern``: n·(i mod 7) + n(n+1)/2, computed without communicating."""
     index = torch.arange(start, start + count, device=device, dtype=torch.int64)
     return (index % PATTERN * n + n * (n + 1) // 2).to(dtype)
@@ -90,39 +102,61 @@ def _case(run, output, inputs, expected, fill_with) -> Case:
 
 def _all_reduce(count, rank, n, dtype, device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
-    return _case(lambda: torch_dist.all_reduce(buf), buf, [buf], lambda: summed(count, n, dtype, device),
-                 lambda: [pattern(count, rank, dtype, device)])
+    return _case(
+        lambda: torch_dist.all_reduce(buf),
+        buf,
+        [buf],
+        lambda: summed(count, n, dtype, device),
+        lambda: [pattern(count, rank, dtype, device)],
+    )
 
 
 def _reduce(count, rank, n, dtype, device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
-    return _case(lambda: torch_dist.reduce(buf, dst=0), buf, [buf],
-                 lambda: summed(count, n, dtype, device) if rank == 0 else None,
-                 lambda: [pattern(count, rank, dtype, device)])
+    return _case(
+        lambda: torch_dist.reduce(buf, dst=0),
+        buf,
+        [buf],
+        lambda: summed(count, n, dtype, device) if rank == 0 else None,
+        lambda: [pattern(count, rank, dtype, device)],
+    )
 
 
 def _broadcast(count, rank, n, dtype, device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
-    return _case(lambda: torch_dist.broadcast(buf, src=0), buf, [buf], lambda: pattern(count, 0, dtype, device),
-                 lambda: [pattern(count, rank, dtype, device)])
+    return _case(
+        lambda: torch_dist.broadcast(buf, src=0),
+        buf,
+        [buf],
+        lambda: pattern(count, 0, dtype, device),
+        lambda: [pattern(count, rank, dtype, device)],
+    )
 
 
 def _all_gather(count, rank, n, dtype, device) -> Case:
     per_rank = count // n
     mine = torch.zeros(per_rank, dtype=dtype, device=device)
     out = torch.zeros(per_rank * n, dtype=dtype, device=device)
-    return _case(lambda: all_gather_tensor(out, mine), out, [mine],
-                 lambda: torch.cat([pattern(per_rank, r, dtype, device) for r in range(n)]),
-                 lambda: [pattern(per_rank, rank, dtype, device)])
+    return _case(
+        lambda: all_gather_tensor(out, mine),
+        out,
+        [mine],
+        lambda: torch.cat([pattern(per_rank, r, dtype, device) for r in range(n)]),
+        lambda: [pattern(per_rank, rank, dtype, device)],
+    )
 
 
 def _reduce_scatter(count, rank, n, dtype, device) -> Case:
     per_rank = count // n
     whole = torch.zeros(per_rank * n, dtype=dtype, device=device)
     out = torch.zeros(per_rank, dtype=dtype, device=device)
-    return _case(lambda: reduce_scatter_tensor(out, whole), out, [whole],
-                 lambda: summed(per_rank, n, dtype, device, start=rank * per_rank),
-                 lambda: [pattern(per_rank * n, rank, dtype, device)])
+    return _case(
+        lambda: reduce_scatter_tensor(out, whole),
+        out,
+        [whole],
+        lambda: summed(per_rank, n, dtype, device, start=rank * per_rank),
+        lambda: [pattern(per_rank * n, rank, dtype, device)],
+    )
 
 
 def _all_to_all(count, rank, n, dtype, device) -> Case:
@@ -130,25 +164,36 @@ def _all_to_all(count, rank, n, dtype, device) -> Case:
     source = torch.zeros(per_rank * n, dtype=dtype, device=device)
     out = torch.zeros(per_rank * n, dtype=dtype, device=device)
     # Rank r's chunk j goes to rank j, so this rank receives every rank's chunk `rank`.
-    return _case(lambda: torch_dist.all_to_all_single(out, source), out, [source],
-                 lambda: torch.cat([pattern(per_rank, r, dtype, device, start=rank * per_rank) for r in range(n)]),
-                 lambda: [pattern(per_rank * n, rank, dtype, device)])
+    return _case(
+        lambda: torch_dist.all_to_all_single(out, source),
+        out,
+        [source],
+        lambda: torch.cat(
+            [pattern(per_rank, r, dtype, device, start=rank * per_rank) for r in range(n)]
+        ),
+        lambda: [pattern(per_rank * n, rank, dtype, device)],
+    )
 
 
-OPS = {op.name: op for op in [
-    BenchOp("all_reduce", lambda n: 2 * (n - 1) / n, _all_reduce),
-    BenchOp("all_gather", lambda n: (n - 1) / n, _all_gather),
-    BenchOp("reduce_scatter", lambda n: (n - 1) / n, _reduce_scatter),
-    BenchOp("all_to_all", lambda n: (n - 1) / n, _all_to_all),
-    BenchOp("broadcast", lambda n: 1.0, _broadcast),
-    BenchOp("reduce", lambda n: 1.0, _reduce),
-]}
+OPS = {
+    op.name: op
+    for op in [
+        BenchOp("all_reduce", lambda n: 2 * (n - 1) / n, _all_reduce),
+        BenchOp("all_gather", lambda n: (n - 1) / n, _all_gather),
+        BenchOp("reduce_scatter", lambda n: (n - 1) / n, _reduce_scatter),
+        BenchOp("all_to_all", lambda n: (n - 1) / n, _all_to_all),
+        BenchOp("broadcast", lambda n: 1.0, _broadcast),
+        BenchOp("reduce", lambda n: 1.0, _reduce),
+    ]
+}
 SPLIT_OPS = ("all_gather", "reduce_scatter", "all_to_all")
-"""Operations whose buffer is split into one chunk per rank (their element count is rounded to a multiple of n)."""
+"""Operations whose buffer is split into one chunk per rank (their element count is rounded to a
+multiple of n)."""
 
 
 def parse_size(text: str) -> int:
-    """``4``, ``64K``, ``256M``, ``1G`` (binary multiples; a trailing B or iB is allowed) as bytes."""
+    """``4``, ``64K``, ``256M``, ``1G`` (binary multiples; a trailing B or iB is allowed) as
+    bytes."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)
     if not match:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4, 64K, 256M, 1G)")
@@ -175,7 +220,8 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 
 def timed_loop(run: Callable[[], object], iters: int, sync: Callable[[], None]) -> list[float]:
-    """Seconds of each of ``iters`` back-to-back calls (the harness: one clock read per call, nothing else)."""
+    """Seconds of each of ``iters`` back-to-back calls (the harness: one clock read per call,
+    nothing else)."""
     times = []
     clock = time.perf_counter
     for _ in range(iters):
@@ -201,10 +247,12 @@ def wrong_elements(case: Case) -> int:
         return 0
     got = case.output
     if got.is_floating_point():
-        # Sums of the small integers are exact in fp32/fp64; in 16-bit types they round once past 256
-        # (bf16) or 2048 (fp16), by at most a relative eps per addition.
+        # Sums of the small integers are exact in fp32/fp64; in 16-bit types they round once past
+        # 256 (bf16) or 2048 (fp16), by at most a relative eps per addition.
         rtol = torch.finfo(got.dtype).eps * torch_dist.get_world_size()
-        return int((~torch.isclose(got.float(), expected.float(), rtol=rtol, atol=0.5)).sum().item())
+        return int(
+            (~torch.isclose(got.float(), expected.float(), rtol=rtol, atol=0.5)).sum().item()
+        )
     return int((got != expected).sum().item())
 
 
@@ -214,12 +262,16 @@ def _slowest(times: list[float]) -> list[float]:
         return times
     from rankwise import dist
 
-    # Why: the table reports the job's time, not one rank's; one small gather per size, outside the timing.
+    # Why: the table reports the job's time, not one rank's; one small gather per size, outside the
+    # timing.
     return [max(call) for call in zip(*dist.all_gather_object(times))]
 
 
-def measure(op: BenchOp, size: int, dtype: torch.dtype, device: torch.device, iters: int, warmup: int) -> dict:
-    """Time ``op`` at ``size`` bytes on every rank (collective: every rank calls it); the row rank 0 reports."""
+def measure(
+    op: BenchOp, size: int, dtype: torch.dtype, device: torch.device, iters: int, warmup: int
+) -> dict:
+    """Time ``op`` at ``size`` bytes on every rank (collective: every rank calls it); the row rank 0
+    reports."""
     from rankwise import dist
 
     rank, n = torch_dist.get_rank(), torch_dist.get_world_size()
@@ -238,9 +290,18 @@ def measure(op: BenchOp, size: int, dtype: torch.dtype, device: torch.device, it
     p90 = statistics.quantiles(times, n=10, method="inclusive")[-1] if len(times) > 1 else times[0]
     nbytes = count * itemsize
     algbw = nbytes / median / 1e9
-    return {"op": op.name, "bytes": nbytes, "count": count, "dtype": str(dtype).removeprefix("torch."),
-            "time_us": median * 1e6, "p90_us": p90 * 1e6, "algbw_GBps": algbw, "factor": op.factor(n),
-            "busbw_GBps": algbw * op.factor(n), "wrong": wrong}
+    return {
+        "op": op.name,
+        "bytes": nbytes,
+        "count": count,
+        "dtype": str(dtype).removeprefix("torch."),
+        "time_us": median * 1e6,
+        "p90_us": p90 * 1e6,
+        "algbw_GBps": algbw,
+        "factor": op.factor(n),
+        "busbw_GBps": algbw * op.factor(n),
+        "wrong": wrong,
+    }
 
 
 def harness_overhead(device: torch.device) -> dict:
@@ -258,9 +319,14 @@ def harness_overhead(device: torch.device) -> dict:
         harness.append(statistics.fmean(timed_loop(run, OVERHEAD_ITERS, sync)))
         bare.append(bare_loop(run, OVERHEAD_ITERS, sync))
     ratios = [h / b for h, b in zip(harness, bare)]
-    return {"harness_us": statistics.median(harness) * 1e6, "bare_us": statistics.median(bare) * 1e6,
-            "overhead": statistics.median(ratios) - 1, "rounds": OVERHEAD_ROUNDS, "iters": OVERHEAD_ITERS,
-            "ratios": ratios}
+    return {
+        "harness_us": statistics.median(harness) * 1e6,
+        "bare_us": statistics.median(bare) * 1e6,
+        "overhead": statistics.median(ratios) - 1,
+        "rounds": OVERHEAD_ROUNDS,
+        "iters": OVERHEAD_ITERS,
+        "ratios": ratios,
+    }
 
 
 @dataclass
@@ -275,19 +341,32 @@ class Settings:
     progress: bool = True
 
 
-def sweep(settings: Settings, device: torch.device, emit: Callable[[dict], None] | None = None) -> dict:
-    """Every operation at every size on this rank (all ranks call it together); rank 0's dict has the results."""
+def sweep(
+    settings: Settings, device: torch.device, emit: Callable[[dict], None] | None = None
+) -> dict:
+    """Every operation at every size on this rank (all ranks call it together); rank 0's dict has
+    the results."""
     from tqdm import tqdm
 
     rank = torch_dist.get_rank()
     dtype = DTYPES[settings.dtype]
     n, itemsize = torch_dist.get_world_size(), torch.empty(0, dtype=dtype).element_size()
-    # Small sizes can round to the same element count (all_gather's one element per rank): measure each once.
-    pairs = [(OPS[name], size) for name in settings.ops
-             for size in dict.fromkeys(elements(name, s, n, itemsize) * itemsize for s in settings.sizes)]
+    # Small sizes can round to the same element count (all_gather's one element per rank): measure
+    # each once.
+    pairs = [
+        (OPS[name], size)
+        for name in settings.ops
+        for size in dict.fromkeys(elements(name, s, n, itemsize) * itemsize for s in settings.sizes)
+    ]
     rows = []
-    with tqdm(total=len(pairs), desc="comm bench", unit="case", disable=rank != 0 or not settings.progress,
-              dynamic_ncols=True, file=sys.stderr) as bar:
+    with tqdm(
+        total=len(pairs),
+        desc="comm bench",
+        unit="case",
+        disable=rank != 0 or not settings.progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    ) as bar:
         for op, size in pairs:
             bar.set_postfix_str(f"{op.name} {size} B")
             row = measure(op, size, dtype, device, settings.iters, settings.warmup)
@@ -296,8 +375,13 @@ def sweep(settings: Settings, device: torch.device, emit: Callable[[dict], None]
                 emit(row)
             bar.update()
     overhead = harness_overhead(device)
-    return {"world_size": torch_dist.get_world_size(), "backend": settings.backend, "device": device.type,
-            "results": rows, "harness": overhead}
+    return {
+        "world_size": torch_dist.get_world_size(),
+        "backend": settings.backend,
+        "device": device.type,
+        "results": rows,
+        "harness": overhead,
+    }
 
 
 def on_rank(env, device: torch.device, settings: Settings) -> dict:
@@ -308,26 +392,55 @@ def on_rank(env, device: torch.device, settings: Settings) -> dict:
     return measured
 
 
-def settings(ops: str, min_bytes: int, max_bytes: int, dtype: str, iters: int, warmup: int, backend: str,
-             timeout_s: float, progress: bool = True) -> Settings:
-    """What to measure, from the command's flags (``ops``: comma-separated), or a refusal naming the flag."""
+def settings(
+    ops: str,
+    min_bytes: int,
+    max_bytes: int,
+    dtype: str,
+    iters: int,
+    warmup: int,
+    backend: str,
+    timeout_s: float,
+    progress: bool = True,
+) -> Settings:
+    """What to measure, from the command's flags (``ops``: comma-separated), or a refusal naming the
+    flag."""
     names = [name.strip() for name in ops.split(",") if name.strip()]
     unknown = [name for name in names if name not in OPS]
     if unknown or not names:
-        raise ConfigError(f"--ops: unknown operation(s) {', '.join(unknown) or '(none given)'}; "
-                          f"choose from {', '.join(OPS)}")
+        raise ConfigError(
+            f"--ops: unknown operation(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(OPS)}"
+        )
     if min_bytes < 1 or max_bytes < min_bytes:
-        raise ConfigError(f"--min-bytes {min_bytes} and --max-bytes {max_bytes}: need 1 <= min <= max")
+        raise ConfigError(
+            f"--min-bytes {min_bytes} and --max-bytes {max_bytes}: need 1 <= min <= max"
+        )
     if iters < 1 or warmup < 0:
         raise ConfigError("--iters must be at least 1 and --warmup at least 0")
-    return Settings(names, sizes_between(min_bytes, max_bytes), dtype, iters, warmup, backend, timeout_s,
-                    progress=progress)
+    return Settings(
+        names,
+        sizes_between(min_bytes, max_bytes),
+        dtype,
+        iters,
+        warmup,
+        backend,
+        timeout_s,
+        progress=progress,
+    )
 
 
-def run(settings: Settings, layout: NodeLayout, *, out: str | None = None, ceilings: bool = True,
-        as_json: bool = False) -> int:
-    """``rankwise comm bench``: measure, then (on node 0) print and write the report under ``out``; ``ceilings``:
-    this machine's TCP and memcpy ceilings too; exit 1 when an element came back wrong."""
+def run(
+    settings: Settings,
+    layout: NodeLayout,
+    *,
+    out: str | None = None,
+    ceilings: bool = True,
+    as_json: bool = False,
+) -> int:
+    """``rankwise comm bench``: measure, then (on node 0) print and write the report under ``out``;
+    ``ceilings``: this machine's TCP and memcpy ceilings too; exit 1 when an element came back
+    wrong."""
     from rankwise.tools.comm import ceilings as machine_ceilings
     from rankwise.tools.comm import report
     from rankwise.tools.harness import run_on_ranks
@@ -337,21 +450,35 @@ def run(settings: Settings, layout: NodeLayout, *, out: str | None = None, ceili
     limits = {}
     if ceilings:  # before the ranks start, so nothing competes with the measurements
         if layout.node_rank == 0:
-            log.info("measuring this machine's ceilings (loopback TCP, memcpy) ...", stderr=True, every_rank=True)
+            log.info(
+                "measuring this machine's ceilings (loopback TCP, memcpy) ...",
+                stderr=True,
+                every_rank=True,
+            )
             limits = machine_ceilings.measure()
         if layout.nnodes > 1 and layout.node_rank <= 1:
-            assert layout.master_port is not None  # several nodes: check_layout required --master-port
+            # several nodes: check_layout required --master-port
+            assert layout.master_port is not None
             log.info("measuring TCP between node 0 and node 1 ...", stderr=True, every_rank=True)
             try:
-                limits |= machine_ceilings.between_nodes(layout.node_rank, layout.master_addr,
-                                                         layout.master_port + 1, layout.timeout_s)
-            except (OSError, OverflowError) as e:  # the collectives can still run: go on without this ceiling
-                log.warning(f"rankwise comm bench: node {layout.node_rank}: no TCP ceiling between the nodes "
-                            f"(port {layout.master_port + 1}): {e}", every_rank=True)
+                limits |= machine_ceilings.between_nodes(
+                    layout.node_rank, layout.master_addr, layout.master_port + 1, layout.timeout_s
+                )
+            # the collectives can still run: go on without this ceiling
+            except (OSError, OverflowError) as e:
+                log.warning(
+                    f"rankwise comm bench: node {layout.node_rank}: no TCP ceiling between the "
+                    "nodes "
+                    f"(port {layout.master_port + 1}): {e}",
+                    every_rank=True,
+                )
     measured = run_on_ranks(on_rank, (settings,), layout, settings.backend)
     if measured is None:
-        log.info(f"node {layout.node_rank}: this node's ranks took part; node 0 printed and wrote the results",
-                 every_rank=True)
+        log.info(
+            f"node {layout.node_rank}: this node's ranks took part; node 0 printed and wrote the "
+            "results",
+            every_rank=True,
+        )
         return 0
     result = {**measured, "settings": asdict(settings), "ceilings": limits, "machine": machine()}
     result["analysis"] = report.analyse(result)

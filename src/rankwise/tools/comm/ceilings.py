@@ -50,14 +50,20 @@ def _receive(sock: socket.socket, total: int) -> None:
 
 
 def tcp_loopback_GBps(both_directions: bool, total: int = TCP_BYTES) -> float:
-    """Bytes per second (GB/s) one direction of a loopback TCP connection between two processes carries."""
+    """Bytes per second (GB/s) one direction of a loopback TCP connection between two processes
+    carries."""
     # fork where there is one: the peer needs only sockets, and a spawned one would re-import torch.
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else \
-        multiprocessing.get_context("spawn")
+    ctx = (
+        multiprocessing.get_context("fork")
+        if "fork" in multiprocessing.get_all_start_methods()
+        else multiprocessing.get_context("spawn")
+    )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
-        peer = ctx.Process(target=_send, args=(server.getsockname()[1], total, both_directions), daemon=True)
+        peer = ctx.Process(
+            target=_send, args=(server.getsockname()[1], total, both_directions), daemon=True
+        )
         peer.start()
         try:
             server.settimeout(60)
@@ -83,7 +89,8 @@ def _at_once(conn: socket.socket, total: int, both_directions: bool, mine, their
 
 
 def _measure_on(conn: socket.socket, total: int, both_directions: bool) -> float:
-    """The receiving side of one measurement on an open connection (the peer runs ``_peer_round``)."""
+    """The receiving side of one measurement on an open connection (the peer runs
+    ``_peer_round``)."""
     started = time.perf_counter()
     _at_once(conn, total, both_directions, _receive, _transmit)
     seconds = time.perf_counter() - started
@@ -96,9 +103,11 @@ def _peer_round(conn: socket.socket, total: int, both_directions: bool) -> None:
     conn.recv(1)
 
 
-def between_nodes(node_rank: int, master_addr: str, port: int, timeout_s: float,
-                  total: int = TCP_BYTES) -> dict[str, float]:
-    """TCP between node 0 (which listens on ``port`` and returns the numbers) and node 1 (which connects).
+def between_nodes(
+    node_rank: int, master_addr: str, port: int, timeout_s: float, total: int = TCP_BYTES
+) -> dict[str, float]:
+    """TCP between node 0 (which listens on ``port`` and returns the numbers) and node 1 (which
+    connects).
 
     Both nodes call it with the same arguments before their ranks start; other nodes return at once.
     """
@@ -130,12 +139,15 @@ def between_nodes(node_rank: int, master_addr: str, port: int, timeout_s: float,
             conn.settimeout(timeout_s)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             speeds = [(both, _measure_on(conn, total, both)) for both in rounds]
-    return {"tcp_between_nodes_GBps": statistics.median(v for both, v in speeds if not both),
-            "tcp_between_nodes_bidirectional_GBps": statistics.median(v for both, v in speeds if both)}
+    return {
+        "tcp_between_nodes_GBps": statistics.median(v for both, v in speeds if not both),
+        "tcp_between_nodes_bidirectional_GBps": statistics.median(v for both, v in speeds if both),
+    }
 
 
 def memcpy_GBps(nbytes: int = 64 * 2**20) -> float:
-    """One thread copying ``nbytes`` from one buffer to another: bytes copied per second (GB/s), best of 5."""
+    """One thread copying ``nbytes`` from one buffer to another: bytes copied per second (GB/s),
+    best of 5."""
     import torch
 
     threads = torch.get_num_threads()
@@ -160,7 +172,9 @@ def measure() -> dict[str, float]:
     """Every ceiling, each the median of a few measurements (GB/s)."""
     return {
         "tcp_loopback_GBps": statistics.median(tcp_loopback_GBps(False) for _ in range(REPEATS)),
-        "tcp_loopback_bidirectional_GBps": statistics.median(tcp_loopback_GBps(True) for _ in range(REPEATS)),
+        "tcp_loopback_bidirectional_GBps": statistics.median(
+            tcp_loopback_GBps(True) for _ in range(REPEATS)
+        ),
         "memcpy_1thread_GBps": memcpy_GBps(),
     }
 

@@ -1,4 +1,5 @@
-"""What every demo operation shares: the per-rank context, its known inputs, and the reference reductions.
+"""What every demo operation shares: the per-rank context, its known inputs, and the reference
+reductions.
 
 Each rank's input is a known function of its rank (:meth:`Ctx.value`), so every rank can
 build every other rank's input locally and compute what an operation must return with
@@ -20,8 +21,11 @@ ROOT = 0
 """The source / destination rank of the rooted operations (broadcast, scatter, gather, reduce)."""
 VALUES = 4
 """Elements in each rank's demo tensor: small enough to read, enough to see the pattern."""
-UNSUPPORTED = re.compile(r"does not support|not supported|unsupported (op|operation|reduce)|Cannot use ReduceOp|"
-                         r"requires NCCL", re.IGNORECASE)
+UNSUPPORTED = re.compile(
+    r"does not support|not supported|unsupported (op|operation|reduce)|Cannot use ReduceOp|"
+    r"requires NCCL",
+    re.IGNORECASE,
+)
 """What torch's backends say when they lack an operation (the call fails on every rank alike)."""
 LACKING = (RuntimeError, ValueError)
 """What they raise then (ValueError for NCCL's "Cannot use ReduceOp.BAND with NCCL")."""
@@ -48,15 +52,21 @@ class Ctx:
     composed_run: bool = field(default=False, init=False)
     """Whether the current operation ran composed."""
 
-    def value(self, rank: int, length: int = VALUES, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rank ``rank``'s demo input (on the CPU): ``10·rank + 1 … 10·rank + length``, distinct on every rank."""
+    def value(
+        self, rank: int, length: int = VALUES, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """Rank ``rank``'s demo input (on the CPU): ``10·rank + 1 … 10·rank + length``, distinct on
+        every rank."""
         return torch.arange(1, length + 1, dtype=dtype) + 10 * rank
 
     def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone().to(self.device)
 
-    def call(self, native: Callable[[], Any], composed: Callable[[], Any] | None = None, recipe: str = "") -> None:
-        """Run ``native``; where the backend lacks it (or ``composed`` mode is on) run ``composed`` and record how."""
+    def call(
+        self, native: Callable[[], Any], composed: Callable[[], Any] | None = None, recipe: str = ""
+    ) -> None:
+        """Run ``native``; where the backend lacks it (or ``composed`` mode is on) run ``composed``
+        and record how."""
         if self.composed and composed is not None:
             self.how = f"composed: {recipe}"
             self.composed_run = True
@@ -67,7 +77,9 @@ class Ctx:
         except LACKING as e:
             if composed is None or not UNSUPPORTED.search(str(e)):
                 raise
-            self.how = f"{self.backend} lacks it ({str(e).splitlines()[0][:80]}); composed: {recipe}"
+            self.how = (
+                f"{self.backend} lacks it ({str(e).splitlines()[0][:80]}); composed: {recipe}"
+            )
             self.composed_run = True
             composed()
 
@@ -102,7 +114,9 @@ def reference_reduce(op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     return REDUCTIONS[op](torch.stack(tensors))
 
 
-def everyone(c: Ctx, length: int = VALUES, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+def everyone(
+    c: Ctx, length: int = VALUES, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     return [c.value(r, length, dtype) for r in range(c.world_size)]
 
 
@@ -110,5 +124,3 @@ def all_gather_list(c: Ctx, tensor: torch.Tensor) -> list[torch.Tensor]:
     parts = [torch.empty_like(tensor) for _ in range(c.world_size)]
     torch_dist.all_gather(parts, tensor)
     return parts
-
-

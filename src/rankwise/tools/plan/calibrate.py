@@ -1,13 +1,15 @@
-"""The captured model's real step timed on this machine, under each strategy, when the plan is for this CPU.
+"""The captured model's real step timed on this machine, under each strategy, when the plan is for
+this CPU.
 
-A FLOP count at a stated efficiency says little about a small model on a CPU, where most of a step is per-operation
-overhead and the strategy's own machinery (FSDP's and ZeRO-3's hooks around every layer, ZeRO's flat copies) rather
-than arithmetic.  When ``--device cpu`` and the model fits comfortably (its traced one-process peak under
-:data:`MAX_SHARE` of this machine's memory), the plan builds a real copy (random weights,
-:func:`~rankwise.tools.plan.fake.real_copy`) and runs it in this process under the strategy itself, at one rank
-(``rankwise.Runtime`` with a one-process group: the same ``prepare`` / ``backward`` / ``step`` / ``zero_grad`` a script
-calls), on the micro-batch a rank gets at the planned world size and with the threads it gets there (cores / ranks
-per node): the median optimizer step of :data:`REPEATS` after :data:`WARMUP`.  What more ranks add, the
+A FLOP count at a stated efficiency says little about a small model on a CPU, where most of a step
+is per-operation overhead and the strategy's own machinery (FSDP's and ZeRO-3's hooks around every
+layer, ZeRO's flat copies) rather than arithmetic.  When ``--device cpu`` and the model fits
+comfortably (its traced one-process peak under :data:`MAX_SHARE` of this machine's memory), the plan
+builds a real copy (random weights, :func:`~rankwise.tools.plan.fake.real_copy`) and runs it in this
+process under the strategy itself, at one rank (``rankwise.Runtime`` with a one-process group: the
+same ``prepare`` / ``backward`` / ``step`` / ``zero_grad`` a script calls), on the micro-batch a
+rank gets at the planned world size and with the threads it gets there (cores / ranks per node): the
+median optimizer step of :data:`REPEATS` after :data:`WARMUP`.  What more ranks add, the
 communication, is the bandwidth model's (:mod:`~rankwise.tools.plan.comms`).
 """
 
@@ -32,11 +34,12 @@ REPEATS = 5
 
 
 def as_launched_ranks_allocate() -> None:
-    """This process's glibc hands blocks of 1 MiB and more back to the system when freed, as ``rankwise launch``'s
-    ranks do (:func:`rankwise.launch.ports.set_worker_environment` fixes ``MALLOC_MMAP_THRESHOLD_``): each such
-    block is then mapped and zeroed anew, which made the built-in model's step 60 % longer in a launched rank
-    (204 ms against 125 ms under torchrun, one thread).  Timed without it, the plan would predict a step no launched
-    rank takes.  (Linux's glibc only; elsewhere nothing changes.)"""
+    """This process's glibc hands blocks of 1 MiB and more back to the system when freed, as
+    ``rankwise launch``'s ranks do (:func:`rankwise.launch.ports.set_worker_environment` fixes
+    ``MALLOC_MMAP_THRESHOLD_``): each such block is then mapped and zeroed anew, which made the
+    built-in model's step 60 % longer in a launched rank (204 ms against 125 ms under torchrun, one
+    thread).  Timed without it, the plan would predict a step no launched rank takes.  (Linux's
+    glibc only; elsewhere nothing changes.)"""
     import ctypes
     import ctypes.util
     import os
@@ -55,32 +58,52 @@ M_MMAP_THRESHOLD = -3
 """glibc's ``mallopt`` parameter for the mmap threshold (``malloc.h``)."""
 
 
-def timed_step(capture: Capture, strategy: str, precision: str, rows: int, threads: int,
-               checkpointing: bool = False) -> Timed:
-    """Time ``strategy``'s optimizer step at one rank on ``rows`` samples a micro-batch, with ``threads`` threads
-    (``checkpointing``: the layers recompute their activations)."""
+def timed_step(
+    capture: Capture,
+    strategy: str,
+    precision: str,
+    rows: int,
+    threads: int,
+    checkpointing: bool = False,
+) -> Timed:
+    """Time ``strategy``'s optimizer step at one rank on ``rows`` samples a micro-batch, with
+    ``threads`` threads (``checkpointing``: the layers recompute their activations)."""
     from rankwise.process import ProcessEnv
     from rankwise.runtime import Runtime
 
     accumulation = capture.grad_accum
     args, kwargs = resized(capture, rows)
     as_launched_ranks_allocate()
-    before, hook = torch.get_num_threads(), sys.excepthook  # (init_process_group wraps the hook every time)
+    # (init_process_group wraps the hook every time)
+    before, hook = torch.get_num_threads(), sys.excepthook
     torch.set_num_threads(threads)
     seconds = []
     try:
-        # (DeepSpeed calls torch's deprecated collectives on every step: one FutureWarning each, nothing to act on)
-        with warnings.catch_warnings(), Runtime(strategy, precision, seed=0, env=ProcessEnv()) as rt:
+        # (DeepSpeed calls torch's deprecated collectives on every step: one FutureWarning each,
+        # nothing to act on)
+        with (
+            warnings.catch_warnings(),
+            Runtime(strategy, precision, seed=0, env=ProcessEnv()) as rt,
+        ):
             warnings.simplefilter("ignore", FutureWarning)
             model, optimizer = real_copy(capture.model, capture.optimizer)
-            model, optimizer = rt.prepare(model, optimizer, grad_accum=accumulation, micro_batch_size=rows,
-                                          activation_checkpointing=checkpointing)
+            model, optimizer = rt.prepare(
+                model,
+                optimizer,
+                grad_accum=accumulation,
+                micro_batch_size=rows,
+                activation_checkpointing=checkpointing,
+            )
             model.train()
             for _ in range(WARMUP + REPEATS):
                 start = time.perf_counter()
                 for micro in range(accumulation):
                     with rt.no_sync(model, enabled=micro < accumulation - 1):
-                        with rt.autocast() if capture.autocast else torch.autocast("cpu", enabled=False):
+                        with (
+                            rt.autocast()
+                            if capture.autocast
+                            else torch.autocast("cpu", enabled=False)
+                        ):
                             loss = loss_of(model(*args, **kwargs))
                         rt.backward(loss / accumulation, model)
                 rt.step(optimizer, model)
@@ -90,5 +113,7 @@ def timed_step(capture: Capture, strategy: str, precision: str, rows: int, threa
     finally:
         torch.set_num_threads(before)
         sys.excepthook = hook
-    return Timed(statistics.median(seconds[WARMUP:]),
-                 f"{strategy}'s step timed here at one rank ({rows} rows, {threads} thread(s))")
+    return Timed(
+        statistics.median(seconds[WARMUP:]),
+        f"{strategy}'s step timed here at one rank ({rows} rows, {threads} thread(s))",
+    )

@@ -1,18 +1,22 @@
-"""The model, optimizer and micro-batch of a user's training step, captured without allocating the model.
+"""The model, optimizer and micro-batch of a user's training step, captured without allocating the
+model.
 
-From a script (:func:`from_script`): the script runs in this process as ``__main__`` with its own arguments, every
-parameter its modules register fake (:class:`~rankwise.tools.plan.fake.FakeParameters`), until its first training
-forward: the call of the model an optimizer trains, with gradients on.  That call's inputs are the micro-batch one
-rank computes at world size 1 (a script that starts its own distributed job runs it as one rank, its DDP or FSDP
-wrapper standing aside: :mod:`~rankwise.tools.plan.own_world`); the script stops there (``CaptureDone``, a clean
-end: a ``rankwise.setup()`` Runtime closes as after its loop).  A script on ``rankwise.setup()`` also tells,
-through the Runtime's observer points, its gradient accumulation (``rt.prepare``) and its global batch
-(``rt.loader``); whether its forward runs under ``rt.autocast()`` is recorded too.  From a factory
-(:func:`from_factory`): the same, for a model built in Python (tests, the library).
+From a script (:func:`from_script`): the script runs in this process as ``__main__`` with its own
+arguments, every parameter its modules register fake
+(:class:`~rankwise.tools.plan.fake.FakeParameters`), until its first training forward: the call of
+the model an optimizer trains, with gradients on.  That call's inputs are the micro-batch one rank
+computes at world size 1 (a script that starts its own distributed job runs it as one rank, its DDP
+or FSDP wrapper standing aside: :mod:`~rankwise.tools.plan.own_world`); the script stops there
+(``CaptureDone``, a clean end: a ``rankwise.setup()`` Runtime closes as after its loop).  A script
+on ``rankwise.setup()`` also tells, through the Runtime's observer points, its gradient accumulation
+(``rt.prepare``) and its global batch (``rt.loader``); whether its forward runs under
+``rt.autocast()`` is recorded too.  From a factory (:func:`from_factory`): the same, for a model
+built in Python (tests, the library).
 
-What the plan then replays is ``model(*args, **kwargs)`` and, as the loss, the output's ``loss`` where it has one
-(transformers' models given labels), else the sum of its first tensor: a loss the script computes outside the
-model (a cross-entropy over logits) is not replayed, and costs a gradient of the logits' size in both.
+What the plan then replays is ``model(*args, **kwargs)`` and, as the loss, the output's ``loss``
+where it has one (transformers' models given labels), else the sum of its first tensor: a loss the
+script computes outside the model (a cross-entropy over logits) is not replayed, and costs a
+gradient of the logits' size in both.
 """
 
 from __future__ import annotations
@@ -46,25 +50,31 @@ class Capture:
     optimizer: torch.optim.Optimizer
     """The optimizer over the model's parameters (still without state)."""
     args: tuple
-    """Positional inputs of the first training forward (real tensors: one rank's micro-batch at world size 1)."""
+    """Positional inputs of the first training forward (real tensors: one rank's micro-batch at
+    world size 1)."""
     kwargs: dict
     """Keyword inputs of that forward."""
     mode: FakeTensorMode
-    """The mode the fake parameters belong to (every later fake tensor of the plan must share it)."""
+    """The mode the fake parameters belong to (every later fake tensor of the plan must share
+    it)."""
     autocast: bool = False
-    """Whether the forward ran under autocast (``rt.autocast()``, or the script's own ``torch.autocast``)."""
+    """Whether the forward ran under autocast (``rt.autocast()``, or the script's own
+    ``torch.autocast``)."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step (``rt.prepare(..., grad_accum=)``; 1 for a script not on rankwise)."""
+    """Micro-batches per optimizer step (``rt.prepare(..., grad_accum=)``; 1 for a script not on
+    rankwise)."""
     global_batch: int | None = None
-    """Samples per optimizer step over all ranks (``rt.loader``'s ``batch_size``), held fixed across world sizes as
-    rankwise does; ``None`` for a plain script (its per-rank batch is then held fixed instead)."""
+    """Samples per optimizer step over all ranks (``rt.loader``'s ``batch_size``), held fixed across
+    world sizes as rankwise does; ``None`` for a plain script (its per-rank batch is then held fixed
+    instead)."""
     source: str = ""
     """What was captured, for the report (``examples/causal_lm.py --length 64``)."""
     checkpointed: bool = field(default=False)
-    """Whether the script itself checkpoints the model's layers (``rt.prepare(..., activation_checkpointing=True)``)."""
+    """Whether the script itself checkpoints the model's layers (``rt.prepare(...,
+    activation_checkpointing=True)``)."""
     on_rankwise: bool = False
-    """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies ``rankwise
-    launch`` chooses run it unchanged, so ``--validate`` can measure them."""
+    """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies
+    ``rankwise launch`` chooses run it unchanged, so ``--validate`` can measure them."""
 
     @property
     def rows(self) -> int:
@@ -84,17 +94,28 @@ def loss_of(output) -> torch.Tensor:
         return loss
     if isinstance(output, torch.Tensor):
         return output.float().sum()
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else []
+    values = (
+        output.values()
+        if isinstance(output, dict)
+        else output
+        if isinstance(output, (tuple, list))
+        else []
+    )
     for value in values:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.float().sum()
-    raise ConfigError(f"cannot find a loss in the model's output ({type(output).__name__}): return a tensor, or an "
-                      "output with a .loss")
+    raise ConfigError(
+        f"cannot find a loss in the model's output ({type(output).__name__}): return a tensor, or "
+        "an "
+        "output with a .loss"
+    )
 
 
 def _root(params: list[torch.Tensor]) -> nn.Module | None:
-    """The model an optimizer trains: of the modules no other module contains, the one holding most of ``params``."""
-    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), nn.Module)]  # (type(): no __class__ lookups)
+    """The model an optimizer trains: of the modules no other module contains, the one holding most
+    of ``params``."""
+    # (type(): no __class__ lookups)
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), nn.Module)]
     inside = {id(child) for module in modules for child in module.children()}
     wanted = {id(p) for p in params}
     best, best_count = None, 0
@@ -117,12 +138,14 @@ class _Watch(observers.Observer):
         self.grad_accum, self.prepared_seen = grad_accum, True
 
     def loader(self, rt, global_batch: int, shuffle: bool) -> None:
-        if shuffle and self.global_batch is None:  # the training loader (evaluation loaders do not shuffle)
+        # the training loader (evaluation loaders do not shuffle)
+        if shuffle and self.global_batch is None:
             self.global_batch = global_batch
 
 
 class _Catcher:
-    """Finds the model each new optimizer trains and records the first forward of one with gradients on."""
+    """Finds the model each new optimizer trains and records the first forward of one with gradients
+    on."""
 
     def __init__(self, fakes: FakeParameters):
         self.fakes = fakes
@@ -157,9 +180,14 @@ class _Catcher:
     def hook(self, optimizer):
         def first_training_forward(module, args, kwargs):
             if self.captured is None and torch.is_grad_enabled() and module.training:
-                on = any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda") if _autocast_known(kind))
+                on = any(
+                    torch.is_autocast_enabled(kind)
+                    for kind in ("cpu", "cuda")
+                    if _autocast_known(kind)
+                )
                 self.captured = (module, optimizer, args, kwargs, on or self.autocast_called)
                 raise CaptureDone()
+
         return first_training_forward
 
 
@@ -168,7 +196,8 @@ def _autocast_known(kind: str) -> bool:
 
 
 def from_script(script: Path, script_args: list[str]) -> Capture:
-    """Run ``script`` (as ``python script ARGS``) here up to its first training forward (see the module's docstring)."""
+    """Run ``script`` (as ``python script ARGS``) here up to its first training forward (see the
+    module's docstring)."""
     from rankwise.launch.script import run_as_main
 
     if not script.is_file():
@@ -185,32 +214,70 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                 pass
             except SystemExit as e:
                 if catcher.captured is None:
-                    raise ConfigError(f"{script} exited (status {e.code}) before its first training step") from None
+                    raise ConfigError(
+                        f"{script} exited (status {e.code}) before its first training step"
+                    ) from None
             except Exception as e:
                 if catcher.captured is None:
-                    raise ConfigError(f"{script} failed before its first training step, with its model's parameters "
-                                      f"fake (shapes only, no values): {type(e).__name__}: {e}") from e
+                    raise ConfigError(
+                        f"{script} failed before its first training step, with its model's "
+                        "parameters "
+                        f"fake (shapes only, no values): {type(e).__name__}: {e}"
+                    ) from e
     finally:
         observers.unregister(watch)
         sys.argv[:], sys.path[:] = saved_argv, saved_path
     if catcher.captured is None:
-        raise ConfigError(f"{script} ended without a training step: no model an optimizer trains ran forward with "
-                          "gradients on (build the optimizer before the training loop)")
+        raise ConfigError(
+            f"{script} ended without a training step: no model an optimizer trains ran forward "
+            "with "
+            "gradients on (build the optimizer before the training loop)"
+        )
     model, optimizer, args, kwargs, autocast = catcher.captured
     model = unwrapped(model)
-    gc.collect()  # the script's frames are gone; whatever it built besides the capture goes with them
+    # the script's frames are gone; whatever it built besides the capture goes with them
+    gc.collect()
     source = " ".join([str(script), *script_args])
-    return Capture(model, optimizer, tuple(args), dict(kwargs), mode, autocast, watch.grad_accum, watch.global_batch,
-                   source, is_checkpointed(model), watch.prepared_seen)
+    return Capture(
+        model,
+        optimizer,
+        tuple(args),
+        dict(kwargs),
+        mode,
+        autocast,
+        watch.grad_accum,
+        watch.global_batch,
+        source,
+        is_checkpointed(model),
+        watch.prepared_seen,
+    )
 
 
-def from_factory(build, batch: dict | tuple, *, grad_accum: int = 1, global_batch: int | None = None,
-                 autocast: bool = False, source: str = "") -> Capture:
-    """A capture of ``build()``'s ``(model, optimizer)``, built with fake parameters, and ``batch`` (a dict of keyword
-    inputs, or a tuple of positional ones: one rank's micro-batch at world size 1)."""
+def from_factory(
+    build,
+    batch: dict | tuple,
+    *,
+    grad_accum: int = 1,
+    global_batch: int | None = None,
+    autocast: bool = False,
+    source: str = "",
+) -> Capture:
+    """A capture of ``build()``'s ``(model, optimizer)``, built with fake parameters, and ``batch``
+    (a dict of keyword inputs, or a tuple of positional ones: one rank's micro-batch at world size
+    1)."""
     mode = fake_mode()
     with FakeParameters(mode):
         model, optimizer = build()
     args, kwargs = (tuple(batch), {}) if isinstance(batch, tuple) else ((), dict(batch))
-    return Capture(model, optimizer, args, kwargs, mode, autocast, grad_accum, global_batch,
-                   source or getattr(build, "__name__", "model"), is_checkpointed(model))
+    return Capture(
+        model,
+        optimizer,
+        args,
+        kwargs,
+        mode,
+        autocast,
+        grad_accum,
+        global_batch,
+        source or getattr(build, "__name__", "model"),
+        is_checkpointed(model),
+    )

@@ -1,5 +1,5 @@
-"""``rankwise plan``: capture the script's step, plan every strategy and world size, write and print the plan (and,
-with ``--validate``, check it against real runs here)."""
+"""``rankwise plan``: capture the script's step, plan every strategy and world size, write and print
+the plan (and, with ``--validate``, check it against real runs here)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,18 @@ log = get_logger(__name__)
 
 
 def nodes_for(config: PlanConfig, device: devices.Device) -> dict[int, int]:
-    """Nodes each world size spans: ``--nnodes``, or more where a node cannot hold that many devices."""
-    return {world: max(config.nnodes, math.ceil(world / device.per_node)) for world in config.world_sizes}
+    """Nodes each world size spans: ``--nnodes``, or more where a node cannot hold that many
+    devices."""
+    return {
+        world: max(config.nnodes, math.ceil(world / device.per_node))
+        for world in config.world_sizes
+    }
 
 
 def capture_script(config: PlanConfig) -> Capture:
-    log.info(f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ...")
+    log.info(
+        f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ..."
+    )
     return from_script(config.script, config.script_args)
 
 
@@ -31,20 +37,27 @@ def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
     """Capture (unless given), then plan (no output written)."""
     started = time.perf_counter()
     capture = capture or capture_script(config)
-    device = devices.with_efficiency(devices.lookup(config.device, max(config.nproc_per_node)), config.efficiency)
+    device = devices.with_efficiency(
+        devices.lookup(config.device, max(config.nproc_per_node)), config.efficiency
+    )
     nodes = nodes_for(config, device)
     if config.comm is not None:
         bandwidth, measured_nodes = comms.from_comm_bench(config.comm)
         if measured_nodes == 1 and max(nodes.values()) > 1:
-            bandwidth.notes.append(f"{config.comm} was measured inside one node; world sizes that span several "
-                                   "nodes use it for the link between them too")
+            bandwidth.notes.append(
+                f"{config.comm} was measured inside one node; world sizes that span several "
+                "nodes use it for the link between them too"
+            )
     else:
         bandwidth = comms.from_device(device, max(nodes.values()))
     plan = Planner(config, capture, device, bandwidth, nodes).run()
     plan.notes += bandwidth.notes
     plan.elapsed_s, plan.peak_rss_mb = time.perf_counter() - started, peak_rss_megabytes()
-    plan.notes.append(f"planned in {plan.elapsed_s:.1f} s; this process's peak resident memory {plan.peak_rss_mb:,.0f} "
-                      "MB (the model's parameters were never allocated)")
+    plan.notes.append(
+        f"planned in {plan.elapsed_s:.1f} s; this process's peak resident memory "
+        f"{plan.peak_rss_mb:,.0f} "
+        "MB (the model's parameters were never allocated)"
+    )
     return plan
 
 

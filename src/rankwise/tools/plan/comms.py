@@ -1,28 +1,33 @@
 """What a strategy communicates in one optimizer step, and how long a collective takes.
 
-Collectives per step (message sizes in the nccl-tests convention: the larger buffer, the whole gradient for an
-all-reduce, the gathered output for an all-gather, the input for a reduce-scatter):
+Collectives per step (message sizes in the nccl-tests convention: the larger buffer, the whole
+gradient for an all-reduce, the gathered output for an all-gather, the input for a reduce-scatter):
 
-- ``ddp`` / ``accelerate``: the gradients all-reduced once per optimizer step (``no_sync`` on the other micro-batches),
-  in buckets of ``bucket_cap_mb``, each started as soon as its gradients are ready (overlapping the backward pass).
-- ``horovod``: the same volume, all-reduced through its fusion buffer, overlapping the backward pass.
-- ``fsdp``: each unit's parameters all-gathered before its forward and again before its backward (the root unit is
-  not resharded after forward), every micro-batch; the gradients reduce-scattered once per step.  FSDP2 prefetches
-  the next unit's all-gather, so they overlap computation.
-- ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and, after the optimizer
-  step, the updated 16/32-bit parameters all-gathered; ``overlap_comm`` is false below stage 3, so neither overlaps.
-- ``deepspeed-zero3``: partitioned parameters all-gathered before the forward and the backward of each module, every
-  micro-batch; the gradients reduce-scattered; ``overlap_comm`` and prefetching overlap both with computation.
+- ``ddp`` / ``accelerate``: the gradients all-reduced once per optimizer step (``no_sync`` on the
+  other micro-batches), in buckets of ``bucket_cap_mb``, each started as soon as its gradients are
+  ready (overlapping the backward pass).
+- ``horovod``: the same volume, all-reduced through its fusion buffer, overlapping the backward
+  pass.
+- ``fsdp``: each unit's parameters all-gathered before its forward and again before its backward
+  (the root unit is not resharded after forward), every micro-batch; the gradients reduce-scattered
+  once per step.  FSDP2 prefetches the next unit's all-gather, so they overlap computation.
+- ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and,
+  after the optimizer step, the updated 16/32-bit parameters all-gathered; ``overlap_comm`` is false
+  below stage 3, so neither overlaps.
+- ``deepspeed-zero3``: partitioned parameters all-gathered before the forward and the backward of
+  each module, every micro-batch; the gradients reduce-scattered; ``overlap_comm`` and prefetching
+  overlap both with computation.
 
-A collective's time is the alpha-beta model nccl-tests' bus bandwidth defines: ``latency + size x factor / busbw``,
-factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter; the latency, a call's time at two ranks,
-grows with log2(n) (small messages take NCCL's trees).  The bus bandwidth is the device's link
-(:mod:`~rankwise.tools.plan.devices`: NVLink inside a node, the network adapter across nodes, at
-``LINK_EFFICIENCY``), or what ``rankwise comm bench`` measured (``--comm comm.json``: the median busbw of messages
-of 4 MiB and more, and the smallest message's time as the latency).  Where every core computes (a CPU whose ranks'
-threads use them all) a call costs more than its back-to-back latency: the transport waits for a core; a
-``between.json`` beside the ``comm.json`` (:mod:`~rankwise.tools.plan.between`, measured by ``--validate``) gives
-each call's cost between two computations, used instead.
+A collective's time is the alpha-beta model nccl-tests' bus bandwidth defines: ``latency + size x
+factor / busbw``, factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter; the
+latency, a call's time at two ranks, grows with log2(n) (small messages take NCCL's trees).  The bus
+bandwidth is the device's link (:mod:`~rankwise.tools.plan.devices`: NVLink inside a node, the
+network adapter across nodes, at ``LINK_EFFICIENCY``), or what ``rankwise comm bench`` measured
+(``--comm comm.json``: the median busbw of messages of 4 MiB and more, and the smallest message's
+time as the latency).  Where every core computes (a CPU whose ranks' threads use them all) a call
+costs more than its back-to-back latency: the transport waits for a core; a ``between.json`` beside
+the ``comm.json`` (:mod:`~rankwise.tools.plan.between`, measured by ``--validate``) gives each
+call's cost between two computations, used instead.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ class Collective:
     calls: int
     """Calls per optimizer step."""
     overlapped: str
-    """The pass the strategy runs it beside (``forward``, ``backward``), or ``""``: nothing hides it."""
+    """The pass the strategy runs it beside (``forward``, ``backward``), or ``""``: nothing hides
+    it."""
     what: str
     """What it carries."""
 
@@ -65,35 +71,75 @@ def _units(trace: Trace) -> int:
     return len(trace.block_param_numels) + 1
 
 
-def collectives(strategy: str, trace: Trace, world: int, grad_accum: int, *, bucket_mb: float = 25.0,
-                zero_bucket: int = 5_000_000) -> list[Collective]:
-    """What ``strategy`` communicates per optimizer step at ``world`` ranks (see the module's docstring)."""
+def collectives(
+    strategy: str,
+    trace: Trace,
+    world: int,
+    grad_accum: int,
+    *,
+    bucket_mb: float = 25.0,
+    zero_bucket: int = 5_000_000,
+) -> list[Collective]:
+    """What ``strategy`` communicates per optimizer step at ``world`` ranks (see the module's
+    docstring)."""
     if world == 1 or strategy == "single":
         return []
     grads, params = trace.gradient_bytes, trace.param_bytes
     if strategy in ("ddp", "accelerate", "horovod"):
         bucket = (128 * 2**20) if strategy == "horovod" else bucket_mb * 2**20
-        return [Collective("all_reduce", grads, max(1, math.ceil(grads / bucket)), "backward", "gradients")]
+        return [
+            Collective(
+                "all_reduce", grads, max(1, math.ceil(grads / bucket)), "backward", "gradients"
+            )
+        ]
     if strategy == "fsdp":
         units = _units(trace)
         blocks = trace.itemsize * sum(trace.block_param_numels)
-        calls = [Collective("all_gather", params * grad_accum, units * grad_accum, "forward", "parameters, forward"),
-                 Collective("all_gather", blocks * grad_accum, (units - 1) * grad_accum, "backward",
-                            "parameters, backward"),
-                 Collective("reduce_scatter", grads, units, "backward", "gradients")]
-        return [call for call in calls if call.calls]  # (one unit, the root: not gathered again for backward)
+        calls = [
+            Collective(
+                "all_gather",
+                params * grad_accum,
+                units * grad_accum,
+                "forward",
+                "parameters, forward",
+            ),
+            Collective(
+                "all_gather",
+                blocks * grad_accum,
+                (units - 1) * grad_accum,
+                "backward",
+                "parameters, backward",
+            ),
+            Collective("reduce_scatter", grads, units, "backward", "gradients"),
+        ]
+        # (one unit, the root: not gathered again for backward)
+        return [call for call in calls if call.calls]
     if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
         count = max(1, math.ceil(trace.numel / zero_bucket))
-        return [Collective("reduce_scatter", grads, count, "", "gradients (reduced to their owners)"),
-                Collective("all_gather", params, count, "", "updated parameters, after the step")]
+        return [
+            Collective("reduce_scatter", grads, count, "", "gradients (reduced to their owners)"),
+            Collective("all_gather", params, count, "", "updated parameters, after the step"),
+        ]
     if strategy == "deepspeed-zero3":
         gathered = trace.itemsize * sum(n for n in trace.numels if n >= 100_000)
         count = max(1, math.ceil(trace.numel / zero_bucket))
-        return [Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "forward",
-                           "parameters, forward"),
-                Collective("all_gather", gathered * grad_accum, _units(trace) * grad_accum, "backward",
-                           "parameters, backward"),
-                Collective("reduce_scatter", grads, count, "backward", "gradients")]
+        return [
+            Collective(
+                "all_gather",
+                gathered * grad_accum,
+                _units(trace) * grad_accum,
+                "forward",
+                "parameters, forward",
+            ),
+            Collective(
+                "all_gather",
+                gathered * grad_accum,
+                _units(trace) * grad_accum,
+                "backward",
+                "parameters, backward",
+            ),
+            Collective("reduce_scatter", grads, count, "backward", "gradients"),
+        ]
     raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
 
 
@@ -116,39 +162,49 @@ class Bandwidth:
     """Caveats the plan's reading repeats."""
 
     def seconds(self, op: str, nbytes: float, calls: int, n: int, busy: bool = False) -> float:
-        """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks; ``busy``: every core computes, so each
-        call costs :attr:`call_s` where it was measured."""
+        """Time of ``calls`` calls moving ``nbytes`` in all on ``n`` ranks; ``busy``: every core
+        computes, so each call costs :attr:`call_s` where it was measured."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        # Small messages go through trees (NCCL) or a few hops: the latency grows with log2 of the ranks.
+        # Small messages go through trees (NCCL) or a few hops: the latency grows with log2 of the
+        # ranks.
         steps = math.log2(n) / math.log2(max(2, self.measured_at))
         latency = self.call_s.get(op, self.latency_s[op]) if busy else self.latency_s[op]
         return calls * latency * steps + nbytes * factor(op, n) / self.busbw[op]
 
 
 def from_device(device: Device, nodes: int) -> Bandwidth:
-    """The device's own link: inside one node, or across nodes (the slower link every collective then crosses)."""
+    """The device's own link: inside one node, or across nodes (the slower link every collective
+    then crosses)."""
     link = device.inter_node if nodes > 1 else device.intra_node
     efficiency = 1.0 if device.name == "cpu" else LINK_EFFICIENCY
     where = "across nodes" if nodes > 1 else "inside a node"
-    return Bandwidth(dict.fromkeys(OPS, link * efficiency), dict.fromkeys(OPS, device.latency_s),
-                     source=f"{device.name} {where}: {link * efficiency / 1e9:g} GB/s bus bandwidth "
-                            f"({device.source})")
+    return Bandwidth(
+        dict.fromkeys(OPS, link * efficiency),
+        dict.fromkeys(OPS, device.latency_s),
+        source=f"{device.name} {where}: {link * efficiency / 1e9:g} GB/s bus bandwidth "
+        f"({device.source})",
+    )
 
 
 def from_comm_bench(path: Path) -> tuple[Bandwidth, int]:
-    """The bandwidth ``rankwise comm bench`` measured (its ``comm.json``), and how many nodes it spanned."""
+    """The bandwidth ``rankwise comm bench`` measured (its ``comm.json``), and how many nodes it
+    spanned."""
     try:
         result = json.loads(Path(path).read_text(encoding="utf-8"))
         rows = result["results"]
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"--comm {path}: not a comm.json written by rankwise comm bench ({e})") from None
+        raise ConfigError(
+            f"--comm {path}: not a comm.json written by rankwise comm bench ({e})"
+        ) from None
     busbw, latency = {}, {}
     for op in OPS:
         mine = [row for row in rows if row["op"] == op]
         if not mine:
             continue
-        large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE] or [max(r["busbw_GBps"] for r in mine)]
+        large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE] or [
+            max(r["busbw_GBps"] for r in mine)
+        ]
         busbw[op] = statistics.median(large) * 1e9
         latency[op] = min(mine, key=lambda row: row["bytes"])["time_us"] / 1e6
     if not busbw:
@@ -157,16 +213,23 @@ def from_comm_bench(path: Path) -> tuple[Bandwidth, int]:
         busbw.setdefault(op, busbw.get("all_reduce") or next(iter(busbw.values())))
         latency.setdefault(op, latency.get("all_reduce") or next(iter(latency.values())))
     world = int(result.get("world_size", 2))
-    source = (f"rankwise comm bench ({path}: {world} ranks, {result.get('backend', '?')}): "
-              + ", ".join(f"{op} {busbw[op] / 1e9:.2f} GB/s" for op in OPS))
+    source = (
+        f"rankwise comm bench ({path}: {world} ranks, {result.get('backend', '?')}): "
+        + ", ".join(f"{op} {busbw[op] / 1e9:.2f} GB/s" for op in OPS)
+    )
     call_s = _between(Path(path).with_name(BETWEEN), world)
     if call_s:
-        source += "; a call between computations " + ", ".join(f"{op} {call_s[op] * 1e3:.2f} ms" for op in call_s)
-    return Bandwidth(busbw, latency, measured_at=world, call_s=call_s, source=source), int(result.get("nnodes", 1))
+        source += "; a call between computations " + ", ".join(
+            f"{op} {call_s[op] * 1e3:.2f} ms" for op in call_s
+        )
+    return Bandwidth(busbw, latency, measured_at=world, call_s=call_s, source=source), int(
+        result.get("nnodes", 1)
+    )
 
 
 def _between(path: Path, world: int) -> dict[str, float]:
-    """Each call's cost between computations from ``between.json`` (empty when there is none for ``world``)."""
+    """Each call's cost between computations from ``between.json`` (empty when there is none for
+    ``world``)."""
     if not path.is_file():
         return {}
     try:
@@ -175,4 +238,6 @@ def _between(path: Path, world: int) -> dict[str, float]:
             return {}
         return {op: float(us) / 1e6 for op, us in result["call_us"].items() if op in OPS}
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: not a between.json written by rankwise plan --validate ({e})") from None
+        raise ConfigError(
+            f"{path}: not a between.json written by rankwise plan --validate ({e})"
+        ) from None

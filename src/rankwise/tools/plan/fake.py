@@ -1,17 +1,19 @@
-"""Models whose parameters have shapes and no storage: fake tensors from the moment a module registers them.
+"""Models whose parameters have shapes and no storage: fake tensors from the moment a module
+registers them.
 
-``FakeTensorMode`` (torch's own, what ``torch.compile`` traces with) gives tensors a shape, dtype and device and
-no memory; an operation on them computes only the output's shape.  :func:`fake_parameters` turns every
-``nn.Parameter`` a module registers while it is active into such a tensor, so building an 8B-parameter model
-allocates nothing (``nn.Linear`` creates its weight with ``torch.empty``, which reserves pages it never touches, and
-the registration drops it at once).  Its initialisation (``reset_parameters``, transformers' ``_init_weights``)
-then runs on the fake tensor and costs nothing.  Buffers stay real: they are small (position ids, rotary
-frequencies), and a forward pass reads their values (masks, lengths).
+``FakeTensorMode`` (torch's own, what ``torch.compile`` traces with) gives tensors a shape, dtype
+and device and no memory; an operation on them computes only the output's shape.
+:func:`fake_parameters` turns every ``nn.Parameter`` a module registers while it is active into such
+a tensor, so building an 8B-parameter model allocates nothing (``nn.Linear`` creates its weight with
+``torch.empty``, which reserves pages it never touches, and the registration drops it at once).  Its
+initialisation (``reset_parameters``, transformers' ``_init_weights``) then runs on the fake tensor
+and costs nothing.  Buffers stay real: they are small (position ids, rotary frequencies), and a
+forward pass reads their values (masks, lengths).
 
-A module's ``.to(device)`` / ``.float()`` would swap each fake parameter for a new one, which torch refuses for
-tensors with weak references (every fake tensor has one); while :func:`fake_parameters` is active a module whose
-parameters are fake applies the conversion without swapping (the same object where nothing changes, so the
-optimizer built on it keeps stepping the model's parameters).
+A module's ``.to(device)`` / ``.float()`` would swap each fake parameter for a new one, which torch
+refuses for tensors with weak references (every fake tensor has one); while :func:`fake_parameters`
+is active a module whose parameters are fake applies the conversion without swapping (the same
+object where nothing changes, so the optimizer built on it keeps stepping the model's parameters).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 
 def fake_mode() -> FakeTensorMode:
-    """The mode one plan's fake tensors share (fake tensors of two modes cannot meet in one operation); real tensors
-    (a script's batch) may enter its operations."""
+    """The mode one plan's fake tensors share (fake tensors of two modes cannot meet in one
+    operation); real tensors (a script's batch) may enter its operations."""
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
@@ -47,7 +49,9 @@ class FakeParameters:
 
         def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
             if param is not None and not is_fake(param):
-                param = nn.Parameter(owner.mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+                param = nn.Parameter(
+                    owner.mode.from_tensor(param.detach()), requires_grad=param.requires_grad
+                )
             register(module, name, param)
 
         def _apply(module: nn.Module, fn, recurse: bool = True):
@@ -61,14 +65,18 @@ class FakeParameters:
                     continue
                 with torch.no_grad():
                     converted = fn(param)
-                if converted is not param:  # a real change (a cast): a new parameter, as torch would make
-                    module._parameters[key] = nn.Parameter(converted, requires_grad=param.requires_grad)
+                # a real change (a cast): a new parameter, as torch would make
+                if converted is not param:
+                    module._parameters[key] = nn.Parameter(
+                        converted, requires_grad=param.requires_grad
+                    )
             for key, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[key] = fn(buffer)
             return module
 
-        # ignore[method-assign, assignment]: patching these two methods while the context is open is the point
+        # ignore[method-assign, assignment]: patching these two methods while the context is open is
+        # the point
         nn.Module.register_parameter = register_parameter  # type: ignore[method-assign, assignment]
         nn.Module._apply = _apply  # type: ignore[method-assign]
         self._stack.callback(setattr, nn.Module, "register_parameter", register)
@@ -79,14 +87,23 @@ class FakeParameters:
         self._stack.close()
 
 
-def fake_copy(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, dtype: torch.dtype | None = None):
-    """A copy of a model with fake parameters (cast to ``dtype`` when given; buffers copied), and a fresh optimizer
-    of the same class and parameter groups over the copy's parameters (``None`` without one): what a strategy may
-    wrap and shard in place while the captured model stays as it was."""
+def fake_copy(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    dtype: torch.dtype | None = None,
+):
+    """A copy of a model with fake parameters (cast to ``dtype`` when given; buffers copied), and a
+    fresh optimizer of the same class and parameter groups over the copy's parameters (``None``
+    without one): what a strategy may wrap and shard in place while the captured model stays as it
+    was."""
     memo = {}
     for p in model.parameters():
         if id(p) not in memo:
-            copied = p.detach().to(dtype) if dtype is not None and p.is_floating_point() else p.detach().clone()
+            copied = (
+                p.detach().to(dtype)
+                if dtype is not None and p.is_floating_point()
+                else p.detach().clone()
+            )
             memo[id(p)] = nn.Parameter(copied, requires_grad=p.requires_grad)
     mapping = dict(memo)
     model_copy = copy.deepcopy(model, memo)
@@ -95,23 +112,26 @@ def fake_copy(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, 
     return model_copy, rebuilt_optimizer(optimizer, mapping)
 
 
-def rebuilt_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]) -> torch.optim.Optimizer:
-    """A fresh optimizer of ``optimizer``'s class with its parameter groups and settings, over the parameters
-    ``mapping`` gives for each of its parameters (by ``id``)."""
+def rebuilt_optimizer(
+    optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]
+) -> torch.optim.Optimizer:
+    """A fresh optimizer of ``optimizer``'s class with its parameter groups and settings, over the
+    parameters ``mapping`` gives for each of its parameters (by ``id``)."""
     groups = []
     for group in optimizer.param_groups:
         settings = {key: value for key, value in group.items() if key != "params"}
         groups.append({**settings, "params": [mapping[id(p)] for p in group["params"]]})
     try:
-        # ignore[call-arg]: torch.optim.Optimizer's own __init__ takes defaults; its subclasses' take the groups alone
+        # ignore[call-arg]: torch.optim.Optimizer's own __init__ takes defaults; its subclasses'
+        # take the groups alone
         return type(optimizer)(groups)  # type: ignore[call-arg]  # every group carries all its settings
     except TypeError:  # an optimizer whose constructor insists on a setting by keyword
         return type(optimizer)(groups, **optimizer.defaults)
 
 
 def real_copy(model: nn.Module, optimizer: torch.optim.Optimizer, std: float = 0.02):
-    """A copy of a fake-parameter model with real parameters (normal, ``std``) and its optimizer rebuilt over them:
-    what times a real step on this machine where the model fits."""
+    """A copy of a fake-parameter model with real parameters (normal, ``std``) and its optimizer
+    rebuilt over them: what times a real step on this machine where the model fits."""
     memo = {}
     for p in model.parameters():
         if id(p) not in memo:

@@ -1,19 +1,22 @@
-"""FSDP's memory, measured on fake ranks: rankwise's ``fsdp`` wrapping of the captured model at world size N, in one
-process, with torch's own ``FSDPMemTracker``.
+"""FSDP's memory, measured on fake ranks: rankwise's ``fsdp`` wrapping of the captured model at
+world size N, in one process, with torch's own ``FSDPMemTracker``.
 
-A process group of the ``fake`` backend (``torch.testing._internal.distributed.fake_pg``: collectives return at once,
-their outputs of the right shape) stands for N ranks; the copy of the captured model is sharded exactly as the
-``fsdp`` strategy shards it (each transformer layer, then the root, ``fully_shard`` on a one-dimensional mesh), under
-the capture's ``FakeTensorMode`` so that the shards, the all-gathered parameters and every activation are fake.
-``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``) then follows two optimizer steps by kind:
-sharded and unsharded parameters and gradients, the all-gather and reduce-scatter buffers, activations, temporaries,
-optimizer state.  The second step is the steady one (the optimizer's state exists from its start).
+A process group of the ``fake`` backend (``torch.testing._internal.distributed.fake_pg``:
+collectives return at once, their outputs of the right shape) stands for N ranks; the copy of the
+captured model is sharded exactly as the ``fsdp`` strategy shards it (each transformer layer, then
+the root, ``fully_shard`` on a one-dimensional mesh), under the capture's ``FakeTensorMode`` so that
+the shards, the all-gathered parameters and every activation are fake. ``FSDPMemTracker``
+(``torch.distributed._tools.fsdp2_mem_tracker``) then follows two optimizer steps by kind: sharded
+and unsharded parameters and gradients, the all-gather and reduce-scatter buffers, activations,
+temporaries, optimizer state.  The second step is the steady one (the optimizer's state exists from
+its start).
 
-On gloo (a plan for this machine's CPU) the real ranks hold more than the fake ones, measured in profiler traces of
-examples/causal_lm.py and examples/builtin_model.py at 2 ranks: c10d's gloo reduce-scatter keeps a clone of its
-input (a layer's unsharded gradients) until the next one, and each micro-batch's backward-prefetch all-gather output
-(a layer's unsharded parameters) is still alive from the step before.  ``gloo=True`` adds both, for the largest
-layer: (micro-batches + 1) x its parameter bytes, as buffers.
+On gloo (a plan for this machine's CPU) the real ranks hold more than the fake ones, measured in
+profiler traces of examples/causal_lm.py and examples/builtin_model.py at 2 ranks: c10d's gloo
+reduce-scatter keeps a clone of its input (a layer's unsharded gradients) until the next one, and
+each micro-batch's backward-prefetch all-gather output (a layer's unsharded parameters) is still
+alive from the step before.  ``gloo=True`` adds both, for the largest layer: (micro-batches + 1) x
+its parameter bytes, as buffers.
 """
 
 from __future__ import annotations
@@ -31,21 +34,34 @@ from rankwise.tools.plan.fake import fake_copy
 from rankwise.tools.plan.memory import KINDS, Memory
 from rankwise.tools.plan.trace import resized
 
-KIND_OF = {"Sharded Param": "parameters", "Sharded Grad": "gradients", "Unsharded Grad": "gradients",
-           "OptState": "optimizer", "Activation": "activations", "Temp": "activations", "Inputs": "activations",
-           "Buffer": "activations", "Unsharded Param": "buffers", "All Gather": "buffers",
-           "Reduce Scatter": "buffers"}
+KIND_OF = {
+    "Sharded Param": "parameters",
+    "Sharded Grad": "gradients",
+    "Unsharded Grad": "gradients",
+    "OptState": "optimizer",
+    "Activation": "activations",
+    "Temp": "activations",
+    "Inputs": "activations",
+    "Buffer": "activations",
+    "Unsharded Param": "buffers",
+    "All Gather": "buffers",
+    "Reduce Scatter": "buffers",
+}
 """FSDPMemTracker's kinds (``_FSDPRefType`` values) as the plan's rows."""
 
 
 @contextlib.contextmanager
 def fake_ranks(world_size: int):
-    """A process group of ``world_size`` fake ranks in this process (this process is rank 0), closed after."""
+    """A process group of ``world_size`` fake ranks in this process (this process is rank 0), closed
+    after."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if torch_dist.is_initialized():
-        raise RuntimeError("rankwise plan measures FSDP on fake ranks: this process already has a process group")
-    hook = sys.excepthook  # (each init_process_group wraps it to prefix "[rank0]:", once more every time)
+        raise RuntimeError(
+            "rankwise plan measures FSDP on fake ranks: this process already has a process group"
+        )
+    # (each init_process_group wraps it to prefix "[rank0]:", once more every time)
+    hook = sys.excepthook
     torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield
@@ -64,10 +80,18 @@ def _by_kind(snapshot: dict) -> dict[str, int]:
     return rows
 
 
-def fsdp(capture: Capture, rows: int, world_size: int, *, autocast: torch.dtype | None = None,
-         checkpointing: bool = False, grad_accum: int = 1, gloo: bool = False) -> Memory:
-    """One rank's memory under ``fsdp`` at ``world_size`` ranks, measured as the module's docstring says (``gloo``:
-    with gloo's own copies added)."""
+def fsdp(
+    capture: Capture,
+    rows: int,
+    world_size: int,
+    *,
+    autocast: torch.dtype | None = None,
+    checkpointing: bool = False,
+    grad_accum: int = 1,
+    gloo: bool = False,
+) -> Memory:
+    """One rank's memory under ``fsdp`` at ``world_size`` ranks, measured as the module's docstring
+    says (``gloo``: with gloo's own copies added)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     model, optimizer = fake_copy(capture.model, capture.optimizer)
@@ -77,19 +101,30 @@ def fsdp(capture: Capture, rows: int, world_size: int, *, autocast: torch.dtype 
     args, kwargs = resized(capture, rows)
     use_autocast = autocast is not None and capture.autocast
     blocks = transformer_blocks(model)
-    largest = max((sum(p.numel() * p.element_size() for p in block.parameters()) for block in blocks), default=0)
+    largest = max(
+        (sum(p.numel() * p.element_size() for p in block.parameters()) for block in blocks),
+        default=0,
+    )
     with fake_ranks(world_size):
-        mesh = init_device_mesh("cpu", (world_size,))  # (its rank table is real: outside the fake mode)
+        # (its rank table is real: outside the fake mode)
+        mesh = init_device_mesh("cpu", (world_size,))
         with capture.mode:
-            memory = _sharded(model, optimizer, mesh, args, kwargs, grad_accum, autocast if use_autocast else None)
+            memory = _sharded(
+                model, optimizer, mesh, args, kwargs, grad_accum, autocast if use_autocast else None
+            )
     if gloo and world_size > 1:
         memory.at_peak["buffers"] += (grad_accum + 1) * largest
-        memory.source += (f"; + gloo's reduce-scatter clone and {grad_accum} kept backward-prefetch gather(s) of the "
-                          "largest layer (measured on gloo)")
+        memory.source += (
+            f"; + gloo's reduce-scatter clone and {grad_accum} kept backward-prefetch gather(s) "
+            "of the "
+            "largest layer (measured on gloo)"
+        )
     return memory
 
 
-def _sharded(model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: torch.dtype | None) -> Memory:
+def _sharded(
+    model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: torch.dtype | None
+) -> Memory:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import fully_shard
 
@@ -105,8 +140,11 @@ def _sharded(model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: to
             for micro in range(grad_accum):
                 # (as rankwise's fsdp no_sync: the reduce-scatter only on a step's last micro-batch)
                 model.set_requires_gradient_sync(micro == grad_accum - 1)
-                tracker.reset_mod_stats()  # (its per-module records allow one forward each; the peak is kept)
-                with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                # (its per-module records allow one forward each; the peak is kept)
+                tracker.reset_mod_stats()
+                with torch.autocast(
+                    "cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None
+                ):
                     loss = loss_of(model(*args, **kwargs))
                 loss.backward()
                 del loss
@@ -116,5 +154,10 @@ def _sharded(model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: to
         held = _by_kind(tracker.get_tracker_snapshot("current"))
         at_peak = _by_kind(tracker.get_tracker_snapshot("peak"))
         optimizer.zero_grad(set_to_none=True)
-    return Memory(held["parameters"], held["gradients"], held["optimizer"], at_peak,
-                  f"measured: torch FSDPMemTracker, fully_shard on {mesh.size()} fake ranks (fake tensors)")
+    return Memory(
+        held["parameters"],
+        held["gradients"],
+        held["optimizer"],
+        at_peak,
+        f"measured: torch FSDPMemTracker, fully_shard on {mesh.size()} fake ranks (fake tensors)",
+    )

@@ -1,13 +1,15 @@
-"""One rank's memory under a strategy at a world size, from the measured step (:mod:`~rankwise.tools.plan.trace`).
+"""One rank's memory under a strategy at a world size, from the measured step
+(:mod:`~rankwise.tools.plan.trace`).
 
-The trace is one rank training alone: its parameters P, gradients G, optimizer state and, over the step, the live
-activations and temporaries.  Each strategy here says which of these a rank holds at world size N, what it
-allocates besides (buckets, flat copies, gathered parameters), and when; the peak is the largest total over the
-step's samples.  Every formula names its source.  FSDP is not here: fake tensors reach it, and
-:mod:`rankwise.tools.plan.fsdp` measures it with torch's ``FSDPMemTracker`` on N fake ranks.
+The trace is one rank training alone: its parameters P, gradients G, optimizer state and, over the
+step, the live activations and temporaries.  Each strategy here says which of these a rank holds at
+world size N, what it allocates besides (buckets, flat copies, gathered parameters), and when; the
+peak is the largest total over the step's samples.  Every formula names its source.  FSDP is not
+here: fake tensors reach it, and :mod:`rankwise.tools.plan.fsdp` measures it with torch's
+``FSDPMemTracker`` on N fake ranks.
 
-Notation: Φ trainable parameter elements, d bytes per parameter element in the strategy's model copy (4 for fp32,
-2 under DeepSpeed's bf16), m the optimizer's moments per element (Adam: 2), N ranks.
+Notation: Φ trainable parameter elements, d bytes per parameter element in the strategy's model copy
+(4 for fp32, 2 under DeepSpeed's bf16), m the optimizer's moments per element (Adam: 2), N ranks.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ class Memory:
     gradients: int
     """Gradients the rank keeps once its backward pass is done (its shard, or all of them)."""
     optimizer: int
-    """Optimizer state the rank keeps: moments, and fp32 master weights where the strategy has them."""
+    """Optimizer state the rank keeps: moments, and fp32 master weights where the strategy has
+    them."""
     at_peak: dict[str, int]
-    """Every kind of :data:`KINDS` at the step's peak; they sum to :attr:`peak`.  Activations include the
-    temporaries, the batch and module buffers; buffers are the strategy's communication buffers and gathered
-    parameters."""
+    """Every kind of :data:`KINDS` at the step's peak; they sum to :attr:`peak`.  Activations
+    include the temporaries, the batch and module buffers; buffers are the strategy's communication
+    buffers and gathered parameters."""
     source: str
     """How the numbers were obtained (a formula and its source, or a measurement)."""
     notes: list[str] = field(default_factory=list)
@@ -58,7 +61,8 @@ Step = Callable[[Sample], dict[str, int]]
 
 
 def peak_over(trace: Trace, held: dict[str, int], during: Step) -> dict[str, int]:
-    """The kinds at the sample where ``held`` (constant through the step) plus ``during(sample)`` is largest."""
+    """The kinds at the sample where ``held`` (constant through the step) plus ``during(sample)`` is
+    largest."""
     best, parts = -1, dict[str, int]()  # the loop runs at least once, and any total beats -1
     for sample in trace.samples or [Sample(0, 0, 0, 0)]:
         now = during(sample)
@@ -69,13 +73,14 @@ def peak_over(trace: Trace, held: dict[str, int], during: Step) -> dict[str, int
 
 
 def fixed_activations(trace: Trace) -> int:
-    """What every strategy holds besides the step's allocations: the batch and the module buffers."""
+    """What every strategy holds besides the step's allocations: the batch and the module
+    buffers."""
     return trace.input_bytes + trace.buffer_bytes
 
 
 def grads_during(trace: Trace, sample: Sample, accumulating: bool) -> int:
-    """Gradients alive at ``sample`` in a strategy that keeps them whole: as computed, or (a step of several
-    micro-batches) all of them from the first micro-batch's backward on."""
+    """Gradients alive at ``sample`` in a strategy that keeps them whole: as computed, or (a step of
+    several micro-batches) all of them from the first micro-batch's backward on."""
     return trace.gradient_bytes if accumulating and sample.phase < 2 else sample.gradients
 
 
@@ -94,7 +99,8 @@ class Setting:
     zero_max_live: int = 10_000_000
     """DeepSpeed's ``stage3_max_live_parameters`` (rankwise's ``deepspeed.max_live_parameters``)."""
     zero_persistence: int = 100_000
-    """DeepSpeed's ``stage3_param_persistence_threshold``: parameters smaller than this stay whole on every rank."""
+    """DeepSpeed's ``stage3_param_persistence_threshold``: parameters smaller than this stay whole
+    on every rank."""
     horovod_fusion_bytes: int = 128 * 2**20
     """Horovod's fusion buffer (``HOROVOD_FUSION_THRESHOLD``, 128 MiB by default)."""
 
@@ -102,27 +108,42 @@ class Setting:
 def single(trace: Trace, setting: Setting) -> Memory:
     """One process: the trace itself."""
     accumulating = setting.grad_accum > 1
-    at = peak_over(trace, {"parameters": trace.param_bytes, "optimizer": trace.optimizer_bytes,
-                           "activations": fixed_activations(trace)},
-                   lambda s: {"gradients": grads_during(trace, s, accumulating),
-                              "activations": s.activations + s.optimizer_temporaries})
-    return Memory(trace.param_bytes, trace.gradient_bytes, trace.optimizer_bytes, at, "measured (one process)")
+    at = peak_over(
+        trace,
+        {
+            "parameters": trace.param_bytes,
+            "optimizer": trace.optimizer_bytes,
+            "activations": fixed_activations(trace),
+        },
+        lambda s: {
+            "gradients": grads_during(trace, s, accumulating),
+            "activations": s.activations + s.optimizer_temporaries,
+        },
+    )
+    return Memory(
+        trace.param_bytes, trace.gradient_bytes, trace.optimizer_bytes, at, "measured (one process)"
+    )
 
 
 def ddp(trace: Trace, setting: Setting) -> Memory:
-    """``DistributedDataParallel``: every rank holds the whole model, its gradients and optimizer state.
+    """``DistributedDataParallel``: every rank holds the whole model, its gradients and optimizer
+    state.
 
-    Source: torch ``csrc/distributed/c10d/reducer.cpp`` (``Reducer::initialize_buckets``): one flat tensor per
-    bucket, the buckets together covering every parameter's gradient, allocated when the model is wrapped and kept.
-    With ``gradient_as_bucket_view`` (rankwise's default) each ``.grad`` is a view into its bucket, so the gradients
-    are the buckets: G bytes held from the start.  Without it the gradients are separate tensors copied into the
-    buckets: G more, as buffers.  Under ``no_sync`` (a step of several micro-batches) the reducer's hooks stand aside
-    and autograd accumulates the gradients in tensors of its own; the step's last backward copies them into the
-    buckets, so until then both exist: G more from the first micro-batch's backward on.  The all-reduce works in
-    place on the buckets."""
+    Source: torch ``csrc/distributed/c10d/reducer.cpp`` (``Reducer::initialize_buckets``): one flat
+    tensor per bucket, the buckets together covering every parameter's gradient, allocated when the
+    model is wrapped and kept. With ``gradient_as_bucket_view`` (rankwise's default) each ``.grad``
+    is a view into its bucket, so the gradients are the buckets: G bytes held from the start.
+    Without it the gradients are separate tensors copied into the buckets: G more, as buffers.
+    Under ``no_sync`` (a step of several micro-batches) the reducer's hooks stand aside and autograd
+    accumulates the gradients in tensors of its own; the step's last backward copies them into the
+    buckets, so until then both exist: G more from the first micro-batch's backward on.  The
+    all-reduce works in place on the buckets."""
     accumulating = setting.grad_accum > 1
-    held = {"parameters": trace.param_bytes, "optimizer": trace.optimizer_bytes,
-            "activations": fixed_activations(trace)}
+    held = {
+        "parameters": trace.param_bytes,
+        "optimizer": trace.optimizer_bytes,
+        "activations": fixed_activations(trace),
+    }
     if setting.ddp_bucket_view:
         held["gradients"] = trace.gradient_bytes
 
@@ -133,31 +154,46 @@ def ddp(trace: Trace, setting: Setting) -> Memory:
         held["buffers"] = trace.gradient_bytes
 
         def during(s: Sample) -> dict[str, int]:
-            return {"gradients": grads_during(trace, s, accumulating),
-                    "activations": s.activations + s.optimizer_temporaries}
-    source = ("formula: parameters + optimizer state + gradient buckets (torch reducer.cpp; gradients are views "
-              "of the buckets) + the traced activations" if setting.ddp_bucket_view else
-              "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp) + the traced gradients "
-              "and activations")
+            return {
+                "gradients": grads_during(trace, s, accumulating),
+                "activations": s.activations + s.optimizer_temporaries,
+            }
+
+    source = (
+        "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp; gradients "
+        "are views "
+        "of the buckets) + the traced activations"
+        if setting.ddp_bucket_view
+        else "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp) + the "
+        "traced gradients "
+        "and activations"
+    )
     if accumulating:
         source += "; no_sync's gradients beside the buckets until the step's last backward"
-    return Memory(trace.param_bytes, trace.gradient_bytes, trace.optimizer_bytes, peak_over(trace, held, during),
-                  source)
+    return Memory(
+        trace.param_bytes,
+        trace.gradient_bytes,
+        trace.optimizer_bytes,
+        peak_over(trace, held, during),
+        source,
+    )
 
 
 def horovod(trace: Trace, setting: Setting) -> Memory:
-    """Horovod's ``DistributedOptimizer``: whole model, gradients and state on every rank; gradients are all-reduced
-    through a fusion buffer (``HOROVOD_FUSION_THRESHOLD``, 128 MiB) that Horovod allocates itself, outside torch
-    (source: horovod/common/fusion_buffer_manager.cc)."""
+    """Horovod's ``DistributedOptimizer``: whole model, gradients and state on every rank; gradients
+    are all-reduced through a fusion buffer (``HOROVOD_FUSION_THRESHOLD``, 128 MiB) that Horovod
+    allocates itself, outside torch (source: horovod/common/fusion_buffer_manager.cc)."""
     memory = single(trace, setting)
     memory.at_peak["buffers"] += setting.horovod_fusion_bytes
-    memory.source = "formula: one process's memory + Horovod's fusion buffer (fusion_buffer_manager.cc)"
+    memory.source = (
+        "formula: one process's memory + Horovod's fusion buffer (fusion_buffer_manager.cc)"
+    )
     return memory
 
 
 def zero_partition(numel: int, world: int) -> int:
-    """Elements of one rank's partition of ZeRO-1/2's flat buffer: the buffer is padded to a multiple of 2N
-    (``nccl_start_alignment_factor`` x N, stage_1_and_2.py) and split evenly."""
+    """Elements of one rank's partition of ZeRO-1/2's flat buffer: the buffer is padded to a
+    multiple of 2N (``nccl_start_alignment_factor`` x N, stage_1_and_2.py) and split evenly."""
     alignment = 2 * world
     return math.ceil(numel / alignment) * alignment // world
 
@@ -165,55 +201,83 @@ def zero_partition(numel: int, world: int) -> int:
 def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
     """DeepSpeed ZeRO stage 1 or 2 (``deepspeed/runtime/zero/stage_1_and_2.py``, DeepSpeed 0.19).
 
-    - Parameters: the model's parameters become views of one flat buffer, ``bit16_groups_flat``, padded to 2N
-      elements: d x Φ on every rank.
-    - Optimizer state: the rank's partition φ = Φ/N of fp32 master weights (``single_partition_of_fp32_groups``, a
-      copy even when the model is fp32) and the optimizer's moments over it: (4 + 4m) x φ (ZeRO paper,
-      Rajbhandari et al. 2020, section 5: K = 12 for mixed-precision Adam).
-    - Gradients: stage 1 keeps whole gradients through the backward pass (d x Φ); stage 2 copies each reduced
-      gradient into its partition, ``grads_in_partition`` (d x φ).  At the optimizer step the partition's gradient is
-      also copied to fp32 (4 x φ, a temporary).
-    - Buffers: during the backward pass, the reduction bucket of ``reduce_bucket_size`` elements at d bytes (one:
-      ``overlap_comm`` is false below stage 3, so ``setup_buckets`` allocates no second buffer; each micro-batch's
-      replaces the last's).
+    - Parameters: the model's parameters become views of one flat buffer, ``bit16_groups_flat``,
+      padded to 2N elements: d x Φ on every rank.
+    - Optimizer state: the rank's partition φ = Φ/N of fp32 master weights
+      (``single_partition_of_fp32_groups``, a copy even when the model is fp32) and the optimizer's
+      moments over it: (4 + 4m) x φ (ZeRO paper, Rajbhandari et al. 2020, section 5: K = 12 for
+      mixed-precision Adam).
+    - Gradients: stage 1 keeps whole gradients through the backward pass (d x Φ); stage 2 copies
+      each reduced gradient into its partition, ``grads_in_partition`` (d x φ).  At the optimizer
+      step the partition's gradient is also copied to fp32 (4 x φ, a temporary).
+    - Buffers: during the backward pass, the reduction bucket of ``reduce_bucket_size`` elements at
+      d bytes (one: ``overlap_comm`` is false below stage 3, so ``setup_buckets`` allocates no
+      second buffer; each micro-batch's replaces the last's).
     - Activations: the trace's; the optimizer's temporaries scale with the partition."""
+
     def memory(trace: Trace, setting: Setting) -> Memory:
         n, phi, d = setting.world_size, trace.numel, trace.itemsize
         part = zero_partition(phi, n)
         flat = part * n
         optimizer = (4 + 4 * trace.optimizer_moments) * part
         gradients = d * flat if stage == 1 else d * part
-        held = {"parameters": d * flat, "optimizer": round(optimizer), "activations": fixed_activations(trace)}
+        held = {
+            "parameters": d * flat,
+            "optimizer": round(optimizer),
+            "activations": fixed_activations(trace),
+        }
         bucket = d * setting.zero_bucket
 
         def during(s: Sample) -> dict[str, int]:
             if s.phase == 0:
-                return {"activations": s.activations,
-                        "gradients": grads_during(trace, s, setting.grad_accum > 1) if stage == 1 else 0}
+                return {
+                    "activations": s.activations,
+                    "gradients": grads_during(trace, s, setting.grad_accum > 1)
+                    if stage == 1
+                    else 0,
+                }
             if s.phase == 1:
-                return {"activations": s.activations, "buffers": bucket,
-                        "gradients": s.gradients if stage == 1 else gradients}
-            return {"activations": s.activations + round(s.optimizer_temporaries * part / max(phi, 1)),
-                    "gradients": (gradients if stage == 2 else d * part) + 4 * part}
-        return Memory(d * flat, gradients, round(optimizer), peak_over(trace, held, during),
-                      f"formula: DeepSpeed ZeRO-{stage} (stage_1_and_2.py: flat d x Φ parameters, fp32 master and "
-                      f"moments on Φ/N, {'whole' if stage == 1 else 'partitioned'} gradients, a reduce bucket of "
-                      f"{setting.zero_bucket:,} elements)")
+                return {
+                    "activations": s.activations,
+                    "buffers": bucket,
+                    "gradients": s.gradients if stage == 1 else gradients,
+                }
+            return {
+                "activations": s.activations + round(s.optimizer_temporaries * part / max(phi, 1)),
+                "gradients": (gradients if stage == 2 else d * part) + 4 * part,
+            }
+
+        return Memory(
+            d * flat,
+            gradients,
+            round(optimizer),
+            peak_over(trace, held, during),
+            f"formula: DeepSpeed ZeRO-{stage} (stage_1_and_2.py: flat d x Φ parameters, fp32 "
+            "master and "
+            f"moments on Φ/N, {'whole' if stage == 1 else 'partitioned'} gradients, a reduce "
+            "bucket of "
+            f"{setting.zero_bucket:,} elements)",
+        )
+
     return memory
 
 
 def zero3(trace: Trace, setting: Setting) -> Memory:
-    """DeepSpeed ZeRO stage 3 (``deepspeed/runtime/zero/stage3.py`` and ``partition_parameters.py``, DeepSpeed 0.19).
+    """DeepSpeed ZeRO stage 3 (``deepspeed/runtime/zero/stage3.py`` and ``partition_parameters.py``,
+    DeepSpeed 0.19).
 
-    - Parameters: each parameter is partitioned on its own, ceil(n/N) elements a rank (``ds_tensor``), at d bytes;
-      parameters smaller than ``stage3_param_persistence_threshold`` also stay whole on every rank.
+    - Parameters: each parameter is partitioned on its own, ceil(n/N) elements a rank
+      (``ds_tensor``), at d bytes; parameters smaller than ``stage3_param_persistence_threshold``
+      also stay whole on every rank.
     - Gradients: one flat buffer of the partitions, ``grad_partitions_flat_buffer``: d x φ, kept.
-    - Optimizer state: fp32 master partitions (none in fp32: rankwise aliases them, ``compat.deepspeed_zero``) and the
-      moments: (4 [bf16] + 4m) x φ.
-    - Buffers, kept: the reduction bucket (``reduce_bucket_size`` elements at d bytes; ``overlap_comm`` is true at
-      stage 3) and the fp32 gradient buffer of the largest optimizer sub-group (``sub_group_size`` elements at
-      most, 4 bytes each).  During the forward and backward passes, the gathered parameters of the layers in use:
-      at most ``stage3_max_live_parameters`` elements (and at least the largest partitioned parameter), d bytes each.
+    - Optimizer state: fp32 master partitions (none in fp32: rankwise aliases them,
+      ``compat.deepspeed_zero``) and the moments: (4 [bf16] + 4m) x φ.
+    - Buffers, kept: the reduction bucket (``reduce_bucket_size`` elements at d bytes;
+      ``overlap_comm`` is true at stage 3) and the fp32 gradient buffer of the largest optimizer
+      sub-group (``sub_group_size`` elements at most, 4 bytes each).  During the forward and
+      backward passes, the gathered parameters of the layers in use: at most
+      ``stage3_max_live_parameters`` elements (and at least the largest partitioned parameter), d
+      bytes each.
     - Activations: the trace's; the optimizer's temporaries scale with the partition."""
     n, d = setting.world_size, trace.itemsize
     partitioned = [numel for numel in trace.numels if numel >= setting.zero_persistence]
@@ -224,8 +288,13 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
     parameters = d * (part + persistent)
     gradients = d * part
     fp32_grads = 4 * min(part, setting.zero_bucket)
-    held = {"parameters": parameters, "gradients": gradients, "optimizer": optimizer,
-            "activations": fixed_activations(trace), "buffers": d * setting.zero_bucket + fp32_grads}
+    held = {
+        "parameters": parameters,
+        "gradients": gradients,
+        "optimizer": optimizer,
+        "activations": fixed_activations(trace),
+        "buffers": d * setting.zero_bucket + fp32_grads,
+    }
     if n > 1 and partitioned:
         gathered = d * min(sum(partitioned), max(setting.zero_max_live, max(partitioned)))
     else:
@@ -234,15 +303,30 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
     def during(s: Sample) -> dict[str, int]:
         if s.phase < 2:
             return {"activations": s.activations, "buffers": gathered}
-        return {"activations": s.activations + round(s.optimizer_temporaries * part / max(trace.numel, 1))}
-    return Memory(parameters, gradients, optimizer, peak_over(trace, held, during),
-                  f"formula: DeepSpeed ZeRO-3 (stage3.py: per-parameter partitions of Φ/N, fp32 master and moments on "
-                  f"them, a kept reduce bucket of {setting.zero_bucket:,} elements, gathered layers up to "
-                  f"{setting.zero_max_live:,} elements)")
+        return {
+            "activations": s.activations
+            + round(s.optimizer_temporaries * part / max(trace.numel, 1))
+        }
+
+    return Memory(
+        parameters,
+        gradients,
+        optimizer,
+        peak_over(trace, held, during),
+        "formula: DeepSpeed ZeRO-3 (stage3.py: per-parameter partitions of Φ/N, fp32 master and "
+        "moments on "
+        f"them, a kept reduce bucket of {setting.zero_bucket:,} elements, gathered layers up to "
+        f"{setting.zero_max_live:,} elements)",
+    )
 
 
 FORMULAS: dict[str, Callable[[Trace, Setting], Memory]] = {
-    "single": single, "ddp": ddp, "accelerate": ddp, "horovod": horovod,
-    "deepspeed-zero1": zero12(1), "deepspeed-zero2": zero12(2), "deepspeed-zero3": zero3,
+    "single": single,
+    "ddp": ddp,
+    "accelerate": ddp,
+    "horovod": horovod,
+    "deepspeed-zero1": zero12(1),
+    "deepspeed-zero2": zero12(2),
+    "deepspeed-zero3": zero3,
 }
 """The strategies whose memory is a formula over the trace (FSDP's is measured on fake ranks)."""

@@ -1,16 +1,17 @@
-"""A script that starts its own distributed job, captured in this one process: the world it asks for becomes one
-rank, and its data-parallel wrapper stands aside.
+"""A script that starts its own distributed job, captured in this one process: the world it asks for
+becomes one rank, and its data-parallel wrapper stands aside.
 
 A plain torch script (PyTorch's DDP tutorial, a script started by torchrun or by ``mp.spawn``) calls
-``init_process_group`` and wraps its model in ``DistributedDataParallel`` (or FSDP) before it trains.  Neither can run
-on fake parameters (DDP broadcasts the weights when it wraps them), and neither is what the plan needs: the plan
-evaluates every strategy itself, from the model as the script builds it.  While :func:`one_rank` is active:
+``init_process_group`` and wraps its model in ``DistributedDataParallel`` (or FSDP) before it
+trains.  Neither can run on fake parameters (DDP broadcasts the weights when it wraps them), and
+neither is what the plan needs: the plan evaluates every strategy itself, from the model as the
+script builds it.  While :func:`one_rank` is active:
 
-- ``init_process_group`` starts a one-process group (rank 0 of 1, gloo where CUDA is absent, on a free local port)
-  whatever world size, rank or rendezvous the script passes; the script's ``DistributedSampler`` then gives this
-  rank the whole dataset, as at world size 1;
-- ``DistributedDataParallel``, FSDP's wrapper class and ``fully_shard`` return the model itself, or a thin wrapper
-  that forwards to it and keeps ``.module`` and ``no_sync()``;
+- ``init_process_group`` starts a one-process group (rank 0 of 1, gloo where CUDA is absent, on a
+  free local port) whatever world size, rank or rendezvous the script passes; the script's
+  ``DistributedSampler`` then gives this rank the whole dataset, as at world size 1;
+- ``DistributedDataParallel``, FSDP's wrapper class and ``fully_shard`` return the model itself, or
+  a thin wrapper that forwards to it and keeps ``.module`` and ``no_sync()``;
 - ``mp.spawn(fn, args, nprocs)`` calls ``fn(0, *args)`` here, once;
 - torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...) describe that one rank.
 
@@ -31,7 +32,8 @@ from torch import nn
 
 
 class StandAside(nn.Module):
-    """What ``DistributedDataParallel(model)`` returns during a capture: the model, unchanged, as ``.module``."""
+    """What ``DistributedDataParallel(model)`` returns during a capture: the model, unchanged, as
+    ``.module``."""
 
     def __init__(self, module: nn.Module, *args, **kwargs):
         super().__init__()
@@ -61,7 +63,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @contextlib.contextmanager
@@ -73,8 +83,15 @@ def one_rank() -> Iterator[None]:
 
     port = _free_port()
     saved_env = {name: os.environ.get(name) for name in ENV}
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     init = dist.init_process_group
     started = []
 
@@ -90,11 +107,15 @@ def one_rank() -> Iterator[None]:
     def spawn_one(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
         fn(0, *args)
 
-    patched = [(dist, "init_process_group", init_process_group),
-               (dist.distributed_c10d, "init_process_group", init_process_group), (mp, "spawn", spawn_one),
-               (parallel, "DistributedDataParallel", StandAside), (ddp_module, "DistributedDataParallel", StandAside),
-               (fsdp_module, "FullyShardedDataParallel", StandAside),
-               (fsdp_module, "fully_shard", lambda module, *a, **k: module)]
+    patched = [
+        (dist, "init_process_group", init_process_group),
+        (dist.distributed_c10d, "init_process_group", init_process_group),
+        (mp, "spawn", spawn_one),
+        (parallel, "DistributedDataParallel", StandAside),
+        (ddp_module, "DistributedDataParallel", StandAside),
+        (fsdp_module, "FullyShardedDataParallel", StandAside),
+        (fsdp_module, "fully_shard", lambda module, *a, **k: module),
+    ]
     patched = [p for p in patched if hasattr(p[0], p[1])]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     for owner, name, value in patched:

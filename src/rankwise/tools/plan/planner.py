@@ -1,9 +1,11 @@
-"""The plan: for every strategy and world size, one rank's memory, whether it fits, what it communicates, its step
-time; the fastest that fits, and for one that does not, the cheapest change that makes it fit.
+"""The plan: for every strategy and world size, one rank's memory, whether it fits, what it
+communicates, its step time; the fastest that fits, and for one that does not, the cheapest change
+that makes it fit.
 
-Traces are replayed once per distinct (micro-batch rows, parameter dtype, autocast, checkpointing) and shared by
-every strategy that needs them; FSDP is measured on fake ranks at each world size (:mod:`~rankwise.tools.plan.fsdp`),
-every other strategy is a formula over a trace (:mod:`~rankwise.tools.plan.memory`).
+Traces are replayed once per distinct (micro-batch rows, parameter dtype, autocast, checkpointing)
+and shared by every strategy that needs them; FSDP is measured on fake ranks at each world size
+(:mod:`~rankwise.tools.plan.fsdp`), every other strategy is a formula over a trace
+(:mod:`~rankwise.tools.plan.memory`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ log = get_logger(__name__)
 
 HALF = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 SAME_TIME = 0.01
-"""Planned steps closer than this share are the same time: the fastest of them is the one needing least memory (a
-tiny model's steps differ by nanoseconds of sharded optimizer work, and ZeRO-3's 19 MiB buffers then lost to nothing
-against DDP's 3 KiB)."""
+"""Planned steps closer than this share are the same time: the fastest of them is the one needing
+least memory (a tiny model's steps differ by nanoseconds of sharded optimizer work, and ZeRO-3's 19
+MiB buffers then lost to nothing against DDP's 3 KiB)."""
 ENGINE = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
 """Strategies whose engine casts the model to 16 bits under a mixed precision (no autocast)."""
 
@@ -59,7 +61,8 @@ class Row:
     checkpointing: bool
     """Whether the layers recompute their activations in the backward pass."""
     change: str = ""
-    """For a row that does not fit: the cheapest change that makes it fit (empty when it fits, or none does)."""
+    """For a row that does not fit: the cheapest change that makes it fit (empty when it fits, or
+    none does)."""
 
 
 @dataclass
@@ -89,8 +92,8 @@ class Plan:
         return int(self.device.memory_bytes * (1 - self.config.headroom))
 
     def fastest(self, world: int) -> Row | None:
-        """The fitting row with the shortest step; of steps within :data:`SAME_TIME` of it (which the model cannot
-        tell apart), the one that needs the least memory."""
+        """The fitting row with the shortest step; of steps within :data:`SAME_TIME` of it (which
+        the model cannot tell apart), the one that needs the least memory."""
         fitting = [row for row in self.rows if row.world_size == world and row.fits]
         if not fitting:
             return None
@@ -100,8 +103,14 @@ class Plan:
 
 
 class Planner:
-    def __init__(self, config: PlanConfig, capture: Capture, device: Device, bandwidth: Bandwidth,
-                 nodes: dict[int, int]):
+    def __init__(
+        self,
+        config: PlanConfig,
+        capture: Capture,
+        device: Device,
+        bandwidth: Bandwidth,
+        nodes: dict[int, int],
+    ):
         self.config, self.capture, self.device, self.bandwidth = config, capture, device, bandwidth
         self.plan = Plan(config, capture, device, bandwidth, nodes)
         self.traces: dict[tuple, Trace] = {}
@@ -109,7 +118,7 @@ class Planner:
         self.fsdp_cache: dict[tuple, Memory] = {}
         self.ddp, self.zero = DDPOptions(), DeepSpeedOptions()
 
-    # -- the pieces ---------------------------------------------------------------------------------
+    # -- the pieces --------------------------------------------------------------------------------
     def rows_per_rank(self, world: int) -> int:
         if self.config.micro_batch:
             return self.config.micro_batch
@@ -117,7 +126,9 @@ class Planner:
             return max(1, math.ceil(self.capture.global_batch / world))
         return self.capture.rows
 
-    def dtypes(self, strategy: str, precision: str) -> tuple[torch.dtype | None, torch.dtype | None]:
+    def dtypes(
+        self, strategy: str, precision: str
+    ) -> tuple[torch.dtype | None, torch.dtype | None]:
         """(parameter dtype, autocast dtype) of the strategy's step at ``precision``."""
         half = HALF.get(precision)
         if half is None:
@@ -127,15 +138,24 @@ class Planner:
     def trace_for(self, rows: int, param_dtype, autocast, checkpointing: bool) -> Trace:
         key = (rows, param_dtype, autocast, checkpointing)
         if key not in self.traces:
-            log.info(f"rankwise plan: replaying the step on fake tensors: {rows} rows a rank"
-                     + (f", parameters {param_dtype}" if param_dtype else "")
-                     + (f", autocast {autocast}" if autocast else "") + (", checkpointed" if checkpointing else ""))
-            self.traces[key] = trace(self.capture, rows, param_dtype=param_dtype, autocast=autocast,
-                                     checkpointing=checkpointing)
+            log.info(
+                f"rankwise plan: replaying the step on fake tensors: {rows} rows a rank"
+                + (f", parameters {param_dtype}" if param_dtype else "")
+                + (f", autocast {autocast}" if autocast else "")
+                + (", checkpointed" if checkpointing else "")
+            )
+            self.traces[key] = trace(
+                self.capture,
+                rows,
+                param_dtype=param_dtype,
+                autocast=autocast,
+                checkpointing=checkpointing,
+            )
         return self.traces[key]
 
     def timed_for(self, strategy: str, trace: Trace, world: int, precision: str) -> Timed | None:
-        """The real step timed here at one rank, for a plan of this machine's CPU whose model fits (else None)."""
+        """The real step timed here at one rank, for a plan of this machine's CPU whose model fits
+        (else None)."""
         if self.device.name != "cpu" or self.config.no_timing:
             return None
         peak = trace.param_bytes + trace.optimizer_bytes + trace.gradient_bytes + trace.peak()[0]
@@ -143,41 +163,82 @@ class Planner:
             return None
         from rankwise.process import threads_per_process
 
-        threads = threads_per_process(max(1, world // self.config.nnodes))  # (OMP_NUM_THREADS where set)
+        # (OMP_NUM_THREADS where set)
+        threads = threads_per_process(max(1, world // self.config.nnodes))
         key = (strategy, trace.rows, precision, trace.checkpointed, threads)
         if key not in self.timed:
-            log.info(f"rankwise plan: timing {strategy}'s real step here at one rank ({trace.rows} rows, "
-                     f"{threads} thread(s))")
-            self.timed[key] = timed_step(self.capture, strategy, precision, trace.rows, threads, trace.checkpointed)
+            log.info(
+                f"rankwise plan: timing {strategy}'s real step here at one rank ({trace.rows} "
+                "rows, "
+                f"{threads} thread(s))"
+            )
+            self.timed[key] = timed_step(
+                self.capture, strategy, precision, trace.rows, threads, trace.checkpointed
+            )
         return self.timed[key]
 
-    def memory(self, strategy: str, world: int, rows: int, precision: str, checkpointing: bool) -> tuple[Memory,
-                                                                                                          Trace]:
+    def memory(
+        self, strategy: str, world: int, rows: int, precision: str, checkpointing: bool
+    ) -> tuple[Memory, Trace]:
         param_dtype, autocast = self.dtypes(strategy, precision)
         trace = self.trace_for(rows, param_dtype, autocast, checkpointing)
         if strategy == "fsdp":
             key = (world, rows, autocast, checkpointing)
             if key not in self.fsdp_cache:
                 log.info(f"rankwise plan: fsdp on {world} fake ranks ({rows} rows a rank)")
-                self.fsdp_cache[key] = fsdp(self.capture, rows, world, autocast=autocast,
-                                            checkpointing=checkpointing, grad_accum=self.capture.grad_accum,
-                                            gloo=self.device.name == "cpu")
+                self.fsdp_cache[key] = fsdp(
+                    self.capture,
+                    rows,
+                    world,
+                    autocast=autocast,
+                    checkpointing=checkpointing,
+                    grad_accum=self.capture.grad_accum,
+                    gloo=self.device.name == "cpu",
+                )
             return self.fsdp_cache[key], trace
-        setting = Setting(world_size=world, grad_accum=self.capture.grad_accum,
-                          ddp_bucket_view=self.ddp.gradient_as_bucket_view, zero_bucket=self.zero.bucket_size,
-                          zero_max_live=self.zero.max_live_parameters)
+        setting = Setting(
+            world_size=world,
+            grad_accum=self.capture.grad_accum,
+            ddp_bucket_view=self.ddp.gradient_as_bucket_view,
+            zero_bucket=self.zero.bucket_size,
+            zero_max_live=self.zero.max_live_parameters,
+        )
         return FORMULAS[strategy](trace, setting), trace
 
     def row(self, strategy: str, world: int, precision: str, checkpointing: bool) -> Row:
         rows = self.rows_per_rank(world)
         memory, trace = self.memory(strategy, world, rows, precision, checkpointing)
-        calls = collectives(strategy, trace, world, self.capture.grad_accum, bucket_mb=self.ddp.bucket_cap_mb,
-                            zero_bucket=self.zero.bucket_size)
+        calls = collectives(
+            strategy,
+            trace,
+            world,
+            self.capture.grad_accum,
+            bucket_mb=self.ddp.bucket_cap_mb,
+            zero_bucket=self.zero.bucket_size,
+        )
         timed = self.timed_for(strategy, trace, world, precision)
-        time = step_time(strategy, trace, world, self.capture.grad_accum, self.device, precision in HALF, calls,
-                         self.bandwidth_for(world), timed)
-        return Row(strategy, world, rows, memory, memory.peak <= self.plan.limit, calls, time, precision,
-                   checkpointing or trace.checkpointed)
+        time = step_time(
+            strategy,
+            trace,
+            world,
+            self.capture.grad_accum,
+            self.device,
+            precision in HALF,
+            calls,
+            self.bandwidth_for(world),
+            timed,
+        )
+        return Row(
+            strategy,
+            world,
+            rows,
+            memory,
+            memory.peak <= self.plan.limit,
+            calls,
+            time,
+            precision,
+            checkpointing or trace.checkpointed,
+        )
 
     def bandwidth_for(self, world: int) -> Bandwidth:
         from rankwise.tools.plan.comms import from_device
@@ -186,7 +247,7 @@ class Planner:
             return self.bandwidth
         return from_device(self.device, self.plan.nodes[world])
 
-    # -- the plan -----------------------------------------------------------------------------------
+    # -- the plan ----------------------------------------------------------------------------------
     def run(self) -> Plan:
         config = self.config
         for world in config.world_sizes:
@@ -199,8 +260,9 @@ class Planner:
         return self.plan
 
     def cheapest_change(self, row: Row) -> str:
-        """The change that makes ``row`` fit with the shortest step, among: a ZeRO stage or FSDP at its world size,
-        activation checkpointing, bf16, and (for a strategy that shards) more ranks of the planned sizes."""
+        """The change that makes ``row`` fit with the shortest step, among: a ZeRO stage or FSDP at
+        its world size, activation checkpointing, bf16, and (for a strategy that shards) more ranks
+        of the planned sizes."""
         options: list[tuple[float, str]] = []
         for strategy in self.config.sharding_upgrades(row.strategy):
             other = self.row(strategy, row.world_size, row.precision, row.checkpointing)
@@ -214,13 +276,23 @@ class Planner:
             other = self.row(row.strategy, row.world_size, "bf16-mixed", row.checkpointing)
             if other.fits:
                 options.append((other.time.total_s, "--precision bf16-mixed"))
-        larger = [r for r in self.plan.rows if r.strategy == row.strategy and r.world_size > row.world_size
-                  and r.fits and r.precision == row.precision and r.checkpointing == row.checkpointing]
+        larger = [
+            r
+            for r in self.plan.rows
+            if r.strategy == row.strategy
+            and r.world_size > row.world_size
+            and r.fits
+            and r.precision == row.precision
+            and r.checkpointing == row.checkpointing
+        ]
         if larger:
             best = min(larger, key=lambda r: r.world_size)
             options.append((best.time.total_s, f"{best.world_size} ranks"))
         if not options:
-            return "nothing planned fits: more ranks with a sharding strategy, or a smaller micro-batch"
+            return (
+                "nothing planned fits: more ranks with a sharding strategy, or a smaller "
+                "micro-batch"
+            )
         options.sort()
         seconds, change = options[0]
         return f"{change} (step {seconds * 1e3:,.0f} ms)"

@@ -1,5 +1,5 @@
-"""plan.png: one panel per strategy, a stacked bar per world size of one rank's memory at the peak by kind, against
-the device's memory and the usable limit."""
+"""plan.png: one panel per strategy, a stacked bar per world size of one rank's memory at the peak
+by kind, against the device's memory and the usable limit."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 from rankwise.tools.plan.memory import KINDS
 from rankwise.tools.plan.planner import Plan
 
-COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
-           "buffers": "#8172b3"}
+COLOURS = {
+    "parameters": "#4c72b0",
+    "gradients": "#dd8452",
+    "optimizer": "#55a868",
+    "activations": "#c44e52",
+    "buffers": "#8172b3",
+}
 
 
 def plot(plan: Plan, path: Path) -> None:
@@ -21,7 +26,9 @@ def plot(plan: Plan, path: Path) -> None:
     strategies = list(dict.fromkeys(row.strategy for row in plan.rows))
     columns = min(3, len(strategies)) or 1
     lines = -(-len(strategies) // columns) or 1
-    figure, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.8 * lines), squeeze=False, sharey=True)
+    figure, axes = plt.subplots(
+        lines, columns, figsize=(4.6 * columns, 3.8 * lines), squeeze=False, sharey=True
+    )
     gib = 2**30
     for index, strategy in enumerate(strategies):
         axis = axes[index // columns][index % columns]
@@ -32,12 +39,29 @@ def plot(plan: Plan, path: Path) -> None:
             values = [row.memory.at_peak[kind] / gib for row in rows]
             axis.bar(labels, values, bottom=bottom, color=COLOURS[kind], label=kind)
             bottom = [b + v for b, v in zip(bottom, values)]
-        axis.axhline(plan.device.memory_bytes / gib, color="black", linewidth=1, label=f"{plan.device.name} memory")
-        axis.axhline(plan.limit / gib, color="black", linestyle="--", linewidth=1,
-                     label=f"usable ({plan.config.headroom:.0%} headroom)")
+        axis.axhline(
+            plan.device.memory_bytes / gib,
+            color="black",
+            linewidth=1,
+            label=f"{plan.device.name} memory",
+        )
+        axis.axhline(
+            plan.limit / gib,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"usable ({plan.config.headroom:.0%} headroom)",
+        )
         for x, row in enumerate(rows):
             if not row.fits:
-                axis.annotate("does not fit", (x, bottom[x]), ha="center", va="bottom", fontsize=7, color="#c44e52")
+                axis.annotate(
+                    "does not fit",
+                    (x, bottom[x]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="#c44e52",
+                )
         axis.set_title(strategy, fontsize=10)
         axis.set_xlabel("ranks")
         if index % columns == 0:

@@ -1,30 +1,34 @@
-"""One rank of ``rankwise plan --validate``: a script on ``rankwise.setup()`` run for real, its memory and step
-time measured.  ``python -m rankwise.tools.plan.probe SCRIPT [ARGS]`` under ``rankwise launch`` (its strategy and
-precision flags), with :data:`PROBE` naming the directory each rank writes ``probe-rank<R>.json`` to.
+"""One rank of ``rankwise plan --validate``: a script on ``rankwise.setup()`` run for real, its
+memory and step time measured.  ``python -m rankwise.tools.plan.probe SCRIPT [ARGS]`` under
+``rankwise launch`` (its strategy and precision flags), with :data:`PROBE` naming the directory each
+rank writes ``probe-rank<R>.json`` to.
 
-Peak tensor memory, not resident memory: torch's profiler records every allocation and free of the CPU allocator
-(``profile_memory=True``: each ``[memory]`` event carries the bytes, negative when freed), which is what every tensor
-this rank holds goes through: the strategy's buffers (DDP's buckets, DeepSpeed's flat partitions), gradients,
-optimizer state, activations.  It runs from before the script starts, because it records no free of a block
-allocated before it started (FSDP and ZeRO replace the model's parameters, and free them, after ``rt.prepare``).
-Live bytes at any moment = the model's parameters and buffers when ``rt.prepare`` was called + the sum of the
-events from then to that moment (what the script holds besides, its dataset, is left out).  The peak is their
-maximum during an optimizer step, measured in each of :data:`MEASURED_STEPS` (the first steps allocate lazily: the
-optimizer's state, DDP's rebuilt buckets) and reported as their median.  Resident memory would add the interpreter,
-the libraries and the allocator's caching, none of which the plan models.  Not seen: memory a library allocates
-outside torch's allocator (gloo's own transport buffers).
+Peak tensor memory, not resident memory: torch's profiler records every allocation and free of the
+CPU allocator (``profile_memory=True``: each ``[memory]`` event carries the bytes, negative when
+freed), which is what every tensor this rank holds goes through: the strategy's buffers (DDP's
+buckets, DeepSpeed's flat partitions), gradients, optimizer state, activations.  It runs from before
+the script starts, because it records no free of a block allocated before it started (FSDP and ZeRO
+replace the model's parameters, and free them, after ``rt.prepare``). Live bytes at any moment = the
+model's parameters and buffers when ``rt.prepare`` was called + the sum of the events from then to
+that moment (what the script holds besides, its dataset, is left out).  The peak is their maximum
+during an optimizer step, measured in each of :data:`MEASURED_STEPS` (the first steps allocate
+lazily: the optimizer's state, DDP's rebuilt buckets) and reported as their median.  Resident memory
+would add the interpreter, the libraries and the allocator's caching, none of which the plan models.
+Not seen: memory a library allocates outside torch's allocator (gloo's own transport buffers).
 
-The profiler records only the threads it profiles: a tensor whose last reference goes in another thread (an async
-gloo collective's buffers, released by gloo's worker thread when the work completes) is freed without an event, and
-counting its bytes as live would make memory grow step after step.  Every event carries its block's address (in the
-profiler's trace), so the events are read as a ledger: an allocation at the address of a block still live in it means
-that block was freed, unseen, before; it stops counting there, the latest moment it can have been freed.
+The profiler records only the threads it profiles: a tensor whose last reference goes in another
+thread (an async gloo collective's buffers, released by gloo's worker thread when the work
+completes) is freed without an event, and counting its bytes as live would make memory grow step
+after step.  Every event carries its block's address (in the profiler's trace), so the events are
+read as a ledger: an allocation at the address of a block still live in it means that block was
+freed, unseen, before; it stops counting there, the latest moment it can have been freed.
 
-On a GPU the allocator's own count is the measure: ``torch.cuda.max_memory_allocated`` during each measured step
-(reset after the one before), everything the rank holds on the device included.
+On a GPU the allocator's own count is the measure: ``torch.cuda.max_memory_allocated`` during each
+measured step (reset after the one before), everything the rank holds on the device included.
 
-Steady step time: after the memory is measured, the median interval between consecutive optimizer steps over
-:data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading its events, left out).
+Steady step time: after the memory is measured, the median interval between consecutive optimizer
+steps over :data:`TIMED_STEPS` steps (the first interval after the profiler, which pays for reading
+its events, left out).
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ def storage_bytes(tensors) -> int:
 
 
 def live_bytes(events, since: float, baseline: int) -> list[tuple[float, int]]:
-    """Live bytes after each memory event from ``since`` on (``baseline`` then), from ``(time, address, bytes)``
-    events sorted by time (bytes negative when freed).  A block allocated at an address still live in the ledger
-    replaces one freed unseen (see the module's docstring): the older block stops counting, if it counted."""
+    """Live bytes after each memory event from ``since`` on (``baseline`` then), from ``(time,
+    address, bytes)`` events sorted by time (bytes negative when freed).  A block allocated at an
+    address still live in the ledger replaces one freed unseen (see the module's docstring): the
+    older block stops counting, if it counted."""
     ledger: dict[int, tuple[int, bool]] = {}  # address -> (bytes, allocated since ``since``)
     live, series = baseline, []
     for at, address, nbytes in events:
@@ -79,7 +84,9 @@ def live_bytes(events, since: float, baseline: int) -> list[tuple[float, int]]:
     return series
 
 
-def peak_between(series: list[tuple[float, int]], start: float, end: float, baseline: int) -> tuple[int, int]:
+def peak_between(
+    series: list[tuple[float, int]], start: float, end: float, baseline: int
+) -> tuple[int, int]:
     """``(peak live bytes in [start, end], live bytes at end)`` from :func:`live_bytes`'s series."""
     live, peak = baseline, None
     for at, now in series:
@@ -98,7 +105,9 @@ class Probe(observers.Observer):
         self.directory = directory
         # On a GPU the allocator counts for itself (torch.cuda.max_memory_allocated): no profiler.
         self.cuda = cuda
-        self.profiler = None if cuda else profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.profiler = (
+            None if cuda else profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        )
         self.baseline = 0
         self.cuda_peaks: list[int] = []
         self.step_times: list[float] = []
@@ -119,8 +128,12 @@ class Probe(observers.Observer):
                 self.cuda_peaks.append(torch.cuda.max_memory_allocated(rt.device))
             torch.cuda.reset_peak_memory_stats(rt.device)  # (the next step's peak is its own)
             if step == MEASURED_STEPS[-1]:
-                self.result = {"peak_bytes": int(statistics.median(self.cuda_peaks)), "step_peaks": self.cuda_peaks,
-                               "held_bytes": torch.cuda.memory_allocated(rt.device), "model_bytes": self.baseline}
+                self.result = {
+                    "peak_bytes": int(statistics.median(self.cuda_peaks)),
+                    "step_peaks": self.cuda_peaks,
+                    "held_bytes": torch.cuda.memory_allocated(rt.device),
+                    "model_bytes": self.baseline,
+                }
                 self.step_times.append(self._now())
             return
         if self.profiler is not None:
@@ -135,12 +148,14 @@ class Probe(observers.Observer):
 
     def _now(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()  # Why: a step's kernels run after the host returns; its end is when they end.
+            # Why: a step's kernels run after the host returns; its end is when they end.
+            torch.cuda.synchronize()
         return time.perf_counter()
 
     def _measure_memory(self, rt) -> None:
         profiler, self.profiler = self.profiler, None
-        assert profiler is not None  # the measured steps ran under it (a CPU run: a GPU one has no profiler)
+        # the measured steps ran under it (a CPU run: a GPU one has no profiler)
+        assert profiler is not None
         profiler.__exit__(None, None, None)
         # (only the trace the profiler exports names each block's address)
         trace = self.directory / f"trace-rank{rt.rank}.json"
@@ -149,24 +164,41 @@ class Probe(observers.Observer):
         events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
         trace.unlink()
         marks = {e["name"]: e["ts"] for e in events if e.get("name", "").startswith(MARK)}
-        memory = sorted((e["ts"], e["args"]["Addr"], e["args"]["Bytes"]) for e in events
-                        if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+        memory = sorted(
+            (e["ts"], e["args"]["Addr"], e["args"]["Bytes"])
+            for e in events
+            if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0
+        )
         series = live_bytes(memory, marks[f"{MARK}0"], self.baseline)
         peaks = []
         for step in MEASURED_STEPS:
-            peak, after = peak_between(series, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline)
+            peak, after = peak_between(
+                series, marks[f"{MARK}{step - 1}"], marks[f"{MARK}{step}"], self.baseline
+            )
             peaks.append(peak)
-        self.result = {"peak_bytes": int(statistics.median(peaks)), "step_peaks": peaks, "held_bytes": after,
-                       "model_bytes": self.baseline}
+        self.result = {
+            "peak_bytes": int(statistics.median(peaks)),
+            "step_peaks": peaks,
+            "held_bytes": after,
+            "model_bytes": self.baseline,
+        }
         self.step_times.append(self._now())
 
     def _finish(self, rt) -> None:
         times = self.step_times[1:]  # (the first interval paid for reading the profiler's events)
         intervals = [b - a for a, b in zip(times, times[1:])]
-        result = {**self.result, "rank": rt.rank, "world_size": rt.world_size, "strategy": rt.strategy_name,
-                  "step_s": statistics.median(intervals), "step_intervals_s": intervals}
+        result = {
+            **self.result,
+            "rank": rt.rank,
+            "world_size": rt.world_size,
+            "strategy": rt.strategy_name,
+            "step_s": statistics.median(intervals),
+            "step_intervals_s": intervals,
+        }
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / f"probe-rank{rt.rank}.json").write_text(json.dumps(result), encoding="utf-8")
+        (self.directory / f"probe-rank{rt.rank}.json").write_text(
+            json.dumps(result), encoding="utf-8"
+        )
         raise observers.Finished()
 
 
@@ -175,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv or PROBE not in os.environ:
-        print(f"usage: {PROBE}=DIR python -m rankwise.tools.plan.probe SCRIPT.py [ARGS]", file=sys.stderr)
+        print(
+            f"usage: {PROBE}=DIR python -m rankwise.tools.plan.probe SCRIPT.py [ARGS]",
+            file=sys.stderr,
+        )
         return 2
     probe = Probe(Path(os.environ[PROBE]), cuda=torch.cuda.is_available())
     observers.register(probe)

@@ -1,6 +1,7 @@
-"""``rankwise plan``'s row as ``plan.json`` writes it (:func:`rankwise.tools.plan.report.row_json`): one strategy at
-one world size, from the :class:`~rankwise.tools.plan.planner.Row` dataclass the planner computes.  JSON is the wire
-format; the fields mirror the dataclasses' (their docstrings say more)."""
+"""``rankwise plan``'s row as ``plan.json`` writes it (:func:`rankwise.tools.plan.report.row_json`):
+one strategy at one world size, from the :class:`~rankwise.tools.plan.planner.Row` dataclass the
+planner computes.  JSON is the wire format; the fields mirror the dataclasses' (their docstrings say
+more)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class CollectiveJSON(TypedDict):
 
 
 class StepTimeJSON(TypedDict):
-    """One optimizer step's time per rank, in seconds (:class:`rankwise.tools.plan.timing.StepTime`)."""
+    """One optimizer step's time per rank, in seconds
+    (:class:`rankwise.tools.plan.timing.StepTime`)."""
 
     compute_s: float
     """Seconds of the forward and backward passes (every micro-batch of the step)."""
@@ -82,7 +84,8 @@ class PlanRowJSON(TypedDict):
     fits: bool
     """Whether the peak stays under the device's memory less the headroom."""
     change: str
-    """For a row that does not fit: the cheapest change that makes it fit (empty when it fits, or none does)."""
+    """For a row that does not fit: the cheapest change that makes it fit (empty when it fits, or
+    none does)."""
     memory: MemoryJSON
     """One rank's memory."""
     collectives: list[CollectiveJSON]

@@ -1,16 +1,20 @@
-"""One optimizer step's time per rank: computation, the optimizer, and the communication computation does not hide.
+"""One optimizer step's time per rank: computation, the optimizer, and the communication computation
+does not hide.
 
-- Compute: the step's FLOPs (the trace's forward and backward passes, times the micro-batches) at the device's peak
-  times a stated efficiency (:mod:`~rankwise.tools.plan.devices`), or, where the plan timed the captured model's real
-  step on this machine under the strategy at one rank (:mod:`~rankwise.tools.plan.calibrate`), that time (the
-  optimizer and the strategy's own work included); the efficiency is then what it implies.
-- Optimizer: memory-bound: it reads the parameters, gradients and state and writes parameters and state once, at the
-  device's memory bandwidth (or timed here); a strategy that shards the state updates its 1/N only.
-- Communication (:mod:`~rankwise.tools.plan.comms`): every collective's alpha-beta time.  A collective the strategy
-  runs beside a pass is hidden by that pass's compute time, except the last call of the backward pass's (its
-  gradients are ready only when the pass ends); one the strategy runs apart (ZeRO-1/2) is not.  Where the device
-  cannot compute and communicate at once (a CPU whose cores the ranks' threads all use), nothing is hidden, and each
-  call costs what it was measured to cost between two computations where that was measured
+- Compute: the step's FLOPs (the trace's forward and backward passes, times the micro-batches) at
+  the device's peak times a stated efficiency (:mod:`~rankwise.tools.plan.devices`), or, where the
+  plan timed the captured model's real step on this machine under the strategy at one rank
+  (:mod:`~rankwise.tools.plan.calibrate`), that time (the optimizer and the strategy's own work
+  included); the efficiency is then what it implies.
+- Optimizer: memory-bound: it reads the parameters, gradients and state and writes parameters and
+  state once, at the device's memory bandwidth (or timed here); a strategy that shards the state
+  updates its 1/N only.
+- Communication (:mod:`~rankwise.tools.plan.comms`): every collective's alpha-beta time.  A
+  collective the strategy runs beside a pass is hidden by that pass's compute time, except the last
+  call of the backward pass's (its gradients are ready only when the pass ends); one the strategy
+  runs apart (ZeRO-1/2) is not.  Where the device cannot compute and communicate at once (a CPU
+  whose cores the ranks' threads all use), nothing is hidden, and each call costs what it was
+  measured to cost between two computations where that was measured
   (:mod:`~rankwise.tools.plan.between`).
 """
 
@@ -32,7 +36,8 @@ class Timed:
     (:mod:`~rankwise.tools.plan.calibrate`)."""
 
     step_s: float
-    """Seconds of the whole step: every micro-batch's passes, the optimizer and the strategy's own work."""
+    """Seconds of the whole step: every micro-batch's passes, the optimizer and the strategy's own
+    work."""
     how: str
     """What was timed, in words."""
 
@@ -60,14 +65,24 @@ class StepTime:
 
 
 def optimizer_bytes(trace: Trace) -> int:
-    """Bytes an optimizer step moves: parameters read and written, gradients read, state read and written."""
+    """Bytes an optimizer step moves: parameters read and written, gradients read, state read and
+    written."""
     return 2 * trace.param_bytes + trace.gradient_bytes + 2 * trace.optimizer_bytes
 
 
-def step_time(strategy: str, trace: Trace, world: int, grad_accum: int, device: Device, half: bool,
-              calls: list[Collective], bandwidth: Bandwidth, timed: Timed | None = None) -> StepTime:
-    """The step time of ``strategy`` at ``world`` ranks (see the module's docstring); ``half``: the matrix products
-    run at 16 bits (autocast, or a 16-bit engine)."""
+def step_time(
+    strategy: str,
+    trace: Trace,
+    world: int,
+    grad_accum: int,
+    device: Device,
+    half: bool,
+    calls: list[Collective],
+    bandwidth: Bandwidth,
+    timed: Timed | None = None,
+) -> StepTime:
+    """The step time of ``strategy`` at ``world`` ranks (see the module's docstring); ``half``: the
+    matrix products run at 16 bits (autocast, or a 16-bit engine)."""
     flops = trace.flops * grad_accum
     peak = device.peak(half)
     if timed is not None:
@@ -82,7 +97,9 @@ def step_time(strategy: str, trace: Trace, world: int, grad_accum: int, device: 
     total_comm, exposed, beside = 0.0, 0.0, {"forward": 0.0, "backward": 0.0}
     last_backward = 0.0
     for call in calls:
-        seconds = bandwidth.seconds(call.op, call.nbytes, call.calls, world, busy=not device.overlaps)
+        seconds = bandwidth.seconds(
+            call.op, call.nbytes, call.calls, world, busy=not device.overlaps
+        )
         total_comm += seconds
         if call.overlapped and device.overlaps:
             beside[call.overlapped] += seconds
@@ -99,8 +116,18 @@ def step_time(strategy: str, trace: Trace, world: int, grad_accum: int, device: 
     elif not device.overlaps:
         overlap = "none: every core computes, so communication waits its turn"
     elif any(call.overlapped for call in calls):
-        overlap = ", ".join(sorted({f"{call.what} beside the {call.overlapped} pass" for call in calls
-                                    if call.overlapped})) + "; the last backward call exposed"
+        overlap = (
+            ", ".join(
+                sorted(
+                    {
+                        f"{call.what} beside the {call.overlapped} pass"
+                        for call in calls
+                        if call.overlapped
+                    }
+                )
+            )
+            + "; the last backward call exposed"
+        )
         apart = [call.what for call in calls if not call.overlapped]
         if apart:
             overlap += "; not hidden: " + ", ".join(apart)

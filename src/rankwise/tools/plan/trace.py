@@ -1,15 +1,18 @@
-"""One rank's training step at world size 1, replayed on fake tensors and measured: memory over time, by kind.
+"""One rank's training step at world size 1, replayed on fake tensors and measured: memory over
+time, by kind.
 
-The captured model (:mod:`rankwise.tools.plan.capture`) is copied (its parameters fake, optionally cast to 16 bits,
-its layers optionally checkpointed), given a fresh optimizer of the script's class and settings, and stepped twice
-on the captured micro-batch resized to the rows asked for: the first step creates the optimizer's state, the second
-is the steady step that is measured.  A dispatch mode (:class:`StepTracker`) sees every operation of that step and
-every tensor storage it creates, and follows each storage until it is freed (a weak reference, as torch's own
-``MemTracker`` does): live bytes after every allocation, split into activations (everything the forward and backward
-passes create that is not a gradient: saved activations, their gradients, temporaries), gradients (a parameter's
-``.grad``, from its post-accumulate hook) and the optimizer step's temporaries.  Parameters, buffers, the batch and
-the optimizer's state exist before the step and are counted once.  ``torch.utils.flop_counter.FlopCounterMode``
-counts the forward and backward passes' FLOPs in the same replay (activation checkpointing's recompute included).
+The captured model (:mod:`rankwise.tools.plan.capture`) is copied (its parameters fake, optionally
+cast to 16 bits, its layers optionally checkpointed), given a fresh optimizer of the script's class
+and settings, and stepped twice on the captured micro-batch resized to the rows asked for: the first
+step creates the optimizer's state, the second is the steady step that is measured.  A dispatch mode
+(:class:`StepTracker`) sees every operation of that step and every tensor storage it creates, and
+follows each storage until it is freed (a weak reference, as torch's own ``MemTracker`` does): live
+bytes after every allocation, split into activations (everything the forward and backward passes
+create that is not a gradient: saved activations, their gradients, temporaries), gradients (a
+parameter's ``.grad``, from its post-accumulate hook) and the optimizer step's temporaries.
+Parameters, buffers, the batch and the optimizer's state exist before the step and are counted once.
+``torch.utils.flop_counter.FlopCounterMode`` counts the forward and backward passes' FLOPs in the
+same replay (activation checkpointing's recompute included).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ PHASES = ("forward", "backward", "optimizer")
 
 @dataclass(frozen=True)
 class Sample:
-    """Live bytes right after an allocation of the measured step (the peaks are right after allocations)."""
+    """Live bytes right after an allocation of the measured step (the peaks are right after
+    allocations)."""
 
     phase: int
     """Index in :data:`PHASES`."""
@@ -46,12 +50,14 @@ class Sample:
 
 @dataclass
 class Trace:
-    """The measured step: what one rank holds when it trains alone, and how it changes during the step."""
+    """The measured step: what one rank holds when it trains alone, and how it changes during the
+    step."""
 
     rows: int
     """Samples in the micro-batch the step ran."""
     param_dtype: str
-    """The parameters' dtype during the step (``float32``, or ``bfloat16`` for a 16-bit engine's copy)."""
+    """The parameters' dtype during the step (``float32``, or ``bfloat16`` for a 16-bit engine's
+    copy)."""
     autocast: str | None
     """The dtype the forward ran under autocast, else ``None``."""
     checkpointed: bool
@@ -69,8 +75,8 @@ class Trace:
     optimizer_bytes: int
     """Bytes of the optimizer's state after a step (what it keeps between steps)."""
     optimizer_moments: float
-    """The optimizer's state per parameter element, in parameters' worth (Adam's two moments: 2; SGD's momentum: 1);
-    its scalars (a step count per parameter) left out."""
+    """The optimizer's state per parameter element, in parameters' worth (Adam's two moments: 2;
+    SGD's momentum: 1); its scalars (a step count per parameter) left out."""
     flops: int
     """FLOPs of the micro-batch's forward and backward passes."""
     forward_flops: int
@@ -78,7 +84,8 @@ class Trace:
     samples: list[Sample] = field(default_factory=list)
     """Live bytes by kind during the steady step."""
     block_param_numels: list[int] = field(default_factory=list)
-    """Elements of each transformer layer's parameters (FSDP's and ZeRO-3's units), in model order."""
+    """Elements of each transformer layer's parameters (FSDP's and ZeRO-3's units), in model
+    order."""
 
     @property
     def numel(self) -> int:
@@ -90,14 +97,22 @@ class Trace:
         """Bytes per parameter element."""
         return torch.empty(0, dtype=getattr(torch, self.param_dtype)).element_size()
 
-    def peak(self, *, gradients_held: bool = False, accumulating: bool = False) -> tuple[int, Sample]:
-        """The step's peak of activations + gradients + optimizer temporaries, and the sample it is at.
-        ``gradients_held``: gradients live outside the step's allocations (DDP's buckets), so they are left out;
-        ``accumulating``: a step of several micro-batches holds the whole gradient from the first one's backward on."""
+    def peak(
+        self, *, gradients_held: bool = False, accumulating: bool = False
+    ) -> tuple[int, Sample]:
+        """The step's peak of activations + gradients + optimizer temporaries, and the sample it is
+        at. ``gradients_held``: gradients live outside the step's allocations (DDP's buckets), so
+        they are left out; ``accumulating``: a step of several micro-batches holds the whole
+        gradient from the first one's backward on."""
         best, at = -1, None
         for sample in self.samples:
-            grads = 0 if gradients_held else self.gradient_bytes if accumulating and sample.phase < 2 else \
-                sample.gradients
+            grads = (
+                0
+                if gradients_held
+                else self.gradient_bytes
+                if accumulating and sample.phase < 2
+                else sample.gradients
+            )
             total = sample.activations + grads + sample.optimizer_temporaries
             if total > best:
                 best, at = total, sample
@@ -119,7 +134,8 @@ class StepTracker(TorchDispatchMode):
         self.samples: list[Sample] = []
 
     def known(self, tensors) -> None:
-        """Storages that exist before the step (parameters, state, batch): never counted as created."""
+        """Storages that exist before the step (parameters, state, batch): never counted as
+        created."""
         for tensor in tensors:
             self.storages[tensor.untyped_storage()] = (None, None)
 
@@ -128,8 +144,10 @@ class StepTracker(TorchDispatchMode):
         grew = False
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
-                grew |= self._created(value.untyped_storage(), "optimizer_temporaries" if self.phase == 2 else
-                                      "activations")
+                grew |= self._created(
+                    value.untyped_storage(),
+                    "optimizer_temporaries" if self.phase == 2 else "activations",
+                )
         if grew:
             self.samples.append(Sample(self.phase, *self.live.values()))
         return out
@@ -190,17 +208,28 @@ def _storage_bytes(tensors) -> int:
 
 
 def _moments(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> float:
-    elementwise = sum(value.numel() for p in params for value in optimizer.state.get(p, {}).values()
-                      if isinstance(value, torch.Tensor) and value.numel() == p.numel() and p.numel() > 1)
+    elementwise = sum(
+        value.numel()
+        for p in params
+        for value in optimizer.state.get(p, {}).values()
+        if isinstance(value, torch.Tensor) and value.numel() == p.numel() and p.numel() > 1
+    )
     total = sum(p.numel() for p in params)
     return elementwise / total if total else 0.0
 
 
-def trace(capture: Capture, rows: int, *, param_dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
-          checkpointing: bool = False) -> Trace:
-    """Replay and measure the captured step with ``rows`` samples (see the module's docstring).  ``param_dtype``: the
-    parameters cast to it (a 16-bit engine's model); ``autocast``: the forward under autocast at that dtype (only
-    where the script's own forward ran under ``rt.autocast()``); ``checkpointing``: layers recompute activations."""
+def trace(
+    capture: Capture,
+    rows: int,
+    *,
+    param_dtype: torch.dtype | None = None,
+    autocast: torch.dtype | None = None,
+    checkpointing: bool = False,
+) -> Trace:
+    """Replay and measure the captured step with ``rows`` samples (see the module's docstring).
+    ``param_dtype``: the parameters cast to it (a 16-bit engine's model); ``autocast``: the forward
+    under autocast at that dtype (only where the script's own forward ran under ``rt.autocast()``);
+    ``checkpointing``: layers recompute activations."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model, optimizer = fake_copy(capture.model, capture.optimizer, dtype=param_dtype)
@@ -244,13 +273,20 @@ def trace(capture: Capture, rows: int, *, param_dtype: torch.dtype | None = None
         for hook in hooks:
             hook.remove()
     blocks = transformer_blocks(model)
-    return Trace(rows=rows, param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
-                 autocast=str(autocast).removeprefix("torch.") if use_autocast else None,
-                 checkpointed=is_checkpointed(model), numels=[p.numel() for p in trainable],
-                 param_bytes=_storage_bytes(params), buffer_bytes=_storage_bytes(model.buffers()),
-                 input_bytes=_storage_bytes(inputs), gradient_bytes=gradient_bytes,
-                 optimizer_bytes=_storage_bytes(state), optimizer_moments=_moments(optimizer, trainable),
-                 flops=int(counter.get_total_flops()), forward_flops=forward_flops,
-                 samples=tracker.samples,
-                 block_param_numels=[sum(p.numel() for p in block.parameters()) for block in blocks])
-
+    return Trace(
+        rows=rows,
+        param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
+        autocast=str(autocast).removeprefix("torch.") if use_autocast else None,
+        checkpointed=is_checkpointed(model),
+        numels=[p.numel() for p in trainable],
+        param_bytes=_storage_bytes(params),
+        buffer_bytes=_storage_bytes(model.buffers()),
+        input_bytes=_storage_bytes(inputs),
+        gradient_bytes=gradient_bytes,
+        optimizer_bytes=_storage_bytes(state),
+        optimizer_moments=_moments(optimizer, trainable),
+        flops=int(counter.get_total_flops()),
+        forward_flops=forward_flops,
+        samples=tracker.samples,
+        block_param_numels=[sum(p.numel() for p in block.parameters()) for block in blocks],
+    )

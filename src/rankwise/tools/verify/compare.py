@@ -1,14 +1,13 @@
 """Two traced runs of one script (:mod:`rankwise.tools.trace`), compared step by step.
 
 The one-process run followed the N-rank run in lockstep: each step started from the N-rank run's
-weights and applied the N-rank gradient.  For every step both runs reached: the samples (the N
-ranks together against the one process), the loss (the mean over ranks of each rank's summed
-micro-batch losses against the one process's sum: both are the global batch's loss when the loss
-is a mean over it), the gradient the N-rank optimizer received against the one process's at the
-same weights (:func:`rankwise.measure.tolerance.gradient_difference`), and every tensor of the weights
-after the step.  A step is equivalent when its samples match, its loss is within the tolerance
-(relative above 1), its gradient within the gradient tolerance and no weight differs by more than
-the tolerance.
+weights and applied the N-rank gradient.  For every step both runs reached: the samples (the N ranks
+together against the one process), the loss (the mean over ranks of each rank's summed micro-batch
+losses against the one process's sum: both are the global batch's loss when the loss is a mean over
+it), the gradient the N-rank optimizer received against the one process's at the same weights
+(:func:`rankwise.measure.tolerance.gradient_difference`), and every tensor of the weights after the
+step.  A step is equivalent when its samples match, its loss is within the tolerance (relative above
+1), its gradient within the gradient tolerance and no weight differs by more than the tolerance.
 """
 
 from __future__ import annotations
@@ -55,13 +54,18 @@ class TracedRun:
         return max(self.records, default=0)
 
     def seen(self, what: Literal["samples", "losses"]) -> bool:
-        """Whether any rank recorded ``samples`` (batches a DataLoader yielded, a backward consumed) or ``losses``."""
+        """Whether any rank recorded ``samples`` (batches a DataLoader yielded, a backward consumed)
+        or ``losses``."""
         return any(rank[what] for ranks in self.records.values() for rank in ranks)
 
     @property
     def steps(self) -> list[int]:
         """Steps whose weights were written, 0 (as prepared) first."""
-        return [step for step in [0, *sorted(self.records)] if weights_file(self.directory, step).exists()]
+        return [
+            step
+            for step in [0, *sorted(self.records)]
+            if weights_file(self.directory, step).exists()
+        ]
 
     def weights(self, step: int):
         return read_weights(weights_file(self.directory, step))
@@ -75,27 +79,35 @@ class TracedRun:
 
 
 def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) -> tuple[str, str]:
-    """One step's samples, the N ranks together against the one process: ``("same" | "differs" | "unmatched" |
-    "unseen", detail)``.  ``differs``: other counts, or every rank saw the same samples (a failure by itself);
-    ``unmatched``: as many samples, other digests (another order, or padding the digest does not recognise)."""
+    """One step's samples, the N ranks together against the one process: ``("same" | "differs" |
+    "unmatched" | "unseen", detail)``.  ``differs``: other counts, or every rank saw the same
+    samples (a failure by itself); ``unmatched``: as many samples, other digests (another order, or
+    padding the digest does not recognise)."""
     one = Counter(reference[0]["samples"]) if reference else Counter()
     ranks = [Counter(rank["samples"]) for rank in candidate]
     together = sum(ranks, Counter())
     if not one and not together:
         return "unseen", "no training batch came from a DataLoader"
     n, seen, expected = len(ranks), sum(together.values()), sum(one.values())
-    if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):  # (even when one process took them too)
-        return "differs", (f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} together); "
-                           f"the one process saw {expected}")
+    # (even when one process took them too)
+    if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):
+        return "differs", (
+            f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} "
+            "together); "
+            f"the one process saw {expected}"
+        )
     if together == one:
         return "same", ""
     shared = sum((together & one).values())
-    detail = f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
+    detail = (
+        f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
+    )
     return ("unmatched" if seen == expected else "differs"), detail
 
 
 def random_ops(run: TracedRun) -> dict[str, int]:
-    """The random operations the run's forward ran, as ``{"op in module": count}`` (its first step's)."""
+    """The random operations the run's forward ran, as ``{"op in module": count}`` (its first
+    step's)."""
     found: dict[str, int] = {}
     for ranks in run.records.values():
         for key, count in ranks[0].get("random_ops", {}).items():
@@ -103,48 +115,87 @@ def random_ops(run: TracedRun) -> dict[str, int]:
     return found
 
 
-def compare(reference: TracedRun, candidate: TracedRun, tolerance: float,
-            gradient_tolerance: float | None = None) -> list[StepLine]:
+def compare(
+    reference: TracedRun,
+    candidate: TracedRun,
+    tolerance: float,
+    gradient_tolerance: float | None = None,
+) -> list[StepLine]:
     """One line per step both runs reached (step 0: the weights as prepared)."""
     lines: list[StepLine] = []
     for step in [s for s in reference.steps if s in candidate.steps]:
         ref_weights, cand_weights = reference.weights(step), candidate.weights(step)
         differences = tensor_differences(cand_weights, ref_weights)
-        unmatched = sorted(set(ref_weights) ^ set(cand_weights) | {k for k in ref_weights if k in cand_weights
-                                                                   and k not in differences})
-        line: StepLine = {"step": step, "max_param_diff": max(differences.values(), default=0.0),
-                "top": sorted(differences.items(), key=lambda item: -item[1])[:TOP_TENSORS],
-                "unmatched_tensors": unmatched, "data": "—", "data_detail": "", "loss_reference": None,
-                "loss_candidate": None, "loss_diff": None, "followed": False, "gradient_diff": None,
-                "gradient_top": [], "gradient_scale": None, "gradient_only_one": []}
+        unmatched = sorted(
+            set(ref_weights) ^ set(cand_weights)
+            | {k for k in ref_weights if k in cand_weights and k not in differences}
+        )
+        line: StepLine = {
+            "step": step,
+            "max_param_diff": max(differences.values(), default=0.0),
+            "top": sorted(differences.items(), key=lambda item: -item[1])[:TOP_TENSORS],
+            "unmatched_tensors": unmatched,
+            "data": "—",
+            "data_detail": "",
+            "loss_reference": None,
+            "loss_candidate": None,
+            "loss_diff": None,
+            "followed": False,
+            "gradient_diff": None,
+            "gradient_top": [],
+            "gradient_scale": None,
+            "gradient_only_one": [],
+        }
         if step:
             ours = reference.records[step][0]
             gradient = ours.get("gradient")
             line["followed"] = bool(ours.get("followed"))
             if gradient:
-                line |= {"gradient_diff": gradient["difference"], "gradient_top": gradient["top"],
-                         "gradient_scale": gradient["scale"], "gradient_only_one": gradient["only_one"]}
-            line["data"], line["data_detail"] = compare_samples(reference.records[step], candidate.records[step])
+                line |= {
+                    "gradient_diff": gradient["difference"],
+                    "gradient_top": gradient["top"],
+                    "gradient_scale": gradient["scale"],
+                    "gradient_only_one": gradient["only_one"],
+                }
+            line["data"], line["data_detail"] = compare_samples(
+                reference.records[step], candidate.records[step]
+            )
             one, many = reference.loss(step), candidate.loss(step)
-            line |= {"loss_reference": one, "loss_candidate": many,
-                     "loss_diff": abs(one - many) if one is not None and many is not None else None}
+            line |= {
+                "loss_reference": one,
+                "loss_candidate": many,
+                "loss_diff": abs(one - many) if one is not None and many is not None else None,
+            }
         loss_diff, loss_reference = line["loss_diff"], line["loss_reference"]
-        line["loss_ok"] = loss_diff is None or loss_diff <= tolerance * max(1.0, abs(loss_reference or 0.0))
+        line["loss_ok"] = loss_diff is None or loss_diff <= tolerance * max(
+            1.0, abs(loss_reference or 0.0)
+        )
         line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
         gradient_diff = line["gradient_diff"]
         line["gradient_ok"] = not line["gradient_only_one"] and (
-            gradient_diff is None or gradient_tolerance is None or gradient_diff <= gradient_tolerance)
-        line["equivalent"] = line["params_ok"] and line["loss_ok"] and line["gradient_ok"] and line["data"] != "differs"
+            gradient_diff is None
+            or gradient_tolerance is None
+            or gradient_diff <= gradient_tolerance
+        )
+        line["equivalent"] = (
+            line["params_ok"]
+            and line["loss_ok"]
+            and line["gradient_ok"]
+            and line["data"] != "differs"
+        )
         if line["data"] == "unmatched" and line["equivalent"]:
-            line["data_detail"] += " (loss and weights agree: probably padding the digest does not recognise)"
+            line["data_detail"] += (
+                " (loss and weights agree: probably padding the digest does not recognise)"
+            )
         lines.append(line)
     return lines
 
 
 def first_difference(lines: list[StepLine]) -> StepLine | None:
-    """The first optimizer step that differs.  Step 0 (the weights as built) is not one: the one process starts from
-    the N-rank run's weights whatever it built, so a script whose initialisation differs run to run is a
-    reproducibility warning (:func:`start_differs`), not something distribution changed."""
+    """The first optimizer step that differs.  Step 0 (the weights as built) is not one: the one
+    process starts from the N-rank run's weights whatever it built, so a script whose initialisation
+    differs run to run is a reproducibility warning (:func:`start_differs`), not something
+    distribution changed."""
     return next((line for line in lines if line["step"] and not line["equivalent"]), None)
 
 
@@ -155,18 +206,27 @@ def start_differs(lines: list[StepLine]) -> str | None:
         return None
     name, difference = start["top"][0] if start["top"] else ("?", start["max_param_diff"])
     followed = any(line.get("followed") for line in lines if line["step"])
-    return (f"two runs of this script start from different weights ({name} differs by {difference:.1e} as built): "
-            "its initialisation is not reproducible — the model is built before any seed is set, or with a seed "
-            "taken per rank or from the clock. " + (
-                "The reference started from the N-rank run's weights, so the steps above compare what distribution "
-                "changed; seed the script (torch.manual_seed before the model is built) to make runs repeatable"
-                if followed else "The reference could not start from the N-rank run's weights, so every step "
-                "compares different models: seed the script before the model is built"))
+    return (
+        f"two runs of this script start from different weights ({name} differs by "
+        f"{difference:.1e} as built): "
+        "its initialisation is not reproducible — the model is built before any seed is set, or "
+        "with a seed "
+        "taken per rank or from the clock. "
+        + (
+            "The reference started from the N-rank run's weights, so the steps above compare what "
+            "distribution "
+            "changed; seed the script (torch.manual_seed before the model is built) to make runs "
+            "repeatable"
+            if followed
+            else "The reference could not start from the N-rank run's weights, so every step "
+            "compares different models: seed the script before the model is built"
+        )
+    )
 
 
 def nothing_trained(candidate: TracedRun, lines: list[StepLine]) -> str | None:
-    """Why the compared steps prove nothing, or ``None``: every loss exactly 0, every gradient 0, or weights that never
-    changed.  Read before the per-step files are deleted."""
+    """Why the compared steps prove nothing, or ``None``: every loss exactly 0, every gradient 0, or
+    weights that never changed.  Read before the per-step files are deleted."""
     steps = [line["step"] for line in lines if line["step"]]
     if not steps:
         return None
@@ -176,11 +236,20 @@ def nothing_trained(candidate: TracedRun, lines: list[StepLine]) -> str | None:
     if losses and all(loss == 0.0 for loss in losses):
         why.append("the loss was exactly 0 at every step")
     read = [read_weights(path) for path in gradients if path.exists()]
-    if len(read) == len(gradients) and all(read) and all(not t.any() for tensors in read for t in tensors.values()):
+    if (
+        len(read) == len(gradients)
+        and all(read)
+        and all(not t.any() for tensors in read for t in tensors.values())
+    ):
         why.append("every gradient was 0")  # (a step with no gradient recorded tells nothing)
     weights = [step for step in [0, *steps] if weights_file(candidate.directory, step).exists()]
     if len(weights) > 1 and all(
-            max(tensor_differences(candidate.weights(after), candidate.weights(before)).values(), default=0.0) == 0
-            for before, after in zip(weights, weights[1:], strict=False)):
+        max(
+            tensor_differences(candidate.weights(after), candidate.weights(before)).values(),
+            default=0.0,
+        )
+        == 0
+        for before, after in zip(weights, weights[1:], strict=False)
+    ):
         why.append("the weights never changed")
     return "; ".join(why) or None

@@ -1,9 +1,9 @@
 """Why N ranks computed something else than one process, from what the two traced runs show.
 
-Each rule looks at evidence the runs recorded (:mod:`rankwise.tools.trace`) and, when it applies, says
-what it saw and what to change.  The rules run most specific first; the first that applies is
-the likeliest cause, the others are listed after it.  ``rankwise bench --script`` words its
-reasons with the same functions.
+Each rule looks at evidence the runs recorded (:mod:`rankwise.tools.trace`) and, when it applies,
+says what it saw and what to change.  The rules run most specific first; the first that applies is
+the likeliest cause, the others are listed after it.  ``rankwise bench --script`` words its reasons
+with the same functions.
 """
 
 from __future__ import annotations
@@ -18,28 +18,50 @@ UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_p
 
 
 def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> str:
-    where = ("on these GPUs, torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before rt.prepare makes the "
-             "statistics global" if device == "cuda" else
-             "torch.nn.SyncBatchNorm would make them global on GPUs, but it does not run on the CPU (it refuses "
-             "CPU tensors), so on the CPU this model is not equivalent at any rank count above 1")
-    return (f"the model has {', '.join(layers)}: each of the {world_size} ranks computes its batch statistics over "
-            f"its own share of the global batch, not the whole batch; {where}")
+    where = (
+        "on these GPUs, torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before rt.prepare "
+        "makes the "
+        "statistics global"
+        if device == "cuda"
+        else "torch.nn.SyncBatchNorm would make them global on GPUs, but it does not run on the "
+        "CPU (it refuses "
+        "CPU tensors), so on the CPU this model is not equivalent at any rank count above 1"
+    )
+    return (
+        f"the model has {', '.join(layers)}: each of the {world_size} ranks computes its batch "
+        "statistics over "
+        f"its own share of the global batch, not the whole batch; {where}"
+    )
 
 
 RANDOM_OPS = "the forward drew random numbers"
-"""How the finding of random operations begins (the verdict is "not comparable" when it is the only finding)."""
+"""How the finding of random operations begins (the verdict is "not comparable" when it is the only
+finding)."""
 
 
-def random_ops(draws: int, micro_batches: int, dropout_kept: bool, world_size: int,
-               where: dict[str, int] | None = None) -> str:
-    source = ("dropout modules were kept (--keep-dropout); without the flag verify switches them off" if dropout_kept
-              else "these are not dropout modules rankwise can switch off: functional dropout (F.dropout(x, p, "
-              "training)), attention dropout given as a number, or torch.rand/randn/bernoulli in forward; make "
-              "their probability 0 for the comparison (e.g. a dropout flag of your script)")
+def random_ops(
+    draws: int,
+    micro_batches: int,
+    dropout_kept: bool,
+    world_size: int,
+    where: dict[str, int] | None = None,
+) -> str:
+    source = (
+        "dropout modules were kept (--keep-dropout); without the flag verify switches them off"
+        if dropout_kept
+        else "these are not dropout modules rankwise can switch off: functional dropout "
+        "(F.dropout(x, p, "
+        "training)), attention dropout given as a number, or torch.rand/randn/bernoulli in "
+        "forward; make "
+        "their probability 0 for the comparison (e.g. a dropout flag of your script)"
+    )
     located = f" ({', '.join(sorted(where, key=lambda key: -where[key])[:4])})" if where else ""
-    return (f"{RANDOM_OPS} in {draws} of {micro_batches} micro-batches of the one-process "
-            f"run{located}: each of the {world_size} ranks draws its own numbers for its share of the batch, so no "
-            f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}")
+    return (
+        f"{RANDOM_OPS} in {draws} of {micro_batches} micro-batches of the one-process "
+        f"run{located}: each of the {world_size} ranks draws its own numbers for its share of the "
+        "batch, so no "
+        f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}"
+    )
 
 
 def _first_ranks(run: TracedRun) -> list[TracedStep]:
@@ -48,45 +70,79 @@ def _first_ranks(run: TracedRun) -> list[TracedStep]:
 
 PLAIN_SCRIPT_WORDS = {
     "before rt.prepare": "before wrapping it",
-    "numpy or Python random state rankwise.setup(seed=...) did not reach": "numpy or Python random state seeded "
-                                                                           "differently",
-    "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, batch_size=GLOBAL), which "
-    "gives each rank its share of the same global order at any world size":
-        "The training loader does not give the ranks together what one process takes: shard it with "
-        "DistributedSampler(dataset) (set_epoch each epoch), or let accelerator.prepare / fabric.setup_dataloaders "
-        "shard it",
+    "numpy or Python random state rankwise.setup(seed=...) did not reach": "numpy or Python "
+    "random state seeded "
+    "differently",
+    "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, "
+    "batch_size=GLOBAL), which "
+    "gives each rank its share of the same global order at any world size": "The training loader "
+    "does not give the "
+    "ranks together what "
+    "one process takes: "
+    "shard it with "
+    "DistributedSampler(dataset) (set_epoch each epoch), or let accelerator.prepare / "
+    "fabric.setup_dataloaders "
+    "shard it",
     "a loop over a loader that is not rt.loader's": "a loop over a loader that is not sharded",
-    "Leave averaging to the strategy: rt.backward(loss)": "Leave averaging to DDP or FSDP: loss.backward()",
+    "Leave averaging to the strategy: rt.backward(loss)": "Leave averaging to DDP or FSDP: "
+    "loss.backward()",
     "the optimizer rt.step steps": "the optimizer that steps",
     "(the script does not call rt.backward)": "(no backward of a scalar loss was seen)",
     "instead of rt.step": "outside the framework's step",
     "outside rt.step": "outside optimizer.step()",
     "(rt.all_reduce(count, 'sum'))": "(dist.all_reduce(count))",
-    "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count (the strategies":
-        "then backward each micro-batch's summed token loss x the world size / that count (DDP and FSDP",
+    "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count (the "
+    "strategies": "then backward each micro-batch's summed token loss x the world size / that "
+    "count (DDP and FSDP",
 }
 """A finding's fix in rankwise's API, and the same fix for a script on torch or its framework."""
 
 
-def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[StepLine], first: StepLine | None, *,
-             strategy: str, world_size: int, failure: str | None = None, steps_asked: int | None = None,
-             framework: str | None = None, samples: str | None = None) -> list[str]:
-    """Every cause that fits the evidence, likeliest first (empty when the runs are equivalent): the causes of the
-    first step that differs, then those that only a later differing step shows, each with the step it first shows
-    in.  ``framework``: the script's, when it is not on rankwise.setup() (the fixes are then worded for it);
-    ``samples``: what differs in the data, where the runs' records tell (:mod:`rankwise.tools.verify.samples`)."""
+def diagnose(
+    reference: TracedRun,
+    candidate: TracedRun,
+    lines: list[StepLine],
+    first: StepLine | None,
+    *,
+    strategy: str,
+    world_size: int,
+    failure: str | None = None,
+    steps_asked: int | None = None,
+    framework: str | None = None,
+    samples: str | None = None,
+) -> list[str]:
+    """Every cause that fits the evidence, likeliest first (empty when the runs are equivalent): the
+    causes of the first step that differs, then those that only a later differing step shows, each
+    with the step it first shows in.  ``framework``: the script's, when it is not on
+    rankwise.setup() (the fixes are then worded for it); ``samples``: what differs in the data,
+    where the runs' records tell (:mod:`rankwise.tools.verify.samples`)."""
     shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
     if first is None and failure is None and not shorter:
         return []
-    later = [line for line in lines if first is not None and line["step"] > first["step"]
-             and not line.get("equivalent", True)]
+    later = [
+        line
+        for line in lines
+        if first is not None and line["step"] > first["step"] and not line.get("equivalent", True)
+    ]
     found: dict[str, str] = {}
     for line in [first, *later]:
-        for kind, text in _diagnose(reference, candidate, line, strategy=strategy, world_size=world_size,
-                                    failure=failure, framework=framework, samples=samples):
+        for kind, text in _diagnose(
+            reference,
+            candidate,
+            line,
+            strategy=strategy,
+            world_size=world_size,
+            failure=failure,
+            framework=framework,
+            samples=samples,
+        ):
             if kind not in found:
-                shows_later = line is not None and first is not None and line["step"] != first["step"]
-                found[kind] = text + (f" (first shows at step {line['step']})" if shows_later and line else "")
+                shows_later = (
+                    line is not None and first is not None and line["step"] != first["step"]
+                )
+                found[kind] = text + (
+                    f" (first shows at step {line['step']})" if shows_later and line else ""
+                )
     findings = ([shorter] if shorter else []) + list(found.values())
     if framework:
         for ours, theirs in PLAIN_SCRIPT_WORDS.items():
@@ -94,117 +150,229 @@ def diagnose(reference: TracedRun, candidate: TracedRun, lines: list[StepLine], 
     return findings
 
 
-def _diagnose(reference: TracedRun, candidate: TracedRun, first: StepLine | None, *, strategy: str, world_size: int,
-              failure: str | None, framework: str | None, samples: str | None) -> list[tuple[str, str]]:
-    """The causes that fit one differing step (``first``; ``None``: a run failed), as ``(kind, text)``."""
+def _diagnose(
+    reference: TracedRun,
+    candidate: TracedRun,
+    first: StepLine | None,
+    *,
+    strategy: str,
+    world_size: int,
+    failure: str | None,
+    framework: str | None,
+    samples: str | None,
+) -> list[tuple[str, str]]:
+    """The causes that fit one differing step (``first``; ``None``: a run failed), as ``(kind,
+    text)``."""
     findings: list[tuple[str, str]] = []
     records = _first_ranks(reference)
     no_grad = sorted({name for record in records for name in record["no_grad"]})
     if failure and no_grad:
         names = ", ".join(no_grad[:5])
         if any(words in failure for words in UNUSED_PARAMETER_ERRORS):
-            findings.append(("no-grad", f"parameters {names} got no gradient in the one-process run; DDP waits for "
-                             "every parameter's gradient before it averages a bucket, so the run failed at the next "
-                             "step: freeze them (requires_grad=False) if they should not train, else "
-                             "--set ddp.find_unused_parameters=true"))
+            findings.append(
+                (
+                    "no-grad",
+                    f"parameters {names} got no gradient in the one-process run; DDP waits for "
+                    "every parameter's gradient before it averages a bucket, so the run failed at "
+                    "the next "
+                    "step: freeze them (requires_grad=False) if they should not train, else "
+                    "--set ddp.find_unused_parameters=true",
+                )
+            )
         else:
-            findings.append(("no-grad", f"parameters {names} got no gradient in the one-process run: a strategy "
-                             "that reduces gradients in buckets may wait for them; freeze them if they should not "
-                             "train"))
+            findings.append(
+                (
+                    "no-grad",
+                    f"parameters {names} got no gradient in the one-process run: a strategy "
+                    "that reduces gradients in buckets may wait for them; freeze them if they "
+                    "should not "
+                    "train",
+                )
+            )
     if first is not None and first["data"] in ("differs", "unmatched"):
-        findings.append(("samples", f"step {first['step']}'s samples differ: {first['data_detail']}. " + (
-            samples or "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, "
-            "batch_size=GLOBAL), which gives each rank its share of the same global order at any world size")))
+        findings.append(
+            (
+                "samples",
+                f"step {first['step']}'s samples differ: {first['data_detail']}. "
+                + (
+                    samples
+                    or "The data loader is not rankwise's rank-sharded one: build it with "
+                    "rt.loader(dataset, "
+                    "batch_size=GLOBAL), which gives each rank its share of the same global order "
+                    "at any world size"
+                ),
+            )
+        )
     layers = candidate.facts.get("batch_dependent") or reference.facts.get("batch_dependent") or []
     if layers:
-        findings.append(("batch-dependent", batch_dependent(layers, world_size, candidate.facts.get("device", "cpu"))))
+        findings.append(
+            (
+                "batch-dependent",
+                batch_dependent(layers, world_size, candidate.facts.get("device", "cpu")),
+            )
+        )
     draws, micro = sum(r["random_draws"] for r in records), sum(len(r["losses"]) for r in records)
     if draws:
-        findings.append(("random", random_ops(draws, micro, bool(reference.facts.get("dropout_kept")), world_size,
-                                              located_random_ops(reference))))
+        findings.append(
+            (
+                "random",
+                random_ops(
+                    draws,
+                    micro,
+                    bool(reference.facts.get("dropout_kept")),
+                    world_size,
+                    located_random_ops(reference),
+                ),
+            )
+        )
     half = candidate.facts.get("half_params") or reference.facts.get("half_params")
     if half:
-        fix = ("turn the DeepSpeed config's \"bf16\"/\"fp16\" off (fp32 parameters, which its fp32 gradients "
-               "follow) and compute in 16 bits under torch.autocast" if candidate.facts.get("api") == "deepspeed" else
-               "keep fp32 parameters and compute in 16 bits with --precision bf16-mixed (autocast), whose gradients "
-               "accumulate in fp32")
-        findings.append(("half", f"the trainable parameters are {', '.join(half)}, and so are their gradients: "
-                         "accumulating micro-batches and averaging ranks round at every addition, in another order "
-                         f"on {world_size} ranks than in one process; {fix}"))
+        fix = (
+            'turn the DeepSpeed config\'s "bf16"/"fp16" off (fp32 parameters, which its fp32 '
+            "gradients "
+            "follow) and compute in 16 bits under torch.autocast"
+            if candidate.facts.get("api") == "deepspeed"
+            else "keep fp32 parameters and compute in 16 bits with --precision bf16-mixed "
+            "(autocast), whose gradients "
+            "accumulate in fp32"
+        )
+        findings.append(
+            (
+                "half",
+                f"the trainable parameters are {', '.join(half)}, and so are their gradients: "
+                "accumulating micro-batches and averaging ranks round at every addition, in "
+                "another order "
+                f"on {world_size} ranks than in one process; {fix}",
+            )
+        )
     loss_differs = first is not None and first["step"] and not first["loss_ok"]
-    scaled = _loss_scaled(first, world_size, framework) if loss_differs and first is not None else None
-    if scaled:  # (its evidence is its own — the loss N times one process's —, whatever else the model holds)
+    scaled = (
+        _loss_scaled(first, world_size, framework) if loss_differs and first is not None else None
+    )
+    # (its evidence is its own — the loss N times one process's —, whatever else the model holds)
+    if scaled:
         findings.append(("loss-scaled", scaled))
     elif loss_differs and not findings and first is not None:
         findings.append(("loss-mean", _normalisation(reference, candidate, first, world_size)))
     if no_grad and not failure:
-        findings.append(("no-grad", f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run"))
+        findings.append(
+            (
+                "no-grad",
+                f"parameters {', '.join(no_grad[:5])} got no gradient in the one-process run",
+            )
+        )
     hook = str(candidate.facts.get("comm_hook", "none"))
-    if first is not None and first["step"] and not first.get("gradient_ok", True) and hook != "none":
-        # The hook explains a gradient that is the exact one rounded, not one that is another multiple or
-        # another sample's: then it is only listed after what does explain it.
+    if (
+        first is not None
+        and first["step"]
+        and not first.get("gradient_ok", True)
+        and hook != "none"
+    ):
+        # The hook explains a gradient that is the exact one rounded, not one that is another
+        # multiple or another sample's: then it is only listed after what does explain it.
         alone = not findings and abs((first.get("gradient_scale") or 1.0) - 1) < 0.01
         findings.insert(0 if alone else len(findings), ("comm-hook", _compressed(hook, first)))
-    rates = _other_learning_rate(reference, candidate, first, world_size) if first is not None else None
+    rates = (
+        _other_learning_rate(reference, candidate, first, world_size) if first is not None else None
+    )
     if first is not None and not findings:
         if not first.get("gradient_ok", True):
             findings.append(("gradient", _gradients(first, world_size)))
         else:  # (the update's finding names another learning rate itself: one cause, listed once)
-            findings.append(("learning-rate" if rates else "update",
-                             _update(reference, candidate, first, strategy, world_size)))
+            findings.append(
+                (
+                    "learning-rate" if rates else "update",
+                    _update(reference, candidate, first, strategy, world_size),
+                )
+            )
             rates = None
     if rates:
         findings.append(("learning-rate", rates))
     return findings
 
 
-def _steps_missing(reference: TracedRun, candidate: TracedRun, asked: int | None, world_size: int) -> str | None:
+def _steps_missing(
+    reference: TracedRun, candidate: TracedRun, asked: int | None, world_size: int
+) -> str | None:
     if reference.reached == candidate.reached:
         return None
-    return (f"the {world_size}-rank run recorded {candidate.reached} optimizer steps, the one process "
-            f"{reference.reached} (of {asked} asked): the script's loop does not run the same steps at every world "
-            "size (a step count computed from the per-rank batch, or a loop over a loader that is not rt.loader's)")
+    return (
+        f"the {world_size}-rank run recorded {candidate.reached} optimizer steps, the one process "
+        f"{reference.reached} (of {asked} asked): the script's loop does not run the same steps "
+        "at every world "
+        "size (a step count computed from the per-rank batch, or a loop over a loader that is not "
+        "rt.loader's)"
+    )
 
 
-COMPRESSION = {"fp16_compress": "rounds every gradient to fp16 (11 significant bits) before the all-reduce",
-               "horovod_fp16_compression": "rounds every gradient to fp16 (11 significant bits) before the "
-                                           "allreduce",
-               "bf16_compress": "rounds every gradient to bf16 (8 significant bits) before the all-reduce",
-               "powersgd": "sends a low-rank approximation of each gradient matrix instead of the gradient"}
+COMPRESSION = {
+    "fp16_compress": "rounds every gradient to fp16 (11 significant bits) before the all-reduce",
+    "horovod_fp16_compression": "rounds every gradient to fp16 (11 significant bits) before the "
+    "allreduce",
+    "bf16_compress": "rounds every gradient to bf16 (8 significant bits) before the all-reduce",
+    "powersgd": "sends a low-rank approximation of each gradient matrix instead of the gradient",
+}
 
 
 def _compressed(hook: str, first: StepLine) -> str:
     what = COMPRESSION.get(hook, "changes the gradients it exchanges")
-    how = "Horovod's fp16 compression (DistributedOptimizer(compression=hvd.Compression.fp16))" \
-        if hook.startswith("horovod") else f"DDP's {hook} communication hook (ddp.comm_hook={hook})"
-    return (f"the gradients were exchanged through {how}, which {what}: at step {first['step']} the gradient the "
-            f"optimizer received differs from one process's by {first['gradient_diff']:.1e} relative. That is the "
-            "compression working as designed, not a bug: "
-            "the run trades exactness for less traffic (rankwise bench states the tolerance it accepts for it); "
-            "without it the exchange is exact")
+    how = (
+        "Horovod's fp16 compression (DistributedOptimizer(compression=hvd.Compression.fp16))"
+        if hook.startswith("horovod")
+        else f"DDP's {hook} communication hook (ddp.comm_hook={hook})"
+    )
+    return (
+        f"the gradients were exchanged through {how}, which {what}: at step {first['step']} the "
+        "gradient the "
+        f"optimizer received differs from one process's by {first['gradient_diff']:.1e} relative. "
+        "That is the "
+        "compression working as designed, not a bug: "
+        "the run trades exactness for less traffic (rankwise bench states the tolerance it "
+        "accepts for it); "
+        "without it the exchange is exact"
+    )
 
 
 def _gradients(first: StepLine, world_size: int) -> str:
     step, difference = first["step"], first["gradient_diff"]
     name = first["gradient_top"][0][0] if first.get("gradient_top") else "?"
     scale = first.get("gradient_scale")
-    text = (f"at step {step} the samples, the weights before the step and the loss all agree, yet the gradient the "
-            f"{world_size} ranks' optimizer received differs from one process's by {difference:.1e} relative (most in "
-            f"{name})")
+    text = (
+        f"at step {step} the samples, the weights before the step and the loss all agree, yet the "
+        "gradient the "
+        f"{world_size} ranks' optimizer received differs from one process's by {difference:.1e} "
+        "relative (most in "
+        f"{name})"
+    )
     if first.get("gradient_only_one"):
-        return text + (f": only one run has a gradient for {', '.join(first['gradient_only_one'][:5])} — parameters "
-                       "the forward uses on some ranks or steps only")
+        return text + (
+            f": only one run has a gradient for {', '.join(first['gradient_only_one'][:5])} — "
+            "parameters "
+            "the forward uses on some ranks or steps only"
+        )
     if scale is not None and abs(scale - 1) > 0.01:
-        hint = {world_size: "summed over the ranks instead of averaged",
-                1 / world_size: "averaged over the ranks twice (a loss or gradient divided by the world size again)"}
-        guess = next((words for factor, words in hint.items() if abs(scale - factor) < 0.01 * factor), None)
-        return text + (f": it is {scale:.3g} times the one-process gradient" +
-                       (f" — the gradients were {guess}" if guess else "") +
-                       ". Leave averaging to the strategy: rt.backward(loss) with the loss a mean over the global "
-                       "batch, no all_reduce of gradients of your own")
-    return text + (": something between the backward pass and the optimizer changed them — a gradient hook or "
-                   "all_reduce of your own, a gradient modified on one rank, or a custom autograd function whose "
-                   "backward depends on the batch it sees")
+        hint = {
+            world_size: "summed over the ranks instead of averaged",
+            1
+            / world_size: "averaged over the ranks twice (a loss or gradient divided by the world "
+            "size again)",
+        }
+        guess = next(
+            (words for factor, words in hint.items() if abs(scale - factor) < 0.01 * factor), None
+        )
+        return text + (
+            f": it is {scale:.3g} times the one-process gradient"
+            + (f" — the gradients were {guess}" if guess else "")
+            + ". Leave averaging to the strategy: rt.backward(loss) with the loss a mean over the "
+            "global "
+            "batch, no all_reduce of gradients of your own"
+        )
+    return text + (
+        ": something between the backward pass and the optimizer changed them — a gradient hook or "
+        "all_reduce of your own, a gradient modified on one rank, or a custom autograd function "
+        "whose "
+        "backward depends on the batch it sees"
+    )
 
 
 def _learning_rates(run: TracedRun, step: int) -> list:
@@ -212,98 +380,191 @@ def _learning_rates(run: TracedRun, step: int) -> list:
     return (ranks[0].get("learning_rates") if ranks else None) or []
 
 
-def _other_learning_rate(reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int) -> str | None:
-    """The optimizer's learning rate differs between the runs at the first differing step (a rate scaled by the
-    world size, as Horovod's examples do): a cause of its own, whatever else differs."""
+def _other_learning_rate(
+    reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int
+) -> str | None:
+    """The optimizer's learning rate differs between the runs at the first differing step (a rate
+    scaled by the world size, as Horovod's examples do): a cause of its own, whatever else
+    differs."""
     step = first["step"]
     one, many = _learning_rates(reference, step), _learning_rates(candidate, step)
     if not (one and many and one != many):
         return None
-    ratios = {round(b / a, 3) for a, b in zip(one, many, strict=False)
-              if isinstance(a, float) and isinstance(b, float) and a}
-    scaled = f": {world_size}x, the script scales it by the world size" if ratios == {float(world_size)} else ""
-    return (f"the optimizer's learning rate differs at step {step}: one process {one[0]:.3g}, {world_size} ranks "
-            f"{many[0]:.3g}{scaled}. The {world_size} ranks already average their gradients over the global batch, "
-            "as one process computes it: a larger rate is a change of the hyper-parameters, not what distributing "
-            "the same training needs (keep it, or scale it knowingly, with its warm-up)")
+    ratios = {
+        round(b / a, 3)
+        for a, b in zip(one, many, strict=False)
+        if isinstance(a, float) and isinstance(b, float) and a
+    }
+    scaled = (
+        f": {world_size}x, the script scales it by the world size"
+        if ratios == {float(world_size)}
+        else ""
+    )
+    return (
+        f"the optimizer's learning rate differs at step {step}: one process {one[0]:.3g}, "
+        f"{world_size} ranks "
+        f"{many[0]:.3g}{scaled}. The {world_size} ranks already average their gradients over the "
+        "global batch, "
+        "as one process computes it: a larger rate is a change of the hyper-parameters, not what "
+        "distributing "
+        "the same training needs (keep it, or scale it knowingly, with its warm-up)"
+    )
 
 
-def _update(reference: TracedRun, candidate: TracedRun, first: StepLine, strategy: str, world_size: int) -> str:
+def _update(
+    reference: TracedRun, candidate: TracedRun, first: StepLine, strategy: str, world_size: int
+) -> str:
     name, difference = first["top"][0] if first["top"] else ("?", first["max_param_diff"])
     step = first["step"]
     one, many = _learning_rates(reference, step), _learning_rates(candidate, step)
     if one and many and one != many:
-        rates = lambda values: ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:4])  # noqa: E731
-        return (f"the optimizer stepped with another learning rate at step {step}: one process {rates(one)}, "
-                f"{world_size} ranks {rates(many)} (per parameter group), so the weights after it differ ({name} by "
-                f"{difference:.1e}): a learning-rate schedule that does not drive the optimizer rt.step steps "
-                "(built on another optimizer object), or one that depends on the world size")
+
+        def rates(values):
+            return ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:4])
+
+        return (
+            f"the optimizer stepped with another learning rate at step {step}: one process "
+            f"{rates(one)}, "
+            f"{world_size} ranks {rates(many)} (per parameter group), so the weights after it "
+            f"differ ({name} by "
+            f"{difference:.1e}): a learning-rate schedule that does not drive the optimizer "
+            "rt.step steps "
+            "(built on another optimizer object), or one that depends on the world size"
+        )
     if not first.get("followed"):
         if not reference.seen("losses"):
-            return (f"the weights after step {step} differ ({name} by {difference:.1e}); the loss was not recorded "
-                    "(the script does not call rt.backward), so verify cannot tell the forward from the update")
-        return (f"the weights after step {step} differ ({name} by {difference:.1e}) with the loss the same; the "
-                "one process could not follow the N-rank run at this step (its gradients were not recorded), so "
-                "verify cannot tell the gradient from the update")
+            return (
+                f"the weights after step {step} differ ({name} by {difference:.1e}); the loss was "
+                "not recorded "
+                "(the script does not call rt.backward), so verify cannot tell the forward from "
+                "the update"
+            )
+        return (
+            f"the weights after step {step} differ ({name} by {difference:.1e}) with the loss the "
+            "same; the "
+            "one process could not follow the N-rank run at this step (its gradients were not "
+            "recorded), so "
+            "verify cannot tell the gradient from the update"
+        )
     gradient = f"{first['gradient_diff']:.1e}" if first.get("gradient_diff") is not None else "—"
     sharded = candidate.facts.get("shards_optimizer_state", not lookup(strategy).cls.whole_state)
-    text = (f"step {step} started from the same weights and applied the same gradient (relative difference "
-            f"{gradient}), yet the {world_size} ranks' optimizer step moved the weights elsewhere than one process's "
-            f"({name} by {difference:.1e}): ")
-    matched = f"the learning rates matched ({', '.join(f'{v:.3g}' for v in one[:4] if v is not None)}); " \
-        if one and one == many else ""
+    text = (
+        f"step {step} started from the same weights and applied the same gradient (relative "
+        "difference "
+        f"{gradient}), yet the {world_size} ranks' optimizer step moved the weights elsewhere "
+        "than one process's "
+        f"({name} by {difference:.1e}): "
+    )
+    matched = (
+        f"the learning rates matched ({', '.join(f'{v:.3g}' for v in one[:4] if v is not None)}); "
+        if one and one == many
+        else ""
+    )
     if sharded:
-        return text + (f"{matched}{strategy} shards the optimizer state, and its sharded step does not compute what "
-                       "the whole optimizer does — an optimizer it cannot shard faithfully (one whose update of a "
-                       "tensor depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step taken on "
-                       "the optimizer directly instead of rt.step")
+        return text + (
+            f"{matched}{strategy} shards the optimizer state, and its sharded step does not "
+            "compute what "
+            "the whole optimizer does — an optimizer it cannot shard faithfully (one whose update "
+            "of a "
+            "tensor depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step "
+            "taken on "
+            "the optimizer directly instead of rt.step"
+        )
     if matched:
-        return text + (f"{matched}the optimizer state or the weights changed outside the step as one process "
-                       "takes it: a second optimizer.step, weights averaged or edited by hand, or an optimizer "
-                       "whose step depends on the world size")
-    return text + ("the optimizer or the learning-rate schedule did not step as in one process — a schedule stepped "
-                   "per micro-batch or scaled by the world size, a learning rate that depends on the rank count, "
-                   "or weights changed outside rt.step")
+        return text + (
+            f"{matched}the optimizer state or the weights changed outside the step as one process "
+            "takes it: a second optimizer.step, weights averaged or edited by hand, or an "
+            "optimizer "
+            "whose step depends on the world size"
+        )
+    return text + (
+        "the optimizer or the learning-rate schedule did not step as in one process — a schedule "
+        "stepped "
+        "per micro-batch or scaled by the world size, a learning rate that depends on the rank "
+        "count, "
+        "or weights changed outside rt.step"
+    )
 
 
 def _loss_scaled(first: StepLine, world_size: int, framework: str | None) -> str | None:
-    """The loss each rank gave backward, and the gradient, are N (or 1/N) times the one process's."""
+    """The loss each rank gave backward, and the gradient, are N (or 1/N) times the one
+    process's."""
     one, many, scale = first["loss_reference"], first["loss_candidate"], first.get("gradient_scale")
     if not one or many is None or scale is None:
         return None
     # (clipping may cap a scaled gradient: its factor then lies between 1 and the loss's)
-    factor = next((f for f in (world_size, 1 / world_size) if abs(many / one - f) < 0.02 * f and (
-        abs(scale - f) < 0.02 * f or 1.01 < scale < f or f < scale < 0.99)), None)
+    factor = next(
+        (
+            f
+            for f in (world_size, 1 / world_size)
+            if abs(many / one - f) < 0.02 * f
+            and (abs(scale - f) < 0.02 * f or 1.01 < scale < f or f < scale < 0.99)
+        ),
+        None,
+    )
     if factor is None:
         return None
-    clipped = "" if abs(scale - factor) < 0.02 * factor else ", less where gradient clipping capped it"
-    text = (f"the loss each rank gave backward at step {first['step']} is {factor:.3g} times the one process's "
-            f"({many:.6g} against {one:.6g}), and the gradient the optimizer received {scale:.3g} times its "
-            f"({factor:.3g}{clipped}): the loss is scaled by the world size on top of the ranks' gradient averaging")
+    clipped = (
+        "" if abs(scale - factor) < 0.02 * factor else ", less where gradient clipping capped it"
+    )
+    text = (
+        f"the loss each rank gave backward at step {first['step']} is {factor:.3g} times the one "
+        "process's "
+        f"({many:.6g} against {one:.6g}), and the gradient the optimizer received {scale:.3g} "
+        "times its "
+        f"({factor:.3g}{clipped}): the loss is scaled by the world size on top of the ranks' "
+        "gradient averaging"
+    )
     if framework == "trainer" and factor == world_size:
-        text += (". transformers' Trainer multiplies the loss by the number of processes "
-                 "(TrainingArguments.average_tokens_across_devices=True, the default) when the model's forward takes "
-                 "**kwargs, expecting the model's loss to divide by the global num_items_in_batch; this model's loss "
-                 "is a plain mean over its own batch and ignores it. Set average_tokens_across_devices=False, or "
-                 "give the model a loss that uses num_items_in_batch. Adam's update mostly cancels a constant factor, "
-                 "but gradient clipping (max_grad_norm) and the logged loss do not")
+        text += (
+            ". transformers' Trainer multiplies the loss by the number of processes "
+            "(TrainingArguments.average_tokens_across_devices=True, the default) when the model's "
+            "forward takes "
+            "**kwargs, expecting the model's loss to divide by the global num_items_in_batch; "
+            "this model's loss "
+            "is a plain mean over its own batch and ignores it. Set "
+            "average_tokens_across_devices=False, or "
+            "give the model a loss that uses num_items_in_batch. Adam's update mostly cancels a "
+            "constant factor, "
+            "but gradient clipping (max_grad_norm) and the logged loss do not"
+        )
     return text
 
 
-def _normalisation(reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int) -> str:
+def _normalisation(
+    reference: TracedRun, candidate: TracedRun, first: StepLine, world_size: int
+) -> str:
     step = first["step"]
-    random = ("and the forward drew no random numbers" if reference.seen("samples") else
-              "(random draws unknown: the batches do not come from a DataLoader)")
-    text = (f"the loss of step {step} differs (one process {first['loss_reference']:.6g}, {world_size} ranks "
-            f"{first['loss_candidate']:.6g}) although the weights before it and the samples were the same, no layer "
-            f"depends on the batch {random}: the loss is not a mean over the global batch. A loss averaged over "
-            "each micro-batch's (or rank's) own tokens weighs a token by how many others share its micro-batch, so "
-            "splitting the batch differently changes it")
+    random = (
+        "and the forward drew no random numbers"
+        if reference.seen("samples")
+        else "(random draws unknown: the batches do not come from a DataLoader)"
+    )
+    text = (
+        f"the loss of step {step} differs (one process {first['loss_reference']:.6g}, "
+        f"{world_size} ranks "
+        f"{first['loss_candidate']:.6g}) although the weights before it and the samples were the "
+        "same, no layer "
+        f"depends on the batch {random}: the loss is not a mean over the global batch. A loss "
+        "averaged over "
+        "each micro-batch's (or rank's) own tokens weighs a token by how many others share its "
+        "micro-batch, so "
+        "splitting the batch differently changes it"
+    )
     one = reference.records[step][0]["tokens"]
     many = [rank["tokens"] for rank in candidate.records[step]]
     if one and len(set(one) | {t for rank in many for t in rank}) > 1:
         per_rank = " | ".join(", ".join(map(str, rank)) for rank in many)
-        text += f" (tokens per micro-batch in step {step}: one process {', '.join(map(str, one))}; ranks {per_rank})"
-    return (text + ". Count the step's tokens over every micro-batch and rank first (rt.all_reduce(count, 'sum')), "
-            "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count (the strategies "
-            "average gradients over ranks; no further division by the accumulation), or average per sample")
+        text += (
+            f" (tokens per micro-batch in step {step}: one process "
+            f"{', '.join(map(str, one))}; ranks {per_rank})"
+        )
+    return (
+        text
+        + ". Count the step's tokens over every micro-batch and rank first (rt.all_reduce(count, "
+        "'sum')), "
+        "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count "
+        "(the strategies "
+        "average gradients over ranks; no further division by the accumulation), or average per "
+        "sample"
+    )

@@ -1,5 +1,5 @@
-"""``verify.png``: how each step's differences evolve, against their tolerances, so rounding (flat, far below
-the line) and a defect (a jump over it) look different at a glance."""
+"""``verify.png``: how each step's differences evolve, against their tolerances, so rounding (flat,
+far below the line) and a defect (a jump over it) look different at a glance."""
 
 from __future__ import annotations
 
@@ -20,25 +20,47 @@ def plot(report: VerifyReport, path: Path) -> Path:
     lines = [line for line in report["steps"] if line["step"]]
     steps = [line["step"] for line in lines]
     figure, (gradients, weights) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
-    panels = ((gradients, "gradient_diff", report["gradient_tolerance"], "gradient vs one process (relative)"),
-              (weights, "max_param_diff", report["tolerance"], "weights after the step, max |Δ|"))
-    columns: dict[str, list[float | None]] = {"gradient_diff": [line["gradient_diff"] for line in lines],
-                                              "max_param_diff": [line["max_param_diff"] for line in lines]}
+    panels = (
+        (
+            gradients,
+            "gradient_diff",
+            report["gradient_tolerance"],
+            "gradient vs one process (relative)",
+        ),
+        (weights, "max_param_diff", report["tolerance"], "weights after the step, max |Δ|"),
+    )
+    columns: dict[str, list[float | None]] = {
+        "gradient_diff": [line["gradient_diff"] for line in lines],
+        "max_param_diff": [line["max_param_diff"] for line in lines],
+    }
     for axis, key, limit, title in panels:
         assert limit is not None  # steps were compared: the comparison had its tolerances
         values = columns[key]
-        axis.semilogy(steps, [max(v, FLOOR) if v is not None else float("nan") for v in values], marker=".",
-                      color="tab:blue")
-        bad = [(s, max(v, FLOOR)) for s, v, line in zip(steps, values, lines, strict=True)
-               if v is not None and v > limit]
+        axis.semilogy(
+            steps,
+            [max(v, FLOOR) if v is not None else float("nan") for v in values],
+            marker=".",
+            color="tab:blue",
+        )
+        bad = [
+            (s, max(v, FLOOR))
+            for s, v, line in zip(steps, values, lines, strict=True)
+            if v is not None and v > limit
+        ]
         if bad:
             axis.semilogy(*zip(*bad, strict=True), "o", color="tab:red", label="over the tolerance")
-        axis.axhline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {limit:.0e}")
+        axis.axhline(
+            limit, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {limit:.0e}"
+        )
         axis.legend(loc="center right", fontsize=8)
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("optimizer step" + (" (exact zeros drawn at 1e-12)" if 0 in values else ""))
-    figure.suptitle(f"rankwise verify: {report['strategy']} on {report['processes']} ranks, one process in lockstep "
-                    f"({report['verdict']})", fontsize=10)
+    figure.suptitle(
+        f"rankwise verify: {report['strategy']} on {report['processes']} ranks, one process in "
+        "lockstep "
+        f"({report['verdict']})",
+        fontsize=10,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

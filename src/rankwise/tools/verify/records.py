@@ -1,8 +1,8 @@
-"""``rankwise verify``'s records: its report (``verify.json``, what ``rankwise bench`` judges a row by), the step
-record in it (one line per optimizer step both traced runs reached, as
-:func:`rankwise.tools.verify.compare.compare` writes it; the diagnosis, the report's table and ``rankwise bench``'s
-equivalence columns read it), and a rank's line of a step in the trace.  JSON is the wire format; tuples come back
-as lists."""
+"""``rankwise verify``'s records: its report (``verify.json``, what ``rankwise bench`` judges a row
+by), the step record in it (one line per optimizer step both traced runs reached, as
+:func:`rankwise.tools.verify.compare.compare` writes it; the diagnosis, the report's table and
+``rankwise bench``'s equivalence columns read it), and a rank's line of a step in the trace.  JSON
+is the wire format; tuples come back as lists."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ class GradientDifference(TypedDict):
     (:func:`rankwise.measure.tolerance.gradient_difference`)."""
 
     difference: float
-    """The relative norm of the difference, ``|g_N - g_1| / |g_1|`` (0 where both are 0, inf where only one is)."""
+    """The relative norm of the difference, ``|g_N - g_1| / |g_1|`` (0 where both are 0, inf where
+    only one is)."""
     top: list[tuple[str, float]]
     """The parameters that differ most, relatively: (name, relative difference)."""
     scale: float | None
-    """``<g_N, g_1> / |g_1|^2``: the N-rank gradient's size in units of one process's (1: the same; N: summed, not
-    averaged), None where one process's is 0."""
+    """``<g_N, g_1> / |g_1|^2``: the N-rank gradient's size in units of one process's (1: the same;
+    N: summed, not averaged), None where one process's is 0."""
     only_one: list[str]
     """Parameters only one of the runs gave a (non-zero) gradient."""
 
@@ -40,18 +41,20 @@ class StepLine(TypedDict):
     unmatched_tensors: list[str]
     """Tensors only one run has, or whose shapes differ."""
     data: str
-    """The step's samples, the N ranks together against the one process: ``same``, ``differs``, ``unmatched``,
-    ``unseen`` (no DataLoader batch), or ``—`` (step 0)."""
+    """The step's samples, the N ranks together against the one process: ``same``, ``differs``,
+    ``unmatched``, ``unseen`` (no DataLoader batch), or ``—`` (step 0)."""
     data_detail: str
     """What differs about the samples, in words ("" where they are the same)."""
     loss_reference: float | None
-    """The one process's loss at the step (the sum of its micro-batch losses); None where it gave none."""
+    """The one process's loss at the step (the sum of its micro-batch losses); None where it gave
+    none."""
     loss_candidate: float | None
     """The N-rank loss: the mean over ranks of each rank's summed micro-batch losses."""
     loss_diff: float | None
     """``|loss_reference - loss_candidate|`` (None where either is missing)."""
     followed: bool
-    """Whether the one process started this step from the N-rank weights and applied the N-rank gradient."""
+    """Whether the one process started this step from the N-rank weights and applied the N-rank
+    gradient."""
     gradient_diff: float | None
     """:attr:`GradientDifference.difference` (None: no gradient compared at this step)."""
     gradient_top: list[tuple[str, float]]
@@ -65,15 +68,16 @@ class StepLine(TypedDict):
     params_ok: NotRequired[bool]
     """Every weight within the tolerance, and no tensor unmatched."""
     gradient_ok: NotRequired[bool]
-    """The gradients agree within the gradient tolerance (or none was compared) and none exists in one run alone."""
+    """The gradients agree within the gradient tolerance (or none was compared) and none exists in
+    one run alone."""
     equivalent: NotRequired[bool]
     """Weights, loss and gradient agree and the samples do not differ."""
 
 
 class TracedStep(TypedDict):
     """One rank's line of one step in ``trace.jsonl``, as the watcher writes it (its
-    :class:`~rankwise.tools.trace.StepRecord`, whose docstrings say more, and the weights' digest) and
-    :class:`~rankwise.tools.verify.compare.TracedRun` reads it back."""
+    :class:`~rankwise.tools.trace.StepRecord`, whose docstrings say more, and the weights' digest)
+    and :class:`~rankwise.tools.verify.compare.TracedRun` reads it back."""
 
     samples: list[str]
     """One digest per sample the step trained on."""
@@ -127,7 +131,8 @@ class DropoutSummary(TypedDict):
 
 
 class ReportExtra(TypedDict, total=False):
-    """What the watched runs add to a report (:func:`rankwise.tools.verify.watched.watched_runs`)."""
+    """What the watched runs add to a report
+    (:func:`rankwise.tools.verify.watched.watched_runs`)."""
 
     framework: FrameworkRun
     """How the script was started."""
@@ -136,8 +141,8 @@ class ReportExtra(TypedDict, total=False):
     findings: list[FindingRecord]
     """The findings that need no reference (the distributed run's own)."""
     processes: int
-    """The distributed run's process count (the comparison's; the watched runs', where a script started its own
-    ranks)."""
+    """The distributed run's process count (the comparison's; the watched runs', where a script
+    started its own ranks)."""
     ran: list[str]
     """The parts of the script the run reached, in words."""
     checks: list[Check]
@@ -150,7 +155,8 @@ class VerifyReport(ReportExtra):
     strategy: str
     """The strategy checked, or ``<framework> script``."""
     tolerance: float | None
-    """The weights' tolerance for the precision the distributed run ran (None: the check could not run)."""
+    """The weights' tolerance for the precision the distributed run ran (None: the check could not
+    run)."""
     gradient_tolerance: float | None
     """The gradients' tolerance (relative)."""
     precision: NotRequired[str | None]

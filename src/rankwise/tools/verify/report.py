@@ -1,4 +1,5 @@
-"""The text of ``rankwise verify``'s report: the step table, the first difference, the diagnosis, the verdict."""
+"""The text of ``rankwise verify``'s report: the step table, the first difference, the diagnosis,
+the verdict."""
 
 from __future__ import annotations
 
@@ -17,45 +18,65 @@ def _dropout(report: VerifyReport) -> str:
     modules = report["dropout"]["modules"]
     if not modules:
         return "dropout: the model has no dropout module (random ops elsewhere are still detected)"
-    listed = ", ".join(f"{m['module']}: {m['type']} p={m['p']:g}" for m in modules[:4]) + \
-        (f" and {len(modules) - 4} more" if len(modules) > 4 else "")
+    listed = ", ".join(f"{m['module']}: {m['type']} p={m['p']:g}" for m in modules[:4]) + (
+        f" and {len(modules) - 4} more" if len(modules) > 4 else ""
+    )
     if report["dropout"]["kept"]:
         return f"dropout: kept in both runs (--keep-dropout): {listed}"
-    return (f"dropout: switched off in both runs so random masks cannot hide the verdict ({listed}); "
-            "--keep-dropout keeps it")
+    return (
+        f"dropout: switched off in both runs so random masks cannot hide the verdict ({listed}); "
+        "--keep-dropout keeps it"
+    )
 
 
-CRITERION = ("criterion: the one process starts every step from the {n}-rank run's weights and steps with its "
-             "gradient, so rounding never compounds; each step's gradient must match the one process's at those "
-             "weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after it within {tol:.0e}")
+CRITERION = (
+    "criterion: the one process starts every step from the {n}-rank run's weights and steps with "
+    "its "
+    "gradient, so rounding never compounds; each step's gradient must match the one process's at "
+    "those "
+    "weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after it within "
+    "{tol:.0e}"
+)
 
 
 def step_table(report: VerifyReport) -> list[str]:
     ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
-    out = [f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} {'Δgradient':>10} "
-           f"{'max |Δweight|':>14}"]
+    out = [
+        f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} "
+        f"{'Δgradient':>10} "
+        f"{'max |Δweight|':>14}"
+    ]
     for line in report["steps"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
         if not line["step"] and not line["params_ok"]:
             verdict = "differs as built (the one process took the N-rank run's: a warning below)"
         if line["step"] and not line.get("followed"):
             verdict += " (not in lockstep)"
-        out.append(f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
-                   f"{_number(line['loss_candidate'], '.6g'):>17} {_number(line['loss_diff'], '.1e'):>9} "
-                   f"{_number(line.get('gradient_diff'), '.1e'):>10} {line['max_param_diff']:>14.1e}  {verdict}")
+        out.append(
+            f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
+            f"{_number(line['loss_candidate'], '.6g'):>17} {_number(line['loss_diff'], '.1e'):>9} "
+            f"{_number(line.get('gradient_diff'), '.1e'):>10} {line['max_param_diff']:>14.1e}  "
+            f"{verdict}"
+        )
     return out
 
 
 def evolution(report: VerifyReport) -> str | None:
     """The largest differences over the steps, in a line: rounding stays flat, a defect jumps."""
-    lines = [line for line in report["steps"] if line["step"] and line.get("gradient_diff") is not None]
+    lines = [
+        line for line in report["steps"] if line["step"] and line.get("gradient_diff") is not None
+    ]
     if len(lines) < 2:
         return None
     gradients = [gradient for line in lines if (gradient := line["gradient_diff"]) is not None]
     weights = [line["max_param_diff"] for line in lines]
-    return (f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference {min(gradients):.1e} .. "
-            f"{max(gradients):.1e} (last {gradients[-1]:.1e}), weights {min(weights):.1e} .. {max(weights):.1e} "
-            f"(last {weights[-1]:.1e})")
+    return (
+        f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference "
+        f"{min(gradients):.1e} .. "
+        f"{max(gradients):.1e} (last {gradients[-1]:.1e}), weights {min(weights):.1e} .. "
+        f"{max(weights):.1e} "
+        f"(last {weights[-1]:.1e})"
+    )
 
 
 def first_difference(first: StepLine, limit: float, gradient_limit: float) -> list[str]:
@@ -65,32 +86,55 @@ def first_difference(first: StepLine, limit: float, gradient_limit: float) -> li
     if not first["loss_ok"]:
         what.append(f"loss differs by {first['loss_diff']:.1e}")
     if not first.get("gradient_ok", True):
-        what.append(f"gradient differs by {first['gradient_diff']:.1e} relative (> {gradient_limit:.0e})")
+        what.append(
+            f"gradient differs by {first['gradient_diff']:.1e} relative (> {gradient_limit:.0e})"
+        )
     if first["max_param_diff"] > limit:
         what.append(f"weights differ by {first['max_param_diff']:.1e} (> {limit:.0e})")
     if first["unmatched_tensors"]:
         what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
     out = [f"first difference: step {first['step']}: " + "; ".join(what or ["—"])]
     if not first.get("gradient_ok", True) and first.get("gradient_top"):
-        out.append("  gradients that differ most (each against the whole gradient): " +
-                   ", ".join(f"{name} {diff:.1e}" for name, diff in first["gradient_top"]))
+        out.append(
+            "  gradients that differ most (each against the whole gradient): "
+            + ", ".join(f"{name} {diff:.1e}" for name, diff in first["gradient_top"])
+        )
     if first["top"] and first["max_param_diff"] > 0:
-        out.append("  weights that differ most: " + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"]))
+        out.append(
+            "  weights that differ most: "
+            + ", ".join(f"{name} {diff:.1e}" for name, diff in first["top"])
+        )
     return out
 
 
 def render(report: VerifyReport) -> str:
     processes = report["processes"]
-    title = (f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} against one "
-             f"process, {report['precision'] or '32-true'}")
-    if report["verdict"] == "could not run":  # nothing was compared: what failed, and why where it is known
-        return "\n".join([title, "", *_failures(report), *_diagnosis(report), "", VERDICTS["could not run"]])
-    out = [title, _dropout(report),
-           *textwrap.wrap(CRITERION.format(n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]),
-                          width=110)]
+    title = (
+        f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} "
+        "against one "
+        f"process, {report['precision'] or '32-true'}"
+    )
+    # nothing was compared: what failed, and why where it is known
+    if report["verdict"] == "could not run":
+        return "\n".join(
+            [title, "", *_failures(report), *_diagnosis(report), "", VERDICTS["could not run"]]
+        )
+    out = [
+        title,
+        _dropout(report),
+        *textwrap.wrap(
+            CRITERION.format(
+                n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]
+            ),
+            width=110,
+        ),
+    ]
     if report.get("framework"):
-        out += textwrap.wrap(f"script: {report['framework']['name']}, started {report['framework']['launch']}; "
-                             f"{report['reference_made']}", width=110)
+        out += textwrap.wrap(
+            f"script: {report['framework']['name']}, started {report['framework']['launch']}; "
+            f"{report['reference_made']}",
+            width=110,
+        )
     out.append("")
     out += _failures(report)
     if report["steps"]:
@@ -99,57 +143,90 @@ def render(report: VerifyReport) -> str:
         out.append(curve)
     if first := report["first_difference"]:
         limit, gradient_limit = report["tolerance"], report["gradient_tolerance"]
-        assert limit is not None and gradient_limit is not None  # a step was compared: under its tolerances
+        # a step was compared: under its tolerances
+        assert limit is not None and gradient_limit is not None
         out += [""] + first_difference(first, limit, gradient_limit)
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
     if report.get("vacuous"):
-        out += textwrap.wrap(f"nothing trained in the compared steps ({report['vacuous']}): their agreement proves "
-                             "nothing; give verify steps that train (a loss that depends on the weights, a learning "
-                             "rate above 0)", width=110)
+        out += textwrap.wrap(
+            f"nothing trained in the compared steps ({report['vacuous']}): their agreement proves "
+            "nothing; give verify steps that train (a loss that depends on the weights, a learning "
+            "rate above 0)",
+            width=110,
+        )
     out += _diagnosis(report)
     if report.get("ran"):
-        out += ["", "what of the script ran (the distributed run):"] + [f"  {part}" for part in report["ran"]]
+        out += ["", "what of the script ran (the distributed run):"] + [
+            f"  {part}" for part in report["ran"]
+        ]
     if report.get("checks"):
         out.append("checks that need no reference:")
         for check in report["checks"]:
-            out += textwrap.wrap(check["check"] + (f": could not run — {check['not_run']}" if check["not_run"]
-                                                   else ": ran"), width=110, initial_indent="  ",
-                                 subsequent_indent="     ")
+            out += textwrap.wrap(
+                check["check"]
+                + (f": could not run — {check['not_run']}" if check["not_run"] else ": ran"),
+                width=110,
+                initial_indent="  ",
+                subsequent_indent="     ",
+            )
     if report.get("findings"):
         out += ["", "findings in the distributed run (need no reference):"]
         for finding in report["findings"]:
-            out += textwrap.wrap(finding["text"], width=110, initial_indent=f"  {finding['level'].upper()}: ",
-                                 subsequent_indent="     ")
+            out += textwrap.wrap(
+                finding["text"],
+                width=110,
+                initial_indent=f"  {finding['level'].upper()}: ",
+                subsequent_indent="     ",
+            )
     steps = len(report["steps"]) - 1
     if report["steps"] and steps < report["steps_asked"]:
-        out.append(f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
-                   f"{' and '.join(map(str, report['steps_reached']))})")
+        out.append(
+            f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
+            f"{' and '.join(map(str, report['steps_reached']))})"
+        )
     out += ["", verdict_line(report, steps)]
     return "\n".join(out)
 
 
 def verdict_line(report: VerifyReport, steps: int) -> str:
-    """The one verdict line, agreeing with the exit code: the comparison's verdict, unless a finding in the whole
-    script changes its results (exit 1 then, whatever the compared steps showed)."""
+    """The one verdict line, agreeing with the exit code: the comparison's verdict, unless a finding
+    in the whole script changes its results (exit 1 then, whatever the compared steps showed)."""
     errors = sum(finding["level"] == "error" for finding in report.get("findings") or [])
     failed = any(finding["level"] == "failed" for finding in report.get("findings") or [])
     line = VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))
     if failed and not errors and report["verdict"] in ("equivalent", "vacuous"):
-        compared = f"its {steps} compared steps match one process" if report["verdict"] == "equivalent" else \
-            "nothing trained in the compared steps"
-        return (f"verdict: the whole script could not be checked: {compared}, but the distributed run failed after "
-                "them (exit 4)")
+        compared = (
+            f"its {steps} compared steps match one process"
+            if report["verdict"] == "equivalent"
+            else "nothing trained in the compared steps"
+        )
+        return (
+            f"verdict: the whole script could not be checked: {compared}, but the distributed run "
+            "failed after "
+            "them (exit 4)"
+        )
     if not errors and report["verdict"] == "equivalent" and report.get("ran"):
-        return (f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the script changes what "
-                "it computes or reports (exit 0)")
+        return (
+            f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the "
+            "script changes what "
+            "it computes or reports (exit 0)"
+        )
     if not errors or report["verdict"] in ("not equivalent", "could not run"):
         return line
-    compared = {"equivalent": f"its {steps} compared steps match one process, but",
-                "vacuous": "nothing trained in the compared steps, and",
-                "not comparable": "random ops make the steps not comparable, and"}[report["verdict"]]
-    findings = f"{errors} finding{'s' if errors > 1 else ''} in the script change{'s' if errors == 1 else ''}"
-    return f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or reports (exit 1)"
+    compared = {
+        "equivalent": f"its {steps} compared steps match one process, but",
+        "vacuous": "nothing trained in the compared steps, and",
+        "not comparable": "random ops make the steps not comparable, and",
+    }[report["verdict"]]
+    findings = (
+        f"{errors} finding{'s' if errors > 1 else ''} in the script "
+        f"change{'s' if errors == 1 else ''}"
+    )
+    return (
+        f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or "
+        "reports (exit 1)"
+    )
 
 
 def _diagnosis(report: VerifyReport) -> list[str]:
@@ -157,7 +234,9 @@ def _diagnosis(report: VerifyReport) -> list[str]:
         return []
     out = ["", "diagnosis (likeliest first):"]
     for number, finding in enumerate(report["diagnosis"], 1):
-        out += textwrap.wrap(finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     ")
+        out += textwrap.wrap(
+            finding, width=110, initial_indent=f"  {number}. ", subsequent_indent="     "
+        )
     return out
 
 
@@ -172,12 +251,15 @@ def _failures(report: VerifyReport) -> list[str]:
     return out
 
 
-VERDICTS = {"equivalent": "verdict: equivalent over {steps} steps (exit 0)",
-            "vacuous": "verdict: vacuous: nothing trained in the compared steps, so their agreement proves nothing "
-                       "(exit 5)",
-            "not equivalent": "verdict: NOT equivalent (exit 1)",
-            "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
-            "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)"}
+VERDICTS = {
+    "equivalent": "verdict: equivalent over {steps} steps (exit 0)",
+    "vacuous": "verdict: vacuous: nothing trained in the compared steps, so their agreement "
+    "proves nothing "
+    "(exit 5)",
+    "not equivalent": "verdict: NOT equivalent (exit 1)",
+    "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
+    "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)",
+}
 
 
 def _random_ops(report: VerifyReport) -> str:

@@ -19,13 +19,16 @@ class VerifySettings:
     framework: str = "auto"
     """How the script trains, so it starts as its launcher would; ``auto``: from its imports."""
     reference_args: tuple[str, ...] | None = None
-    """The script's arguments for the one-process reference, when its batching cannot be scaled by N."""
+    """The script's arguments for the one-process reference, when its batching cannot be scaled by
+    N."""
     nproc_per_node: int = 2
     """Ranks of the distributed run."""
     steps: int = 5
-    """Optimizer steps compared with one process; the distributed run then goes on through the script."""
+    """Optimizer steps compared with one process; the distributed run then goes on through the
+    script."""
     as_written: bool = False
-    """After the compared steps, run the rest of the script as written (not cut to two steps a pass)."""
+    """After the compared steps, run the rest of the script as written (not cut to two steps a
+    pass)."""
     precision: str | None = None
     """The precision of both runs; ``None``: the script's."""
     overrides: tuple[str, ...] = ()

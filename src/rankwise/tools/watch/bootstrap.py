@@ -1,12 +1,13 @@
 """One rank of a watched script: ``python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]``.
 
-The launcher (torchrun, in ``rankwise verify`` and ``bench --script``) starts this module in every rank with
-the watcher's settings in the environment; it installs the :class:`~rankwise.tools.watch.watcher.Watcher`
-before the script imports anything, runs the script as ``__main__``
-(:func:`rankwise.launch.script.run_as_main`), and after it (or after the watcher's last step) writes this
-rank's record and closes the process group the script left open.  A rank that makes no progress for
-``RANKWISE_WATCH_STALL`` seconds is stopped, with where it waited (:mod:`rankwise.tools.watch.stall`).  An
-``mp.spawn`` script runs as one such process that starts its own ranks (:mod:`rankwise.tools.watch.spawned`).
+The launcher (torchrun, in ``rankwise verify`` and ``bench --script``) starts this module in every
+rank with the watcher's settings in the environment; it installs the
+:class:`~rankwise.tools.watch.watcher.Watcher` before the script imports anything, runs the script
+as ``__main__`` (:func:`rankwise.launch.script.run_as_main`), and after it (or after the watcher's
+last step) writes this rank's record and closes the process group the script left open.  A rank that
+makes no progress for ``RANKWISE_WATCH_STALL`` seconds is stopped, with where it waited
+(:mod:`rankwise.tools.watch.stall`).  An ``mp.spawn`` script runs as one such process that starts
+its own ranks (:mod:`rankwise.tools.watch.spawned`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ from rankwise.tools.watch.watcher import Watcher
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or DIRECTORY not in os.environ:
-        print(f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]", file=sys.stderr)
+        print(
+            f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]",
+            file=sys.stderr,
+        )
         return 2
-    to_terminal()  # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
+    # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
+    to_terminal()
     settings = WatchSettings.from_environment()
-    if settings.spawn:  # an mp.spawn script: this process starts the ranks, and each is watched there
+    # an mp.spawn script: this process starts the ranks, and each is watched there
+    if settings.spawn:
         return launcher_main(argv, settings)
     if os.environ.get(horovod_optimizer.ENVIRONMENT) == "1":
         horovod_optimizer.ranks_from_horovodrun()
@@ -48,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         lightning.launcher_devices()
         watcher.on_shorten.append(lightning.validate_at_each_pass_end)
     status = watched(watcher, lambda: run_as_main(argv[0], argv[1:]))
-    exits.script_returned(who, failed=status != 0)  # the rank must be gone within the launcher's grace period
+    # the rank must be gone within the launcher's grace period
+    exits.script_returned(who, failed=status != 0)
     return status
-
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The collectives and sync points of a script: the collectives it calls itself (by call site, timed), the values
-it reads back to Python (``.item()``: on a GPU each waits for the device), the DDP communication hook it registers,
-and the process group it joined and left.  (Its ``torch.save`` calls: :mod:`rankwise.tools.watch.saves`.)"""
+"""The collectives and sync points of a script: the collectives it calls itself (by call site,
+timed), the values it reads back to Python (``.item()``: on a GPU each waits for the device), the
+DDP communication hook it registers, and the process group it joined and left.  (Its ``torch.save``
+calls: :mod:`rankwise.tools.watch.saves`.)"""
 
 from __future__ import annotations
 
@@ -14,12 +15,29 @@ import torch.distributed as dist
 
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
 
-COLLECTIVES = ("all_reduce", "barrier", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
-               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
-               "gather_object", "all_to_all", "all_to_all_single", "monitored_barrier")
-"""The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among them)."""
+COLLECTIVES = (
+    "all_reduce",
+    "barrier",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "scatter",
+    "gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "monitored_barrier",
+)
+"""The torch.distributed calls a script may make itself (DDP's own gradient exchange is not among
+them)."""
 SYNCHRONISING = frozenset({"barrier", "monitored_barrier"})
 """Of those, the ones that carry no data."""
+
 
 class CallWatch:
     def __init__(self, step: Callable[[], int]):
@@ -30,21 +48,29 @@ class CallWatch:
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
         self.calls = 0
-        """The collectives so far that carry data and that the script or a framework made (torch's own inside a
-        module, such as FSDP's all-gathers, and barriers do not count): what can combine an evaluation."""
+        """The collectives so far that carry data and that the script or a framework made (torch's
+        own inside a module, such as FSDP's all-gathers, and barriers do not count): what can
+        combine an evaluation."""
         self.deduplicated = 0
-        """Calls of ``accelerate.Accelerator.gather_for_metrics`` (it drops the samples a sampler repeated)."""
+        """Calls of ``accelerate.Accelerator.gather_for_metrics`` (it drops the samples a sampler
+        repeated)."""
         self._frameworks_patched = False
         self.destroyed_group = False
         """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
         self.joined: tuple[int, int] | None = None
-        """(rank, world size) while the script's process group was open (a script may close it before the end)."""
+        """(rank, world size) while the script's process group was open (a script may close it
+        before the end)."""
         self.left: tuple[int, int] | None = None
-        """(rank, world size) of the process group when it was destroyed (by the script, a framework or rankwise)."""
+        """(rank, world size) of the process group when it was destroyed (by the script, a framework
+        or rankwise)."""
         self.reads: dict[str, dict] = {}
-        """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on a GPU."""
-        self.region: Callable[[str], contextlib.AbstractContextManager] = lambda site: contextlib.nullcontext()
-        """A context around each of those calls, by its site (a benchmark's profiled steps mark them)."""
+        """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on
+        a GPU."""
+        self.region: Callable[[str], contextlib.AbstractContextManager] = lambda site: (
+            contextlib.nullcontext()
+        )
+        """A context around each of those calls, by its site (a benchmark's profiled steps mark
+        them)."""
 
     def install(self) -> None:
         patch(torch.Tensor, "item", self._item)
@@ -53,10 +79,12 @@ class CallWatch:
                 patch(dist, name, self._collective(name))
         patch(dist, "destroy_process_group", self._destroy)
         from torch.nn.parallel import DistributedDataParallel
+
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
 
     def take_collective_seconds(self) -> float:
-        """The seconds in the script's own collectives since the last optimizer step (each step takes them)."""
+        """The seconds in the script's own collectives since the last optimizer step (each step
+        takes them)."""
         seconds, self.collective_seconds = self.collective_seconds, 0.0
         return seconds
 
@@ -72,13 +100,15 @@ class CallWatch:
         def item(tensor):
             caller = sys._getframe(1).f_code.co_filename
             if outside_the_script(caller) or "site-packages" in caller:
-                return original(tensor)  # torch's, a framework's or rankwise's own read: not the script's line
+                # torch's, a framework's or rankwise's own read: not the script's line
+                return original(tensor)
             site, started = f".item() at {call_site()}", time.perf_counter()
             try:
                 with watcher.region(site):
                     return original(tensor)
             finally:
                 _count(watcher.reads, site, time.perf_counter() - started, watcher.step())
+
         return item
 
     def _collective(self, name: str):
@@ -87,8 +117,13 @@ class CallWatch:
         def make(original):
             def call(*args, **kwargs):
                 site = f"{name} at {call_site(via=True)}"
-                started, by_torch = time.perf_counter(), "/torch/" in sys._getframe(1).f_code.co_filename
-                try:  # (torch's own, such as FSDP's all-gathers, are its communication, not the script's syncs)
+                started, by_torch = (
+                    time.perf_counter(),
+                    "/torch/" in sys._getframe(1).f_code.co_filename,
+                )
+                # (torch's own, such as FSDP's all-gathers, are its communication, not the script's
+                # syncs)
+                try:
                     with contextlib.nullcontext() if by_torch else watcher.region(site):
                         return original(*args, **kwargs)
                 finally:
@@ -97,7 +132,9 @@ class CallWatch:
                         watcher.calls += 1
                     _count(watcher.collectives, site, spent, watcher.step())
                     watcher.collective_seconds += spent
+
             return call
+
         return make
 
     def patch_frameworks(self) -> None:
@@ -116,6 +153,7 @@ class CallWatch:
         def gather_for_metrics(accelerator, *args, **kwargs):
             watcher.deduplicated += 1
             return original(accelerator, *args, **kwargs)
+
         return gather_for_metrics
 
     def _destroy(self, original):
@@ -124,9 +162,11 @@ class CallWatch:
         def destroy(*args, **kwargs):
             if caller_is_the_script():
                 watcher.destroyed_group = True
-            if not args and not kwargs and dist.is_initialized():  # (the default group, not a subgroup)
+            # (the default group, not a subgroup)
+            if not args and not kwargs and dist.is_initialized():
                 watcher.left = dist.get_rank(), dist.get_world_size()
             return original(*args, **kwargs)
+
         return destroy
 
     def _comm_hook(self, original):
@@ -135,11 +175,13 @@ class CallWatch:
         def register(ddp, state, hook):
             watcher.comm_hook = getattr(hook, "__name__", str(hook))
             return original(ddp, state, hook)
+
         return register
 
 
 def caller_is_the_script() -> bool:
-    """Whether the function calling the patched one was called from the script's (or a framework's) code."""
+    """Whether the function calling the patched one was called from the script's (or a framework's)
+    code."""
     return not outside_the_script(sys._getframe(2).f_code.co_filename)
 
 
@@ -151,5 +193,7 @@ def _count(sites: dict[str, dict], site: str, seconds: float, step: int) -> None
 
 
 def _summarised(sites: dict[str, dict]) -> dict:
-    return {site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
-            for site, v in sites.items()}
+    return {
+        site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
+        for site, v in sites.items()
+    }

@@ -1,19 +1,21 @@
-"""The watcher in a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.backward(loss)``, ``engine.step()``),
-unchanged.
+"""The watcher in a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.backward(loss)``,
+``engine.step()``), unchanged.
 
-The engine steps its own copies of the weights: under ZeRO 1-2 (and bf16) an fp32 master partition per rank that
-torch's optimizer hooks only see flattened.  So here a step is ``engine.step()`` at a gradient-accumulation
-boundary (:func:`watch`), and DeepSpeed itself names each parameter's whole state (``deepspeed.utils``): the
-gradient the engine is about to apply, averaged over the ranks and unscaled (``safe_get_full_grad``), the fp32
-weights after it (``safe_get_full_fp32_param``).  The one-process reference (the same script, the same config, at
-world size 1) takes the N-rank gradient before its step (``safe_set_full_grad``) and the N-rank weights after it:
-the module's (what its forward uses) and the engine's fp32 masters (``safe_set_full_fp32_param``, what its next
-step updates).  The loss is the one ``engine.backward`` passes to torch's backward (divided by the accumulation
-steps, as DeepSpeed does in both runs).
+The engine steps its own copies of the weights: under ZeRO 1-2 (and bf16) an fp32 master partition
+per rank that torch's optimizer hooks only see flattened.  So here a step is ``engine.step()`` at a
+gradient-accumulation boundary (:func:`watch`), and DeepSpeed itself names each parameter's whole
+state (``deepspeed.utils``): the gradient the engine is about to apply, averaged over the ranks and
+unscaled (``safe_get_full_grad``), the fp32 weights after it (``safe_get_full_fp32_param``).  The
+one-process reference (the same script, the same config, at world size 1) takes the N-rank gradient
+before its step (``safe_set_full_grad``) and the N-rank weights after it: the module's (what its
+forward uses) and the engine's fp32 masters (``safe_set_full_fp32_param``, what its next step
+updates).  The loss is the one ``engine.backward`` passes to torch's backward (divided by the
+accumulation steps, as DeepSpeed does in both runs).
 
-ZeRO-3 partitions the module's own parameters too (empty placeholders outside the engine's forward): their whole
-weights are gathered the same way, and the one-process reference, whose one partition is the whole parameter,
-writes the N-rank run's into that partition and into its fp32 master (:func:`rankwise.tools.watch.ranks.assign`).
+ZeRO-3 partitions the module's own parameters too (empty placeholders outside the engine's forward):
+their whole weights are gathered the same way, and the one-process reference, whose one partition is
+the whole parameter, writes the N-rank run's into that partition and into its fp32 master
+(:func:`rankwise.tools.watch.ranks.assign`).
 """
 
 from __future__ import annotations
@@ -50,16 +52,29 @@ def _forward(watcher, original):
         if not getattr(engine, "_rankwise_seen", False):
             engine._rankwise_seen = True
             stage = _stage(engine)
-            watcher.facts.update({"api": "deepspeed", "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
-                                   "shards_optimizer_state": stage >= 1,
-                                   "precision": "bf16-true" if engine.bfloat16_enabled() else
-                                   "16-mixed" if engine.fp16_enabled() else "32-true"})
+            watcher.facts.update(
+                {
+                    "api": "deepspeed",
+                    "strategy": f"DeepSpeed ZeRO-{stage} (the script's config)",
+                    "shards_optimizer_state": stage >= 1,
+                    "precision": "bf16-true"
+                    if engine.bfloat16_enabled()
+                    else "16-mixed"
+                    if engine.fp16_enabled()
+                    else "32-true",
+                }
+            )
             if watcher.settings.trace and watcher.lockstep.follow is not None:
-                # The watcher's first forward gave the module the N-rank run's initial weights; the engine's fp32
-                # masters (what its first step updates) were copied before that: they take them too.
-                # (A ZeRO-3 parameter took them into its master with its partition: see assign.)
-                _set_masters(engine, {name: p.detach().float() for name, p in _named(engine) if not partitioned(p)})
+                # The watcher's first forward gave the module the N-rank run's initial weights; the
+                # engine's fp32 masters (what its first step updates) were copied before that: they
+                # take them too. (A ZeRO-3 parameter took them into its master with its partition:
+                # see assign.)
+                _set_masters(
+                    engine,
+                    {name: p.detach().float() for name, p in _named(engine) if not partitioned(p)},
+                )
         return original(engine, *args, **kwargs)
+
     return forward
 
 
@@ -89,21 +104,31 @@ def _step(watcher, original):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_set_full_grad
 
         named = _named(engine)
-        watcher.steps.in_runtime_step = True  # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
+        # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
+        watcher.steps.in_runtime_step = True
         watcher.step_begins(engine.optimizer, [])
         if watcher.tracing:
             scale = _scale(engine)
-            # Why: every rank takes part in each gather (ZeRO keeps each gradient partitioned); rank 0 writes them.
+            # Why: every rank takes part in each gather (ZeRO keeps each gradient partitioned); rank
+            # 0 writes them.
             gradients = {name: safe_get_full_grad(p) for name, p in named}
-            applied = watcher.exchange({name: g.detach().float().cpu() / scale for name, g in gradients.items()
-                                        if g is not None})
+            applied = watcher.exchange(
+                {
+                    name: g.detach().float().cpu() / scale
+                    for name, g in gradients.items()
+                    if g is not None
+                }
+            )
             if applied is not None:
-                # The reference steps with the N-rank gradient from the N-rank weights: the weights after the step
-                # must match what the N-rank engine did with it (clipping included), to rounding.
+                # The reference steps with the N-rank gradient from the N-rank weights: the weights
+                # after the step must match what the N-rank engine did with it (clipping included),
+                # to rounding.
                 for name, parameter in named:
                     if name in applied:
-                        safe_set_full_grad(parameter, (applied[name] * scale).reshape(_shape(parameter))
-                                           .to(parameter.device))
+                        safe_set_full_grad(
+                            parameter,
+                            (applied[name] * scale).reshape(_shape(parameter)).to(parameter.device),
+                        )
                 watcher.steps.record.followed = True
         try:
             result = original(engine, *args, **kwargs)
@@ -111,21 +136,29 @@ def _step(watcher, original):
             watcher.steps.in_runtime_step = False
 
         def weights() -> dict[str, torch.Tensor]:
-            # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO 1-2).
-            # (ZeRO-0 in fp32 keeps no masters: its parameters are the weights)
-            return {name: _or(safe_get_full_fp32_param(p), p).detach().float().cpu() for name, p in named}
+            # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO
+            # 1-2). (ZeRO-0 in fp32 keeps no masters: its parameters are the weights)
+            return {
+                name: _or(safe_get_full_fp32_param(p), p).detach().float().cpu()
+                for name, p in named
+            }
 
         def follow(theirs: dict[str, torch.Tensor]) -> None:
             with torch.no_grad():
                 for name, parameter in named:
                     if name in theirs and not partitioned(parameter):
-                        parameter.copy_(theirs[name].reshape(parameter.shape).to(parameter.device, parameter.dtype))
+                        parameter.copy_(
+                            theirs[name]
+                            .reshape(parameter.shape)
+                            .to(parameter.device, parameter.dtype)
+                        )
                     elif name in theirs:
                         assign(parameter, theirs[name])
             _set_masters(engine, theirs)
 
         watcher.step_ends([p for _, p in named], weights, follow)
         return result
+
     return step
 
 

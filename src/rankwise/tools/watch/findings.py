@@ -1,8 +1,9 @@
-"""What a watched N-rank run shows by itself, without a reference: each finding with what was observed and the fix.
+"""What a watched N-rank run shows by itself, without a reference: each finding with what was
+observed and the fix.
 
-Read from every rank's record (:func:`rankwise.tools.watch.seen.of`).  A finding is an
-``error`` when it changes what the script computes or reports (exit 1), a ``warning`` when it costs speed
-or portability.
+Read from every rank's record (:func:`rankwise.tools.watch.seen.of`).  A finding is an ``error``
+when it changes what the script computes or reports (exit 1), a ``warning`` when it costs speed or
+portability.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ class Finding:
 
 
 def load_records(directory: Path) -> list[RankRecord]:
-    records = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(directory.glob(
-        RANK_RECORD.format(rank="*")))]
+    records = [
+        json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted(directory.glob(RANK_RECORD.format(rank="*")))
+    ]
     return sorted(records, key=lambda record: record["rank"])
 
 
@@ -36,8 +39,15 @@ def findings(records: list[RankRecord], processes: int) -> list[Finding]:
     """Every finding, errors first."""
     if not records:
         return []
-    found = [*_not_joined(records, processes), *_unsharded(records), *_epochs(records), *_evaluation(records),
-             *_replicas(records), *_saves(records), *_sync_points(records)]
+    found = [
+        *_not_joined(records, processes),
+        *_unsharded(records),
+        *_epochs(records),
+        *_evaluation(records),
+        *_replicas(records),
+        *_saves(records),
+        *_sync_points(records),
+    ]
     return sorted(found, key=lambda finding: finding.level != "error")
 
 
@@ -45,13 +55,21 @@ def _not_joined(records: list[RankRecord], processes: int) -> list[Finding]:
     alone = [r for r in records if r["world_size"] == 1 or r.get("framework_world_size") == 1]
     if processes < 2 or not alone:
         return []
-    seen = "Accelerate's num_processes 1" if any(r.get("framework_world_size") == 1 for r in alone) else \
-        "torch.distributed not initialised"
-    return [Finding("error", f"{len(alone)} of the {processes} processes never joined a process group ({seen}): "
-                             "every one trained alone on all the data, as many separate single-process "
-                             "runs. An Accelerate script on a machine without a GPU joins only in Accelerate's CPU "
-                             "mode: start it with `accelerate launch --cpu`, or ACCELERATE_USE_CPU=true, or "
-                             "Accelerator(cpu=True); a torch script must call dist.init_process_group()")]
+    seen = (
+        "Accelerate's num_processes 1"
+        if any(r.get("framework_world_size") == 1 for r in alone)
+        else "torch.distributed not initialised"
+    )
+    return [
+        Finding(
+            "error",
+            f"{len(alone)} of the {processes} processes never joined a process group ({seen}): "
+            "every one trained alone on all the data, as many separate single-process "
+            "runs. An Accelerate script on a machine without a GPU joins only in Accelerate's CPU "
+            "mode: start it with `accelerate launch --cpu`, or ACCELERATE_USE_CPU=true, or "
+            "Accelerator(cpu=True); a torch script must call dist.init_process_group()",
+        )
+    ]
 
 
 def _training_passes(record: RankRecord) -> list[PassRecord]:
@@ -66,12 +84,17 @@ def _unsharded(records: list[RankRecord]) -> list[Finding]:
         return []
     passes = _training_passes(records[0])
     sampler = passes[0]["sampler"] if passes else None
-    return [Finding("error", f"every one of the {len(records)} ranks trained on the same samples (the first "
-                             f"{len(firsts[0])} samples are the same on every rank): the training loader is "
-                             f"not sharded (its sampler: {sampler}), so each rank trains on all the data and the "
-                             "global batch holds every sample N times. Give the training DataLoader "
-                             "sampler=DistributedSampler(dataset) (or let accelerator.prepare / fabric."
-                             "setup_dataloaders shard it)")]
+    return [
+        Finding(
+            "error",
+            f"every one of the {len(records)} ranks trained on the same samples (the first "
+            f"{len(firsts[0])} samples are the same on every rank): the training loader is "
+            f"not sharded (its sampler: {sampler}), so each rank trains on all the data and the "
+            "global batch holds every sample N times. Give the training DataLoader "
+            "sampler=DistributedSampler(dataset) (or let accelerator.prepare / fabric."
+            "setup_dataloaders shard it)",
+        )
+    ]
 
 
 def _epochs(records: list[RankRecord]) -> list[Finding]:
@@ -86,17 +109,27 @@ def _epochs(records: list[RankRecord]) -> list[Finding]:
         epochs = {p["epoch"] for p in loader_passes}
         same = all(p["first"][:4] == loader_passes[0]["first"][:4] for p in loader_passes[1:])
         if len(epochs) == 1 and same:
-            fix = "rt.set_epoch(loader, epoch)" if record.get("api") == "rankwise" else "sampler.set_epoch(epoch)"
-            return [Finding("error", f"the training loader's DistributedSampler shuffles, but set_epoch was never "
-                                     f"called: its {len(loader_passes)} passes all began with the same samples "
-                                     f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
-                                     f"Call {fix} before each epoch's loop")]
+            fix = (
+                "rt.set_epoch(loader, epoch)"
+                if record.get("api") == "rankwise"
+                else "sampler.set_epoch(epoch)"
+            )
+            return [
+                Finding(
+                    "error",
+                    f"the training loader's DistributedSampler shuffles, but set_epoch was never "
+                    f"called: its {len(loader_passes)} passes all began with the same samples "
+                    f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
+                    f"Call {fix} before each epoch's loop",
+                )
+            ]
     return []
 
 
 def _evaluation(records: list[RankRecord]) -> list[Finding]:
-    """Each evaluation pass (one that ran whole and trained nothing) counted exactly once: not more often (each rank
-    evaluating the whole set, or padding), and not less (one rank's shard taken for the whole set)."""
+    """Each evaluation pass (one that ran whole and trained nothing) counted exactly once: not more
+    often (each rank evaluating the whole set, or padding), and not less (one rank's shard taken for
+    the whole set)."""
     return [*_counted_more(records), *_counted_less(records)]
 
 
@@ -106,13 +139,19 @@ def _counted_less(records: list[RankRecord]) -> list[Finding]:
             size = p["dataset_size"]
             if size is None or p["samples"] >= size or not p["distributed_sampler"] or _combined(p):
                 continue
-            return [Finding("error", f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
-                                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was combined "
-                                     "across the ranks after it (no collective from the script before its next "
-                                     "pass): a metric computed from it describes one rank's shard, not the set. "
-                                     "Sum the counts over the ranks (dist.all_reduce of correct and total) or "
-                                     "gather the predictions before computing it; or evaluate the whole set on one "
-                                     "rank without a DistributedSampler")]
+            return [
+                Finding(
+                    "error",
+                    f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
+                    f"loader {p['loader']} (its DistributedSampler's shard) and nothing was "
+                    "combined "
+                    "across the ranks after it (no collective from the script before its next "
+                    "pass): a metric computed from it describes one rank's shard, not the set. "
+                    "Sum the counts over the ranks (dist.all_reduce of correct and total) or "
+                    "gather the predictions before computing it; or evaluate the whole set on one "
+                    "rank without a DistributedSampler",
+                )
+            ]
     return []
 
 
@@ -131,27 +170,46 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         whole = all(p["samples"] == size for p in passes) and len(records) > 1
         if not _combined(passes[0]):  # each rank's result stays its own: nothing was counted twice
             if whole:
-                return [Finding("warning", f"each of the {len(records)} ranks evaluated the whole {size}-sample set "
-                                           f"of loader {passes[0]['loader']} (nothing combined after it): the same "
-                                           f"work {len(records)} times. Shard it with a DistributedSampler and "
-                                           "combine the counts once, or evaluate on rank 0 only")]
+                return [
+                    Finding(
+                        "warning",
+                        f"each of the {len(records)} ranks evaluated the whole {size}-sample set "
+                        f"of loader {passes[0]['loader']} (nothing combined after it): the same "
+                        f"work {len(records)} times. Shard it with a DistributedSampler and "
+                        "combine the counts once, or evaluate on rank 0 only",
+                    )
+                ]
             continue
         if whole:
-            why = (f"each of the {len(records)} ranks evaluated the whole set; shard it with a DistributedSampler "
-                   "(and gather once), or evaluate on rank 0 only")
+            why = (
+                f"each of the {len(records)} ranks evaluated the whole set; shard it with a "
+                "DistributedSampler "
+                "(and gather once), or evaluate on rank 0 only"
+            )
         elif passes[0]["distributed_sampler"]:
-            why = (f"the DistributedSampler pads {seen - size} samples so {size} divides by {len(records)} ranks: "
-                   "those are counted twice. Gather the predictions with their sample indices and drop the "
-                   "repeats (accelerator.gather_for_metrics does), or evaluate on one device (Lightning's advice)")
+            why = (
+                f"the DistributedSampler pads {seen - size} samples so {size} divides by "
+                f"{len(records)} ranks: "
+                "those are counted twice. Gather the predictions with their sample indices and "
+                "drop the "
+                "repeats (accelerator.gather_for_metrics does), or evaluate on one device "
+                "(Lightning's advice)"
+            )
         else:
             why = "some samples were evaluated on more than one rank"
-        return [Finding("error", f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
-                                 f"{size}-sample set (loader {passes[0]['loader']}): {why}")]
+        return [
+            Finding(
+                "error",
+                f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
+                f"{size}-sample set (loader {passes[0]['loader']}): {why}",
+            )
+        ]
     return []
 
 
 def _combined(evaluation: PassRecord) -> bool:
-    """Whether the script combined something across the ranks after an evaluation pass (unknown: assumed so)."""
+    """Whether the script combined something across the ranks after an evaluation pass (unknown:
+    assumed so)."""
     after = evaluation.get("collectives_after")
     return after is None or after > 0
 
@@ -160,9 +218,14 @@ def _replicas(records: list[RankRecord]) -> list[Finding]:
     steps = sorted({step for r in records for step in r["replicas_differ"]})
     if not steps:
         return []
-    return [Finding("error", f"the ranks' replicas held different weights after step {steps[0]} (digests compared "
-                             "across ranks): the gradients were not averaged before the step (a model not wrapped "
-                             "in DDP, or a step taken under no_sync), or ranks started from different weights")]
+    return [
+        Finding(
+            "error",
+            f"the ranks' replicas held different weights after step {steps[0]} (digests compared "
+            "across ranks): the gradients were not averaged before the step (a model not wrapped "
+            "in DDP, or a step taken under no_sync), or ranks started from different weights",
+        )
+    ]
 
 
 def _saves(records: list[RankRecord]) -> list[Finding]:
@@ -173,50 +236,84 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
             writers[save["path"]].add(r["rank"])
     shared = [path for path, ranks in writers.items() if len(ranks) > 1]
     if shared:
-        out.append(Finding("warning", f"{len(writers[shared[0]])} ranks wrote one checkpoint file ({shared[0]}): "
-                                      "they race, and a reader may find it half-written. Save on rank 0 only "
-                                      "(if dist.get_rank() == 0), after a barrier"))
+        out.append(
+            Finding(
+                "warning",
+                f"{len(writers[shared[0]])} ranks wrote one checkpoint file ({shared[0]}): "
+                "they race, and a reader may find it half-written. Save on rank 0 only "
+                "(if dist.get_rank() == 0), after a barrier",
+            )
+        )
     prefixed = next((save for r in records for save in r["saves"] if save["module_prefix"]), None)
     if prefixed:
-        out.append(Finding("warning", f"the checkpoint saved at {prefixed['site']} has keys starting with "
-                                      "'module.' (DDP's wrapper): it loads only into a DDP-wrapped model. Save "
-                                      "model.module.state_dict() (or accelerator.unwrap_model(model))"))
+        out.append(
+            Finding(
+                "warning",
+                f"the checkpoint saved at {prefixed['site']} has keys starting with "
+                "'module.' (DDP's wrapper): it loads only into a DDP-wrapped model. Save "
+                "model.module.state_dict() (or accelerator.unwrap_model(model))",
+            )
+        )
     return out
 
 
 def _every_step(record: RankRecord, sites: dict) -> list[tuple[str, dict, float]]:
-    """The call sites in ``sites`` that ran in every step (the first may be warm-up; a call seen in one step only is
-    no pattern), with their share of the step time, costliest first."""
+    """The call sites in ``sites`` that ran in every step (the first may be warm-up; a call seen in
+    one step only is no pattern), with their share of the step time, costliest first."""
     steps = record["steps"]
     if steps < 2:
         return []
     total = sum(record["step_seconds"]) or 1.0
-    return [(site, entry, entry["seconds"] / total)
-            for site, entry in sorted(sites.items(), key=lambda item: -item[1]["seconds"])
-            if entry["steps"] >= max(2, steps - 1) and entry["calls"] >= steps - 1]
+    return [
+        (site, entry, entry["seconds"] / total)
+        for site, entry in sorted(sites.items(), key=lambda item: -item[1]["seconds"])
+        if entry["steps"] >= max(2, steps - 1) and entry["calls"] >= steps - 1
+    ]
 
 
 def _sync_points(records: list[RankRecord]) -> list[Finding]:
     record, out = records[0], []
     steps = record["steps"]
     for site, entry, share in _every_step(record, record["collectives"]):
-        head = f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of the step time on " \
-               "rank 0: every rank waits for the slowest there"
+        head = (
+            f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of "
+            "the step time on "
+            "rank 0: every rank waits for the slowest there"
+        )
         if "(via " in site:  # the framework's own, made from the script's call
-            out.append(Finding("warning", f"{head}. The framework makes this call itself each step (such as a "
-                                          "count gathered to normalise the loss); its settings may avoid it"))
+            out.append(
+                Finding(
+                    "warning",
+                    f"{head}. The framework makes this call itself each step (such as a "
+                    "count gathered to normalise the loss); its settings may avoid it",
+                )
+            )
         else:
-            out.append(Finding("warning", f"{head}. A barrier is not needed between steps (DDP and FSDP already "
-                                          "synchronise the gradients); a value reduced only for logging can be "
-                                          "reduced every N steps; a count the loss needs (its tokens over the "
-                                          "ranks) is worth its cost"))
+            out.append(
+                Finding(
+                    "warning",
+                    f"{head}. A barrier is not needed between steps (DDP and FSDP already "
+                    "synchronise the gradients); a value reduced only for logging can be "
+                    "reduced every N steps; a count the loss needs (its tokens over the "
+                    "ranks) is worth its cost",
+                )
+            )
     on_gpu = record.get("device") == "cuda"
     for site, entry, share in _every_step(record, record.get("reads", {})):
-        cost = f"{share:.1%} of the step time on rank 0" if on_gpu else \
-            f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a GPU each call waits for " \
+        cost = (
+            f"{share:.1%} of the step time on rank 0"
+            if on_gpu
+            else f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a "
+            "GPU each call waits for "
             "the device"
-        out.append(Finding("warning", f"{site} runs every step ({entry['calls']} calls in {steps} steps), {cost}: "
-                                      "the CPU cannot queue the next step's work until the device has finished "
-                                      "this one's. Read the value every N steps, or add it up on the device "
-                                      "(total += loss.detach()) and read it once"))
+        )
+        out.append(
+            Finding(
+                "warning",
+                f"{site} runs every step ({entry['calls']} calls in {steps} steps), {cost}: "
+                "the CPU cannot queue the next step's work until the device has finished "
+                "this one's. Read the value every N steps, or add it up on the device "
+                "(total += loss.detach()) and read it once",
+            )
+        )
     return out

@@ -1,10 +1,12 @@
-"""A watched benchmark's FLOP/s and MFU: torch's FLOP counter over the script's first optimizer step (a warm-up
-step, outside the timed window), the matrix-product peak measured on every rank after the window.
+"""A watched benchmark's FLOP/s and MFU: torch's FLOP counter over the script's first optimizer step
+(a warm-up step, outside the timed window), the matrix-product peak measured on every rank after the
+window.
 
-The count is the script's own forward and backward passes as they ran (``FlopCounterMode``: matrix products,
-convolutions, attention), per sample of that step; a row's TFLOP/s is that times its samples/s.  A model whose
-shapes change from step to step (text padded to each batch's longest) is counted at its first batch's shapes,
-and the report says so.  A compiled model is not counted: the counter does not see inside compiled graphs.
+The count is the script's own forward and backward passes as they ran (``FlopCounterMode``: matrix
+products, convolutions, attention), per sample of that step; a row's TFLOP/s is that times its
+samples/s.  A model whose shapes change from step to step (text padded to each batch's longest) is
+counted at its first batch's shapes, and the report says so.  A compiled model is not counted: the
+counter does not see inside compiled graphs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ class StepFlops:
     def __init__(self):
         self.mode = None
         self.flops: int | None = None
-        """This rank's FLOPs in the counted step; ``None`` until counted (or where they could not be)."""
+        """This rank's FLOPs in the counted step; ``None`` until counted (or where they could not
+        be)."""
         self.dtype = torch.float32
         """The dtype the counted step's matrix products ran at (autocast's, or the parameters')."""
         self.skipped = ""
@@ -32,7 +35,9 @@ class StepFlops:
         if self.mode is not None or self.flops is not None or self.skipped:
             return
         if hasattr(model.forward, "_torchdynamo_orig_callable") or hasattr(model, "_orig_mod"):
-            self.skipped = "compiled model: torch's FLOP counter does not see inside compiled graphs"
+            self.skipped = (
+                "compiled model: torch's FLOP counter does not see inside compiled graphs"
+            )
             return
         from torch.utils.flop_counter import FlopCounterMode
 
@@ -40,7 +45,8 @@ class StepFlops:
             if torch.is_autocast_enabled(device_type):
                 self.dtype = torch.get_autocast_dtype(device_type)
         except (TypeError, RuntimeError, AttributeError):
-            pass  # an older torch without the per-device autocast queries: the parameters' dtype below
+            # an older torch without the per-device autocast queries: the parameters' dtype below
+            pass
         half = {p.dtype for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)}
         if self.dtype == torch.float32 and half:
             self.dtype = half.pop()
@@ -55,12 +61,14 @@ class StepFlops:
         try:
             mode.__exit__(None, None, None)
             self.flops = int(mode.get_total_flops())
-        except Exception as e:  # the count is a bonus: a script the counter cannot follow still runs and is timed
+        # the count is a bonus: a script the counter cannot follow still runs and is timed
+        except Exception as e:
             self.skipped = f"not counted ({type(e).__name__}: {e})"
             warnings.warn(f"rankwise: FLOPs not counted ({type(e).__name__}: {e})", stacklevel=2)
 
     def peak(self, device: torch.device) -> float | None:
-        """This rank's measured matrix-product peak at the counted dtype (call on every rank at once)."""
+        """This rank's measured matrix-product peak at the counted dtype (call on every rank at
+        once)."""
         if not self.flops:
             return None
         try:
@@ -69,16 +77,25 @@ class StepFlops:
             return None  # no memory left for the product: no MFU, the row keeps its throughput
 
 
-def utilisation(flops: list[int | None], samples: list[int], peaks: list[float | None], device: torch.device,
-                dtype: torch.dtype, copies: int = 1) -> dict:
-    """``flops_per_sample`` (all ranks' FLOPs of the counted step over its global batch), the ranks' summed
-    measured peak and datasheet peak (known GPUs), for the bench to turn samples/s into TFLOP/s and MFU.
-    ``copies``: the ranks each value stands for (a script that left its group before the end: rank 0's alone)."""
+def utilisation(
+    flops: list[int | None],
+    samples: list[int],
+    peaks: list[float | None],
+    device: torch.device,
+    dtype: torch.dtype,
+    copies: int = 1,
+) -> dict:
+    """``flops_per_sample`` (all ranks' FLOPs of the counted step over its global batch), the ranks'
+    summed measured peak and datasheet peak (known GPUs), for the bench to turn samples/s into
+    TFLOP/s and MFU. ``copies``: the ranks each value stands for (a script that left its group
+    before the end: rank 0's alone)."""
     counted = [f for f in flops if f is not None]
     if len(counted) < len(flops) or not sum(samples) or not sum(counted):
         return {"flops_per_sample": None, "peak_flops_per_s": None, "datasheet_flops_per_s": None}
     sheet = datasheet_peak(device, dtype)
     known = [peak for peak in peaks if peak]
-    return {"flops_per_sample": round(sum(counted) / sum(samples)),
-            "peak_flops_per_s": sum(known) * copies if len(known) == len(peaks) else None,
-            "datasheet_flops_per_s": sheet * len(flops) * copies if sheet else None}
+    return {
+        "flops_per_sample": round(sum(counted) / sum(samples)),
+        "peak_flops_per_s": sum(known) * copies if len(known) == len(peaks) else None,
+        "datasheet_flops_per_s": sheet * len(flops) * copies if sheet else None,
+    }

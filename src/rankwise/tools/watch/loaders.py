@@ -1,14 +1,16 @@
-"""The watcher's view of the data: every DataLoader pass, each batch's samples and dataset indices, set_epoch calls.
+"""The watcher's view of the data: every DataLoader pass, each batch's samples and dataset indices,
+set_epoch calls.
 
-After ``rankwise verify``'s compared window the N-rank run goes on through the rest of the script; to get there in
-bounded time each training pass is cut short (:meth:`LoaderWatch.shorten`): a pass that trained yields at most a
-few more batches, then ends as if its data had run out, so the script walks through every epoch, its evaluation
-and its saves.  A pass that never trained (evaluation) runs whole.
+After ``rankwise verify``'s compared window the N-rank run goes on through the rest of the script;
+to get there in bounded time each training pass is cut short (:meth:`LoaderWatch.shorten`): a pass
+that trained yields at most a few more batches, then ends as if its data had run out, so the script
+walks through every epoch, its evaluation and its saves.  A pass that never trained (evaluation)
+runs whole.
 
-In the reference run (``scale`` > 1: one process standing in for N ranks) each training DataLoader the script
-builds takes N times its batch, and, batch by batch, the dataset indices the N ranks took together in the
-same step (from their records): so its step t trains on exactly the N ranks' step-t samples, whatever
-order the framework's sampler would have drawn at world size 1.
+In the reference run (``scale`` > 1: one process standing in for N ranks) each training DataLoader
+the script builds takes N times its batch, and, batch by batch, the dataset indices the N ranks took
+together in the same step (from their records): so its step t trains on exactly the N ranks' step-t
+samples, whatever order the framework's sampler would have drawn at world size 1.
 """
 
 from __future__ import annotations
@@ -36,38 +38,68 @@ class _Pass:
     def __init__(self, loader: DataLoader, number: int, length: int | None):
         sampler = getattr(loader, "sampler", None)
         batch_sampler = getattr(loader, "batch_sampler", None)
-        inner = getattr(batch_sampler, "sampler", None) if not isinstance(sampler, DistributedSampler) else sampler
-        distributed = next((s for s in (sampler, inner, getattr(batch_sampler, "batch_sampler", None))
-                            if isinstance(s, DistributedSampler)), None)
+        inner = (
+            getattr(batch_sampler, "sampler", None)
+            if not isinstance(sampler, DistributedSampler)
+            else sampler
+        )
+        distributed = next(
+            (
+                s
+                for s in (sampler, inner, getattr(batch_sampler, "batch_sampler", None))
+                if isinstance(s, DistributedSampler)
+            ),
+            None,
+        )
         try:
             size = dataset_size(loader.dataset)
         except TypeError:
             size = None
-        self.record: PassRecord = {"loader": number, "dataset_size": size, "batch_size": loader.batch_size,
-                       "sampler": _sampler_name(sampler, batch_sampler),
-                       "distributed_sampler": distributed is not None,
-                       "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
-                       "epoch": getattr(distributed, "epoch", None) if distributed else None,
-                       "samples": 0, "trained": 0, "first": [], "complete": False, "site": None,
-                       "cut_after": None, "batches": length, "dataset": _described(loader.dataset),
-                       "collectives_at_start": (0, 0), "collectives_after": None, "deduplicated_after": None,
-                       "sample_indices": []}
+        self.record: PassRecord = {
+            "loader": number,
+            "dataset_size": size,
+            "batch_size": loader.batch_size,
+            "sampler": _sampler_name(sampler, batch_sampler),
+            "distributed_sampler": distributed is not None,
+            "shuffle": bool(getattr(distributed, "shuffle", False)) if distributed else None,
+            "epoch": getattr(distributed, "epoch", None) if distributed else None,
+            "samples": 0,
+            "trained": 0,
+            "first": [],
+            "complete": False,
+            "site": None,
+            "cut_after": None,
+            "batches": length,
+            "dataset": _described(loader.dataset),
+            "collectives_at_start": (0, 0),
+            "collectives_after": None,
+            "deduplicated_after": None,
+            "sample_indices": [],
+        }
         self.pending: deque[tuple[list[str], int | None]] = deque()
         """Batches yielded that no backward consumed yet: their digests and tokens."""
         self.last_yield = 0
         self.done = False
         """The pass ended (a framework may have read past its last batch before training on it)."""
         self.fetching: deque[list[int] | None] = deque()
-        """The dataset indices of the batches the loader's iterator asked for and has not yielded yet."""
+        """The dataset indices of the batches the loader's iterator asked for and has not yielded
+        yet."""
         self.indices: list[list[int] | None] = []
-        """Each yielded batch's dataset indices (map-style datasets), for the reference to take the same."""
+        """Each yielded batch's dataset indices (map-style datasets), for the reference to take the
+        same."""
         self.cut_from = 0
         """Batches the pass had trained on when the cutting began (0: it began after)."""
 
 
 class LoaderWatch:
-    def __init__(self, *, scale: int = 1, follow: Path | None = None, on_batch: Callable[[], None] = lambda: None,
-                 digest_all: bool = True):
+    def __init__(
+        self,
+        *,
+        scale: int = 1,
+        follow: Path | None = None,
+        on_batch: Callable[[], None] = lambda: None,
+        digest_all: bool = True,
+    ):
         self.scale, self.on_batch, self.digest_all = scale, on_batch, digest_all
         self.loaders: dict[int, int] = {}
         self.passes: list[_Pass] = []
@@ -75,7 +107,8 @@ class LoaderWatch:
         self.sites: dict[int, str] = {}
         """id(loader) -> the line that built it (the script's, not a framework's re-creation)."""
         self.scaled: dict[int, int] = {}
-        """id(dataset) -> the batch size the reference gave its loader (a framework re-creating it keeps it)."""
+        """id(dataset) -> the batch size the reference gave its loader (a framework re-creating it
+        keeps it)."""
         self.unscaled: list[str] = []
         self.set_epoch_calls = 0
         self.pass_counts: dict[int, int] = {}
@@ -83,9 +116,11 @@ class LoaderWatch:
         self._iterating: tuple[int, int] | None = None
         self._early: dict[tuple[int, int], deque] = {}
         self.given = trained_indices(follow) if follow is not None else {}
-        """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained on together."""
+        """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained
+        on together."""
         self.keep: int | None = None
-        """After the compared window: the batches a training pass yields before it is cut (``None``: as written)."""
+        """After the compared window: the batches a training pass yields before it is cut (``None``:
+        as written)."""
         self.training: set[int] = set()
         """The loaders a backward consumed a batch of."""
         self.consumed_batches = 0
@@ -93,8 +128,8 @@ class LoaderWatch:
         self._length = DataLoader.__len__
         """A loader's own length (a cut training loader's is ``keep``: what it will yield)."""
         self.collectives: Callable[[], tuple[int, int]] = lambda: (0, 0)
-        """The data-carrying collectives and ``gather_for_metrics`` calls so far (each pass notes them at its start:
-        was an evaluation combined after it, were its repeats dropped?)."""
+        """The data-carrying collectives and ``gather_for_metrics`` calls so far (each pass notes
+        them at its start: was an evaluation combined after it, were its repeats dropped?)."""
 
     def install(self) -> None:
         patch(DataLoader, "__init__", self._loader_init)
@@ -104,10 +139,12 @@ class LoaderWatch:
         patch(DistributedSampler, "set_epoch", self._set_epoch)
 
     def consume(self) -> tuple[list[str], int | None] | None:
-        """The batch a backward consumed: the oldest one the loader being iterated yielded and no backward took (a
-        framework may have fetched the next one already, or read past the pass's end)."""
-        feeding = [p for p in self.active.values() if p.pending and not p.done] or \
-            [p for p in self.active.values() if p.pending]
+        """The batch a backward consumed: the oldest one the loader being iterated yielded and no
+        backward took (a framework may have fetched the next one already, or read past the pass's
+        end)."""
+        feeding = [p for p in self.active.values() if p.pending and not p.done] or [
+            p for p in self.active.values() if p.pending
+        ]
         if not feeding:
             return None
         current = max(feeding, key=lambda p: p.last_yield)
@@ -119,19 +156,23 @@ class LoaderWatch:
         return digests, tokens
 
     def shorten(self, keep: int) -> None:
-        """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every rank calls this
-        at the same step, and counts from the batches it trained on (not those a loader fetched ahead), so every rank
-        cuts at the same batch and no collective is left unmatched."""
+        """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every
+        rank calls this at the same step, and counts from the batches it trained on (not those a
+        loader fetched ahead), so every rank cuts at the same batch and no collective is left
+        unmatched."""
         self.keep = keep
         for current in self.active.values():
             current.cut_from = current.record.get("trained_batches", 0)
 
     def records(self) -> list[PassRecord]:
-        passes: list[PassRecord] = [p.record | {"indices": p.indices[:p.record.get("trained_batches", 0)]}
-                                    for p in self.passes]
+        passes: list[PassRecord] = [
+            p.record | {"indices": p.indices[: p.record.get("trained_batches", 0)]}
+            for p in self.passes
+        ]
         for at, this in enumerate(passes):
-            # What the script combined from this pass's start to the next training pass (or the end).
-            after = next((p for p in passes[at + 1:] if p["trained"]), None)
+            # What the script combined from this pass's start to the next training pass (or the
+            # end).
+            after = next((p for p in passes[at + 1 :] if p["trained"]), None)
             end = after["collectives_at_start"] if after else self.collectives()
             this["collectives_after"] = end[0] - this["collectives_at_start"][0]
             this["deduplicated_after"] = end[1] - this["collectives_at_start"][1]
@@ -149,14 +190,24 @@ class LoaderWatch:
             arguments = bound.arguments
             dataset = arguments.get("dataset")
             batch_size = arguments.get("batch_size", 1)
-            if watcher.scale > 1 and arguments.get("batch_sampler") is None and isinstance(batch_size, int):
-                if watcher.scaled.get(id(dataset)) != batch_size:  # a framework re-creating a scaled loader keeps it
+            if (
+                watcher.scale > 1
+                and arguments.get("batch_sampler") is None
+                and isinstance(batch_size, int)
+            ):
+                # a framework re-creating a scaled loader keeps it
+                if watcher.scaled.get(id(dataset)) != batch_size:
                     arguments["batch_size"] = batch_size * watcher.scale
                     watcher.scaled[id(dataset)] = batch_size * watcher.scale
-            elif watcher.scale > 1 and arguments.get("batch_sampler") is not None and id(dataset) not in watcher.scaled:
+            elif (
+                watcher.scale > 1
+                and arguments.get("batch_sampler") is not None
+                and id(dataset) not in watcher.scaled
+            ):
                 if site != "?":  # built by the script, not re-created by a framework
                     watcher.unscaled.append(f"{site}: a DataLoader with its own batch_sampler")
             return original(*bound.args, **bound.kwargs)
+
         return init
 
     def _loader_iter(self, original):
@@ -170,7 +221,8 @@ class LoaderWatch:
             current.record["site"] = watcher.sites.get(id(loader))
             for ended in [n for n, p in watcher.active.items() if p.done]:
                 del watcher.active[ended]  # what an ended pass left untrained stays so
-            watcher._iterating = key  # a loader with workers asks for its first batches while it starts
+            # a loader with workers asks for its first batches while it starts
+            watcher._iterating = key
             try:
                 batches = original(loader)
             finally:
@@ -178,6 +230,7 @@ class LoaderWatch:
             if isinstance(batches, _BaseDataLoaderIter):
                 batches._rankwise_pass = (key, current)
             return watcher._batches(current, key, batches)
+
         return iterate
 
     def _loader_len(self, original):
@@ -186,9 +239,11 @@ class LoaderWatch:
         def length(loader):
             batches = original(loader)
             if watcher.keep is not None and watcher.loaders.get(id(loader)) in watcher.training:
-                # A framework that reads an epoch's length (Lightning: whether this batch is the last) sees the cut.
+                # A framework that reads an epoch's length (Lightning: whether this batch is the
+                # last) sees the cut.
                 return min(batches, watcher.keep)
             return batches
+
         return length
 
     def _next_index(self, original):
@@ -206,11 +261,15 @@ class LoaderWatch:
                 indices = original(iterator)
             iterator._rankwise_position = position + 1
             if current is not None:
-                current.fetching.append(list(indices) if isinstance(indices, (list, tuple)) else None)
+                current.fetching.append(
+                    list(indices) if isinstance(indices, (list, tuple)) else None
+                )
             else:
                 watcher._early.setdefault(key, deque()).append(
-                    list(indices) if isinstance(indices, (list, tuple)) else None)
+                    list(indices) if isinstance(indices, (list, tuple)) else None
+                )
             return indices
+
         return next_index
 
     def _batches(self, current: _Pass, key: tuple[int, int], batches):
@@ -223,7 +282,8 @@ class LoaderWatch:
         try:
             while True:
                 if self._cut(current):
-                    # Ends the pass here, as if its data had run out: every rank stops at the same batch.
+                    # Ends the pass here, as if its data had run out: every rank stops at the same
+                    # batch.
                     current.record["cut_after"] = len(current.indices)
                     break
                 try:
@@ -232,18 +292,26 @@ class LoaderWatch:
                     current.record["complete"] = True
                     break
                 current.indices.append(current.fetching.popleft() if current.fetching else None)
-                # Every sample's digest for a trace; for a benchmark only the first few (the sharding check), the
-                # rest counted.
-                digests = sample_digests(batch) if self.digest_all or len(current.record["first"]) < 8 else \
-                    [""] * batch_rows(batch)
+                # Every sample's digest for a trace; for a benchmark only the first few (the
+                # sharding check), the rest counted.
+                digests = (
+                    sample_digests(batch)
+                    if self.digest_all or len(current.record["first"]) < 8
+                    else [""] * batch_rows(batch)
+                )
                 current.record["samples"] += len(digests)
                 if len(current.record["first"]) < 8:
                     current.record["first"] += digests[: 8 - len(current.record["first"])]
                 if len(current.record["sample_indices"]) < 8 and current.indices[-1] is not None:
-                    current.record["sample_indices"] += list(zip(current.indices[-1], digests, strict=False))[
-                        : 8 - len(current.record["sample_indices"])]
-                if current.record["batches"] is not None and len(current.indices) >= current.record["batches"]:
-                    current.record["complete"] = True  # its last batch (a framework may never ask past it)
+                    current.record["sample_indices"] += list(
+                        zip(current.indices[-1], digests, strict=False)
+                    )[: 8 - len(current.record["sample_indices"])]
+                if (
+                    current.record["batches"] is not None
+                    and len(current.indices) >= current.record["batches"]
+                ):
+                    # its last batch (a framework may never ask past it)
+                    current.record["complete"] = True
                 current.pending.append((digests, token_count(batch)))
                 self.yields += 1
                 current.last_yield = self.yields
@@ -253,10 +321,14 @@ class LoaderWatch:
             current.done = True
 
     def _cut(self, current: _Pass) -> bool:
-        """Whether a pass that trains (or a later pass of a loader that trained) has yielded its ``keep`` batches
-        since the cutting began."""
+        """Whether a pass that trains (or a later pass of a loader that trained) has yielded its
+        ``keep`` batches since the cutting began."""
         trains = current.record["trained"] > 0 or current.record["loader"] in self.training
-        return self.keep is not None and trains and len(current.indices) >= current.cut_from + self.keep
+        return (
+            self.keep is not None
+            and trains
+            and len(current.indices) >= current.cut_from + self.keep
+        )
 
     def _set_epoch(self, original):
         watcher = self
@@ -264,18 +336,24 @@ class LoaderWatch:
         def set_epoch(sampler, epoch):
             watcher.set_epoch_calls += 1
             return original(sampler, epoch)
+
         return set_epoch
 
 
 def _sampler_name(sampler, batch_sampler) -> str | None:
-    """The sampler that orders the pass: a batch sampler of a framework's own (Accelerate's ``BatchSamplerShard``)
-    orders it with the sampler inside it, not with the loader's default ``sampler`` attribute."""
+    """The sampler that orders the pass: a batch sampler of a framework's own (Accelerate's
+    ``BatchSamplerShard``) orders it with the sampler inside it, not with the loader's default
+    ``sampler`` attribute."""
     if batch_sampler is None or getattr(batch_sampler, "sampler", None) is sampler:
         return type(sampler).__name__ if sampler is not None else None
-    inner = getattr(batch_sampler, "sampler", None) or getattr(getattr(batch_sampler, "batch_sampler", None),
-                                                               "sampler", None)
-    return f"{type(inner).__name__} in {type(batch_sampler).__name__}" if inner is not None else \
-        type(batch_sampler).__name__
+    inner = getattr(batch_sampler, "sampler", None) or getattr(
+        getattr(batch_sampler, "batch_sampler", None), "sampler", None
+    )
+    return (
+        f"{type(inner).__name__} in {type(batch_sampler).__name__}"
+        if inner is not None
+        else type(batch_sampler).__name__
+    )
 
 
 def _length(length, loader: DataLoader) -> int | None:
@@ -286,7 +364,8 @@ def _length(length, loader: DataLoader) -> int | None:
 
 
 def _described(dataset) -> DatasetDescription:
-    """The dataset's class and where it is defined (the script's own class: where its data is made)."""
+    """The dataset's class and where it is defined (the script's own class: where its data is
+    made)."""
     kind = type(dataset)
     try:
         source = inspect.getsourcefile(kind)
@@ -297,9 +376,12 @@ def _described(dataset) -> DatasetDescription:
 
 
 def trained_indices(directory: Path) -> dict[tuple[int, int], list[list[int]]]:
-    """From the N-rank run's records: each training pass's batches, every rank's indices of batch i together."""
-    records = [json.loads(path.read_text(encoding="utf-8"))
-               for path in sorted(Path(directory).glob(RANK_RECORD.format(rank="*")))]
+    """From the N-rank run's records: each training pass's batches, every rank's indices of batch i
+    together."""
+    records = [
+        json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted(Path(directory).glob(RANK_RECORD.format(rank="*")))
+    ]
     records.sort(key=lambda record: record["rank"])
     given: dict[tuple[int, int], list[list[int]]] = {}
     for record in records:

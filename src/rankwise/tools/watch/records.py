@@ -1,9 +1,11 @@
-"""What a watched rank writes for the commands that read it: the facts of a traced run (``trace-facts.json``), one pass
-over a DataLoader, and the rank's record at its end (``watch-rank{rank}.json``).
+"""What a watched rank writes for the commands that read it: the facts of a traced run
+(``trace-facts.json``), one pass over a DataLoader, and the rank's record at its end
+(``watch-rank{rank}.json``).
 
-They cross a process boundary as JSON: these types say what the writer puts there and what a reader may take out
-(tuples come back as lists).  Written by :mod:`rankwise.tools.watch` (the watcher, its loader watch, ``seen``), read
-by ``verify`` (:mod:`rankwise.tools.verify`), the watch's findings and ``bench``.
+They cross a process boundary as JSON: these types say what the writer puts there and what a reader
+may take out (tuples come back as lists).  Written by :mod:`rankwise.tools.watch` (the watcher, its
+loader watch, ``seen``), read by ``verify`` (:mod:`rankwise.tools.verify`), the watch's findings and
+``bench``.
 """
 
 from __future__ import annotations
@@ -14,19 +16,22 @@ from typing_extensions import NotRequired
 
 
 class DropoutModule(TypedDict):
-    """A dropout module with p > 0 the watcher found in a model (:func:`rankwise.tools.trace.switch_off_dropout`)."""
+    """A dropout module with p > 0 the watcher found in a model
+    (:func:`rankwise.tools.trace.switch_off_dropout`)."""
 
     module: str
     """Its qualified name in the model."""
     type: str
     """Its class (``Dropout``, ...)."""
     p: float
-    """Its probability as the script built it (the watcher sets it to 0 unless asked to keep dropout)."""
+    """Its probability as the script built it (the watcher sets it to 0 unless asked to keep
+    dropout)."""
 
 
 class WatchedFacts(TypedDict):
-    """What a traced run's models and set-up hold that can make N ranks compute something else than one process:
-    ``trace-facts.json``, which ``verify`` reads to choose its tolerances and explain a difference."""
+    """What a traced run's models and set-up hold that can make N ranks compute something else than
+    one process: ``trace-facts.json``, which ``verify`` reads to choose its tolerances and explain a
+    difference."""
 
     dropout: list[DropoutModule]
     """Every dropout module with p > 0 in the models the script ran."""
@@ -35,9 +40,11 @@ class WatchedFacts(TypedDict):
     half_params: list[str]
     """The 16-bit dtypes of trainable parameters (``float16``, ``bfloat16``)."""
     batch_dependent: list[str]
-    """Layer classes that normalise over the batch (BatchNorm; InstanceNorm tracking running statistics)."""
+    """Layer classes that normalise over the batch (BatchNorm; InstanceNorm tracking running
+    statistics)."""
     precision: str
-    """The run's precision: rankwise's or DeepSpeed's setting, else ``32-true`` (the script's own autocast unseen)."""
+    """The run's precision: rankwise's or DeepSpeed's setting, else ``32-true`` (the script's own
+    autocast unseen)."""
     device: str
     """The device type of the model's parameters (``cpu``, ``cuda``)."""
     comm_hook: str
@@ -45,25 +52,30 @@ class WatchedFacts(TypedDict):
     tf32: bool
     """Whether fp32 products ran on TF32 units."""
     shards_optimizer_state: bool
-    """Whether each rank keeps only its share of the optimizer state (so replicas' weights may legitimately
-    differ between ranks)."""
+    """Whether each rank keeps only its share of the optimizer state (so replicas' weights may
+    legitimately differ between ranks)."""
     api: str
     """What the script trains with: ``torch``, ``rankwise``, ``deepspeed``, ``horovod``."""
     strategy: NotRequired[str]
     """The strategy rankwise or DeepSpeed ran (absent for a plain torch script)."""
 
 
-DatasetDescription = TypedDict("DatasetDescription", {
-    "class": str,  # the dataset's class name
-    "defined_at": "str | None",  # file:line of the class's definition (None: not found, a built-in class)
-    "module": str,  # the module that defines the class
-})
-"""A DataLoader's dataset: its class and where the class is defined (the script's own class: where its data is
-made).  Functional form, since ``class`` is a keyword."""
+DatasetDescription = TypedDict(
+    "DatasetDescription",
+    {
+        "class": str,  # the dataset's class name
+        # file:line of the class's definition (None: not found, a built-in class)
+        "defined_at": "str | None",
+        "module": str,  # the module that defines the class
+    },
+)
+"""A DataLoader's dataset: its class and where the class is defined (the script's own class: where
+its data is made).  Functional form, since ``class`` is a keyword."""
 
 
 class PassRecord(TypedDict):
-    """One pass over a DataLoader on one rank (:class:`rankwise.tools.watch.loaders.LoaderWatch`)."""
+    """One pass over a DataLoader on one rank
+    (:class:`rankwise.tools.watch.loaders.LoaderWatch`)."""
 
     loader: int
     """The loader's number on this rank, in the order the script first iterated them."""
@@ -72,7 +84,8 @@ class PassRecord(TypedDict):
     batch_size: int | None
     """The loader's batch size (None: it batches with its own batch sampler)."""
     sampler: str | None
-    """The sampler that orders the pass (``DistributedSampler``, ``SequentialSampler``, ``X in BatchSamplerShard``)."""
+    """The sampler that orders the pass (``DistributedSampler``, ``SequentialSampler``, ``X in
+    BatchSamplerShard``)."""
     distributed_sampler: bool
     """Whether a DistributedSampler orders it (directly or inside a batch sampler)."""
     shuffle: bool | None
@@ -96,7 +109,8 @@ class PassRecord(TypedDict):
     dataset: DatasetDescription
     """The dataset's class and where it is defined."""
     collectives_at_start: tuple[int, int]
-    """The data-carrying collectives and ``gather_for_metrics`` calls so far when the pass began (JSON: a list)."""
+    """The data-carrying collectives and ``gather_for_metrics`` calls so far when the pass began
+    (JSON: a list)."""
     collectives_after: int | None
     """Data-carrying collectives from its start to the next training pass (or the end)."""
     deduplicated_after: int | None
@@ -106,12 +120,13 @@ class PassRecord(TypedDict):
     trained_batches: NotRequired[int]
     """Batches of it a backward consumed (absent: none)."""
     indices: NotRequired[list[list[int] | None]]
-    """Each trained batch's dataset indices (None: not a list of indices), for a following reference."""
+    """Each trained batch's dataset indices (None: not a list of indices), for a following
+    reference."""
 
 
 class RankRecord(TypedDict):
-    """What one watched rank saw, written at its end (``watch-rank{rank}.json``, :mod:`rankwise.tools.watch.seen`)
-    for the findings that need no reference."""
+    """What one watched rank saw, written at its end (``watch-rank{rank}.json``,
+    :mod:`rankwise.tools.watch.seen`) for the findings that need no reference."""
 
     rank: int
     """The rank's global rank (0 where the script never joined a process group)."""
@@ -134,7 +149,8 @@ class RankRecord(TypedDict):
     replicas_differ: list[int]
     """Steps after which the ranks' replicas held different weights."""
     unscaled: list[str]
-    """Loaders a reference could not scale to the global batch (their own batch sampler), by site."""
+    """Loaders a reference could not scale to the global batch (their own batch sampler), by
+    site."""
     step_seconds: list[float]
     """Each optimizer step's wall time."""
     step_collective_seconds: list[float]
@@ -150,7 +166,8 @@ class RankRecord(TypedDict):
     window_steps: int
     """The step the watcher ends the script at."""
     keep_batches: int | None
-    """After the compared window: the batches a training pass yields before it is cut (None: as written)."""
+    """After the compared window: the batches a training pass yields before it is cut (None: as
+    written)."""
     ended_by: str
     """How the script ended: ``watcher``, ``script`` or ``failure``."""
     destroyed_group: bool
@@ -158,10 +175,11 @@ class RankRecord(TypedDict):
 
 
 class FindingRecord(TypedDict):
-    """A finding as a report holds it (:class:`rankwise.tools.watch.findings.Finding`, or the comparison's own):
-    something the runs showed besides the comparison."""
+    """A finding as a report holds it (:class:`rankwise.tools.watch.findings.Finding`, or the
+    comparison's own): something the runs showed besides the comparison."""
 
     level: str
-    """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or ``warning``."""
+    """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or
+    ``warning``."""
     text: str
     """What was found and what to do, in words."""

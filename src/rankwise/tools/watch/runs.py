@@ -1,4 +1,5 @@
-"""A watched script on N ranks, as its framework's launcher would start it, measured like every tool run."""
+"""A watched script on N ranks, as its framework's launcher would start it, measured like every tool
+run."""
 
 from __future__ import annotations
 
@@ -28,60 +29,131 @@ from rankwise.tools.watch.settings import (
 )
 
 
-def watched_run(script: Path, script_args: list[str], framework: Framework, processes: int, run_dir: Path, *,
-                steps: int, warmup: int = 1, trace: bool = True, follow: Path | None = None, scale: int = 1,
-                keep_dropout: bool = False, timeout_s: float = 900.0, min_window_s: float = MIN_WINDOW_S,
-                after: str = "stop", stall_s: float = 0.0, profile_steps: int = 0) -> dict:
-    """``rankwise launch --nproc-per-node PROCESSES`` (with the framework's launch flags: a script on
-    ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
+def watched_run(
+    script: Path,
+    script_args: list[str],
+    framework: Framework,
+    processes: int,
+    run_dir: Path,
+    *,
+    steps: int,
+    warmup: int = 1,
+    trace: bool = True,
+    follow: Path | None = None,
+    scale: int = 1,
+    keep_dropout: bool = False,
+    timeout_s: float = 900.0,
+    min_window_s: float = MIN_WINDOW_S,
+    after: str = "stop",
+    stall_s: float = 0.0,
+    profile_steps: int = 0,
+) -> dict:
+    """``rankwise launch --nproc-per-node PROCESSES`` (with the framework's launch flags: a script
+    on ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
     ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
-    ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps).  ``after``: what
-    the run does after its last traced step (:data:`~rankwise.tools.watch.settings.AFTER_WINDOW`).  ``stall_s``:
-    a rank that makes no progress for that long is stopped, and the error says where each rank waited (0: never).
-    ``profile_steps``: a benchmark profiles that many steps after its window, for its step-time breakdown.
+    ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps).
+    ``after``: what the run does after its last traced step
+    (:data:`~rankwise.tools.watch.settings.AFTER_WINDOW`).  ``stall_s``: a rank that makes no
+    progress for that long is stopped, and the error says where each rank waited (0: never).
+    ``profile_steps``: a benchmark profiles that many steps after its window, for its step-time
+    breakdown.
 
-    An ``mp.spawn`` script starts its own ranks: the bootstrap runs it as one ``python script.py``, its ``nprocs``
-    as it passes them (PROCESSES 1: one process, the reference), and ``spawn`` says what it passed
-    (:func:`rankwise.tools.watch.spawned.read_records`)."""
+    An ``mp.spawn`` script starts its own ranks: the bootstrap runs it as one ``python script.py``,
+    its ``nprocs`` as it passes them (PROCESSES 1: one process, the reference), and ``spawn`` says
+    what it passed (:func:`rankwise.tools.watch.spawned.read_records`)."""
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob(window.RANK_PEAKS.format(rank="*")):  # (an earlier run in the same directory)
+    # (an earlier run in the same directory)
+    for stale in run_dir.glob(window.RANK_PEAKS.format(rank="*")):
         stale.unlink()
-    env = {**framework.environment_for(processes), DIRECTORY: str(run_dir.resolve()), STEPS: str(steps),
-           WARMUP: str(warmup), TRACE: "1" if trace else "0", DROPOUT: "keep" if keep_dropout else "off",
-           SCALE: str(scale), FOLLOW: str(follow.resolve()) if follow else "", MIN_WINDOW: str(min_window_s),
-           STALL: str(stall_s), SPAWN: "", AFTER: after, PROFILE: str(profile_steps)}
+    env = {
+        **framework.environment_for(processes),
+        DIRECTORY: str(run_dir.resolve()),
+        STEPS: str(steps),
+        WARMUP: str(warmup),
+        TRACE: "1" if trace else "0",
+        DROPOUT: "keep" if keep_dropout else "off",
+        SCALE: str(scale),
+        FOLLOW: str(follow.resolve()) if follow else "",
+        MIN_WINDOW: str(min_window_s),
+        STALL: str(stall_s),
+        SPAWN: "",
+        AFTER: after,
+        PROFILE: str(profile_steps),
+    }
     bootstrap = ["-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
-    if framework.name == "horovod" and processes > 1:  # (Horovod's ranks: its launcher's, over gloo here)
-        command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(processes), "-H",
-                   f"localhost:{processes}", "--gloo", sys.executable, *bootstrap]
-        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes)))
+    # (Horovod's ranks: its launcher's, over gloo here)
+    if framework.name == "horovod" and processes > 1:
+        command = [
+            str(Path(sys.executable).with_name("horovodrun")),
+            "-np",
+            str(processes),
+            "-H",
+            f"localhost:{processes}",
+            "--gloo",
+            sys.executable,
+            *bootstrap,
+        ]
+        env.setdefault(
+            "OMP_NUM_THREADS",
+            os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes)),
+        )
     elif framework.name == "spawn":
         env[SPAWN] = spawned.ONE if processes == 1 else "as written"
         # (what `rankwise launch` would set for its workers; the script's children inherit it)
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes))
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
+            threads_per_process(processes)
+        )
         command = [sys.executable, *bootstrap]
     elif framework.name == "horovod":  # one process: Horovod runs alone, as `python script.py`
         command = [sys.executable, *bootstrap]
     else:
-        command = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", str(processes),
-                   *framework.launch_flags, *bootstrap]
-    result = run_measured(command, run_dir, env=env, timeout_s=timeout_s, cwd=scratch,
-                          result_file=run_dir / "probe.json")
+        command = [
+            sys.executable,
+            "-m",
+            "rankwise.cli",
+            "launch",
+            "--nproc-per-node",
+            str(processes),
+            *framework.launch_flags,
+            *bootstrap,
+        ]
+    result = run_measured(
+        command,
+        run_dir,
+        env=env,
+        timeout_s=timeout_s,
+        cwd=scratch,
+        result_file=run_dir / "probe.json",
+    )
     if "error" not in result:
-        result = window.read_rank_peaks(run_dir, result)  # (a script that left its group before the window's end)
+        # (a script that left its group before the window's end)
+        result = window.read_rank_peaks(run_dir, result)
     started = spawned.read_records(run_dir) if framework.name == "spawn" else None
-    if framework.name == "spawn" and started is None and ("error" not in result or result.get("no_result")):
-        return {"error": "the script never called mp.spawn (nor torch.multiprocessing.start_processes): it started "
-                         "no ranks (pass --framework torch if torchrun should start it)", "wall_s": result["wall_s"]}
+    if (
+        framework.name == "spawn"
+        and started is None
+        and ("error" not in result or result.get("no_result"))
+    ):
+        return {
+            "error": "the script never called mp.spawn (nor "
+            "torch.multiprocessing.start_processes): it started "
+            "no ranks (pass --framework torch if torchrun should start it)",
+            "wall_s": result["wall_s"],
+        }
     if started is not None:
         result["spawn"] = started
     if result.get("no_result"):
         records = load_records(run_dir)
         ran = f" after {records[0]['steps']} optimizer steps" if records else ""
-        return {"error": f"the script ended{ran}, before the {steps} asked (pass fewer steps, or script arguments "
-                         "that train longer)", "wall_s": result["wall_s"], "ended_early": True,
-                **({"spawn": started} if started else {})}
+        return {
+            "error": f"the script ended{ran}, before the {steps} asked (pass fewer steps, or "
+            "script arguments "
+            "that train longer)",
+            "wall_s": result["wall_s"],
+            "ended_early": True,
+            **({"spawn": started} if started else {}),
+        }
     if "error" in result:
         stalled = stall.describe(stall.read_dumps(run_dir), script)
         if stalled:  # where each rank waited says more than the launcher's "exit code 1"

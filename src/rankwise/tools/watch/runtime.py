@@ -1,18 +1,21 @@
-"""The watcher in a script on ``rankwise.setup()``: the Runtime's steps, and the strategy's whole state.
+"""The watcher in a script on ``rankwise.setup()``: the Runtime's steps, and the strategy's whole
+state.
 
-The watcher is one probe for every script.  In a script on ``rankwise.setup()`` it watches torch as in any
-other (its DataLoaders, backward passes, collectives, ``torch.save``) and also listens to the script's Runtime
-(:mod:`rankwise.runtime.observers`), because there torch's optimizer hooks are not the step: DeepSpeed steps an inner
-optimizer over flattened partitions, Horovod averages the gradients inside its optimizer's ``step``.  So here:
+The watcher is one probe for every script.  In a script on ``rankwise.setup()`` it watches torch as
+in any other (its DataLoaders, backward passes, collectives, ``torch.save``) and also listens to the
+script's Runtime (:mod:`rankwise.runtime.observers`), because there torch's optimizer hooks are not
+the step: DeepSpeed steps an inner optimizer over flattened partitions, Horovod averages the
+gradients inside its optimizer's ``step``.  So here:
 
-* a step is ``rt.step`` (a plain ``optimizer.step()`` the strategy allows is watched as in any script): the
-  gradients are the strategy's whole ones (``full_gradients``: gathered where they
-  are sharded, unscaled), the weights after it ``rt.state_dict`` (whole, by name, buffers included);
-* the loss is what the script gave ``rt.backward`` (a strategy may scale it before its own backward), or what
-  a plain ``loss.backward()`` ran on;
-* the model is seen as ``rt.prepare`` received it, before the strategy wraps it: dropout off, step 0's weights,
-  and a following run's start from the N-rank run's;
-* the one-process reference takes its own samples: the Runtime gives it the N ranks' global batch already.
+* a step is ``rt.step`` (a plain ``optimizer.step()`` the strategy allows is watched as in any
+  script): the gradients are the strategy's whole ones (``full_gradients``: gathered where they are
+  sharded, unscaled), the weights after it ``rt.state_dict`` (whole, by name, buffers included);
+* the loss is what the script gave ``rt.backward`` (a strategy may scale it before its own
+  backward), or what a plain ``loss.backward()`` ran on;
+* the model is seen as ``rt.prepare`` received it, before the strategy wraps it: dropout off, step
+  0's weights, and a following run's start from the N-rank run's;
+* the one-process reference takes its own samples: the Runtime gives it the N ranks' global batch
+  already.
 """
 
 from __future__ import annotations
@@ -31,12 +34,20 @@ class RuntimeSteps(observers.Observer):
     def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
         watcher = self.watcher
         watcher.runtime = rt
-        watcher.data.given = {}  # the Runtime's loaders give one process the N ranks' global batches themselves
+        # the Runtime's loaders give one process the N ranks' global batches themselves
+        watcher.data.given = {}
         watcher.model_seen(model)
-        watcher.facts.update({"api": "rankwise", "strategy": rt.strategy_name, "precision": rt.strategy.precision.name,
-                              "device": rt.device.type, "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
-                              "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
-                              "shards_optimizer_state": rt.strategy.shards_optimizer_state})
+        watcher.facts.update(
+            {
+                "api": "rankwise",
+                "strategy": rt.strategy_name,
+                "precision": rt.strategy.precision.name,
+                "device": rt.device.type,
+                "tf32": watcher.facts["tf32"] or uses_tf32(model, rt.device),
+                "comm_hook": str(getattr(rt.strategy.options, "comm_hook", "none")),
+                "shards_optimizer_state": rt.strategy.shards_optimizer_state,
+            }
+        )
 
     def backward(self, rt, loss: torch.Tensor) -> None:
         if self.watcher.settings.trace:
@@ -46,34 +57,49 @@ class RuntimeSteps(observers.Observer):
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         watcher = self.watcher
         watcher.steps.in_runtime_step = True
-        no_grad = [name for name, p in rt.strategy.unwrap(model).named_parameters()
-                   if p.requires_grad and p.grad is None]
+        no_grad = [
+            name
+            for name, p in rt.strategy.unwrap(model).named_parameters()
+            if p.requires_grad and p.grad is None
+        ]
         watcher.step_begins(optimizer, no_grad)
         if not watcher.tracing:
             return
-        applied = watcher.exchange(rt.strategy.full_gradients(model))  # a collective where gradients are sharded
+        # a collective where gradients are sharded
+        applied = watcher.exchange(rt.strategy.full_gradients(model))
         if applied is None:
             return
-        # The step applies the N-rank gradient: with the same weights and optimizer state before it, the weights
-        # after it must match whatever the N-rank optimizer did with it, to rounding.  (Both are unscaled: under a
-        # 16-bit loss scale this run's own scale goes back on, for its step to take off.)
+        # The step applies the N-rank gradient: with the same weights and optimizer state before it,
+        # the weights after it must match whatever the N-rank optimizer did with it, to rounding.
+        # (Both are unscaled: under a 16-bit loss scale this run's own scale goes back on, for its
+        # step to take off.)
         scale = rt.strategy.gradient_scale()
         for name, param in rt.strategy.unwrap(model).named_parameters():
             grad = applied.get(name)
-            param.grad = None if grad is None else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
+            param.grad = (
+                None
+                if grad is None
+                else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
+            )
         watcher.steps.record.followed = True
 
     def stepped(self, rt, model: nn.Module) -> None:
         self.watcher.steps.in_runtime_step = False
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
-            lambda: {k: v.detach().float().cpu() for k, v in rt.state_dict(model).items()},  # a collective if sharded
-            lambda theirs: rt.strategy.load_model_state_dict(model, theirs))
+            # a collective if sharded
+            lambda: {k: v.detach().float().cpu() for k, v in rt.state_dict(model).items()},
+            lambda theirs: rt.strategy.load_model_state_dict(model, theirs),
+        )
 
     def ended(self, rt) -> None:
-        """The script's loop ended before the watcher's last step, its process group still open: a benchmark past
-        its asked steps reports the window it had (every rank)."""
+        """The script's loop ended before the watcher's last step, its process group still open: a
+        benchmark past its asked steps reports the window it had (every rank)."""
         watcher = self.watcher
-        if not watcher.settings.trace and not watcher.window.reported and watcher.window.started is not None and \
-                watcher.step >= watcher.settings.steps:
+        if (
+            not watcher.settings.trace
+            and not watcher.window.reported
+            and watcher.window.started is not None
+            and watcher.step >= watcher.settings.steps
+        ):
             watcher.finish(script_ended=True)

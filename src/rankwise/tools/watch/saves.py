@@ -1,6 +1,6 @@
-"""What a script saves: every ``torch.save`` call, where it wrote, from which line, at which step, and whether the
-state it saved carries a wrapper's ``module.`` prefix (the findings read them: a save on every rank, a checkpoint
-only a wrapped model loads)."""
+"""What a script saves: every ``torch.save`` call, where it wrote, from which line, at which step,
+and whether the state it saved carries a wrapper's ``module.`` prefix (the findings read them: a
+save on every rank, a checkpoint only a wrapped model loads)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,23 @@ class SaveWatch:
 
         def save(obj, f, *args, **kwargs):
             keys = list(obj.keys()) if isinstance(obj, dict) else []
-            nested = [k for value in (obj.values() if isinstance(obj, dict) else []) if isinstance(value, dict)
-                      for k in value]
+            nested = [
+                k
+                for value in (obj.values() if isinstance(obj, dict) else [])
+                if isinstance(value, dict)
+                for k in value
+            ]
             prefixed = any(isinstance(k, str) and k.startswith("module.") for k in keys + nested)
-            watcher.saves.append({"path": str(Path(f).resolve()) if isinstance(f, (str, os.PathLike)) else repr(f),
-                                  "site": call_site(), "module_prefix": prefixed, "step": watcher.step()})
+            watcher.saves.append(
+                {
+                    "path": str(Path(f).resolve())
+                    if isinstance(f, (str, os.PathLike))
+                    else repr(f),
+                    "site": call_site(),
+                    "module_prefix": prefixed,
+                    "step": watcher.step(),
+                }
+            )
             return original(obj, f, *args, **kwargs)
+
         return save

@@ -1,6 +1,6 @@
 """What a watched rank saw, written at its end for the findings that need no reference
-(:mod:`rankwise.tools.watch.findings`): its passes over the data, the script's collectives, reads and saves, its
-steps' times, how the script ended."""
+(:mod:`rankwise.tools.watch.findings`): its passes over the data, the script's collectives, reads
+and saves, its steps' times, how the script ended."""
 
 from __future__ import annotations
 
@@ -16,17 +16,29 @@ from rankwise.tools.watch.records import RankRecord
 def of(watcher) -> RankRecord:
     """What the rank of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`) saw."""
     rank, world = watcher.calls.joined or watcher.calls.left or rank_and_world()
-    return {"rank": rank, "world_size": world, "steps": watcher.step,
-            "passes": watcher.data.records(), "set_epoch_calls": watcher.data.set_epoch_calls,
-            "collectives": watcher.calls.records(), "reads": watcher.calls.read_records(),
-            "device": watcher.facts["device"], "saves": watcher.saves.saves,
-            "replicas_differ": watcher.steps.replicas_differ, "unscaled": watcher.data.unscaled,
-            "step_seconds": [round(s, 6) for s in watcher.window.step_seconds],
-            "step_collective_seconds": [round(s, 6) for s in watcher.window.step_collective_seconds],
-            "scale": watcher.settings.scale, "dropout": watcher.facts["dropout"],
-            "framework_world_size": framework_world_size(), "api": watcher.facts["api"],
-            "window_steps": watcher.window.end, "keep_batches": watcher.data.keep,
-            "ended_by": watcher.ended_by, "destroyed_group": watcher.calls.destroyed_group}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "steps": watcher.step,
+        "passes": watcher.data.records(),
+        "set_epoch_calls": watcher.data.set_epoch_calls,
+        "collectives": watcher.calls.records(),
+        "reads": watcher.calls.read_records(),
+        "device": watcher.facts["device"],
+        "saves": watcher.saves.saves,
+        "replicas_differ": watcher.steps.replicas_differ,
+        "unscaled": watcher.data.unscaled,
+        "step_seconds": [round(s, 6) for s in watcher.window.step_seconds],
+        "step_collective_seconds": [round(s, 6) for s in watcher.window.step_collective_seconds],
+        "scale": watcher.settings.scale,
+        "dropout": watcher.facts["dropout"],
+        "framework_world_size": framework_world_size(),
+        "api": watcher.facts["api"],
+        "window_steps": watcher.window.end,
+        "keep_batches": watcher.data.keep,
+        "ended_by": watcher.ended_by,
+        "destroyed_group": watcher.calls.destroyed_group,
+    }
 
 
 def write(watcher) -> None:

@@ -1,9 +1,9 @@
-"""One optimizer step at a time: the step's record (its samples, losses, random draws, learning rates, gradient
-difference), the replicas' weights compared across ranks, and the step count.
+"""One optimizer step at a time: the step's record (its samples, losses, random draws, learning
+rates, gradient difference), the replicas' weights compared across ranks, and the step count.
 
-What a step is comes from elsewhere: torch's optimizer hooks (:mod:`rankwise.tools.watch.watcher`), a Runtime's
-``rt.step`` (:mod:`rankwise.tools.watch.runtime`), a framework's own step (``deepspeed_engine``,
-``horovod_optimizer``).
+What a step is comes from elsewhere: torch's optimizer hooks (:mod:`rankwise.tools.watch.watcher`),
+a Runtime's ``rt.step`` (:mod:`rankwise.tools.watch.runtime`), a framework's own step
+(``deepspeed_engine``, ``horovod_optimizer``).
 """
 
 from __future__ import annotations
@@ -26,17 +26,20 @@ class StepWatch:
         self.replicas_differ: list[int] = []
         """The steps after which the ranks' replicated weights differed."""
         self.in_runtime_step = False
-        """Inside a step another part reports (``rt.step``, a framework's): torch's hooks see its inner optimizer."""
+        """Inside a step another part reports (``rt.step``, a framework's): torch's hooks see its
+        inner optimizer."""
         self.runtime_loss = False
-        """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy may scale it)."""
+        """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy
+        may scale it)."""
         self._random: RandomOps | None = None
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
 
-    # -- forward, backward -------------------------------------------------------------------------------------
+    # -- forward, backward -------------------------------------------------------------------------
 
     def forward_begins(self) -> bool:
-        """A module's forward begins: whether it is the outermost one (a model's, not a submodule's)."""
+        """A module's forward begins: whether it is the outermost one (a model's, not a
+        submodule's)."""
         self._depth += 1
         return self._depth == 1
 
@@ -45,20 +48,25 @@ class StepWatch:
         return self._depth == 0
 
     def find_random_ops(self, module: nn.Module) -> None:
-        """Locate the random operations this model's first training forward calls (a following run)."""
+        """Locate the random operations this model's first training forward calls (a following
+        run)."""
         if self._random is not None or hasattr(module.forward, "_torchdynamo_orig_callable"):
             return
         self._random = RandomOps(module)
         self._random.__enter__()
-        # (its module hooks start after this module's own pre-hooks ran: the model itself goes on by hand)
+        # (its module hooks start after this module's own pre-hooks ran: the model itself goes on by
+        # hand)
         self._random.stack.append(self._random.names.get(id(module), ""))
 
     def batch_yielded(self) -> None:
-        self._state = generator_state()  # did the forward draw random numbers? (compared at its backward)
+        # did the forward draw random numbers? (compared at its backward)
+        self._state = generator_state()
 
-    def backward(self, loss: torch.Tensor, consumed: tuple[list[str], int | None] | None, tracing: bool) -> None:
-        """A backward on ``loss``, of the batch it ``consumed`` (its digests and tokens); ``tracing``: its loss read
-        back (a device sync) and its random draws."""
+    def backward(
+        self, loss: torch.Tensor, consumed: tuple[list[str], int | None] | None, tracing: bool
+    ) -> None:
+        """A backward on ``loss``, of the batch it ``consumed`` (its digests and tokens);
+        ``tracing``: its loss read back (a device sync) and its random draws."""
         if consumed:
             digests, tokens = consumed
             self.record.samples += digests
@@ -71,35 +79,46 @@ class StepWatch:
             for key, count in self._random.found.items():
                 self.record.random_ops[key] = self.record.random_ops.get(key, 0) + count
             self._random = None
-        if loss.numel() == 1 and not self.runtime_loss:  # (rt.backward reported the loss the script gave it)
+        # (rt.backward reported the loss the script gave it)
+        if loss.numel() == 1 and not self.runtime_loss:
             self.record.losses.append(float(loss.detach().float()))
         self.runtime_loss = False
         if self._state is not None:
-            self.record.random_draws += any(not torch.equal(a, b) for a, b in zip(self._state, generator_state(),
-                                                                            strict=True))
+            self.record.random_draws += any(
+                not torch.equal(a, b) for a, b in zip(self._state, generator_state(), strict=True)
+            )
             self._state = None
 
-    # -- the optimizer step ------------------------------------------------------------------------------------
+    # -- the optimizer step ------------------------------------------------------------------------
 
     def begins(self, optimizer, no_grad: list[str]) -> None:
-        """Between the step's last backward and its optimizer step: ``no_grad``, the trainable parameters without a
-        gradient (kept in a one-process run)."""
+        """Between the step's last backward and its optimizer step: ``no_grad``, the trainable
+        parameters without a gradient (kept in a one-process run)."""
         self.record.learning_rates = learning_rates(optimizer)
         if rank_and_world()[1] == 1:
             self.record.no_grad = no_grad
 
     def compared(self, parameters: list[torch.Tensor], compare: bool, sharded: bool) -> list[dict]:
-        """After the step: every rank's record where ``compare`` (a collective), with its replica's digest, else this
-        rank's; where the replicas' digests differ (and the optimizer state is not ``sharded``), noted."""
+        """After the step: every rank's record where ``compare`` (a collective), with its replica's
+        digest, else this rank's; where the replicas' digests differ (and the optimizer state is not
+        ``sharded``), noted."""
         local = hashlib.blake2b(digest_size=8)
         if compare:  # (each costs a copy of the weights to the CPU)
             for parameter in parameters:
                 if not hasattr(parameter, "full_tensor"):
-                    local.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-                                 .tobytes())
+                    local.update(
+                        parameter.detach()
+                        .cpu()
+                        .contiguous()
+                        .reshape(-1)
+                        .view(torch.uint8)
+                        .numpy()
+                        .tobytes()
+                    )
         record = self.record.as_dict() | {"weights_digest": local.hexdigest()}
-        # Why: rank 0 writes what every rank saw in this step, and every rank's replica digest (a benchmark compares
-        # the replicas after its first step only, and gathers nothing else until its last).
+        # Why: rank 0 writes what every rank saw in this step, and every rank's replica digest (a
+        # benchmark compares the replicas after its first step only, and gathers nothing else until
+        # its last).
         records = gather(record) if compare else [record]
         if len({r["weights_digest"] for r in records}) > 1 and not sharded:
             self.replicas_differ.append(self.step)

@@ -1,34 +1,37 @@
-"""Hooks on torch itself that record what a training script does, rank by rank, without touching the script.
+"""Hooks on torch itself that record what a training script does, rank by rank, without touching the
+script.
 
 What it watches, and how:
 
 * every optimizer step: torch's global optimizer step hooks.  Before the step, the gradient every
   parameter holds (what the ranks' exchange left there, gathered whole where parameters are
-  DTensors); after it, the weights.  Parameters are named from the models the script ran forward.
-  In a script on ``rankwise.setup()`` the Runtime's steps instead, with its strategy's whole gradients and
-  weights (:mod:`rankwise.tools.watch.runtime`).
+  DTensors); after it, the weights.  Parameters are named from the models the script ran forward. In
+  a script on ``rankwise.setup()`` the Runtime's steps instead, with its strategy's whole gradients
+  and weights (:mod:`rankwise.tools.watch.runtime`).
 * every batch a ``DataLoader`` yields (:mod:`rankwise.tools.watch.loaders`): one digest per sample,
   assigned to the optimizer step whose backward consumed it.
 * every ``backward`` (the loss value) and whether the forward moved the random generator.
 * the collectives the script calls itself (:mod:`rankwise.tools.watch.calls`) and ``torch.save``
   (:mod:`rankwise.tools.watch.saves`).
 
-Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep them.
-A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep
+Dropout modules are switched off (p=0) the first time a model runs forward, unless asked to keep
+them. A ``follow`` directory makes a one-process reference follow the N-rank run in lockstep
 (:mod:`rankwise.tools.watch.lockstep`), on the N ranks' samples (``scale``: N).
 
-Each concern is a part with its own state: the models and their facts (:mod:`~rankwise.tools.watch.models`), the
-data (:mod:`~rankwise.tools.watch.loaders`), the step and its gradients (:mod:`~rankwise.tools.watch.steps`), the
-script's collectives and sync points (:mod:`~rankwise.tools.watch.calls`), its saves
-(:mod:`~rankwise.tools.watch.saves`), the trace written and followed (:mod:`~rankwise.tools.watch.lockstep`) and the
-timed window (:mod:`~rankwise.tools.watch.window`); the watcher installs the hooks and tells each part what happened.
-Its settings come parsed (:class:`~rankwise.tools.watch.settings.WatchSettings`); every attribute of torch (or of a
-framework) it replaces is recorded in :mod:`rankwise.compat`.
+Each concern is a part with its own state: the models and their facts
+(:mod:`~rankwise.tools.watch.models`), the data (:mod:`~rankwise.tools.watch.loaders`), the step and
+its gradients (:mod:`~rankwise.tools.watch.steps`), the script's collectives and sync points
+(:mod:`~rankwise.tools.watch.calls`), its saves (:mod:`~rankwise.tools.watch.saves`), the trace
+written and followed (:mod:`~rankwise.tools.watch.lockstep`) and the timed window
+(:mod:`~rankwise.tools.watch.window`); the watcher installs the hooks and tells each part what
+happened. Its settings come parsed (:class:`~rankwise.tools.watch.settings.WatchSettings`); every
+attribute of torch (or of a framework) it replaces is recorded in :mod:`rankwise.compat`.
 
-After its last traced step (``steps``) the watcher ends the script (``after="stop"``: a reference, a benchmark), or
-lets it go on through the rest of its work untraced: its later epochs, evaluation, saves and shutdown, which the
-findings that need no reference read.  ``after="shorten"`` cuts every later training pass to two optimizer steps'
-batches (:meth:`~rankwise.tools.watch.loaders.LoaderWatch.shorten`) so the rest takes bounded time;
+After its last traced step (``steps``) the watcher ends the script (``after="stop"``: a reference, a
+benchmark), or lets it go on through the rest of its work untraced: its later epochs, evaluation,
+saves and shutdown, which the findings that need no reference read.  ``after="shorten"`` cuts every
+later training pass to two optimizer steps' batches
+(:meth:`~rankwise.tools.watch.loaders.LoaderWatch.shorten`) so the rest takes bounded time;
 ``after="as-written"`` runs it as the script wrote it.
 """
 
@@ -54,8 +57,9 @@ from rankwise.tools.watch.steps import StepWatch
 from rankwise.tools.watch.window import Window, report
 
 STEPS_KEPT = 2
-"""Optimizer steps' worth of batches each training pass keeps after the window (``after="shorten"``): two, so a
-pass still steps more than once (a defect of the step after an epoch's first shows)."""
+"""Optimizer steps' worth of batches each training pass keeps after the window
+(``after="shorten"``): two, so a pass still steps more than once (a defect of the step after an
+epoch's first shows)."""
 
 
 REPLICAS_EVERY = 5
@@ -63,19 +67,24 @@ REPLICAS_EVERY = 5
 
 
 class WatchDone(observers.Finished):
-    """The watcher recorded its last step: the script ends here, successfully, on every rank (a Runtime, where the
-    script has one, closes as at the end of its loop)."""
+    """The watcher recorded its last step: the script ends here, successfully, on every rank (a
+    Runtime, where the script has one, closes as at the end of its loop)."""
 
 
 class Watcher:
     def __init__(self, settings: WatchSettings):
         self.settings = settings
         self.facts = new_facts(settings.keep_dropout)
-        """What the run is (``facts.json``): the models', and what the Runtime or the framework's adapter says."""
+        """What the run is (``facts.json``): the models', and what the Runtime or the framework's
+        adapter says."""
         self.models = ModelWatch(self.facts, settings.keep_dropout)
         self.steps = StepWatch()
-        self.data = LoaderWatch(scale=settings.scale, follow=settings.follow, on_batch=self._batch_yielded,
-                                digest_all=settings.trace)
+        self.data = LoaderWatch(
+            scale=settings.scale,
+            follow=settings.follow,
+            on_batch=self._batch_yielded,
+            digest_all=settings.trace,
+        )
         self.calls = CallWatch(lambda: self.steps.step)
         self.data.collectives = lambda: (self.calls.calls, self.calls.deduplicated)
         self.saves = SaveWatch(lambda: self.steps.step)
@@ -84,13 +93,15 @@ class Watcher:
         self.window_over = False
         """The traced window is over and the script goes on (``after`` is not "stop")."""
         self.on_shorten: list[Callable[[], None]] = []
-        """Called when the later training passes are cut (a framework that counts an epoch's batches adapts)."""
+        """Called when the later training passes are cut (a framework that counts an epoch's batches
+        adapts)."""
         self.ended_by = "watcher"
-        """How the script ended: ``"watcher"`` (at its last traced step), ``"script"`` (its ``__main__`` returned) or
-        ``"failure"`` (it raised)."""
+        """How the script ended: ``"watcher"`` (at its last traced step), ``"script"`` (its
+        ``__main__`` returned) or ``"failure"`` (it raised)."""
         self.runtime = None
-        """The script's Runtime, where it runs on ``rankwise.setup()`` (:mod:`rankwise.tools.watch.runtime`): its
-        steps, and the strategy's whole gradients and weights, instead of torch's optimizer hooks."""
+        """The script's Runtime, where it runs on ``rankwise.setup()``
+        (:mod:`rankwise.tools.watch.runtime`): its steps, and the strategy's whole gradients and
+        weights, instead of torch's optimizer hooks."""
 
     @property
     def step(self) -> int:
@@ -98,10 +109,11 @@ class Watcher:
 
     @property
     def tracing(self) -> bool:
-        """Whether this step is traced: weights, gradients and lockstep (a trace, within its window)."""
+        """Whether this step is traced: weights, gradients and lockstep (a trace, within its
+        window)."""
         return self.settings.trace and not self.window_over
 
-    # -- installation ------------------------------------------------------------------------------------------
+    # -- installation ------------------------------------------------------------------------------
 
     def install(self) -> None:
         optimizers.register_optimizer_step_pre_hook(self._before_step)
@@ -115,7 +127,9 @@ class Watcher:
         profile = self.window.profile
         if profile is not None:
             self.calls.region = lambda site: profile.mark(f"sync {site}")
-        from rankwise.tools.watch.runtime import RuntimeSteps  # (it drives this watcher: imported here, not at the top)
+        # (it drives this watcher: imported here, not at the top)
+        from rankwise.tools.watch.runtime import RuntimeSteps
+
         observers.register(RuntimeSteps(self))
 
     def _batch_yielded(self) -> None:
@@ -123,7 +137,7 @@ class Watcher:
         if self.settings.trace:
             self.steps.batch_yielded()
 
-    # -- forward, backward -------------------------------------------------------------------------------------
+    # -- forward, backward -------------------------------------------------------------------------
 
     def _forward(self, module: nn.Module, args) -> None:
         if not self.steps.forward_begins():
@@ -142,8 +156,8 @@ class Watcher:
             self.window.end_of("forward")
 
     def model_seen(self, model: nn.Module) -> None:
-        """A model's first forward (before it runs): dropout off, its facts, its parameters' names; the first
-        model's step-0 weights."""
+        """A model's first forward (before it runs): dropout off, its facts, its parameters' names;
+        the first model's step-0 weights."""
         self.calls.patch_frameworks()  # (the script has imported its framework by now)
         first = not self.models.refs
         named = self.models.seen(model)
@@ -158,6 +172,7 @@ class Watcher:
             profile = watcher.window.profile
             with profile.mark("backward") if profile is not None else contextlib.nullcontext():
                 return original(tensor, *args, **kwargs)
+
         return backward
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
@@ -165,28 +180,33 @@ class Watcher:
         # (a benchmark, or after verify's window: no loss read back, a device sync)
         self.steps.backward(loss, self.data.consume(), self.tracing)
 
-    # -- optimizer steps ---------------------------------------------------------------------------------------
+    # -- optimizer steps ---------------------------------------------------------------------------
 
     @staticmethod
     def _is_wrapper(optimizer) -> bool:
-        """A framework's optimizer around a torch one (whose own step the hooks see), or one whose framework's
-        adapter watches its step itself (Horovod's: :mod:`rankwise.tools.watch.horovod_optimizer`)."""
+        """A framework's optimizer around a torch one (whose own step the hooks see), or one whose
+        framework's adapter watches its step itself (Horovod's:
+        :mod:`rankwise.tools.watch.horovod_optimizer`)."""
         return isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) or (
-            getattr(optimizer, "_rankwise_steps_itself", False) and not getattr(optimizer, "_rankwise_watch_now", 0))
+            getattr(optimizer, "_rankwise_steps_itself", False)
+            and not getattr(optimizer, "_rankwise_watch_now", 0)
+        )
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
             return
         named = self.models.parameters(optimizer)
-        self.step_begins(optimizer, [name for name, p in named if p.requires_grad and p.grad is None])
+        self.step_begins(
+            optimizer, [name for name, p in named if p.requires_grad and p.grad is None]
+        )
         if not self.tracing:
             return
         # Why: where parameters are sharded DTensors, each rank's part of the whole gradient.
         applied = self.exchange({name: whole(p.grad) for name, p in named if p.grad is not None})
         if applied is None:
             return
-        # This one process steps with the N-rank gradient, from the N-rank weights: the weights after the step
-        # must match what the N-rank optimizer did with it (rounding aside).
+        # This one process steps with the N-rank gradient, from the N-rank weights: the weights
+        # after the step must match what the N-rank optimizer did with it (rounding aside).
         for name, parameter in named:
             if name in applied:
                 if parameter.grad is None:
@@ -195,15 +215,16 @@ class Watcher:
         self.steps.record.followed = True
 
     def step_begins(self, optimizer, no_grad: list[str]) -> None:
-        """Between a step's last backward and its optimizer step: ``no_grad``, the trainable parameters without a
-        gradient (kept in a one-process run)."""
+        """Between a step's last backward and its optimizer step: ``no_grad``, the trainable
+        parameters without a gradient (kept in a one-process run)."""
         if not self.step:
             self.window.flops.stop()
         self.window.begin("optimizer")
         self.steps.begins(optimizer, no_grad)
 
     def exchange(self, gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        """Lockstep's gradient of the step under way (:meth:`~rankwise.tools.watch.lockstep.Lockstep.exchange`)."""
+        """Lockstep's gradient of the step under way
+        (:meth:`~rankwise.tools.watch.lockstep.Lockstep.exchange`)."""
         return self.lockstep.exchange(self.step + 1, gradients, self.steps.record)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
@@ -211,23 +232,37 @@ class Watcher:
             return
         named = self.models.parameters(optimizer)
         # (a collective for sharded parameters)
-        self.step_ends([p for _, p in named], lambda: {name: whole(p) for name, p in named},
-                       lambda theirs: take(named, theirs))
+        self.step_ends(
+            [p for _, p in named],
+            lambda: {name: whole(p) for name, p in named},
+            lambda theirs: take(named, theirs),
+        )
 
-    def step_ends(self, parameters: list[torch.Tensor], weights: Callable[[], dict[str, torch.Tensor]],
-                  follow: Callable[[dict[str, torch.Tensor]], None]) -> None:
-        """After an optimizer step (every rank): the step's record, the replicas compared, the weights written (a
-        trace), lockstep's weights taken, and at the last step the report.  ``weights()``: the whole weights by name
-        (every rank calls it); ``follow(theirs)``: start the next step from the N-rank run's weights."""
+    def step_ends(
+        self,
+        parameters: list[torch.Tensor],
+        weights: Callable[[], dict[str, torch.Tensor]],
+        follow: Callable[[dict[str, torch.Tensor]], None],
+    ) -> None:
+        """After an optimizer step (every rank): the step's record, the replicas compared, the
+        weights written (a trace), lockstep's weights taken, and at the last step the report.
+        ``weights()``: the whole weights by name (every rank calls it); ``follow(theirs)``: start
+        the next step from the N-rank run's weights."""
         stall.progress()
         steps, settings = self.steps, self.settings
         steps.step += 1
         if rank_and_world()[1] > 1:
             self.calls.joined = rank_and_world()
-        now = self.window.stepped(steps.step, len(steps.record.samples), self.calls.take_collective_seconds())
-        # The replicas' weights, compared across ranks: every traced step, a benchmark's first, every
-        # REPLICAS_EVERY-th after verify's window.
-        compare = self.tracing or steps.step == 1 or (self.window_over and steps.step % REPLICAS_EVERY == 0)
+        now = self.window.stepped(
+            steps.step, len(steps.record.samples), self.calls.take_collective_seconds()
+        )
+        # The replicas' weights, compared across ranks: every traced step, a benchmark's first,
+        # every REPLICAS_EVERY-th after verify's window.
+        compare = (
+            self.tracing
+            or steps.step == 1
+            or (self.window_over and steps.step % REPLICAS_EVERY == 0)
+        )
         records = steps.compared(parameters, compare, self.facts["shards_optimizer_state"])
         if self.tracing:
             whole_weights = weights()
@@ -246,21 +281,26 @@ class Watcher:
         self.finish()
         if settings.trace and settings.after != "stop":
             self.window_over = True  # the script goes on, untraced, through the rest of its work
-            self.data.digest_all = False  # (the findings read each pass's first samples and its counts)
+            # (the findings read each pass's first samples and its counts)
+            self.data.digest_all = False
             if settings.after == "shorten":
-                self.data.shorten(STEPS_KEPT * max(1, round(self.data.consumed_batches / steps.step)))
+                self.data.shorten(
+                    STEPS_KEPT * max(1, round(self.data.consumed_batches / steps.step))
+                )
                 for adapt in self.on_shorten:
                     adapt()
             return
         raise WatchDone()
 
     def finish(self, script_ended: bool = False) -> None:
-        """Report the timed window (every rank; rank 0 writes ``probe.json``).  ``script_ended``: the script's loop
-        ended after the steps asked, before the window's end: the window it had."""
+        """Report the timed window (every rank; rank 0 writes ``probe.json``).  ``script_ended``:
+        the script's loop ended after the steps asked, before the window's end: the window it
+        had."""
         report(self, script_ended)
 
-    # -- what the script does around the steps -----------------------------------------------------------------
+    # -- what the script does around the steps -----------------------------------------------------
 
     def write_rank_record(self) -> None:
-        """What this rank saw, for the findings that need no reference (:func:`rankwise.tools.watch.seen.of`)."""
+        """What this rank saw, for the findings that need no reference
+        (:func:`rankwise.tools.watch.seen.of`)."""
         seen.write(self)

@@ -1,9 +1,11 @@
-"""The timed window a watched run reports (``rankwise bench --script``): ``probe.json``, written by rank 0.
+"""The timed window a watched run reports (``rankwise bench --script``): ``probe.json``, written by
+rank 0.
 
-:class:`Window` times every step; a benchmark's window starts after its warm-up steps (and the steps it profiles
-for its step-time breakdown, :class:`~rankwise.measure.breakdown.StepProfile`) and ends once it lasted ``min_window_s``.
-:func:`report`: samples per second over the window, every rank's peak memory, and the first step's FLOPs
-against the matrix-product peak every rank measures at the end (:mod:`rankwise.tools.watch.flops`).
+:class:`Window` times every step; a benchmark's window starts after its warm-up steps (and the steps
+it profiles for its step-time breakdown, :class:`~rankwise.measure.breakdown.StepProfile`) and ends
+once it lasted ``min_window_s``. :func:`report`: samples per second over the window, every rank's
+peak memory, and the first step's FLOPs against the matrix-product peak every rank measures at the
+end (:mod:`rankwise.tools.watch.flops`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from rankwise.tools.watch.ranks import gather, rank_and_world
 from rankwise.tools.watch.settings import WatchSettings
 
 RANK_PEAKS = "window-peaks-rank{rank}.json"
-"""A rank's peak memory, written by every rank where the script left its group before the window's end."""
+"""A rank's peak memory, written by every rank where the script left its group before the window's
+end."""
 
 
 class Window:
@@ -32,18 +35,25 @@ class Window:
         steps, warmup = settings.steps, settings.warmup
         self.min_window_s = settings.min_window_s
         self.flops = StepFlops()
-        """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside the window)."""
+        """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside
+        the window)."""
         self.flops_samples = 0
-        profile_steps = max(0, min(settings.profile_steps, steps - warmup - 2))  # (fewer in a short run)
-        self.profile = StepProfile(profile_steps) if profile_steps > 0 and not settings.trace else None
-        """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled, on top of the steps
-        asked, then its timed window (which the profiler's cost stays out of)."""
+        # (fewer in a short run)
+        profile_steps = max(0, min(settings.profile_steps, steps - warmup - 2))
+        self.profile = (
+            StepProfile(profile_steps) if profile_steps > 0 and not settings.trace else None
+        )
+        """A benchmark's step-time breakdown: ``profile_steps`` steps after its warm-up, profiled,
+        on top of the steps asked, then its timed window (which the profiler's cost stays out
+        of)."""
         self.warmup = warmup + (profile_steps if self.profile is not None else 0)
         """The steps before the timed window: the warm-up, then the profiled ones."""
         if self.profile is not None:
             self.profile.after = warmup
-        self.end = max(steps, warmup + 1) + (self.profile.steps if self.profile else 0)  # (profiled: extra steps)
-        """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the window was short."""
+        # (profiled: extra steps)
+        self.end = max(steps, warmup + 1) + (self.profile.steps if self.profile else 0)
+        """The step the watcher ends the script at: ``steps``, then (a benchmark) later if the
+        window was short."""
         self.started: float | None = None
         self.timed_samples = 0
         self.step_started = time.perf_counter()
@@ -53,7 +63,8 @@ class Window:
         self.reported = False
 
     def begin(self, part: str) -> None:
-        """A part of the step begins (``forward``, ``optimizer``): profiled where a benchmark profiles it."""
+        """A part of the step begins (``forward``, ``optimizer``): profiled where a benchmark
+        profiles it."""
         if self.profile is not None:
             self.profile.begin(part)
 
@@ -62,7 +73,8 @@ class Window:
             self.profile.end(part)
 
     def stepped(self, step: int, samples: int, collective_seconds: float) -> float:
-        """After optimizer step ``step`` (every rank) of ``samples`` samples: its time, and the window's; now."""
+        """After optimizer step ``step`` (every rank) of ``samples`` samples: its time, and the
+        window's; now."""
         if self.profile is not None:
             self.profile.end("optimizer")
             self.profile.step_done()
@@ -73,7 +85,8 @@ class Window:
         if step == 1:
             self.flops_samples = samples
         if self.profile is not None and step == self.profile.after:
-            # Why a barrier: it aligns the ranks' clocks for the arrival times, every rank at this same step.
+            # Why a barrier: it aligns the ranks' clocks for the arrival times, every rank at this
+            # same step.
             self.profile.start(lambda: gather(None))
         if step == self.warmup:
             self.started, self.timed_samples = now, 0
@@ -82,24 +95,31 @@ class Window:
         return now
 
     def goes_on(self, step: int, now: float) -> bool:
-        """At its end step, whether a benchmark's window goes on: the end moves on, at the pace measured so far,
-        until the window lasted ``min_window_s`` or reached its most steps (the pace changes under load)."""
+        """At its end step, whether a benchmark's window goes on: the end moves on, at the pace
+        measured so far, until the window lasted ``min_window_s`` or reached its most steps (the
+        pace changes under load)."""
         if self.started is None or step <= self.warmup:
             return False
-        # Why: every rank must stop at the same step, so rank 0's clock decides how long the window runs.
+        # Why: every rank must stop at the same step, so rank 0's clock decides how long the window
+        # runs.
         self.end = gather(window_end(step, self.warmup, now - self.started, self.min_window_s))[0]
         return step < self.end
 
 
 def read_rank_peaks(directory, result: dict) -> dict:
     """``result`` (probe.json's) with every rank's peak memory where each rank left its own file."""
-    files = sorted(Path(directory).glob(RANK_PEAKS.format(rank="*")),
-                   key=lambda path: int(path.stem.rsplit("rank", 1)[1]))
+    files = sorted(
+        Path(directory).glob(RANK_PEAKS.format(rank="*")),
+        key=lambda path: int(path.stem.rsplit("rank", 1)[1]),
+    )
     if len(files) <= 1:
         return result
     peaks = [json.loads(path.read_text(encoding="utf-8")) for path in files]
-    return {**result, "peak_rss_mb": [peak["peak_rss_mb"] for peak in peaks],
-            "cuda_max_allocated_mb": [peak["cuda_max_allocated_mb"] for peak in peaks]}
+    return {
+        **result,
+        "peak_rss_mb": [peak["peak_rss_mb"] for peak in peaks],
+        "cuda_max_allocated_mb": [peak["cuda_max_allocated_mb"] for peak in peaks],
+    }
 
 
 def _load_average() -> float | None:
@@ -110,60 +130,94 @@ def _load_average() -> float | None:
 
 
 def report(watcher, script_ended: bool) -> None:
-    """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank (collectives)."""
+    """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank
+    (collectives)."""
     rank, world = rank_and_world()
     window = watcher.window
     window.reported = True
     seconds = time.perf_counter() - window.started if window.started else None
     timed_samples, timed = window.timed_samples, watcher.step - window.warmup
-    cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and \
-        torch.cuda.is_initialized() else None
+    cuda = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else None
+    )
     # Why: rank 0 reports every rank's peak memory and the samples every rank trained on.
     gathered = gather((peak_rss_megabytes(), timed_samples, cuda))
-    # Why: every rank measures its matrix-product peak at once (sharing the machine as in training), after the
-    # gather above has brought them to the same point.
-    device = torch.device("cuda", torch.cuda.current_device()) if watcher.facts["device"] == "cuda" else \
-        torch.device(watcher.facts["device"])
+    # Why: every rank measures its matrix-product peak at once (sharing the machine as in training),
+    # after the gather above has brought them to the same point.
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if watcher.facts["device"] == "cuda"
+        else torch.device(watcher.facts["device"])
+    )
     counted = gather((window.flops.flops, window.flops_samples, window.flops.peak(device)))
     # Why: rank 0 combines every rank's profiled steps (arrival times against the last rank's).
     profiled = gather(window.profile.records()) if window.profile is not None else None
     launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
     if world == 1 < launched:  # the script left its process group already: the ranks trained alike
         world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
-        # (no gather without a group: each rank leaves its own peak memory for the tool to read back)
-        write_text_atomic(watcher.settings.directory / RANK_PEAKS.format(rank=os.environ.get("RANK", "0")), json.dumps(
-            {"peak_rss_mb": gathered[0][0], "cuda_max_allocated_mb": gathered[0][2]}))
+        # (no gather without a group: each rank leaves its own peak memory for the tool to read
+        # back)
+        write_text_atomic(
+            watcher.settings.directory / RANK_PEAKS.format(rank=os.environ.get("RANK", "0")),
+            json.dumps({"peak_rss_mb": gathered[0][0], "cuda_max_allocated_mb": gathered[0][2]}),
+        )
     if rank == 0:
         samples = sum(count for _, count, _ in gathered) * ranks
         flops, peaks = [f for f, _, _ in counted], [p for _, _, p in counted]
         samples_by_rank = [s for _, s, _ in counted]
-        write_text_atomic(watcher.settings.directory / "probe.json", json.dumps({
-            "strategy": watcher.facts.get("strategy", "script"), "world_size": world, "device": watcher.facts["device"],
-            "steps": watcher.step,
-            "warmup_steps": window.warmup, "timed_steps": timed, "script_ended": script_ended,
-            "samples_per_step": samples / timed if timed else None,
-            "samples_counted_by": counted_by if samples else None,
-            "steady_s": round(seconds, 4) if seconds else None,
-            "steady_samples_per_s": round(samples / seconds, 2) if samples and seconds else None,
-            "precision": watcher.facts["precision"] if watcher.runtime else "as written",
-            "peak_rss_mb": [rss for rss, _, _ in gathered],
-            "cuda_max_allocated_mb": [c for _, _, c in gathered],
-            **utilisation(flops, samples_by_rank, peaks, device, window.flops.dtype, ranks),
-            "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
-            "load_average": _load_average(),  # (what else the machine ran: a disturbed row's evidence)
-            "breakdown": _breakdown(watcher, profiled, seconds / timed if seconds and timed else None),
-            "flops_counted": "first step" if window.flops.flops else window.flops.skipped or None, "model": {
-                "batch_dependent": watcher.facts["batch_dependent"],
-                "dropout": sorted({d["type"] for d in watcher.facts["dropout"]})}}, indent=2))
+        write_text_atomic(
+            watcher.settings.directory / "probe.json",
+            json.dumps(
+                {
+                    "strategy": watcher.facts.get("strategy", "script"),
+                    "world_size": world,
+                    "device": watcher.facts["device"],
+                    "steps": watcher.step,
+                    "warmup_steps": window.warmup,
+                    "timed_steps": timed,
+                    "script_ended": script_ended,
+                    "samples_per_step": samples / timed if timed else None,
+                    "samples_counted_by": counted_by if samples else None,
+                    "steady_s": round(seconds, 4) if seconds else None,
+                    "steady_samples_per_s": round(samples / seconds, 2)
+                    if samples and seconds
+                    else None,
+                    "precision": watcher.facts["precision"] if watcher.runtime else "as written",
+                    "peak_rss_mb": [rss for rss, _, _ in gathered],
+                    "cuda_max_allocated_mb": [c for _, _, c in gathered],
+                    **utilisation(flops, samples_by_rank, peaks, device, window.flops.dtype, ranks),
+                    "peak_flops_per_s_by_rank": [peak for _, _, peak in counted],
+                    # (what else the machine ran: a disturbed row's evidence)
+                    "load_average": _load_average(),
+                    "breakdown": _breakdown(
+                        watcher, profiled, seconds / timed if seconds and timed else None
+                    ),
+                    "flops_counted": "first step"
+                    if window.flops.flops
+                    else window.flops.skipped or None,
+                    "model": {
+                        "batch_dependent": watcher.facts["batch_dependent"],
+                        "dropout": sorted({d["type"] for d in watcher.facts["dropout"]}),
+                    },
+                },
+                indent=2,
+            ),
+        )
 
 
 def _breakdown(watcher, profiled: list[list[dict]] | None, step_s: float | None) -> dict | None:
-    """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps profiled before the
-    window."""
+    """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps
+    profiled before the window."""
     ranks = combine(profiled) if profiled else []
     if not ranks:
         return None
     first = watcher.window.profile.after + 1
-    return {"steps": [first, first + ranks[0]["steps"] - 1], "ranks": ranks,
-            "window_step_ms": round(step_s * 1e3, 3) if step_s else None, "device": watcher.facts["device"],
-            "facts": model_facts(watcher.models.live())}
+    return {
+        "steps": [first, first + ranks[0]["steps"] - 1],
+        "ranks": ranks,
+        "window_step_ms": round(step_s * 1e3, 3) if step_s else None,
+        "device": watcher.facts["device"],
+        "facts": model_facts(watcher.models.live()),
+    }

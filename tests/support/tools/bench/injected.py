@@ -1,6 +1,7 @@
-"""A plain torchrun DDP classifier with causes of a slow step injected on purpose, for the bench's breakdown tests:
-a data loader that sleeps on one rank, a forward that sleeps on one rank, a barrier and a ``.item()`` every step,
-tiny DDP buckets.  Without flags: a clean script."""
+"""A plain torchrun DDP classifier with causes of a slow step injected on purpose, for the bench's
+breakdown tests: a data loader that sleeps on one rank, a forward that sleeps on one rank, a barrier
+and a ``.item()`` every step, tiny DDP buckets.  Without flags: a clean script."""
+
 import argparse
 import time
 
@@ -28,7 +29,9 @@ torch.manual_seed(0)
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(args.layers)])
+        self.layers = nn.Sequential(
+            *[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(args.layers)]
+        )
         self.head = nn.Linear(128, 10)
 
     def forward(self, x):

@@ -9,8 +9,8 @@ import torch.distributed as torch_dist
 
 @contextlib.contextmanager
 def replaced(name: str | None, make):
-    """``torch.distributed.<name>`` replaced by ``make(original)`` inside the block (nothing when ``name`` is None).
-    Pooled ranks serve later tests, so torch is left as it was."""
+    """``torch.distributed.<name>`` replaced by ``make(original)`` inside the block (nothing when
+    ``name`` is None). Pooled ranks serve later tests, so torch is left as it was."""
     if not name:
         yield
         return
@@ -23,7 +23,9 @@ def replaced(name: str | None, make):
 
 
 def corrupting(rank: int, index: int):
-    """A ``make`` for :func:`replaced`: the call's float tensor comes back off by one at ``index`` on ``rank``."""
+    """A ``make`` for :func:`replaced`: the call's float tensor comes back off by one at ``index``
+    on ``rank``."""
+
     def make(original):
         def corrupted(tensor, *args, **kwargs):
             done = original(tensor, *args, **kwargs)

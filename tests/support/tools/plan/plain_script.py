@@ -1,5 +1,5 @@
-"""A plain single-device torch training script (no rankwise), for rankwise plan's capture: an MLP on random data,
-its loss computed outside the model, a loss value read on every step."""
+"""A plain single-device torch training script (no rankwise), for rankwise plan's capture: an MLP on
+random data, its loss computed outside the model, a loss value read on every step."""
 
 import argparse
 
@@ -11,13 +11,18 @@ from torch.utils.data import DataLoader, TensorDataset
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=int, default=24)
-    parser.add_argument("--never-train", action="store_true", help="evaluate only: nothing for the plan to capture")
+    parser.add_argument(
+        "--never-train", action="store_true", help="evaluate only: nothing for the plan to capture"
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    data = DataLoader(TensorDataset(torch.randn(96, 32), torch.randint(0, 4, (96,))), batch_size=args.batch_size,
-                      shuffle=True)
+    data = DataLoader(
+        TensorDataset(torch.randn(96, 32), torch.randint(0, 4, (96,))),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
     if args.never_train:
         with torch.no_grad():
             for x, _ in data:

@@ -1,7 +1,8 @@
 """Accelerate's quick-tour loop, as its documentation writes it, on a small classifier.
 
-``--batch-norm`` puts a BatchNorm layer in the model (statistics over each rank's share of the batch).
-``--scheduler`` adds a linear warm-up schedule stepped after the optimizer, as the quick tour does.
+``--batch-norm`` puts a BatchNorm layer in the model (statistics over each rank's share of the
+batch). ``--scheduler`` adds a linear warm-up schedule stepped after the optimizer, as the quick
+tour does.
 """
 
 import argparse
@@ -22,7 +23,9 @@ set_seed(0)
 accelerator = Accelerator()
 features = torch.randn(96, 16, generator=torch.Generator().manual_seed(1))
 targets = (features[:, 0] > 0).long()
-training_dataloader = DataLoader(TensorDataset(features[:64], targets[:64]), batch_size=8, shuffle=True)
+training_dataloader = DataLoader(
+    TensorDataset(features[:64], targets[:64]), batch_size=8, shuffle=True
+)
 eval_dataloader = DataLoader(TensorDataset(features[64:], targets[64:]), batch_size=8)
 
 layers = [nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 2)]
@@ -34,7 +37,8 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (
 loss_function = nn.CrossEntropyLoss()
 
 model, optimizer, training_dataloader, eval_dataloader, scheduler = accelerator.prepare(
-    model, optimizer, training_dataloader, eval_dataloader, scheduler)
+    model, optimizer, training_dataloader, eval_dataloader, scheduler
+)
 
 for epoch in range(args.epochs):
     model.train()
@@ -55,5 +59,7 @@ for epoch in range(args.epochs):
         predictions, references = accelerator.gather_for_metrics((predictions, labels))
         correct += int((predictions == references).sum())
         total += len(references)
-    accelerator.print(f"epoch {epoch}: accuracy {correct / total:.3f} over {total} samples "
-                      f"(world size {accelerator.num_processes})")
+    accelerator.print(
+        f"epoch {epoch}: accuracy {correct / total:.3f} over {total} samples "
+        f"(world size {accelerator.num_processes})"
+    )

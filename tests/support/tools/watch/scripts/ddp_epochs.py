@@ -1,11 +1,13 @@
-"""A text classifier in hand-written DDP, in the source documents' style, over several epochs (torchrun starts it).
+"""A text classifier in hand-written DDP, in the source documents' style, over several epochs
+(torchrun starts it).
 
-Its mistakes (``--defective``) show only after the first epoch and after training: no ``sampler.set_epoch``, every
-rank evaluating the whole test set after each epoch and gathering the predictions (each counted twice at 2 ranks),
-every rank saving the DDP wrapper's ``state_dict()`` (``module.`` keys) to one file at the end.  The fixed form
-shards evaluation and gathers it once, calls ``set_epoch`` and saves ``model.module`` on rank 0.  Library defaults:
-AdamW's own settings, dropout 0.1 as a module; a barrier and a logged loss all-reduce every step, as the documents
-do (the defective form reads the logged loss back every step).
+Its mistakes (``--defective``) show only after the first epoch and after training: no
+``sampler.set_epoch``, every rank evaluating the whole test set after each epoch and gathering the
+predictions (each counted twice at 2 ranks), every rank saving the DDP wrapper's ``state_dict()``
+(``module.`` keys) to one file at the end.  The fixed form shards evaluation and gathers it once,
+calls ``set_epoch`` and saves ``model.module`` on rank 0.  Library defaults: AdamW's own settings,
+dropout 0.1 as a module; a barrier and a logged loss all-reduce every step, as the documents do (the
+defective form reads the logged loss back every step).
 """
 
 import argparse
@@ -29,10 +31,17 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 
 vocab, length, classes = 300, 16, 6
-texts = torch.randint(1, vocab, (args.train_samples, length), generator=torch.Generator().manual_seed(1))
+texts = torch.randint(
+    1, vocab, (args.train_samples, length), generator=torch.Generator().manual_seed(1)
+)
 labels = texts[:, 0] % classes
-test_texts = torch.randint(1, vocab, (args.test_samples, length), generator=torch.Generator().manual_seed(2))
-train_set, test_set = TensorDataset(texts, labels), TensorDataset(test_texts, test_texts[:, 0] % classes)
+test_texts = torch.randint(
+    1, vocab, (args.test_samples, length), generator=torch.Generator().manual_seed(2)
+)
+train_set, test_set = (
+    TensorDataset(texts, labels),
+    TensorDataset(test_texts, test_texts[:, 0] % classes),
+)
 
 
 class Classifier(nn.Module):

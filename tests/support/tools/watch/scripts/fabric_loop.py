@@ -1,6 +1,7 @@
 """Lightning Fabric's own training loop (`fabric run` starts it), on a small classifier.
 
-``--batch-norm`` puts a BatchNorm layer in the model (statistics over each rank's share of the batch).
+``--batch-norm`` puts a BatchNorm layer in the model (statistics over each rank's share of the
+batch).
 """
 
 import argparse
@@ -26,7 +27,9 @@ if args.batch_norm:
 model = nn.Sequential(*layers)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, optimizer = fabric.setup(model, optimizer)
-dataloader = fabric.setup_dataloaders(DataLoader(TensorDataset(features, targets), batch_size=8, shuffle=True))
+dataloader = fabric.setup_dataloaders(
+    DataLoader(TensorDataset(features, targets), batch_size=8, shuffle=True)
+)
 
 model.train()
 for epoch in range(2):

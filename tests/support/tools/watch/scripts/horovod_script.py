@@ -1,6 +1,8 @@
-"""A Horovod script in the source documents' pattern, unchanged by rankwise: hvd.init, a DistributedSampler over
-hvd.size() replicas, broadcast_parameters and broadcast_optimizer_state, DistributedOptimizer; ``--as-documented``
-adds what the documents do: fp16 compression and the learning rate scaled by hvd.size()."""
+"""A Horovod script in the source documents' pattern, unchanged by rankwise: hvd.init, a
+DistributedSampler over hvd.size() replicas, broadcast_parameters and broadcast_optimizer_state,
+DistributedOptimizer; ``--as-documented`` adds what the documents do: fp16 compression and the
+learning rate scaled by hvd.size()."""
+
 import argparse
 
 import horovod.torch as hvd
@@ -25,7 +27,9 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 compression = hvd.Compression.fp16 if args.as_documented else hvd.Compression.none
-optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
+optimizer = hvd.DistributedOptimizer(
+    optimizer, named_parameters=model.named_parameters(), compression=compression
+)
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
     for features, labels in loader:

@@ -1,9 +1,11 @@
-"""A stock PyTorch Lightning script: a ``LightningModule`` trained by ``Trainer(strategy="ddp")``, validated every
-epoch with ``self.log(..., sync_dist=True)``; started with torchrun as Lightning's documentation starts it.
+"""A stock PyTorch Lightning script: a ``LightningModule`` trained by ``Trainer(strategy="ddp")``,
+validated every epoch with ``self.log(..., sync_dist=True)``; started with torchrun as Lightning's
+documentation starts it.
 
-Its validation set has 251 samples: at 2 ranks the ``DistributedSampler`` Lightning adds pads it to 252, so one
-sample is counted twice.  ``--even`` sizes the set for the ranks (256); Lightning's own advice is to validate on
-one device.  Library defaults: AdamW's own settings, dropout 0.1 as a module, Lightning's Trainer defaults.
+Its validation set has 251 samples: at 2 ranks the ``DistributedSampler`` Lightning adds pads it to
+252, so one sample is counted twice.  ``--even`` sizes the set for the ranks (256); Lightning's own
+advice is to validate on one device.  Library defaults: AdamW's own settings, dropout 0.1 as a
+module, Lightning's Trainer defaults.
 """
 
 import argparse
@@ -47,6 +49,14 @@ class Classifier(L.LightningModule):
 L.seed_everything(0)
 train = DataLoader(dataset(256, 1), batch_size=8, shuffle=True)
 val = DataLoader(dataset(256 if args.even else 251, 2), batch_size=32)
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = L.Trainer(
+    accelerator="cpu",
+    devices=2,
+    strategy="ddp",
+    max_epochs=args.epochs,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(Classifier(), train, val)

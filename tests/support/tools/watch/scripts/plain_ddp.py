@@ -1,9 +1,10 @@
-"""A text classifier trained with hand-written DDP, in the source documents' style (torchrun starts it).
+"""A text classifier trained with hand-written DDP, in the source documents' style (torchrun starts
+it).
 
-``--defective`` makes the mistakes such scripts make: no ``set_epoch``, every rank evaluating the whole
-test set and gathering the predictions, a barrier and a loss all-reduce every step, every rank saving
-``model.state_dict()`` (DDP's ``module.`` keys) to one path.  Library defaults throughout: AdamW's own
-settings, dropout 0.1 as a module.
+``--defective`` makes the mistakes such scripts make: no ``set_epoch``, every rank evaluating the
+whole test set and gathering the predictions, a barrier and a loss all-reduce every step, every rank
+saving ``model.state_dict()`` (DDP's ``module.`` keys) to one path.  Library defaults throughout:
+AdamW's own settings, dropout 0.1 as a module.
 """
 
 import argparse
@@ -18,7 +19,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--defective", action="store_true")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=8, help="per rank")
-parser.add_argument("--batch-sampler", action="store_true", help="batch with a BatchSampler of the script's own")
+parser.add_argument(
+    "--batch-sampler", action="store_true", help="batch with a BatchSampler of the script's own"
+)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -29,7 +32,10 @@ vocab, length, classes = 200, 12, 3
 texts = torch.randint(1, vocab, (64, length), generator=torch.Generator().manual_seed(1))
 labels = texts[:, 0] % classes
 test_texts = torch.randint(1, vocab, (40, length), generator=torch.Generator().manual_seed(2))
-train_set, test_set = TensorDataset(texts, labels), TensorDataset(test_texts, test_texts[:, 0] % classes)
+train_set, test_set = (
+    TensorDataset(texts, labels),
+    TensorDataset(test_texts, test_texts[:, 0] % classes),
+)
 
 
 class Classifier(nn.Module):
@@ -47,7 +53,9 @@ model = DDP(Classifier())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 sampler = DistributedSampler(train_set, shuffle=True, seed=0)
 if args.batch_sampler:
-    loader = DataLoader(train_set, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False))
+    loader = DataLoader(
+        train_set, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False)
+    )
 else:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 test_sampler = None if args.defective else DistributedSampler(test_set, shuffle=False)
@@ -76,7 +84,10 @@ for epoch in range(args.epochs):
     gathered = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     if rank == 0:
-        print(f"epoch {epoch}: {sum(len(g) for g in gathered)} test predictions for {len(test_set)} samples")
+        print(
+            f"epoch {epoch}: {sum(len(g) for g in gathered)} test predictions for {len(test_set)} "
+            "samples"
+        )
     if args.defective:
         torch.save(model.state_dict(), "model.pt")
     elif rank == 0:

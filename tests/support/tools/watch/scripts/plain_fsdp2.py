@@ -1,7 +1,9 @@
-"""A small causal LM sharded with FSDP2 (``fully_shard``), two micro-batches per step, as a user writes it.
+"""A small causal LM sharded with FSDP2 (``fully_shard``), two micro-batches per step, as a user
+writes it.
 
 The loss is a mean over the step's real tokens on every rank together (the count all-reduced first);
-``--per-micro-batch-mean`` averages each micro-batch over its own tokens instead, the common mistake.
+``--per-micro-batch-mean`` averages each micro-batch over its own tokens instead, the common
+mistake.
 """
 
 import argparse
@@ -25,8 +27,15 @@ VOCAB, WIDTH = 64, 32
 class Sequences(Dataset):
     def __init__(self, count):
         generator = torch.Generator().manual_seed(3)
-        self.rows = [torch.randint(1, VOCAB, (int(torch.randint(4, 17, (1,), generator=generator)),),
-                                   generator=generator) for _ in range(count)]
+        self.rows = [
+            torch.randint(
+                1,
+                VOCAB,
+                (int(torch.randint(4, 17, (1,), generator=generator)),),
+                generator=generator,
+            )
+            for _ in range(count)
+        ]
 
     def __len__(self):
         return len(self.rows)
@@ -40,8 +49,8 @@ def collate(rows):
     ids = torch.zeros(len(rows), length, dtype=torch.long)
     labels = torch.full((len(rows), length), -100)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = row
-        labels[i, :len(row) - 1] = row[1:]
+        ids[i, : len(row)] = row
+        labels[i, : len(row) - 1] = row[1:]
     return ids, labels
 
 
@@ -49,7 +58,9 @@ class TinyLM(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.block = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * WIDTH, WIDTH))
+        self.block = nn.Sequential(
+            nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * WIDTH, WIDTH)
+        )
         self.norm = nn.LayerNorm(WIDTH)
         self.head = nn.Linear(WIDTH, VOCAB)
 
@@ -78,9 +89,14 @@ for epoch in range(2):
         for ids, labels in micro:
             logits = model(ids)
             if args.per_micro_batch_mean:
-                loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()) / args.accumulation
+                loss = (
+                    nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+                    / args.accumulation
+                )
             else:
-                summed = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+                summed = nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.flatten(), reduction="sum"
+                )
                 loss = summed * dist.get_world_size() / tokens  # FSDP averages the ranks' gradients
             loss.backward()
         optimizer.step()

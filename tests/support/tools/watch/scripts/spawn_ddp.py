@@ -1,10 +1,12 @@
-"""A text classifier trained with hand-written DDP that starts its own ranks, in the source documents' mp.spawn style.
+"""A text classifier trained with hand-written DDP that starts its own ranks, in the source
+documents' mp.spawn style.
 
-``setup(rank, world_size)`` sets the master's address and port in code and joins the group; ``mp.spawn(train,
-args=(world_size, ...), nprocs=world_size)`` under ``if __name__ == "__main__"`` starts the two ranks; the training
-loader shards with ``DistributedSampler(num_replicas=world_size, rank=rank)``.  ``--defective`` never calls
-``set_epoch``: every epoch repeats one order.  Library defaults throughout: AdamW's own settings, dropout 0.1 as a
-module.  (The port is 12355 as in the source documents, or ``SPAWN_PORT`` where tests run side by side.)
+``setup(rank, world_size)`` sets the master's address and port in code and joins the group;
+``mp.spawn(train, args=(world_size, ...), nprocs=world_size)`` under ``if __name__ == "__main__"``
+starts the two ranks; the training loader shards with ``DistributedSampler(num_replicas=world_size,
+rank=rank)``.  ``--defective`` never calls ``set_epoch``: every epoch repeats one order.  Library
+defaults throughout: AdamW's own settings, dropout 0.1 as a module.  (The port is 12355 as in the
+source documents, or ``SPAWN_PORT`` where tests run side by side.)
 """
 
 import argparse

@@ -1,5 +1,5 @@
-"""A plain DDP loop (torchrun starts it) whose rank 0 stops making progress at its third step: it sleeps there, and
-rank 1 waits for it in the gradients' all-reduce."""
+"""A plain DDP loop (torchrun starts it) whose rank 0 stops making progress at its third step: it
+sleeps there, and rank 1 waits for it in the gradients' all-reduce."""
 
 import time
 
