@@ -134,9 +134,8 @@ def worker(gpu: int, cfg: Config) -> None:
         result = evaluate(rt, model, data, ["negative", "positive"], 8, data.collate)
         rt.print(
             f"train-set accuracy {result.accuracy:.3f} on {result.samples} documents of up to "
-            f"{cfg.max_len} "
-            f"tokens; {rt.world_size} processes x {cfg.batch_per_rank} x {cfg.accumulate} "
-            "accumulation"
+            f"{cfg.max_len} tokens; {rt.world_size} processes x {cfg.batch_per_rank} x "
+            f"{cfg.accumulate} accumulation"
         )
         if writer:
             writer.close()

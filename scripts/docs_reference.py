@@ -84,11 +84,9 @@ def config_page() -> str:
     for key, default, doc in rows:
         sections.setdefault(key.split(".")[0] if "." in key else "", []).append((key, default, doc))
     parts = [
-        f"# Configuration keys\n\n{GENERATED}Every key of `rankwise train`'s configuration: a "
-        "TOML file "
-        "(`--config run.toml`), `--set section.key=value` overrides, then the explicit flags. "
-        "Unknown keys and "
-        "wrong types are errors naming the key.\n"
+        f"# Configuration keys\n\n{GENERATED}Every key of `rankwise train`'s configuration: a TOML "
+        "file (`--config run.toml`), `--set section.key=value` overrides, then the explicit "
+        "flags. Unknown keys and wrong types are errors naming the key.\n"
     ]
     for section, section_rows in sections.items():
         parts.append(
@@ -106,8 +104,7 @@ def config_page() -> str:
 def strategies_page() -> str:
     lines = [
         f"# Strategies\n\n{GENERATED}Every name `--strategy` takes (a variant is a strategy with "
-        "fixed "
-        "options).\n",
+        "fixed options).\n",
         "| name | strategy | fixed settings | what it is | started by |",
         "|---|---|---|---|---|",
     ]
@@ -117,18 +114,16 @@ def strategies_page() -> str:
         started = launcher if variant.cls.multiprocess else "one process"
         settings = ", ".join(f"`{k}={v}`" for k, v in variant.settings.items()) or "—"
         lines.append(
-            f"| `{name}` | `{variant.strategy}` | {_cell(settings)} | "
-            f"{_cell(variant.description)} | "
-            f"{started} |"
+            f"| `{name}` | `{variant.strategy}` | {_cell(settings)} | {_cell(variant.description)} "
+            f"| {started} |"
         )
     sections = ", ".join(
         f"[`{section}`](config.md#{section})" for section in ("ddp", "deepspeed", "horovod")
     )
     lines.append(
         f"\nEach strategy's options are its section of the configuration: {sections}; how "
-        "processes start "
-        "is the [`launch`](config.md#launch) section. In your own loop they are "
-        "`rankwise.setup(name, options={...})`; under `rankwise launch`, `--set "
+        "processes start is the [`launch`](config.md#launch) section. In your own loop they are "
+        f"`rankwise.setup(name, options={{...}})`; under `rankwise launch`, `--set "
         "SECTION.KEY=VALUE`.\n"
     )
     return "\n".join(lines)
@@ -168,9 +163,8 @@ def exit_codes_page() -> str:
     ]
     lines = [
         f"# Exit codes and errors\n\n{GENERATED}Every command exits 0 on success. An error "
-        "rankwise raises "
-        "for the user to act on is printed as one message (`rankwise COMMAND: ...`), without a "
-        "traceback.\n",
+        "rankwise raises for the user to act on is printed as one message (`rankwise COMMAND: "
+        "...`), without a traceback.\n",
         "| code | meaning |",
         "|---:|---|",
         f"| {errors.USAGE} | bad input: configuration, data or checkpoint (nothing started, "
@@ -186,8 +180,7 @@ def exit_codes_page() -> str:
     lines += [f"| {code} | {verdict} |" for verdict, code in VERIFY_EXIT.items()]
     lines += [
         f"\n`rankwise bench` exits 1 when a row fails a check, {EXIT_COULD_NOT_RUN} when a row or "
-        "its "
-        "equivalence check could not run.\n",
+        "its equivalence check could not run.\n",
         "\n## Errors\n",
         "| class | exit code | when |",
         "|---|---:|---|",
@@ -252,21 +245,15 @@ def _upstream(text: str) -> str:
 def workarounds_page() -> str:
     lines = [
         f"# Workarounds for other libraries\n\n{GENERATED}Every workaround rankwise carries for a "
-        "bug or a "
-        "missing API of another library lives in `rankwise/compat/`, one function each, recorded "
-        "as a "
-        "`Workaround` (`compat/versions.py`): the library, the upstream issue (or what was "
-        "searched where none "
-        "is filed), the release series it was checked on, and the first release that fixes it. It "
-        "is applied "
-        "only before that release; on a release series it was not checked on it still applies, "
-        "with one "
-        "warning per process. `tests/compat/` holds a test per workaround that shows the upstream "
-        "behaviour "
-        "on the installed release, and fails when it changes, so that the workaround can go.\n",
+        "bug or a missing API of another library lives in `rankwise/compat/`, one function each, "
+        "recorded as a `Workaround` (`compat/versions.py`): the library, the upstream issue (or "
+        "what was searched where none is filed), the release series it was checked on, and the "
+        "first release that fixes it. It is applied only before that release; on a release series "
+        "it was not checked on it still applies, with one warning per process. `tests/compat/` "
+        "holds a test per workaround that shows the upstream behaviour on the installed release, "
+        "and fails when it changes, so that the workaround can go.\n",
         "| workaround | library | what it does | upstream (the bug) | checked on | fixed in | "
-        "called from "
-        "| test |",
+        "called from | test |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for module_name, record in workarounds():
@@ -278,19 +265,15 @@ def workarounds_page() -> str:
         lines.append(
             f"| `compat/{module_name}.py` `{function_name}` | {record.library} | "
             f"{_cell(_first_sentence(inspect.getdoc(function) or ''))} | "
-            f"{_upstream(record.upstream)} | "
-            f"{', '.join(record.seen_on)} | {record.fixed_in or 'not yet'} | {callers} | "
-            f"{test_cell} |"
+            f"{_upstream(record.upstream)} | {', '.join(record.seen_on)} | "
+            f"{record.fixed_in or 'not yet'} | {callers} | {test_cell} |"
         )
     lines += [
         "\n## What the watcher replaces\n\nTo watch a script unchanged (`verify`, `bench "
-        "--script`), the watcher "
-        "replaces these attributes of torch and the frameworks, each recorded as a `Patch` "
-        "(`compat/watch_patches.py`): a target not recorded there is refused, and on a release "
-        "series it was "
-        "not checked on it warns once per process. `tests/compat/test_watch_patches.py` shows "
-        "each target on "
-        "the installed releases.\n",
+        "--script`), the watcher replaces these attributes of torch and the frameworks, each "
+        "recorded as a `Patch` (`compat/watch_patches.py`): a target not recorded there is "
+        "refused, and on a release series it was not checked on it warns once per process. "
+        "`tests/compat/test_watch_patches.py` shows each target on the installed releases.\n",
         "| replaced | library | private | what for | checked on |",
         "|---|---|---|---|---|",
     ]
@@ -301,10 +284,9 @@ def workarounds_page() -> str:
     ]
     lines.append(
         "\nOther adaptations to the environment rankwise runs in (network addresses, glibc's "
-        "allocator, "
-        "teardown order, a Horovod build) are not version-checked and stay next to the code they "
-        "protect: "
-        "see [Architecture](../architecture.md#where-the-workarounds-for-other-libraries-live).\n"
+        "allocator, teardown order, a Horovod build) are not version-checked and stay next to the "
+        "code they protect: see "
+        "[Architecture](../architecture.md#where-the-workarounds-for-other-libraries-live).\n"
     )
     return "\n".join(lines)
 

@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     n = min(n, (len(batches) - 1) // 4)  # one epoch may hold fewer than 4N + 1 batches
     print(
         f"loader (pinned, as rankwise train): {loader_s * 1e3:.1f} ms per batch; widths of the "
-        "first 12: "
-        f"{[b['input_ids'].shape[1] for b in batches[:12]]}"
+        f"first 12: {[b['input_ids'].shape[1] for b in batches[:12]]}"
     )
     print(
         "sdp backends: flash",

@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"pair {i + 1}: {order[0]} first: rankwise {times['rankwise']:.3f} s, plain "
-            f"{times['plain']:.3f} s "
-            f"for {args.steps} steps (rankwise/plain time "
+            f"{times['plain']:.3f} s for {args.steps} steps (rankwise/plain time "
             f"{times['rankwise'] / times['plain']:.3f})",
             flush=True,
         )
@@ -379,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{result['device']}, torch {result['torch']}, CUDA {result['cuda']}; {args.model} "
         f"({params / 1e6:.1f}M parameters), bf16-mixed, batch {args.batch_size} x {args.seq} "
-        "tokens "
-        f"({real_tokens:.1f} real per sample)"
+        f"tokens ({real_tokens:.1f} real per sample)"
     )
     print(f"bf16 matmul 8192^3: {result['matmul_tflops']} TFLOP/s (datasheet {args.peak_tflops})")
     print(
@@ -393,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         r = result[which]
         print(
             f"| {which} | {r['median_s']} | {r['samples_per_s']} | {r['tflops']} | "
-            f"{r['mfu_datasheet']:.1%} | "
-            f"{r['fraction_of_matmul']:.1%} |"
+            f"{r['mfu_datasheet']:.1%} | {r['fraction_of_matmul']:.1%} |"
         )
     print(
         f"rankwise / plain time: median {result['ratio_median']} over {args.pairs} alternating "

@@ -30,9 +30,8 @@ def world_size() -> int:
     if expected > 1:
         raise MissingProcessGroupError(
             f"WORLD_SIZE={expected} but this process (RANK={os.environ.get('RANK', '?')}) has not "
-            "joined a process "
-            "group; call rankwise.setup(...) (or torch.distributed.init_process_group) before "
-            "collectives"
+            "joined a process group; call rankwise.setup(...) (or "
+            "torch.distributed.init_process_group) before collectives"
         )
     return 1
 

@@ -38,8 +38,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`rankwise launch --strategy`, `bench --script`, `verify` (`launch/choice.py`)",
         "`rankwise.setup()` (`launch/choice.py`)",
         "The strategy a script on `rankwise.setup()` runs under when it names none; a script that "
-        "names "
-        "another one is refused, naming both.",
+        "names another one is refused, naming both.",
     ),
     EnvVar(
         "RANKWISE_PRECISION",
@@ -67,8 +66,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`rankwise train` (`train/run.py`), a fresh id per launching process",
         "`train/loop.py`, `train/run.py`",
         "Which launching process's workers wrote `result.json`: on a shared `--out` only the node "
-        "whose "
-        "workers wrote it reports it.",
+        "whose workers wrote it reports it.",
     ),
     # the watcher: the probe of `bench --script` and `verify` in every script (rankwise.setup(),
     # plain torch, Accelerate, Trainer, Fabric)
@@ -109,8 +107,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "the user; `launch --exit-grace`",
         "`launch/exits.py` (every launched rank)",
         "Seconds a rank that finished its work may take to exit before it is named and ended "
-        "(default 30; 0: no "
-        "limit).",
+        "(default 30; 0: no limit).",
     ),
     EnvVar(
         "RANKWISE_EXIT_DIR",
@@ -149,8 +146,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`verify` (`tools/verify/watched.py`)",
         "`tools/watch/settings.py`",
         "After the last traced step: `stop` (end the script), `shorten` (go on, each training "
-        "pass cut short) or "
-        "`as-written` (`verify --as-written`).",
+        "pass cut short) or `as-written` (`verify --as-written`).",
     ),
     EnvVar(
         "RANKWISE_WATCH_STALL",
@@ -164,8 +160,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`tools/watch/runs.py`",
         "`tools/watch/settings.py`",
         "Set for an `mp.spawn` script: the bootstrap runs it as the process that starts its own "
-        "ranks (`one`: the "
-        "one-process reference).",
+        "ranks (`one`: the one-process reference).",
     ),
     EnvVar(
         "RANKWISE_WATCH_DEEPSPEED",
@@ -259,8 +254,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "the launchers (`launch/ports.py`), unless set",
         "glibc",
         "Fixed at 1 MiB: FSDP and ZeRO-3 gather and free whole layers every step, and glibc's "
-        "moving threshold "
-        "let a CPU rank's resident memory grow to twice what it used.",
+        "moving threshold let a CPU rank's resident memory grow to twice what it used.",
         "foreign",
     ),
     EnvVar(
@@ -282,8 +276,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`launch/torchrun.py` (c10d rendezvous), unless set",
         "torch.distributed.elastic",
         "`1`: torch would otherwise cache the first round's master address, and a node rejoining "
-        "an elastic "
-        "job later waits for it forever.",
+        "an elastic job later waits for it forever.",
         "foreign",
     ),
     EnvVar(

@@ -191,11 +191,9 @@ def gpus_too_few(local_processes: int) -> str | None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if 0 < gpus < local_processes:
         return (
-            f"{local_processes} processes per node but this node has {gpus} CUDA GPU(s): each "
-            "rank needs its own "
-            f"GPU (NCCL refuses two ranks on one); use --nproc-per-node {gpus}, or train on the "
-            "CPU with "
-            "CUDA_VISIBLE_DEVICES= (gloo)"
+            f"{local_processes} processes per node but this node has {gpus} CUDA GPU(s): each rank "
+            f"needs its own GPU (NCCL refuses two ranks on one); use --nproc-per-node {gpus}, or "
+            "train on the CPU with CUDA_VISIBLE_DEVICES= (gloo)"
         )
     return None
 

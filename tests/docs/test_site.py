@@ -74,8 +74,7 @@ def _browser_path(playwright) -> str | None:
             return found
     pytest.skip(
         "no headless Chromium: `python -m playwright install chromium` or `apt-get install "
-        "chromium` "
-        "(make test tries both)"
+        "chromium` (make test tries both)"
     )
 
 

@@ -52,8 +52,7 @@ def test_a_rank_that_keeps_the_gil_as_main_returns_is_named_with_its_line_and_en
     assert "rank 1 (host" in proc.stderr and "rank 0 (host" not in proc.stderr, proc.stderr[-3000:]
     assert (
         "finished its work, hung at exit (after the script destroyed its process group), ended "
-        "after 4 s; it "
-        "waited at exit_hang.py:"
+        "after 4 s; it waited at exit_hang.py:"
     ) in proc.stderr, proc.stderr[-3000:]
     assert "in __del__" in proc.stderr and "exit status 3: completed" in proc.stderr
     print(f"ended after {took:.1f} s")

@@ -383,10 +383,9 @@ def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_back_when_it_returns(
     again = json.loads(record.read_text())
     print(
         f"checkpoint of both nodes {first - started:.1f} s; node 1 killed {killed - started:.1f} "
-        "s; node 0 "
-        f"continued alone from step {alone['step']} at {shrunk - started:.1f} s; node 1 back, "
-        "both from step "
-        f"{again['step']} at {grown - started:.1f} s; finished {finished - started:.1f} s"
+        f"s; node 0 continued alone from step {alone['step']} at {shrunk - started:.1f} s; node 1 "
+        f"back, both from step {again['step']} at {grown - started:.1f} s; finished "
+        f"{finished - started:.1f} s"
     )
     assert (alone["written"]["world_size"], alone["resumed"]["world_size"]) == (2, 1) and alone[
         "continuous"

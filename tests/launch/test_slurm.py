@@ -59,8 +59,7 @@ def slurm_env():
     if shutil.which("slurmd") is None and os.environ.get("RANKWISE_TEST_INSTALL") != "1":
         pytest.skip(
             "Slurm is not installed here; `make test` (RANKWISE_TEST_INSTALL=1) installs "
-            "slurm-wlm and munge "
-            "with apt-get, nothing else does"
+            "slurm-wlm and munge with apt-get, nothing else does"
         )
     try:
         up = _cluster("up", timeout=600)  # installs slurm-wlm and munge first on a fresh machine
@@ -121,8 +120,7 @@ def _srun(env: dict, *args: str, timeout: float = 200) -> subprocess.CompletedPr
         stdout, stderr = srun.communicate(timeout=60)
         pytest.fail(
             f"srun {' '.join(args)} still ran after {timeout:.0f} s; cancelled. It "
-            f"printed:\n{stdout}\n"
-            f"{stderr[-6000:]}"
+            f"printed:\n{stdout}\n{stderr[-6000:]}"
         )
     return subprocess.CompletedProcess(srun.args, srun.returncode, stdout, stderr)
 

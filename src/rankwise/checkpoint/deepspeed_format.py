@@ -65,8 +65,7 @@ def load_whole_optimizer(
     if len(steps) > 1:
         raise RuntimeError(
             "the checkpoint's parameters took different numbers of optimizer steps "
-            f"{sorted(steps)}; "
-            "DeepSpeed steps each flat group once, so it cannot continue them"
+            f"{sorted(steps)}; DeepSpeed steps each flat group once, so it cannot continue them"
         )
     keys = {key for states in optim["state"].values() for key in states if key != "step"}
     _allocate_optimizer_state(zero, keys, steps.pop() if steps else None)

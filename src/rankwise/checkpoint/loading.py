@@ -98,10 +98,8 @@ def load(path: str | os.PathLike, what: str = "checkpoint") -> Any:
 def _refusal(path: Path, unknown: list[str], what: str) -> str:
     return (
         f"{path}: this {what} file names {', '.join(unknown)}, which loading it would import and "
-        "run; rankwise "
-        "loads only tensors, numbers and the classes its own and DeepSpeed's files hold. If you "
-        "trust who "
-        f"wrote it, set {TRUST_ENV}=1 (rankwise train --trust-checkpoint)"
+        "run; rankwise loads only tensors, numbers and the classes its own and DeepSpeed's files "
+        f"hold. If you trust who wrote it, set {TRUST_ENV}=1 (rankwise train --trust-checkpoint)"
     )
 
 

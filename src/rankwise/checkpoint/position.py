@@ -141,14 +141,11 @@ class ResumableLoader(DataLoader):
         if differs:
             raise ConfigError(
                 f"{self._name}: the checkpoint stood at sample {position} of epoch {epoch} in an "
-                "order this run's "
-                f"loader does not have ({', '.join(differs)} differ: the checkpoint's epoch has "
-                f"{recorded['epoch_samples']} samples, this run's {len(order)}). The dataset, the "
-                "seed, the global "
-                "batch or the length grouping changed since it was written: build the loader as "
-                "that run did, or "
-                "load the checkpoint's weights alone (rt.load_weights) to start the data from its "
-                "beginning"
+                f"order this run's loader does not have ({', '.join(differs)} differ: the "
+                f"checkpoint's epoch has {recorded['epoch_samples']} samples, this run's "
+                f"{len(order)}). The dataset, the seed, the global batch or the length grouping "
+                "changed since it was written: build the loader as that run did, or load the "
+                "checkpoint's weights alone (rt.load_weights) to start the data from its beginning"
             )
         if position % self._world:
             raise ConfigError(
@@ -176,13 +173,11 @@ class ResumableLoader(DataLoader):
         if handed > grad_accum:
             raise RuntimeError(
                 f"{self._name} continued the checkpoint's epoch {recorded['epoch']} at sample "
-                f"{cut} (rt.load_state "
-                f"restores where it was), but the loop took {handed} batches before its first "
-                "step, where a step "
-                f"takes {grad_accum}: it passed over {handed - grad_accum} itself, which this run "
-                "would then never "
-                "train. Remove the loop's own skip of the steps already done (or declare "
-                "rt.prepare(..., grad_accum=N) if the loop accumulates N micro-batches)"
+                f"{cut} (rt.load_state restores where it was), but the loop took {handed} batches "
+                f"before its first step, where a step takes {grad_accum}: it passed over "
+                f"{handed - grad_accum} itself, which this run would then never train. Remove the "
+                "loop's own skip of the steps already done (or declare rt.prepare(..., "
+                "grad_accum=N) if the loop accumulates N micro-batches)"
             )
         trained = [index for share in everyone for batch in share for index in batch]
         expected = global_order(sampler)[cut : cut + len(trained)]
@@ -216,14 +211,12 @@ def describe(record: dict, name: str = "rt.loader") -> str:
     lines = [
         f"continuity: {name} resumed epoch {record['epoch']} at sample {record['position']} of "
         f"{record['epoch_samples']} in its order ({written['strategy']} x{written['world_size']} "
-        "-> "
-        f"{resumed['strategy']} x{resumed['world_size']})"
+        f"-> {resumed['strategy']} x{resumed['world_size']})"
     ]
     if record["loop_epoch"] is not None:
         lines.append(
             f"  the loop set epoch {record['loop_epoch']}; the checkpoint's position wins, so the "
-            "loop's "
-            "epoch count is off from here (restart the loop at load_state's extra epoch)"
+            "loop's epoch count is off from here (restart the loop at load_state's extra epoch)"
         )
     lines.append(
         f"  before the cut: the order's first {record['position']} samples (digest matches the "
@@ -232,8 +225,7 @@ def describe(record: dict, name: str = "rt.loader") -> str:
     verdict = "the order's next ones" if record["continuous"] else "NOT the order's next ones"
     lines.append(
         f"  first step: the ranks trained {record['trained']} samples ({record['distinct']} "
-        "distinct) = "
-        f"{verdict}"
+        f"distinct) = {verdict}"
     )
     lines.append(
         "  no sample skipped, none repeated" if record["continuous"] else "  NOT CONTINUOUS"

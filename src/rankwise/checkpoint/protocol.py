@@ -279,8 +279,7 @@ def check_compatible(
         raise ConfigError(
             f"checkpoint {directory} was written by strategy {meta['strategy']!r}, whose state is "
             f"sharded per rank (or {strategy!r}'s is): resume it with {meta['strategy']!r}, or "
-            "start a "
-            "new run from its weights (rankwise export, model.init_weights)"
+            "start a new run from its weights (rankwise export, model.init_weights)"
         )
     if meta["world_size"] != world_size:
         raise ConfigError(

@@ -179,12 +179,9 @@ def load_state(
     if len(rngs) != rt.world_size:
         log.info(
             f"note: {directory} was written by {len(rngs)} rank(s) ({written_by}), this run has "
-            f"{rt.world_size} "
-            f"({rt.strategy_name}): each rank continues old rank (rank mod {len(rngs)})'s random "
-            "streams, so "
-            "dropout masks differ from an uninterrupted run; with dropout off the run continues "
-            "within the "
-            "stated tolerance",
+            f"{rt.world_size} ({rt.strategy_name}): each rank continues old rank (rank mod "
+            f"{len(rngs)})'s random streams, so dropout masks differ from an uninterrupted run; "
+            "with dropout off the run continues within the stated tolerance",
             stderr=True,
         )
     rt.steps = state["step"]

@@ -84,8 +84,7 @@ def command_line_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         default=float(os.environ.get(exits.GRACE) or exits.EXIT_GRACE_S),
         help="how long a rank that finished its work (destroyed its process group, or returned) "
-        "may "
-        "take to exit before it is named, with where it waits, and ended; the run then exits "
+        "may take to exit before it is named, with where it waits, and ended; the run then exits "
         f"{exits.HUNG_AT_EXIT} (0: no limit; default %(default)g)",
     )
     return parser

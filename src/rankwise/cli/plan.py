@@ -91,8 +91,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="ROWS",
         help="samples per rank per micro-batch at every world size (default: the script's global "
-        "batch "
-        "split over the ranks)",
+        "batch split over the ranks)",
     )
     p.add_argument(
         "--no-timing",

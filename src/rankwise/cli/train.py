@@ -77,8 +77,7 @@ def add_parser(commands) -> None:
         action="store_const",
         const=True,
         help="on resume, load pickled files naming classes rankwise does not know (they could run "
-        "code): only "
-        "for a checkpoint from someone you trust",
+        "code): only for a checkpoint from someone you trust",
     )
     flag("--nproc-per-node", "--nproc_per_node", key="launch.nproc_per_node", type=int)
     flag(

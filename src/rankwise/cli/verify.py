@@ -104,8 +104,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=5,
         help="optimizer steps compared with one process (default 5); the distributed run then "
-        "goes on "
-        "through the rest of the script",
+        "goes on through the rest of the script",
     )
     p.add_argument(
         "--as-written",
@@ -144,8 +143,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         default=STALL_TIMEOUT_S,
         metavar="SECONDS",
         help="stop a rank that makes no progress for this long, and say where each rank waited "
-        "(default "
-        f"{STALL_TIMEOUT_S:g}; 0: never)",
+        f"(default {STALL_TIMEOUT_S:g}; 0: never)",
     )
     p.add_argument(
         "--json", action="store_true", help="print the verdict as JSON as the last stdout line"

@@ -8,8 +8,7 @@ RESET_STATE = Workaround(
     name="rankwise.compat.accelerate_state.reset_accelerate_state",
     library="accelerate",
     upstream="none filed: Accelerate's own tests reset the same way "
-    "(AcceleratorState._reset_state); no public "
-    "API to end an Accelerator",
+    "(AcceleratorState._reset_state); no public API to end an Accelerator",
     seen_on=("1.15",),
 )
 

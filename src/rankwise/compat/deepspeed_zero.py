@@ -30,8 +30,7 @@ CLIP_FOR_ONE_STEP = Workaround(
     name="rankwise.compat.deepspeed_zero.clipping_for_one_step",
     library="deepspeed",
     upstream=f"{NONE_FILED}: no API sets gradient clipping after deepspeed.initialize (the engine "
-    "reads "
-    "_config.gradient_clipping, ZeRO 1-3 their clip_grad)",
+    "reads _config.gradient_clipping, ZeRO 1-3 their clip_grad)",
     seen_on=SEEN_ON,
 )
 PAD_LAST_PARTITION = Workaround(

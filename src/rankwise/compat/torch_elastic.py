@@ -20,8 +20,7 @@ UNSHARED_RENDEZVOUS_STORE = Workaround(
     name="rankwise.compat.torch_elastic.publish_master_address_every_round",
     library="torch",
     upstream="https://github.com/pytorch/pytorch/issues/135712 (related: the agent's shared "
-    "store; the cached "
-    "address itself has no issue of its own)",
+    "store; the cached address itself has no issue of its own)",
     seen_on=("2.13",),
 )
 

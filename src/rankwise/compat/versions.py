@@ -58,9 +58,8 @@ class Workaround:
             _warned.add(self.name)
             warnings.warn(
                 f"rankwise applies {self.name} (a workaround for {self.upstream}) to "
-                f"{self.library} "
-                f"{version}, a release it was not checked on (checked: {', '.join(self.seen_on)}); "
-                f"run tests/compat to see whether it is still needed",
+                f"{self.library} {version}, a release it was not checked on (checked: "
+                f"{', '.join(self.seen_on)}); run tests/compat to see whether it is still needed",
                 stacklevel=3,
             )
         return True

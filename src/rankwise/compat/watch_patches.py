@@ -100,12 +100,9 @@ LOADER_LEN = Patch(
 NEXT_INDEX = Patch(
     f"{DATA}.dataloader._BaseDataLoaderIter._next_index",
     "torch",
-    "the dataset indices of each batch "
-    "an iterator fetches (with workers too: the main process asks for them), and in the "
-    "one-process "
-    "reference the N ranks' indices of that batch instead; no public API says which samples a "
-    "batch "
-    "holds",
+    "the dataset indices of each batch an iterator fetches (with workers too: the main process "
+    "asks for them), and in the one-process reference the N ranks' indices of that batch instead; "
+    "no public API says which samples a batch holds",
     TORCH,
 )
 SET_EPOCH = Patch(
@@ -150,9 +147,8 @@ ENGINE_FORWARD = Patch(
 ENGINE_STEP = Patch(
     "deepspeed.runtime.engine.DeepSpeedEngine.step",
     "deepspeed",
-    "a step at the accumulation "
-    "boundary, on DeepSpeed's whole gradients and fp32 weights (torch's optimizer hooks see flat "
-    "partitions)",
+    "a step at the accumulation boundary, on DeepSpeed's whole gradients and fp32 weights "
+    "(torch's optimizer hooks see flat partitions)",
     ("0.19",),
 )
 HOROVOD_STEP = Patch(

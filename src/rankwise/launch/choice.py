@@ -62,8 +62,7 @@ class Choice:
                 )
                 raise ConfigError(
                     f"--set {key.strip()}: strategy {strategy!r} reads no {prefix or name!r} "
-                    "section; "
-                    f"{where}"
+                    f"section; {where}"
                 )
             options[name] = parse_value(raw.strip())
         choice = cls(strategy, precision, options)
@@ -133,8 +132,7 @@ def settle(
         if mine is not None and theirs is not None and mine != theirs:
             raise ConfigError(
                 f"the script asks for {what} {mine!r}, the launcher for {theirs!r} (rankwise "
-                "launch "
-                f"--{what} {theirs}); drop one of them"
+                f"launch --{what} {theirs}); drop one of them"
             )
     strategy = strategy or launched.strategy or ("ddp" if world_size > 1 else "single")
     precision = precision or launched.precision or "32-true"

@@ -267,8 +267,7 @@ class HungRank:
         done = "failed, then" if self.since == FAILED else "finished its work,"
         return (
             f"{done} hung at exit (after the script {self.since}), ended after "
-            f"{self.dump.seconds:g} s; "
-            f"it waited {where}"
+            f"{self.dump.seconds:g} s; it waited {where}"
         )
 
 

@@ -34,9 +34,8 @@ def launch(config: LaunchConfig, entry: Entry) -> None:
     if config.multi_node:
         raise LaunchError(
             [
-                "the horovodrun launcher starts one node; for several run "
-                "`horovodrun -np N -H host1:n,host2:n --gloo python -m rankwise.train.worker "
-                "RUN_DIR`"
+                "the horovodrun launcher starts one node; for several run `horovodrun -np N -H "
+                "host1:n,host2:n --gloo python -m rankwise.train.worker RUN_DIR`"
             ]
         )
     nproc = config.nproc_per_node

@@ -82,15 +82,13 @@ def choose_interface(master_addr: str, node: str) -> str | None:
         os.environ[name] = interface.name
     note = (
         f"{node}: ranks talk over {interface.name} ({interface.address}), the interface that "
-        "routes "
-        f"to the master {master_addr} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set; export them "
-        "to choose)"
+        f"routes to the master {master_addr} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set; export "
+        "them to choose)"
     )
     if hostname_is_loopback():
         note += (
             f"; this machine's hostname {socket.gethostname()!r} resolves to a loopback address, "
-            "which the "
-            "ranks would otherwise advertise to each other"
+            "which the ranks would otherwise advertise to each other"
         )
     return note
 

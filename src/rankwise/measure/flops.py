@@ -156,9 +156,8 @@ class LengthFlops:
         lengths = sorted({length for _, length in shapes if length is not None})
         if len(lengths) > 4 and not self._fit(lengths) and len(shapes) > MAX_SHAPES:
             raise ValueError(
-                f"the FLOPs are not quadratic in the padded length, and {len(shapes)} batch "
-                "shapes are "
-                f"too many to count one by one (at most {MAX_SHAPES})"
+                f"the FLOPs are not quadratic in the padded length, and {len(shapes)} batch shapes "
+                f"are too many to count one by one (at most {MAX_SHAPES})"
             )
         if len(lengths) <= 4 or not self.fitted:
             return sum(

@@ -114,9 +114,8 @@ class Runtime:
         if seen is not None and seen != self.env.world_size:
             self.strategy.teardown(clean=False)  # the group was joined: leave it before refusing
             raise RuntimeError(
-                f"rank {self.rank}: the {strategy} library sees world size {seen}, "
-                f"the launcher started {self.env.world_size} processes: each process would train "
-                "alone"
+                f"rank {self.rank}: the {strategy} library sees world size {seen}, the launcher "
+                f"started {self.env.world_size} processes: each process would train alone"
             )
         # which node and address each rank runs on, should it later go silent
         hangs.announce(self.env)

@@ -74,8 +74,7 @@ def agree_with_rank0(model: nn.Module, device: torch.device) -> list[int]:
     log.warning(
         "rankwise: ranks %s built other initial weights than rank 0 (a model built before "
         "rankwise.setup(seed=...), or from an unseeded generator); every rank now starts from "
-        "rank 0's. "
-        "Build the model after setup() for the same weights without this broadcast.",
+        "rank 0's. Build the model after setup() for the same weights without this broadcast.",
         ", ".join(map(str, others)),
     )
     return others

@@ -152,9 +152,8 @@ def check_world_size(variant: Variant, world_size: int) -> None:
     if not variant.cls.multiprocess and world_size > 1:
         raise ConfigError(
             f"strategy {variant.name!r} runs in one process, but the job has {world_size} "
-            "processes; "
-            "drop --nproc-per-node / --nnodes (or the launcher), or use a multi-process strategy "
-            "such as ddp"
+            "processes; drop --nproc-per-node / --nnodes (or the launcher), or use a "
+            "multi-process strategy such as ddp"
         )
 
 

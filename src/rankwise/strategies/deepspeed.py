@@ -188,8 +188,7 @@ class DeepSpeed(Strategy):
         if not self._stepping:
             raise RuntimeError(
                 "optimizer.step() changes nothing under deepspeed: ZeRO steps its own partitions "
-                "of "
-                "the weights, with the gradients its backward reduced into them. Call "
+                "of the weights, with the gradients its backward reduced into them. Call "
                 "rt.step(optimizer, model) instead (and rt.backward(loss, model), rt.zero_grad)"
             )
 
@@ -231,8 +230,7 @@ class DeepSpeed(Strategy):
             raise RuntimeError(
                 "rt.step under deepspeed, but no backward pass of this step went through "
                 "rt.backward(loss, model): DeepSpeed reduces the gradients into its partitions in "
-                "its "
-                "own backward, which loss.backward() skips. Call rt.backward(loss, model)"
+                "its own backward, which loss.backward() skips. Call rt.backward(loss, model)"
             )
         self._stepping, self._backwards = True, 0
         try:

@@ -39,8 +39,7 @@ def read_user_config(options: DeepSpeedOptions) -> dict:
     if user.get("zero_optimization", {}).get("compute_grad_norm") is False:
         raise ConfigError(
             f"{path}: zero_optimization.compute_grad_norm=false leaves rt.step(max_norm=...) no "
-            "norm to "
-            "return; remove it"
+            "norm to return; remove it"
         )
     clashes = sorted(OWNED_KEYS & user.keys())
     if clashes:

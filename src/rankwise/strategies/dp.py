@@ -36,8 +36,7 @@ class DataParallel(SingleDevice):
         if self.device.type != "cuda":
             warnings.warn(
                 "strategy dp: no CUDA device, so DataParallel runs the module on the CPU in one "
-                "process "
-                "(no parallelism); use ddp for multi-process CPU training",
+                "process (no parallelism); use ddp for multi-process CPU training",
                 stacklevel=2,
             )
             return model, optimizer

@@ -153,8 +153,7 @@ class FSDP(Strategy):
         if optimizer_state is None:
             raise CheckpointError(
                 f"{directory / SHARDS} holds no optimizer state: it was saved without an "
-                "optimizer; "
-                "load its weights instead (model.init_weights)"
+                "optimizer; load its weights instead (model.init_weights)"
             )
         return weights, optimizer_state
 

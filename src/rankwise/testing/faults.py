@@ -42,8 +42,7 @@ class Fault:
         ):
             raise ValueError(
                 f"{VARIABLE}={text!r}: expected KIND:rank=R:step=S with KIND raise, kill, hang, "
-                "term "
-                "or int"
+                "term or int"
             )
         return cls(kind, int(values["rank"]), int(values["step"]), "always" in fields)
 

@@ -116,8 +116,7 @@ def check_machine(report: Report, multi_node: bool, port: int) -> None:
         f"{'a loopback address' if loopback else 'a routable address'}"
         + (
             " (ranks would advertise it; rankwise sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to "
-            "the "
-            "interface that routes to the master instead)"
+            "the interface that routes to the master instead)"
             if loopback
             else ""
         ),

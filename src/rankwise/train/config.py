@@ -242,15 +242,13 @@ class TrainConfig(_Section):
         ):
             raise ValueError(
                 "model.split_devices splits the toy MLP inside one process: it needs "
-                "model.name=mlp "
-                f"and strategy single or ddp (got model.name={self.model.name}, "
+                f"model.name=mlp and strategy single or ddp (got model.name={self.model.name}, "
                 f"strategy={self.strategy})"
             )
         if self.model.activation_checkpointing and self.model.name in TOY_MODELS:
             raise ValueError(
                 "model.activation_checkpointing recomputes transformer layers: model "
-                f"{self.model.name} "
-                "has none (use a BERT preset or a pretrained model)"
+                f"{self.model.name} has none (use a BERT preset or a pretrained model)"
             )
         if self.data.dev_percent + self.data.test_percent >= 90:
             raise ValueError(

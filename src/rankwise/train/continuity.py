@@ -109,9 +109,8 @@ def check_before_launch(
         raise ConfigError(
             f"--resume {checkpoint}: the training data changed since this checkpoint (its digest "
             f"{recorded['data']}, {data_source} now gives {data_digest}): continuing would train "
-            "on "
-            "other samples in another order; restore the data the run started with, or start a new "
-            "run from the checkpoint's weights (--set model.init_weights=...)"
+            "on other samples in another order; restore the data the run started with, or start a "
+            "new run from the checkpoint's weights (--set model.init_weights=...)"
         )
     steps_per_epoch = dataset_size(sampler.dataset) // batch_size
     now = position(sampler, steps_per_epoch, batch_size, recorded["step"])
@@ -126,9 +125,8 @@ def check_before_launch(
             f"{recorded['epoch']}, position {recorded['position']}, order {recorded['order']}, "
             f"consumed {recorded['consumed']}; this run: epoch {now['epoch']}, position "
             f"{now['position']}, order {now['order']}, consumed {now['consumed']}): the global "
-            "batch, "
-            "seed or data.group_by_length differ, or the manifest was edited; resume with the "
-            "checkpoint's own settings (its config.json)"
+            "batch, seed or data.group_by_length differ, or the manifest was edited; resume with "
+            "the checkpoint's own settings (its config.json)"
         )
 
 

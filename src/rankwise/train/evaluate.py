@@ -49,8 +49,7 @@ class EvalResult:
             row = self.report[name]
             lines.append(
                 f"| {name} | {row['precision']:.4f} | {row['recall']:.4f} | {row['f1-score']:.4f} "
-                "| "
-                f"{int(row['support'])} |"
+                f"| {int(row['support'])} |"
             )
         lines.append(f"| accuracy | | | {self.accuracy:.4f} | {self.samples} |")
         return "\n".join(lines) + "\n"

@@ -262,9 +262,8 @@ class Trainer:
         if not record["continuous"]:
             raise RuntimeError(
                 f"rank {self.rt.rank}: the resumed run did not continue the checkpoint's sample "
-                "order "
-                f"({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); see "
-                f"{self.run_dir.root / continuity.FILE}"
+                f"order ({', '.join(k for k, ok in record['checks'].items() if not ok)} differ); "
+                f"see {self.run_dir.root / continuity.FILE}"
             )
 
     # -- training ----------------------------------------------------------------------------

@@ -32,8 +32,7 @@ def before_launch(cfg: TrainConfig) -> None:
     if ProcessEnv.detect().distributed and not node_agent():
         raise ConfigError(
             "`rankwise train` starts its own workers (--nproc-per-node, --nnodes); run it "
-            "directly, "
-            "not under torchrun / rankwise launch, and under srun as one task per node "
+            "directly, not under torchrun / rankwise launch, and under srun as one task per node "
             "(--ntasks-per-node=1)"
         )
     variant = lookup(cfg.strategy)
@@ -75,8 +74,7 @@ def check_master_port(cfg: TrainConfig) -> None:
     if port_in_use(launch.master_port):
         raise ConfigError(
             f"launch.master_port: {launch.master_addr}:{launch.master_port} is already in use on "
-            "this "
-            "node; choose another --master-port (or leave it unset on a single node)"
+            "this node; choose another --master-port (or leave it unset on a single node)"
         )
 
 

@@ -87,8 +87,7 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
         # live run's checkpoints, which the workers continue from.
         log.info(
             f"note: {run_dir.checkpoints} is kept: an elastic job's workers continue from its "
-            "latest checkpoint "
-            "(a new job needs a new --out)",
+            "latest checkpoint (a new job needs a new --out)",
             stderr=True,
         )
     elif cfg.resume is None and run_dir.checkpoints.exists():
@@ -149,9 +148,8 @@ def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) 
     print(run_dir.report_txt.read_text(encoding="utf-8"))
     print(
         f"{summary['strategy']} x{summary['world_size']}: accuracy {summary['accuracy']:.4f}, "
-        "macro-F1 "
-        f"{summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} samples; "
-        f"{summary['samples_per_s']} samples/s; wall {summary['wall_s']} s"
+        f"macro-F1 {summary['macro_f1']:.4f} on {summary['eval_samples']} {summary['eval_split']} "
+        f"samples; {summary['samples_per_s']} samples/s; wall {summary['wall_s']} s"
     )
     if summary.get("tflops_per_s"):
         sheet = (

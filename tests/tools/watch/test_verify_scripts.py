@@ -163,8 +163,7 @@ def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path
     )
     assert proc.stdout.strip().splitlines()[-1] == (
         "verdict: NOT equivalent as a whole: nothing trained in the compared steps, and 1 finding "
-        "in the script "
-        "changes what it computes or reports (exit 1)"
+        "in the script changes what it computes or reports (exit 1)"
     )
     assert not any("start from different weights" in cause for cause in report["diagnosis"])
     assert any(
@@ -427,9 +426,8 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
     )
     assert report["reference_made"].startswith(
         "the one process ran the script's own mp.spawn with nprocs=1, init_process_group at world "
-        "size 1 (the script "
-        "passed 2), its DistributedSampler at 1 replica (the script passed 2); each training "
-        "DataLoader taking 2x"
+        "size 1 (the script passed 2), its DistributedSampler at 1 replica (the script passed 2); "
+        "each training DataLoader taking 2x"
     )
     # The ranks wrote their records; the process that spawned them (rank 0 by its environment) none
     # of its own.

@@ -76,18 +76,16 @@ def evidence(
             said.append(
                 f"{line['speedup']:.2f}x is more than {line['processes']} process(es) on "
                 f"{units(line['processes'], device)} {'GPU' if device == 'cuda' else 'core'}(s) "
-                "can give "
-                f"against {reference['processes']} on {units(reference['processes'], device)} (at "
-                "most "
-                f"{bound:.2g}x, x{SPEEDUP_SLACK} allowed): this row or the reference was disturbed"
+                f"can give against {reference['processes']} on "
+                f"{units(reference['processes'], device)} (at most {bound:.2g}x, x{SPEEDUP_SLACK} "
+                "allowed): this row or the reference was disturbed"
             )
     peaks = rank_peaks(runs, line["processes"])
     if peaks and best_peak and statistics.median(peaks) < PEAK_FALL * best_peak:
         per = "GPU" if device == "cuda" else "core"
         said.append(
             f"its ranks measured a matrix-product peak of {_giga(min(peaks))}-{_giga(max(peaks))} "
-            "GFLOP/s "
-            f"per {per} against {_giga(best_peak)} in another row"
+            f"GFLOP/s per {per} against {_giga(best_peak)} in another row"
         )
     if line.get("spread") is not None and line["spread"] > SPREAD_BOUND:
         said.append(f"its repeats spread ±{line['spread'] / 2:.0%} (bound ±{SPREAD_BOUND / 2:.0%})")

@@ -88,8 +88,7 @@ def criterion(row: Row, nproc: int) -> Criterion:
             None
             if name == row.strategy
             else f"verified as {name}: rankwise verify starts the ranks with torchrun, not "
-            f"{launcher}; "
-            "the training is the same",
+            f"{launcher}; the training is the same",
         )
     return Criterion(
         "weights",

@@ -146,14 +146,12 @@ def main(argv: list[str] | None = None) -> None:
             for ac in ((False, True) if args.activation_checkpointing else (False,))
         ]
         print(
-            f"{args.model} model, {args.nproc} ranks x {args.batch_per_rank} texts of "
-            f"{max_length} tokens, "
-            f"{args.precision}, {args.steps} steps\n"
+            f"{args.model} model, {args.nproc} ranks x {args.batch_per_rank} texts of {max_length} "
+            f"tokens, {args.precision}, {args.steps} steps\n"
         )
         print(
             "| strategy | parameters | peak RSS per rank in training (MB) | max / DDP | max / "
-            "without AC | "
-            "overall peak per rank, checkpoint included (MB) | samples/s |"
+            "without AC | overall peak per rank, checkpoint included (MB) | samples/s |"
         )
         print("|---|---:|---|---:|---:|---|---:|")
         rows, peaks = {}, {}
@@ -171,11 +169,11 @@ def main(argv: list[str] | None = None) -> None:
             base = "ddp+ac" if ac else "ddp"
             ratio = f"{peaks[name] / peaks[base]:.2f}" if base in peaks else "n/a"
             without = f"{peaks[name] / peaks[label]:.2f}" if ac and label in peaks else ""
+            training = ", ".join(f"{t:.0f}" for t, _ in row["peak_rss_mb"])
+            other = ", ".join(f"{o:.0f}" for _, o in row["peak_rss_mb"])
             print(
-                f"| {name} | {row['parameters']:,} | "
-                f"{', '.join(f'{t:.0f}' for t, _ in row['peak_rss_mb'])} | "
-                f"{ratio} | {without} | {', '.join(f'{o:.0f}' for _, o in row['peak_rss_mb'])} | "
-                f"{row['samples_per_s']} |",
+                f"| {name} | {row['parameters']:,} | {training} | {ratio} | {without} | "
+                f"{other} | {row['samples_per_s']} |",
                 flush=True,
             )
     for name in [
@@ -189,8 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in [name for name in peaks if name.endswith("+ac") and name[:-3] in peaks]:
         print(
             f"{name}: {peaks[name]:.0f} MB against {peaks[name[:-3]]:.0f} MB without activation "
-            "checkpointing "
-            f"({peaks[name] - peaks[name[:-3]]:+.0f} MB)"
+            f"checkpointing ({peaks[name] - peaks[name[:-3]]:+.0f} MB)"
         )
     print(
         json.dumps(

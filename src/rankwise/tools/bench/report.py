@@ -170,18 +170,15 @@ def table(summary: dict) -> str:
     """The Markdown table (also what the terminal shows)."""
     head = (
         "| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak "
-        "RSS MB/rank "
-        "| step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval count | "
-        "Δgradient (tol) "
-        "| Δweights (tol) | equivalent | criterion |"
+        "RSS MB/rank | step ms: compute · comm · data · sync · wait | accuracy | macro-F1 | eval "
+        "count | Δgradient (tol) | Δweights (tol) | equivalent | criterion |"
     )
     out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|---|---|---|"]
     for line in summary["rows"]:
         if line["status"] != "ok":
             out.append(
                 f"| {line['row']} | {line['processes']} × {line['threads']} | | | | | | | | | | | "
-                "| | | "
-                f"{line['status']} | |"
+                f"| | | {line['status']} | |"
             )
             continue
         count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
@@ -189,15 +186,12 @@ def table(summary: dict) -> str:
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
         out.append(
             f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
-            f"{line['samples_per_s']:,.0f} | "
-            f"{tokens} | {tflops_cell(line)} | {mfu_cell(line)} | {speedup} | "
-            f"{', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
-            f"{why.step_cell(line.get('steps'))} | "
-            f"{line['accuracy']:.4f} | {line['macro_f1']:.4f} | {count} | "
-            f"{_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
+            f"{line['samples_per_s']:,.0f} | {tokens} | {tflops_cell(line)} | {mfu_cell(line)} | "
+            f"{speedup} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
+            f"{why.step_cell(line.get('steps'))} | {line['accuracy']:.4f} | {line['macro_f1']:.4f} "
+            f"| {count} | {_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
             f"{_difference(line, 'max_param_diff', 'tolerance')} | "
-            f"{CELLS.get(line['verdict'], '—')} | "
-            f"{CRITERIA.get(line['criterion'], '—')} |"
+            f"{CELLS.get(line['verdict'], '—')} | {CRITERIA.get(line['criterion'], '—')} |"
         )
     notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
     notes += [
@@ -255,9 +249,8 @@ def reading_text(summary: dict) -> str:
     ):
         if r[key] and len(r[key]["pairs"]) == 1:
             said.append(
-                f"{text}: {r[key]['median']:.3f} from one pair only: run to run noise is about "
-                "±15 % "
-                "on 2 cores, so this says little; `make bench` (alternating repeats) gives the "
+                f"{text}: {r[key]['median']:.3f} from one pair only: run to run noise is about ±15 "
+                "% on 2 cores, so this says little; `make bench` (alternating repeats) gives the "
                 "real figure."
             )
         elif r[key]:
@@ -289,38 +282,28 @@ def markdown(summary: dict) -> str:
             f"# rankwise bench — {meta['preset']} preset",
             "",
             f"{meta['data']} · model {meta['model']} · {meta['steps']} steps × batch "
-            f"{meta['batch_size']} · "
-            f"{meta['nproc']} processes · {meta['repeats']} repeat(s) · the app's stock settings "
-            "(dropout on) · "
-            f"equivalence over the first {meta['equivalence_step']} steps against one process",
+            f"{meta['batch_size']} · {meta['nproc']} processes · {meta['repeats']} repeat(s) · the "
+            "app's stock settings (dropout on) · equivalence over the first "
+            f"{meta['equivalence_step']} steps against one process",
             "",
             f"Machine: {meta['cpu']}, {meta['cores']} cores, GPU {meta['cuda'] or 'none'}; torch "
-            f"{meta['torch']}, "
-            f"python {meta['python']}; "
+            f"{meta['torch']}, python {meta['python']}; "
             + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()),
             "",
             table(summary),
             "",
             "samples/s and tokens/s: training only, after the warm-up steps (checkpoints and "
-            "evaluation left out); "
-            "TFLOP/s: the model's FLOPs (torch's FLOP counter, forward and backward) per second, "
-            "all ranks together; "
-            "MFU: that over the matrix-product peak measured in the same run at the run's dtype "
-            "(all ranks), and "
-            "over the datasheet peak after a slash on known GPUs; "
-            "speedup: against `single` at the same total cores; peak RSS: each rank's resident "
-            "memory during "
-            "training; eval count: predictions gathered against the split size; equivalence by "
-            "the row's criterion: "
-            "lockstep (`rankwise verify` of the built-in app under the row's strategy, dropout "
-            "off, one process "
+            "evaluation left out); TFLOP/s: the model's FLOPs (torch's FLOP counter, forward and "
+            "backward) per second, all ranks together; MFU: that over the matrix-product peak "
+            "measured in the same run at the run's dtype (all ranks), and over the datasheet peak "
+            "after a slash on known GPUs; speedup: against `single` at the same total cores; peak "
+            "RSS: each rank's resident memory during training; eval count: predictions gathered "
+            "against the split size; equivalence by the row's criterion: lockstep (`rankwise "
+            "verify` of the built-in app under the row's strategy, dropout off, one process "
             "following it step by step: Δgradient relative to the gradient, Δweights after each "
-            "step) or, for a row "
-            "verify cannot run or judge (the reason is under the table), weights (the largest "
-            "parameter difference "
-            "from `single` after the same first steps, in separate untimed runs with dropout 0, "
-            "judged against the "
-            "row's stated tolerance).",
+            "step) or, for a row verify cannot run or judge (the reason is under the table), "
+            "weights (the largest parameter difference from `single` after the same first steps, "
+            "in separate untimed runs with dropout 0, judged against the row's stated tolerance).",
             "",
             "## Reading",
             "",

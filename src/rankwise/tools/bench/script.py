@@ -403,8 +403,7 @@ def bench(config: ScriptSettings) -> int:
         if strategies and name not in ("fabric", "accelerate"):
             raise ConfigError(
                 f"--strategies: {script} is a {name} script, which sets its own strategy in its "
-                "code; "
-                "its rows are world sizes (--nproc-per-node 1,2)"
+                "code; its rows are world sizes (--nproc-per-node 1,2)"
             )
         watched = framework(name)
         rows = watched_rows(watched, nproc, strategies)
@@ -417,8 +416,7 @@ def bench(config: ScriptSettings) -> int:
     script_args = list(config.script_args)
     log.info(
         f"rankwise bench --script {script}: {len(rows)} rows x {config.repeats or 1} repeat(s), "
-        f"{config.steps} "
-        f"steps, {','.join(map(str, nproc))} processes; writing to {out}",
+        f"{config.steps} steps, {','.join(map(str, nproc))} processes; writing to {out}",
         stderr=True,
     )
     summary = run_bench(

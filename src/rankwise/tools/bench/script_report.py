@@ -19,8 +19,7 @@ def _difference(value: float | None, limit: float | None) -> str:
 def table(summary: dict) -> str:
     out = [
         "| row | procs | samples/s | speedup | TFLOP/s | MFU | peak RSS MB/rank | step ms: "
-        "compute · comm · data · "
-        "sync · wait | Δgradient (tol) | Δweights (tol) | equivalent |",
+        "compute · comm · data · sync · wait | Δgradient (tol) | Δweights (tol) | equivalent |",
         "|---|---:|---:|---:|---:|---:|---|---|---|---|---|",
     ]
     for line in summary["rows"]:
@@ -47,20 +46,17 @@ def table(summary: dict) -> str:
     notes = []
     if compared:
         notes.append(
-            f"throughput: the script as written; equivalence: `rankwise verify` of each row, "
+            "throughput: the script as written; equivalence: `rankwise verify` of each row, "
             f"{compared[0]['compared_steps']} steps with {compared[0]['compared']}, one process "
-            "following "
-            "the row in lockstep (its weights before each step, its gradient applied)"
+            "following the row in lockstep (its weights before each step, its gradient applied)"
         )
     notes += _window_notes(summary["rows"], summary.get("min_window_s", MIN_WINDOW_S))
     if any(line.get("tflops_per_s") for line in summary["rows"]):
         notes.append(
             "TFLOP/s: the model FLOPs torch's counter saw in each row's first step (forward and "
-            "backward, a "
-            "warm-up step), per sample, times samples/s; MFU: that over the matrix-product peak "
-            "the row's "
-            "ranks measured after their window at the step's dtype (and / the datasheet's, on a "
-            "known GPU)"
+            "backward, a warm-up step), per sample, times samples/s; MFU: that over the "
+            "matrix-product peak the row's ranks measured after their window at the step's dtype "
+            "(and / the datasheet's, on a known GPU)"
         )
     uncounted = sorted(
         {
@@ -75,9 +71,8 @@ def table(summary: dict) -> str:
         f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")
     ]
     notes += [
-        f"- {line['row']}: disturbed, not a figure to trust ({line['disturbed']}): left out of "
-        "the fastest; "
-        "rerun the bench on a quiet machine"
+        f"- {line['row']}: disturbed, not a figure to trust ({line['disturbed']}): left out of the "
+        "fastest; rerun the bench on a quiet machine"
         for line in summary["rows"]
         if line.get("disturbed")
     ]

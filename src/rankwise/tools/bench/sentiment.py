@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     baseline = tfidf_baseline()
     print(
         "TF-IDF char 1-3-gram logistic regression on the same split: accuracy "
-        f"{baseline['accuracy']:.4f}, "
-        f"macro-F1 {baseline['macro_f1']:.4f}"
+        f"{baseline['accuracy']:.4f}, macro-F1 {baseline['macro_f1']:.4f}"
     )
     print(json.dumps({"runs": rows, "tfidf": baseline, **machine()}))
 

@@ -276,8 +276,7 @@ def check_equivalence(
         }
         log.info(
             f"equivalence of {row.name} (rankwise verify of {rule.strategy}, {steps} steps, "
-            "dropout off): "
-            f"{checks[row.name]['verdict']}",
+            f"dropout off): {checks[row.name]['verdict']}",
             stderr=True,
         )
     weighed = [row for row in rows if row.name in ran and ran[row.name].kind == "weights"]
@@ -423,8 +422,7 @@ def bench(config: SuiteSettings) -> int:
     if unchecked:
         log.error(
             f"rankwise bench: the equivalence check of {', '.join(unchecked)} could not run (why: "
-            "under the "
-            "table)"
+            "under the table)"
         )
     crashed += unchecked
     return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0

@@ -61,8 +61,7 @@ def explain(breakdown: dict | None) -> Explanation | None:
             "ms": 0.0,
             "share": 0.0,
             "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} "
-            "of each rank's "
-            f"step computes",
+            "of each rank's step computes",
         }
     line = {"straggler": _straggler, "data": _data, "comm": _comm, "sync": _sync}[loss](
         ranks, rank, breakdown
@@ -92,8 +91,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
     part = max(excess, key=lambda name: excess[name])
     head = (
         f"rank {waiting['rank']} waits {waiting['parts_ms']['straggler']:.1f} ms a step for rank "
-        f"{late['rank']}, "
-        f"which arrives {late['late_ms']:.1f} ms late at the gradient exchange"
+        f"{late['rank']}, which arrives {late['late_ms']:.1f} ms late at the gradient exchange"
     )
     if excess[part] < 0.5 * late["late_ms"]:
         return (
@@ -106,8 +104,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
         "backward": f"its backward takes {excess[part]:.1f} ms a step longer",
         "sync": f"its host syncs take {excess[part]:.1f} ms a step longer ({_sites(late)})",
         "other": "its own code between forward, backward and the optimizer takes "
-        f"{excess[part]:.1f} ms a step "
-        "longer",
+        f"{excess[part]:.1f} ms a step longer",
     }[part]
     fix = {
         "data": "DataLoader(num_workers=2 or more, persistent_workers=True), or a lighter "
@@ -139,39 +136,32 @@ def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     if ddp and ddp["buckets"] > 1 and ddp["bucket_cap_mb"] < DDP_DEFAULT_BUCKET_MB:
         return (
             f"{head}, {ddp['buckets']} all-reduces a step (bucket_cap_mb={ddp['bucket_cap_mb']:g} "
-            "for "
-            f"{ddp['parameter_mb']:g} MB of gradients) → "
+            f"for {ddp['parameter_mb']:g} MB of gradients) → "
             "DistributedDataParallel(bucket_cap_mb=25), DDP's default"
         )
     if ddp and ddp["buckets"] == 1 and ddp["parameter_mb"] > 2 * ONE_BUCKET_MB:
         return (
             f"{head}: all {ddp['parameter_mb']:g} MB of gradients are one bucket, exchanged only "
-            "once backward "
-            "has ended, so nothing overlaps → "
-            f"DistributedDataParallel(bucket_cap_mb={ONE_BUCKET_MB:g}) starts "
-            "the exchange during backward (on a CPU only where cores are free for the backend's "
-            "threads)"
+            "once backward has ended, so nothing overlaps → "
+            f"DistributedDataParallel(bucket_cap_mb={ONE_BUCKET_MB:g}) starts the exchange during "
+            "backward (on a CPU only where cores are free for the backend's threads)"
         )
     if facts.get("fsdp_units") == 1:
         return (
             f"{head}; the model is one FSDP unit, so its all-gather cannot overlap any compute → "
-            "wrap each "
-            "layer (fully_shard every block, then the model)"
+            "wrap each layer (fully_shard every block, then the model)"
         )
     if facts.get("fsdp_units"):
         return (
             f"{head}, FSDP's all-gathers and reduce-scatters over its {facts['fsdp_units']} units "
-            "→ more compute "
-            "per exchange: a larger batch per rank; or ddp, where the whole model and its "
-            "optimizer fit a rank"
+            "→ more compute per exchange: a larger batch per rank; or ddp, where the whole model "
+            "and its optimizer fit a rank"
         )
     if ddp:
         return (
-            f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → "
-            "more compute per "
-            "exchange: a larger batch per rank, or gradient accumulation under no_sync(); or bf16 "
-            "gradients "
-            "(a comm hook)"
+            f"{head}, {ddp['parameter_mb']:g} MB of gradients in {ddp['buckets']} bucket(s) → more "
+            "compute per exchange: a larger batch per rank, or gradient accumulation under "
+            "no_sync(); or bf16 gradients (a comm hook)"
         )
     return (
         f"{head} → more compute per exchange: a larger batch per rank, or fewer, larger collectives"
@@ -181,10 +171,8 @@ def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
 def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     return (
         f"host syncs {rank['parts_ms']['sync']:.1f} ms a step on rank {rank['rank']} "
-        f"({_sites(rank)}) → "
-        "drop per-step barriers; reduce values for logging every N steps; add losses up on the "
-        "device and "
-        "read them once"
+        f"({_sites(rank)}) → drop per-step barriers; reduce values for logging every N steps; add "
+        "losses up on the device and read them once"
     )
 
 
@@ -289,11 +277,10 @@ def notes(rows: list[BenchRow]) -> list[str]:
         else f"{PROFILED_STEPS} steps"
     )
     out = [
-        f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its "
-        "timed window: compute "
-        "averaged over the ranks; exposed comm, data wait, host syncs and waiting for the slowest "
-        "rank, the most "
-        "any rank spent (`rankwise bench --explain ROW` shows every rank)"
+        f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its timed "
+        "window: compute averaged over the ranks; exposed comm, data wait, host syncs and waiting "
+        "for the slowest rank, the most any rank spent (`rankwise bench --explain ROW` shows "
+        "every rank)"
     ]
     if any(breakdown.get("device") == "cuda" for breakdown in breakdowns):
         out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")

@@ -468,8 +468,7 @@ def run(
             except (OSError, OverflowError) as e:
                 log.warning(
                     f"rankwise comm bench: node {layout.node_rank}: no TCP ceiling between the "
-                    "nodes "
-                    f"(port {layout.master_port + 1}): {e}",
+                    f"nodes (port {layout.master_port + 1}): {e}",
                     every_rank=True,
                 )
     measured = run_on_ranks(on_rank, (settings,), layout, settings.backend)

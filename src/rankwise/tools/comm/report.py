@@ -27,8 +27,7 @@ CEILINGS = {
 
 HEADER = (
     f"{'size(B)':>12} {'count':>11} {'type':>9} {'time(us)':>10} {'p90(us)':>10} "
-    f"{'algbw(GB/s)':>12} "
-    f"{'busbw(GB/s)':>12} {'#wrong':>7}"
+    f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
 )
 
 
@@ -115,15 +114,13 @@ def bucket_advice(rows: list[dict]) -> dict:
         verdict = (
             f"DDP's default bucket_cap_mb={DDP_BUCKET_MB} reaches only "
             f"{advice['default_fraction_of_peak']:.0%} of peak: bucket_cap_mb={suggested} would "
-            "help a model "
-            f"with more than {DDP_BUCKET_MB} MB of gradients (a smaller one fits in one bucket "
-            "whatever the "
-            f"cap), at the price of starting each step's first all-reduce later in backward"
+            f"help a model with more than {DDP_BUCKET_MB} MB of gradients (a smaller one fits in "
+            "one bucket whatever the cap), at the price of starting each step's first all-reduce "
+            "later in backward"
         )
     advice["text"] = (
         f"all_reduce reaches {KNEE:.0%} of its peak busbw ({peak:.2f} GB/s) from "
-        f"{_mib(knee['bytes'])}; "
-        f"{verdict}."
+        f"{_mib(knee['bytes'])}; {verdict}."
     )
     if advice["first_bucket_fraction_of_peak"] is not None:
         advice["text"] += (
@@ -171,9 +168,8 @@ def table(result: dict) -> str:
     s = result["settings"]
     lines = [
         f"# rankwise comm bench: {result['world_size']} ranks ({result['nnodes']} node(s)) on "
-        f"{result['backend']} "
-        f"({result['device']}), {s['dtype']}, {s['iters']} iterations after {s['warmup']} warm-up; "
-        f"time = slowest rank, median and p90"
+        f"{result['backend']} ({result['device']}), {s['dtype']}, {s['iters']} iterations after "
+        f"{s['warmup']} warm-up; time = slowest rank, median and p90"
     ]
     for op in dict.fromkeys(row["op"] for row in result["results"]):
         lines += ["", f"# {op}", "#" + HEADER[1:]]
@@ -193,9 +189,8 @@ def markdown(result: dict) -> str:
             f"# rankwise comm bench — {result['world_size']} ranks on {result['backend']}",
             "",
             f"torch {m['torch']}, {m['cpu']}, {m['cores']} cores; {result['nnodes']} node(s); "
-            f"{s['dtype']}; "
-            f"{s['iters']} timed calls after {s['warmup']} warm-up per size; a call's time is the "
-            "slowest rank's.",
+            f"{s['dtype']}; {s['iters']} timed calls after {s['warmup']} warm-up per size; a "
+            "call's time is the slowest rank's.",
             "",
             "## Reading",
             "",

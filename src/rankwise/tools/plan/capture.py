@@ -106,8 +106,7 @@ def loss_of(output) -> torch.Tensor:
             return value.float().sum()
     raise ConfigError(
         f"cannot find a loss in the model's output ({type(output).__name__}): return a tensor, or "
-        "an "
-        "output with a .loss"
+        "an output with a .loss"
     )
 
 
@@ -221,8 +220,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                 if catcher.captured is None:
                     raise ConfigError(
                         f"{script} failed before its first training step, with its model's "
-                        "parameters "
-                        f"fake (shapes only, no values): {type(e).__name__}: {e}"
+                        f"parameters fake (shapes only, no values): {type(e).__name__}: {e}"
                     ) from e
     finally:
         observers.unregister(watch)
@@ -230,8 +228,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
     if catcher.captured is None:
         raise ConfigError(
             f"{script} ended without a training step: no model an optimizer trains ran forward "
-            "with "
-            "gradients on (build the optimizer before the training loop)"
+            "with gradients on (build the optimizer before the training loop)"
         )
     model, optimizer, args, kwargs, autocast = catcher.captured
     model = unwrapped(model)

@@ -55,8 +55,7 @@ def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
     plan.elapsed_s, plan.peak_rss_mb = time.perf_counter() - started, peak_rss_megabytes()
     plan.notes.append(
         f"planned in {plan.elapsed_s:.1f} s; this process's peak resident memory "
-        f"{plan.peak_rss_mb:,.0f} "
-        "MB (the model's parameters were never allocated)"
+        f"{plan.peak_rss_mb:,.0f} MB (the model's parameters were never allocated)"
     )
     return plan
 

@@ -115,9 +115,8 @@ def fsdp(
     if gloo and world_size > 1:
         memory.at_peak["buffers"] += (grad_accum + 1) * largest
         memory.source += (
-            f"; + gloo's reduce-scatter clone and {grad_accum} kept backward-prefetch gather(s) "
-            "of the "
-            "largest layer (measured on gloo)"
+            f"; + gloo's reduce-scatter clone and {grad_accum} kept backward-prefetch gather(s) of "
+            "the largest layer (measured on gloo)"
         )
     return memory
 

@@ -161,12 +161,10 @@ def ddp(trace: Trace, setting: Setting) -> Memory:
 
     source = (
         "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp; gradients "
-        "are views "
-        "of the buckets) + the traced activations"
+        "are views of the buckets) + the traced activations"
         if setting.ddp_bucket_view
         else "formula: parameters + optimizer state + gradient buckets (torch reducer.cpp) + the "
-        "traced gradients "
-        "and activations"
+        "traced gradients and activations"
     )
     if accumulating:
         source += "; no_sync's gradients beside the buckets until the step's last backward"
@@ -253,10 +251,8 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
             round(optimizer),
             peak_over(trace, held, during),
             f"formula: DeepSpeed ZeRO-{stage} (stage_1_and_2.py: flat d x Φ parameters, fp32 "
-            "master and "
-            f"moments on Φ/N, {'whole' if stage == 1 else 'partitioned'} gradients, a reduce "
-            "bucket of "
-            f"{setting.zero_bucket:,} elements)",
+            f"master and moments on Φ/N, {'whole' if stage == 1 else 'partitioned'} gradients, a "
+            f"reduce bucket of {setting.zero_bucket:,} elements)",
         )
 
     return memory
@@ -314,9 +310,8 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
         optimizer,
         peak_over(trace, held, during),
         "formula: DeepSpeed ZeRO-3 (stage3.py: per-parameter partitions of Φ/N, fp32 master and "
-        "moments on "
-        f"them, a kept reduce bucket of {setting.zero_bucket:,} elements, gathered layers up to "
-        f"{setting.zero_max_live:,} elements)",
+        f"moments on them, a kept reduce bucket of {setting.zero_bucket:,} elements, gathered "
+        f"layers up to {setting.zero_max_live:,} elements)",
     )
 
 

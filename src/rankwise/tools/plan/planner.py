@@ -169,8 +169,7 @@ class Planner:
         if key not in self.timed:
             log.info(
                 f"rankwise plan: timing {strategy}'s real step here at one rank ({trace.rows} "
-                "rows, "
-                f"{threads} thread(s))"
+                f"rows, {threads} thread(s))"
             )
             self.timed[key] = timed_step(
                 self.capture, strategy, precision, trace.rows, threads, trace.checkpointed

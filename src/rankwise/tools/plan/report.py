@@ -83,8 +83,7 @@ def summary(plan: Plan) -> list[str]:
         f"device: {device.name}, {size(device.memory_bytes)} a rank, {size(plan.limit)} usable "
         f"({plan.config.headroom:.0%} headroom); compute at {device.efficiency:.0%} of "
         f"{device.peak(plan.config.precision != '32-true') / 1e12:.3g} TFLOP/s ({device.source}) "
-        "unless timed "
-        "here"
+        "unless timed here"
     ]
     if plan.config.comm is not None:
         lines.append("links: " + plan.bandwidth.source)
@@ -195,8 +194,7 @@ def markdown(plan: Plan) -> str:
         f"# rankwise plan: {plan.capture.source}",
         "",
         f"Per rank; peak = {' + '.join(KINDS)} at the step's peak; params, grads and optim are "
-        "what a rank "
-        "keeps, activations and buffers what it holds at the peak.",
+        "what a rank keeps, activations and buffers what it holds at the peak.",
         "",
         header,
         "|" + "---|" * len(COLUMNS),

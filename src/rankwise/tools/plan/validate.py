@@ -260,8 +260,7 @@ def run(config: PlanConfig, *, as_json: bool = False) -> int:
 
         raise ConfigError(
             f"--validate runs the planned world sizes this machine can: one node, at most {most} "
-            "ranks "
-            f"({'its GPUs' if gpus else 'its cores'}; asked: --nnodes {config.nnodes}, "
+            f"ranks ({'its GPUs' if gpus else 'its cores'}; asked: --nnodes {config.nnodes}, "
             f"--nproc-per-node {','.join(map(str, config.nproc_per_node))})"
         )
     # (see the module's docstring; the launched ranks inherit it)

@@ -67,8 +67,7 @@ def check(config: VerifySettings) -> tuple[Path, int, Framework | None]:
         if config.strategy or config.precision or config.overrides:
             raise ConfigError(
                 f"{script} is a {name} script: it chooses its own strategy and precision, and "
-                "verify "
-                "runs it as written; --strategy, --precision and --set are for scripts on "
+                "verify runs it as written; --strategy, --precision and --set are for scripts on "
                 "rankwise.setup()"
             )
         if config.nproc_per_node < 2:
@@ -246,8 +245,7 @@ def run(config: VerifySettings) -> int:
         assert config.strategy is not None  # (check: a script on rankwise.setup() names one)
         log.info(
             f"rankwise verify {script}: {config.strategy} on {processes} process(es), then one "
-            "process in "
-            f"lockstep with it, {config.steps} steps; writing to {out}",
+            f"process in lockstep with it, {config.steps} steps; writing to {out}",
             stderr=True,
         )
         report = verify_runs(
@@ -269,9 +267,8 @@ def run(config: VerifySettings) -> int:
     else:
         log.info(
             f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on "
-            f"{processes} "
-            f"processes, then on one process in lockstep with them, {config.steps} steps; writing "
-            f"to {out}",
+            f"{processes} processes, then on one process in lockstep with them, {config.steps} "
+            f"steps; writing to {out}",
             stderr=True,
         )
         reference_args = list(config.reference_args) if config.reference_args is not None else None
@@ -361,8 +358,7 @@ def build(
                 f"failed, so the rest of the script was not checked: {failure.pop('candidate')}"
                 + (
                     ". Its training passes were cut short after the compared steps: a script that "
-                    "cannot "
-                    "take a short pass (next() on an exhausted iterator) runs whole with "
+                    "cannot take a short pass (next() on an exhausted iterator) runs whole with "
                     "--as-written"
                     if shortened
                     else ""

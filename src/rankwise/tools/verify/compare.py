@@ -93,8 +93,7 @@ def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) ->
     if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):
         return "differs", (
             f"each of the {n} ranks saw the same {sum(ranks[0].values())} samples ({seen} "
-            "together); "
-            f"the one process saw {expected}"
+            f"together); the one process saw {expected}"
         )
     if together == one:
         return "same", ""
@@ -207,16 +206,13 @@ def start_differs(lines: list[StepLine]) -> str | None:
     name, difference = start["top"][0] if start["top"] else ("?", start["max_param_diff"])
     followed = any(line.get("followed") for line in lines if line["step"])
     return (
-        f"two runs of this script start from different weights ({name} differs by "
-        f"{difference:.1e} as built): "
-        "its initialisation is not reproducible — the model is built before any seed is set, or "
-        "with a seed "
-        "taken per rank or from the clock. "
+        f"two runs of this script start from different weights ({name} differs by {difference:.1e} "
+        "as built): its initialisation is not reproducible — the model is built before any seed "
+        "is set, or with a seed taken per rank or from the clock. "
         + (
             "The reference started from the N-rank run's weights, so the steps above compare what "
-            "distribution "
-            "changed; seed the script (torch.manual_seed before the model is built) to make runs "
-            "repeatable"
+            "distribution changed; seed the script (torch.manual_seed before the model is built) "
+            "to make runs repeatable"
             if followed
             else "The reference could not start from the N-rank run's weights, so every step "
             "compares different models: seed the script before the model is built"

@@ -20,8 +20,7 @@ UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_p
 def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> str:
     where = (
         "on these GPUs, torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before rt.prepare "
-        "makes the "
-        "statistics global"
+        "makes the statistics global"
         if device == "cuda"
         else "torch.nn.SyncBatchNorm would make them global on GPUs, but it does not run on the "
         "CPU (it refuses "
@@ -29,8 +28,7 @@ def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> 
     )
     return (
         f"the model has {', '.join(layers)}: each of the {world_size} ranks computes its batch "
-        "statistics over "
-        f"its own share of the global batch, not the whole batch; {where}"
+        f"statistics over its own share of the global batch, not the whole batch; {where}"
     )
 
 
@@ -50,10 +48,9 @@ def random_ops(
         "dropout modules were kept (--keep-dropout); without the flag verify switches them off"
         if dropout_kept
         else "these are not dropout modules rankwise can switch off: functional dropout "
-        "(F.dropout(x, p, "
-        "training)), attention dropout given as a number, or torch.rand/randn/bernoulli in "
-        "forward; make "
-        "their probability 0 for the comparison (e.g. a dropout flag of your script)"
+        "(F.dropout(x, p, training)), attention dropout given as a number, or "
+        "torch.rand/randn/bernoulli in forward; make their probability 0 for the comparison (e.g. "
+        "a dropout flag of your script)"
     )
     located = f" ({', '.join(sorted(where, key=lambda key: -where[key])[:4])})" if where else ""
     return (
@@ -71,18 +68,13 @@ def _first_ranks(run: TracedRun) -> list[TracedStep]:
 PLAIN_SCRIPT_WORDS = {
     "before rt.prepare": "before wrapping it",
     "numpy or Python random state rankwise.setup(seed=...) did not reach": "numpy or Python "
-    "random state seeded "
-    "differently",
+    "random state seeded differently",
     "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, "
     "batch_size=GLOBAL), which "
     "gives each rank its share of the same global order at any world size": "The training loader "
-    "does not give the "
-    "ranks together what "
-    "one process takes: "
-    "shard it with "
+    "does not give the ranks together what one process takes: shard it with "
     "DistributedSampler(dataset) (set_epoch each epoch), or let accelerator.prepare / "
-    "fabric.setup_dataloaders "
-    "shard it",
+    "fabric.setup_dataloaders shard it",
     "a loop over a loader that is not rt.loader's": "a loop over a loader that is not sharded",
     "Leave averaging to the strategy: rt.backward(loss)": "Leave averaging to DDP or FSDP: "
     "loss.backward()",
@@ -174,19 +166,17 @@ def _diagnose(
                     "no-grad",
                     f"parameters {names} got no gradient in the one-process run; DDP waits for "
                     "every parameter's gradient before it averages a bucket, so the run failed at "
-                    "the next "
-                    "step: freeze them (requires_grad=False) if they should not train, else "
-                    "--set ddp.find_unused_parameters=true",
+                    "the next step: freeze them (requires_grad=False) if they should not train, "
+                    "else --set ddp.find_unused_parameters=true",
                 )
             )
         else:
             findings.append(
                 (
                     "no-grad",
-                    f"parameters {names} got no gradient in the one-process run: a strategy "
-                    "that reduces gradients in buckets may wait for them; freeze them if they "
-                    "should not "
-                    "train",
+                    f"parameters {names} got no gradient in the one-process run: a strategy that "
+                    "reduces gradients in buckets may wait for them; freeze them if they should "
+                    "not train",
                 )
             )
     if first is not None and first["data"] in ("differs", "unmatched"):
@@ -197,9 +187,8 @@ def _diagnose(
                 + (
                     samples
                     or "The data loader is not rankwise's rank-sharded one: build it with "
-                    "rt.loader(dataset, "
-                    "batch_size=GLOBAL), which gives each rank its share of the same global order "
-                    "at any world size"
+                    "rt.loader(dataset, batch_size=GLOBAL), which gives each rank its share of "
+                    "the same global order at any world size"
                 ),
             )
         )
@@ -233,16 +222,14 @@ def _diagnose(
             "follow) and compute in 16 bits under torch.autocast"
             if candidate.facts.get("api") == "deepspeed"
             else "keep fp32 parameters and compute in 16 bits with --precision bf16-mixed "
-            "(autocast), whose gradients "
-            "accumulate in fp32"
+            "(autocast), whose gradients accumulate in fp32"
         )
         findings.append(
             (
                 "half",
                 f"the trainable parameters are {', '.join(half)}, and so are their gradients: "
                 "accumulating micro-batches and averaging ranks round at every addition, in "
-                "another order "
-                f"on {world_size} ranks than in one process; {fix}",
+                f"another order on {world_size} ranks than in one process; {fix}",
             )
         )
     loss_differs = first is not None and first["step"] and not first["loss_ok"]
@@ -298,10 +285,9 @@ def _steps_missing(
         return None
     return (
         f"the {world_size}-rank run recorded {candidate.reached} optimizer steps, the one process "
-        f"{reference.reached} (of {asked} asked): the script's loop does not run the same steps "
-        "at every world "
-        "size (a step count computed from the per-rank batch, or a loop over a loader that is not "
-        "rt.loader's)"
+        f"{reference.reached} (of {asked} asked): the script's loop does not run the same steps at "
+        "every world size (a step count computed from the per-rank batch, or a loop over a loader "
+        "that is not rt.loader's)"
     )
 
 
@@ -323,13 +309,10 @@ def _compressed(hook: str, first: StepLine) -> str:
     )
     return (
         f"the gradients were exchanged through {how}, which {what}: at step {first['step']} the "
-        "gradient the "
-        f"optimizer received differs from one process's by {first['gradient_diff']:.1e} relative. "
-        "That is the "
-        "compression working as designed, not a bug: "
-        "the run trades exactness for less traffic (rankwise bench states the tolerance it "
-        "accepts for it); "
-        "without it the exchange is exact"
+        "gradient the optimizer received differs from one process's by "
+        f"{first['gradient_diff']:.1e} relative. That is the compression working as designed, not "
+        "a bug: the run trades exactness for less traffic (rankwise bench states the tolerance it "
+        "accepts for it); without it the exchange is exact"
     )
 
 
@@ -339,16 +322,13 @@ def _gradients(first: StepLine, world_size: int) -> str:
     scale = first.get("gradient_scale")
     text = (
         f"at step {step} the samples, the weights before the step and the loss all agree, yet the "
-        "gradient the "
-        f"{world_size} ranks' optimizer received differs from one process's by {difference:.1e} "
-        "relative (most in "
-        f"{name})"
+        f"gradient the {world_size} ranks' optimizer received differs from one process's by "
+        f"{difference:.1e} relative (most in {name})"
     )
     if first.get("gradient_only_one"):
         return text + (
             f": only one run has a gradient for {', '.join(first['gradient_only_one'][:5])} — "
-            "parameters "
-            "the forward uses on some ranks or steps only"
+            "parameters the forward uses on some ranks or steps only"
         )
     if scale is not None and abs(scale - 1) > 0.01:
         hint = {
@@ -364,14 +344,12 @@ def _gradients(first: StepLine, world_size: int) -> str:
             f": it is {scale:.3g} times the one-process gradient"
             + (f" — the gradients were {guess}" if guess else "")
             + ". Leave averaging to the strategy: rt.backward(loss) with the loss a mean over the "
-            "global "
-            "batch, no all_reduce of gradients of your own"
+            "global batch, no all_reduce of gradients of your own"
         )
     return text + (
-        ": something between the backward pass and the optimizer changed them — a gradient hook or "
-        "all_reduce of your own, a gradient modified on one rank, or a custom autograd function "
-        "whose "
-        "backward depends on the batch it sees"
+        ": something between the backward pass and the optimizer changed them — a gradient hook "
+        "or all_reduce of your own, a gradient modified on one rank, or a custom autograd "
+        "function whose backward depends on the batch it sees"
     )
 
 
@@ -402,12 +380,10 @@ def _other_learning_rate(
     )
     return (
         f"the optimizer's learning rate differs at step {step}: one process {one[0]:.3g}, "
-        f"{world_size} ranks "
-        f"{many[0]:.3g}{scaled}. The {world_size} ranks already average their gradients over the "
-        "global batch, "
-        "as one process computes it: a larger rate is a change of the hyper-parameters, not what "
-        "distributing "
-        "the same training needs (keep it, or scale it knowingly, with its warm-up)"
+        f"{world_size} ranks {many[0]:.3g}{scaled}. The {world_size} ranks already average their "
+        "gradients over the global batch, as one process computes it: a larger rate is a change "
+        "of the hyper-parameters, not what distributing the same training needs (keep it, or "
+        "scale it knowingly, with its warm-up)"
     )
 
 
@@ -424,36 +400,29 @@ def _update(
 
         return (
             f"the optimizer stepped with another learning rate at step {step}: one process "
-            f"{rates(one)}, "
-            f"{world_size} ranks {rates(many)} (per parameter group), so the weights after it "
-            f"differ ({name} by "
-            f"{difference:.1e}): a learning-rate schedule that does not drive the optimizer "
-            "rt.step steps "
-            "(built on another optimizer object), or one that depends on the world size"
+            f"{rates(one)}, {world_size} ranks {rates(many)} (per parameter group), so the weights "
+            f"after it differ ({name} by {difference:.1e}): a learning-rate schedule that does not "
+            "drive the optimizer rt.step steps (built on another optimizer object), or one that "
+            "depends on the world size"
         )
     if not first.get("followed"):
         if not reference.seen("losses"):
             return (
                 f"the weights after step {step} differ ({name} by {difference:.1e}); the loss was "
-                "not recorded "
-                "(the script does not call rt.backward), so verify cannot tell the forward from "
-                "the update"
+                "not recorded (the script does not call rt.backward), so verify cannot tell the "
+                "forward from the update"
             )
         return (
             f"the weights after step {step} differ ({name} by {difference:.1e}) with the loss the "
-            "same; the "
-            "one process could not follow the N-rank run at this step (its gradients were not "
-            "recorded), so "
-            "verify cannot tell the gradient from the update"
+            "same; the one process could not follow the N-rank run at this step (its gradients "
+            "were not recorded), so verify cannot tell the gradient from the update"
         )
     gradient = f"{first['gradient_diff']:.1e}" if first.get("gradient_diff") is not None else "—"
     sharded = candidate.facts.get("shards_optimizer_state", not lookup(strategy).cls.whole_state)
     text = (
         f"step {step} started from the same weights and applied the same gradient (relative "
-        "difference "
-        f"{gradient}), yet the {world_size} ranks' optimizer step moved the weights elsewhere "
-        "than one process's "
-        f"({name} by {difference:.1e}): "
+        f"difference {gradient}), yet the {world_size} ranks' optimizer step moved the weights "
+        f"elsewhere than one process's ({name} by {difference:.1e}): "
     )
     matched = (
         f"the learning rates matched ({', '.join(f'{v:.3g}' for v in one[:4] if v is not None)}); "
@@ -463,26 +432,20 @@ def _update(
     if sharded:
         return text + (
             f"{matched}{strategy} shards the optimizer state, and its sharded step does not "
-            "compute what "
-            "the whole optimizer does — an optimizer it cannot shard faithfully (one whose update "
-            "of a "
-            "tensor depends on the whole tensor, such as LAMB, Adafactor or Shampoo), or a step "
-            "taken on "
-            "the optimizer directly instead of rt.step"
+            "compute what the whole optimizer does — an optimizer it cannot shard faithfully (one "
+            "whose update of a tensor depends on the whole tensor, such as LAMB, Adafactor or "
+            "Shampoo), or a step taken on the optimizer directly instead of rt.step"
         )
     if matched:
         return text + (
             f"{matched}the optimizer state or the weights changed outside the step as one process "
             "takes it: a second optimizer.step, weights averaged or edited by hand, or an "
-            "optimizer "
-            "whose step depends on the world size"
+            "optimizer whose step depends on the world size"
         )
     return text + (
         "the optimizer or the learning-rate schedule did not step as in one process — a schedule "
-        "stepped "
-        "per micro-batch or scaled by the world size, a learning rate that depends on the rank "
-        "count, "
-        "or weights changed outside rt.step"
+        "stepped per micro-batch or scaled by the world size, a learning rate that depends on the "
+        "rank count, or weights changed outside rt.step"
     )
 
 
@@ -509,24 +472,19 @@ def _loss_scaled(first: StepLine, world_size: int, framework: str | None) -> str
     )
     text = (
         f"the loss each rank gave backward at step {first['step']} is {factor:.3g} times the one "
-        "process's "
-        f"({many:.6g} against {one:.6g}), and the gradient the optimizer received {scale:.3g} "
-        "times its "
-        f"({factor:.3g}{clipped}): the loss is scaled by the world size on top of the ranks' "
-        "gradient averaging"
+        f"process's ({many:.6g} against {one:.6g}), and the gradient the optimizer received "
+        f"{scale:.3g} times its ({factor:.3g}{clipped}): the loss is scaled by the world size on "
+        "top of the ranks' gradient averaging"
     )
     if framework == "trainer" and factor == world_size:
         text += (
             ". transformers' Trainer multiplies the loss by the number of processes "
             "(TrainingArguments.average_tokens_across_devices=True, the default) when the model's "
-            "forward takes "
-            "**kwargs, expecting the model's loss to divide by the global num_items_in_batch; "
-            "this model's loss "
-            "is a plain mean over its own batch and ignores it. Set "
-            "average_tokens_across_devices=False, or "
-            "give the model a loss that uses num_items_in_batch. Adam's update mostly cancels a "
-            "constant factor, "
-            "but gradient clipping (max_grad_norm) and the logged loss do not"
+            "forward takes **kwargs, expecting the model's loss to divide by the global "
+            "num_items_in_batch; this model's loss is a plain mean over its own batch and ignores "
+            "it. Set average_tokens_across_devices=False, or give the model a loss that uses "
+            "num_items_in_batch. Adam's update mostly cancels a constant factor, but gradient "
+            "clipping (max_grad_norm) and the logged loss do not"
         )
     return text
 
@@ -541,15 +499,11 @@ def _normalisation(
         else "(random draws unknown: the batches do not come from a DataLoader)"
     )
     text = (
-        f"the loss of step {step} differs (one process {first['loss_reference']:.6g}, "
-        f"{world_size} ranks "
-        f"{first['loss_candidate']:.6g}) although the weights before it and the samples were the "
-        "same, no layer "
-        f"depends on the batch {random}: the loss is not a mean over the global batch. A loss "
-        "averaged over "
-        "each micro-batch's (or rank's) own tokens weighs a token by how many others share its "
-        "micro-batch, so "
-        "splitting the batch differently changes it"
+        f"the loss of step {step} differs (one process {first['loss_reference']:.6g}, {world_size} "
+        f"ranks {first['loss_candidate']:.6g}) although the weights before it and the samples were "
+        f"the same, no layer depends on the batch {random}: the loss is not a mean over the global "
+        "batch. A loss averaged over each micro-batch's (or rank's) own tokens weighs a token by "
+        "how many others share its micro-batch, so splitting the batch differently changes it"
     )
     one = reference.records[step][0]["tokens"]
     many = [rank["tokens"] for rank in candidate.records[step]]
@@ -562,9 +516,7 @@ def _normalisation(
     return (
         text
         + ". Count the step's tokens over every micro-batch and rank first (rt.all_reduce(count, "
-        "'sum')), "
-        "then give rt.backward each micro-batch's summed token loss x rt.world_size / that count "
-        "(the strategies "
-        "average gradients over ranks; no further division by the accumulation), or average per "
-        "sample"
+        "'sum')), then give rt.backward each micro-batch's summed token loss x rt.world_size / "
+        "that count (the strategies average gradients over ranks; no further division by the "
+        "accumulation), or average per sample"
     )

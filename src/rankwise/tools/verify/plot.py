@@ -57,8 +57,7 @@ def plot(report: VerifyReport, path: Path) -> Path:
         axis.set_xlabel("optimizer step" + (" (exact zeros drawn at 1e-12)" if 0 in values else ""))
     figure.suptitle(
         f"rankwise verify: {report['strategy']} on {report['processes']} ranks, one process in "
-        "lockstep "
-        f"({report['verdict']})",
+        f"lockstep ({report['verdict']})",
         fontsize=10,
     )
     figure.tight_layout()

@@ -31,11 +31,9 @@ def _dropout(report: VerifyReport) -> str:
 
 CRITERION = (
     "criterion: the one process starts every step from the {n}-rank run's weights and steps with "
-    "its "
-    "gradient, so rounding never compounds; each step's gradient must match the one process's at "
-    "those "
-    "weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after it within "
-    "{tol:.0e}"
+    "its gradient, so rounding never compounds; each step's gradient must match the one process's "
+    "at those weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after "
+    "it within {tol:.0e}"
 )
 
 
@@ -43,8 +41,7 @@ def step_table(report: VerifyReport) -> list[str]:
     ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
     out = [
         f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} "
-        f"{'Δgradient':>10} "
-        f"{'max |Δweight|':>14}"
+        f"{'Δgradient':>10} {'max |Δweight|':>14}"
     ]
     for line in report["steps"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
@@ -72,10 +69,8 @@ def evolution(report: VerifyReport) -> str | None:
     weights = [line["max_param_diff"] for line in lines]
     return (
         f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference "
-        f"{min(gradients):.1e} .. "
-        f"{max(gradients):.1e} (last {gradients[-1]:.1e}), weights {min(weights):.1e} .. "
-        f"{max(weights):.1e} "
-        f"(last {weights[-1]:.1e})"
+        f"{min(gradients):.1e} .. {max(gradients):.1e} (last {gradients[-1]:.1e}), weights "
+        f"{min(weights):.1e} .. {max(weights):.1e} (last {weights[-1]:.1e})"
     )
 
 
@@ -111,8 +106,7 @@ def render(report: VerifyReport) -> str:
     processes = report["processes"]
     title = (
         f"verify: {report['strategy']} on {processes} process{'es' if processes > 1 else ''} "
-        "against one "
-        f"process, {report['precision'] or '32-true'}"
+        f"against one process, {report['precision'] or '32-true'}"
     )
     # nothing was compared: what failed, and why where it is known
     if report["verdict"] == "could not run":
@@ -203,14 +197,12 @@ def verdict_line(report: VerifyReport, steps: int) -> str:
         )
         return (
             f"verdict: the whole script could not be checked: {compared}, but the distributed run "
-            "failed after "
-            "them (exit 4)"
+            "failed after them (exit 4)"
         )
     if not errors and report["verdict"] == "equivalent" and report.get("ran"):
         return (
             f"verdict: equivalent over {steps} compared steps, and nothing in the rest of the "
-            "script changes what "
-            "it computes or reports (exit 0)"
+            "script changes what it computes or reports (exit 0)"
         )
     if not errors or report["verdict"] in ("not equivalent", "could not run"):
         return line
@@ -254,8 +246,7 @@ def _failures(report: VerifyReport) -> list[str]:
 VERDICTS = {
     "equivalent": "verdict: equivalent over {steps} steps (exit 0)",
     "vacuous": "verdict: vacuous: nothing trained in the compared steps, so their agreement "
-    "proves nothing "
-    "(exit 5)",
+    "proves nothing (exit 5)",
     "not equivalent": "verdict: NOT equivalent (exit 1)",
     "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
     "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)",

@@ -45,13 +45,9 @@ def unmatched_samples(candidate: list[RankRecord], reference: list[RankRecord]) 
     where = f" ({', '.join(places)})" if places else ""
     return (
         f"the same dataset index gives different tensors: index {index} on rank {rank} is not "
-        f"index {index} in "
-        f"the one process ({len(differing)} of the {len(shared)} indices both runs recorded "
-        "differ). The data "
-        f"itself differs from process to process, not only its order: the dataset "
-        f"{dataset.get('class', '?')}{where} is made differently in each process — random data "
-        "drawn without a "
-        "seed in each process (seed before building it, or build it once and load it), per-rank "
-        "files, or "
-        "random augmentation in __getitem__"
+        f"index {index} in the one process ({len(differing)} of the {len(shared)} indices both "
+        "runs recorded differ). The data itself differs from process to process, not only its "
+        f"order: the dataset {dataset.get('class', '?')}{where} is made differently in each "
+        "process — random data drawn without a seed in each process (seed before building it, or "
+        "build it once and load it), per-rank files, or random augmentation in __getitem__"
     )

@@ -96,8 +96,7 @@ def watched_runs(
         "the one process ran the script with --reference-args"
         if reference_args is not None
         else f"the one process ran the script unchanged, {reference_framework.launch}: rankwise's "
-        "loaders give it the "
-        f"{processes} ranks' global batches"
+        f"loaders give it the {processes} ranks' global batches"
         if reference_framework is not None
         else "the one process ran the script unchanged, each training DataLoader taking "
         f"{processes}x its batch and, "
@@ -161,9 +160,7 @@ def _spawned(
     if crashed(results["reference"]) and not crashed(results["candidate"]) and not given:
         results["reference"]["error"] += (
             "\n(the reference ran the script's mp.spawn with nprocs=1 at world size 1, its "
-            f"{processes} ranks' "
-            "batches scaled into one: where the script cannot run so, give the one process's own "
-            "arguments with "
-            "--reference-args)"
+            f"{processes} ranks' batches scaled into one: where the script cannot run so, give the "
+            "one process's own arguments with --reference-args)"
         )
     return launch, how

@@ -100,8 +100,7 @@ def checks(records: list[RankRecord], processes: int) -> list[tuple[str, str | N
     elif not any(p["distributed_sampler"] for p in training):
         epochs_why = (
             "the training loader has no DistributedSampler (its sampler: "
-            f"{training[0]['sampler']}), so "
-            "no set_epoch for the script to call"
+            f"{training[0]['sampler']}), so no set_epoch for the script to call"
         )
     elif not shuffled:
         epochs_why = None if len(training) > 1 else "one training pass (one epoch)"

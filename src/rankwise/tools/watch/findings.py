@@ -144,10 +144,9 @@ def _counted_less(records: list[RankRecord]) -> list[Finding]:
                     "error",
                     f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was "
-                    "combined "
-                    "across the ranks after it (no collective from the script before its next "
-                    "pass): a metric computed from it describes one rank's shard, not the set. "
-                    "Sum the counts over the ranks (dist.all_reduce of correct and total) or "
+                    "combined across the ranks after it (no collective from the script before its "
+                    "next pass): a metric computed from it describes one rank's shard, not the "
+                    "set. Sum the counts over the ranks (dist.all_reduce of correct and total) or "
                     "gather the predictions before computing it; or evaluate the whole set on one "
                     "rank without a DistributedSampler",
                 )
@@ -183,17 +182,14 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         if whole:
             why = (
                 f"each of the {len(records)} ranks evaluated the whole set; shard it with a "
-                "DistributedSampler "
-                "(and gather once), or evaluate on rank 0 only"
+                "DistributedSampler (and gather once), or evaluate on rank 0 only"
             )
         elif passes[0]["distributed_sampler"]:
             why = (
                 f"the DistributedSampler pads {seen - size} samples so {size} divides by "
-                f"{len(records)} ranks: "
-                "those are counted twice. Gather the predictions with their sample indices and "
-                "drop the "
-                "repeats (accelerator.gather_for_metrics does), or evaluate on one device "
-                "(Lightning's advice)"
+                f"{len(records)} ranks: those are counted twice. Gather the predictions with their "
+                "sample indices and drop the repeats (accelerator.gather_for_metrics does), or "
+                "evaluate on one device (Lightning's advice)"
             )
         else:
             why = "some samples were evaluated on more than one rank"
@@ -276,9 +272,8 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
     steps = record["steps"]
     for site, entry, share in _every_step(record, record["collectives"]):
         head = (
-            f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of "
-            "the step time on "
-            "rank 0: every rank waits for the slowest there"
+            f"{site} runs every step ({entry['calls']} calls in {steps} steps), {share:.1%} of the "
+            "step time on rank 0: every rank waits for the slowest there"
         )
         if "(via " in site:  # the framework's own, made from the script's call
             out.append(
@@ -304,8 +299,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             f"{share:.1%} of the step time on rank 0"
             if on_gpu
             else f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a "
-            "GPU each call waits for "
-            "the device"
+            "GPU each call waits for the device"
         )
         out.append(
             Finding(

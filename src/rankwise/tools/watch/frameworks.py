@@ -92,8 +92,7 @@ class Framework:
             if name not in names:
                 raise ConfigError(
                     f"--strategies {name}: not a strategy `fabric run --strategy` takes here; one "
-                    "of "
-                    f"{', '.join(names)}"
+                    f"of {', '.join(names)}"
                 )
             return replace(
                 self,
@@ -133,16 +132,14 @@ class Framework:
         if self.name == "deepspeed":
             raise ConfigError(
                 "--strategies: a DeepSpeed script's ZeRO stage is in the config it gives "
-                "deepspeed.initialize, which no launcher setting changes; its rows are world sizes "
-                "(--nproc-per-node 1,2). For a row per stage, let the script read its config from "
-                "a "
-                "file named by an argument and run one bench per file (-- --deepspeed_config "
-                "z1.json)"
+                "deepspeed.initialize, which no launcher setting changes; its rows are world "
+                "sizes (--nproc-per-node 1,2). For a row per stage, let the script read its "
+                "config from a file named by an argument and run one bench per file (-- "
+                "--deepspeed_config z1.json)"
             )
         raise ConfigError(
             f"--strategies: a {self.name} script chooses its strategy in its own code; its rows "
-            "are "
-            "world sizes (--nproc-per-node 1,2)"
+            "are world sizes (--nproc-per-node 1,2)"
         )
 
     def environment_for(self, processes: int) -> dict[str, str]:

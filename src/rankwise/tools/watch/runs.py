@@ -148,8 +148,7 @@ def watched_run(
         ran = f" after {records[0]['steps']} optimizer steps" if records else ""
         return {
             "error": f"the script ended{ran}, before the {steps} asked (pass fewer steps, or "
-            "script arguments "
-            "that train longer)",
+            "script arguments that train longer)",
             "wall_s": result["wall_s"],
             "ended_early": True,
             **({"spawn": started} if started else {}),

@@ -91,8 +91,7 @@ def _start_processes(original, settings: WatchSettings):
         if not reference and asked < 2:
             raise ConfigError(
                 f"the script starts mp.spawn(nprocs={asked}): a distributed run needs at least 2 "
-                "ranks "
-                "(pass the script's own flag for its world size after --)"
+                "ranks (pass the script's own flag for its world size after --)"
             )
         arguments["nprocs"] = 1 if reference else asked
         arguments["fn"] = SpawnedRank(arguments["fn"], asked)
