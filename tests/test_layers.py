@@ -218,12 +218,18 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
 
 
+MODULE_LINES = 500
+"""A guide to when a module does more than one job, not a reason to pack lines: ruff format lays the
+code out at 100 columns, and the same code that fit 420 lines packed at 120 takes about 550 (src/
+grew from 22,800 to 29,900 lines when it was formatted); 500 asks for a split a little earlier."""
+
+
 def test_no_source_module_is_long():
     lines = {
         name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()
     }
-    long = {name: n for name, n in lines.items() if n > 420}
-    assert not long, f"modules over 420 lines (split them by job): {long}"
+    long = {name: n for name, n in lines.items() if n > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines (split them by job): {long}"
 
 
 NAMESPACE_ALLOWED = {

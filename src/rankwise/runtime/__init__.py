@@ -59,13 +59,12 @@ from rankwise.launch.failures import record_for_launcher
 from rankwise.process import ProcessEnv
 from rankwise.runtime import hangs, observers
 from rankwise.runtime.agreement import agree_with_rank0
+from rankwise.runtime.data import Sampling, shard_loader, to_device
 from rankwise.runtime.data_shares import DataSharesCheck
 from rankwise.sampling.batching import (
-    check_enough_samples,
     dataset_size,
     longest_first,
     micro_batch_size,
-    rank_sampler,
 )
 from rankwise.strategies import LoopFacts, Strategy, check_world_size, lookup, resolve_options
 from rankwise.strategies.options import Options
@@ -235,36 +234,17 @@ class Runtime:
         drop_last = shuffle if drop_last is None else drop_last
         for observer in self.observers:
             observer.loader(self, batch_size, shuffle)
-        if seed is None:
-            seed = self.seed or 0
-        sampler = rank_sampler(
-            dataset,
-            batch_size,
-            self.world_size,
-            self.rank,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            seed=seed,
-            lengths=lengths,
-            group_size=group_size,
+        sampling = Sampling(
+            batch_size, shuffle, drop_last, self.seed or 0 if seed is None else seed
         )
-        per_rank = batch_size // self.world_size
-        if drop_last:
-            check_enough_samples(dataset_size(dataset), batch_size)
-        # A private generator: iterating the loader must not consume the global RNG (dropout's),
-        # or a resumed run would draw different dropout masks than an uninterrupted one.
-        loader = ResumableLoader(
+        loader = shard_loader(
+            self,
             dataset,
-            batch_size=per_rank,
-            sampler=sampler,
-            drop_last=drop_last,
+            sampling,
             collate_fn=collate_fn,
             num_workers=num_workers,
-            pin_memory=self.device.type == "cuda",
-            generator=torch.Generator().manual_seed(seed),
-            gather=self.all_gather_object,
-            say=self.print,
-            world_size=self.world_size,
+            lengths=lengths,
+            group_size=group_size,
             name=f"rt.loader #{len(self._loaders) + 1}" if self._loaders else "rt.loader",
         )
         self._loaders.append(weakref.ref(loader))
@@ -284,7 +264,7 @@ class Runtime:
             observer.batch(self, batch)
         if self._data_shares.pending:
             self._data_shares.batch(batch)
-        return _to_device(batch, self.device)
+        return to_device(batch, self.device)
 
     # -- evaluation --------------------------------------------------------------------------
     def eval_loader(
@@ -502,16 +482,6 @@ class Runtime:
             record_for_launcher(explained or exc)
         if explained is not None:
             raise explained from exc
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
 
 
 def setup(strategy: str | None = None, precision: str | None = None, **kwargs) -> Runtime:

@@ -8,13 +8,16 @@ every process instead would report each sample world_size times.)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from rankwise.checkpoint import write_text_atomic
 from rankwise.runtime import Runtime
+from rankwise.train.rundir import RunDir
 
 
 def forward_logits(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -106,3 +109,19 @@ def evaluate(
 
 def write_report(path: str | Path, result: EvalResult, label_names: list[str], title: str) -> None:
     Path(path).write_text(result.markdown(label_names, title), encoding="utf-8")
+
+
+def write_results(
+    run_dir: RunDir, result: EvalResult, names: list[str], summary: dict, title: str
+) -> None:
+    """What a finished run writes (rank 0): report.md and report.txt, every evaluated sample's
+    label and prediction, and result.json last, which says the run is complete."""
+    write_report(run_dir.report_md, result, names, title)
+    write_text_atomic(run_dir.report_txt, result.report_text)
+    predictions = zip(result.predictions.tolist(), result.targets.tolist())
+    lines = (
+        json.dumps({"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False)
+        for i, (p, t) in enumerate(predictions)
+    )
+    write_text_atomic(run_dir.predictions, "".join(line + "\n" for line in lines))
+    write_text_atomic(run_dir.result, json.dumps(summary, indent=2))

@@ -19,7 +19,6 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
-from rankwise.checkpoint import write_text_atomic
 from rankwise.data.prepare import PreparedData
 from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
@@ -27,13 +26,14 @@ from rankwise.measure.flops import devices, fake_counter, padded_length, rows
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.measure.throughput import SteadyThroughput, count_tokens
 from rankwise.models import build_model, reads_ngrams
+from rankwise.models.attention import attention_for_varying_lengths
 from rankwise.process import restart_count
 from rankwise.runtime import Runtime, setup
 from rankwise.sampling.batching import iterate_steps
 from rankwise.train import artifacts, continuity
 from rankwise.train.config import TrainConfig
-from rankwise.train.evaluate import evaluate, forward_logits, write_report
-from rankwise.train.metrics import MetricsLog
+from rankwise.train.evaluate import evaluate, forward_logits, write_results
+from rankwise.train.metrics import LossWindow, MetricsLog
 from rankwise.train.optim import lr_lambda, make_optimizer
 from rankwise.train.preemption import StopRequest
 from rankwise.train.profiling import LoopProfile
@@ -42,42 +42,6 @@ from rankwise.train.schedule import Schedule
 from rankwise.train.utilisation import utilisation
 
 log = get_logger(__name__)
-
-
-def attention_for_varying_lengths(device: torch.device) -> None:
-    """Turn off the cuDNN backend of ``scaled_dot_product_attention`` on CUDA.
-
-    Batches are padded to their own longest text, so nearly every step has a new sequence length,
-    and torch's cuDNN attention builds a new execution plan for each one.  Measured on an H100
-    (torch 2.11, CUDA 13, base BERT, bf16, batch 128): a step on a new length took 0.17-2.3 s,
-    median 184 ms, against 39 ms with that backend off (43 ms with it on lengths already seen);
-    `rankwise train` (60 steps) ran at 555 steady samples/s with it, 2,657 without.  Flash and
-    memory-efficient attention take over, with no per-shape cost.  Process-wide, in the training app
-    only: the library (``rankwise.setup``) leaves the user's backends alone.
-    """
-    if device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-class LossWindow:
-    """The training loss summed on the device since it was last logged: no sync per step."""
-
-    def __init__(self, device: torch.device):
-        self.sum = torch.zeros((), device=device)
-        self.steps = 0
-        """Optimizer steps in the sum."""
-
-    def add(self, micro_loss: torch.Tensor) -> None:
-        self.sum += micro_loss
-
-    def take_mean(self, rt: Runtime) -> float:
-        """The mean loss per step over every rank since the last call, then an empty window (a
-        collective)."""
-        # Why: the only per-interval sync of the loop; .item() waits for the device.
-        mean = rt.all_reduce(self.sum / self.steps, "mean").item()
-        self.sum.zero_()
-        self.steps = 0
-        return mean
 
 
 class Trainer:
@@ -495,28 +459,11 @@ class Trainer:
             "launch_id": os.environ.get(LAUNCH_ID),  # which launching process's workers wrote this
         }
         if rt.is_main:
-            run_dir = self.run_dir
-            title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
-            write_report(run_dir.report_md, result, self.data.label_names, title)
             self.metrics.log(
                 self.step, **{f"{cfg.eval_split}_{k}": summary[k] for k in ("accuracy", "macro_f1")}
             )
-            write_text_atomic(run_dir.report_txt, result.report_text)
-            names = self.data.label_names
-            write_text_atomic(
-                run_dir.predictions,
-                "".join(
-                    json.dumps(
-                        {"index": i, "label": names[t], "prediction": names[p]}, ensure_ascii=False
-                    )
-                    + "\n"
-                    for i, (p, t) in enumerate(
-                        zip(result.predictions.tolist(), result.targets.tolist())
-                    )
-                ),
-            )
-            # last: the run is complete
-            write_text_atomic(run_dir.result, json.dumps(summary, indent=2))
+            title = f"{cfg.eval_split} report: {cfg.strategy} x{rt.world_size}, {cfg.model.name}"
+            write_results(self.run_dir, result, self.data.label_names, summary, title)
         self.metrics.close()
         return summary
 

@@ -1,4 +1,5 @@
-"""The training log of a run: ``metrics.jsonl`` and TensorBoard events, written by rank 0."""
+"""The training log of a run: ``metrics.jsonl`` and TensorBoard events, written by rank 0; the loss
+summed on the device between two logged steps."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+
 from rankwise.checkpoint import write_text_atomic
+from rankwise.runtime import Runtime
 from rankwise.train.rundir import RunDir
 
 
@@ -66,3 +70,24 @@ def _records_up_to(path: Path, step: int) -> list[str]:
         if record.get("step", 0) <= step:
             kept.append(line + "\n")
     return kept
+
+
+class LossWindow:
+    """The training loss summed on the device since it was last logged: no sync per step."""
+
+    def __init__(self, device: torch.device):
+        self.sum = torch.zeros((), device=device)
+        self.steps = 0
+        """Optimizer steps in the sum."""
+
+    def add(self, micro_loss: torch.Tensor) -> None:
+        self.sum += micro_loss
+
+    def take_mean(self, rt: Runtime) -> float:
+        """The mean loss per step over every rank since the last call, then an empty window (a
+        collective)."""
+        # Why: the only per-interval sync of the loop; .item() waits for the device.
+        mean = rt.all_reduce(self.sum / self.steps, "mean").item()
+        self.sum.zero_()
+        self.steps = 0
+        return mean

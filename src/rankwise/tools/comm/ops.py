@@ -13,7 +13,6 @@ so; ``composed=True`` runs every composition, to show them and to check them.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 
 import torch
@@ -33,6 +32,13 @@ from rankwise.tools.comm.context import (
     everyone,
     reduce_dtype,
     reference_reduce,
+)
+from rankwise.tools.comm.object_ops import (
+    all_gather_object,
+    barrier,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
 )
 
 __all__ = [
@@ -347,60 +353,6 @@ def _all_to_all_single(c: Ctx) -> Outcome:
     )
 
 
-def _barrier(c: Ctx) -> Outcome:
-    # A barrier is checked by what it promises: after it, every rank has arrived. Arrivals are
-    # counted in the job's store (not by a collective) and staggered so a no-op barrier would show.
-    store = torch_dist.distributed_c10d._get_default_store()
-    key = "rankwise/comm-demo/barrier"
-    time.sleep(0.05 * c.rank)
-    arrived = store.add(key, 1)
-
-    def composed():
-        torch_dist.all_reduce(torch.zeros(1, device=c.device))
-
-    c.call(torch_dist.barrier, composed, "an all_reduce of one value")
-    seen = store.add(key, 0)
-    # Why: nobody may reuse the key (a second demo in the same job) before every rank has read it.
-    torch_dist.barrier()
-    everyone = f"{c.world_size}/{c.world_size} arrived"
-    return Outcome(f"arrived {arrived}/{c.world_size}", f"{seen}/{c.world_size} arrived", everyone)
-
-
-# -- object collectives (pickled; torch builds them on the tensor collectives) ---------------------
-
-
-def _config_for(rank: int) -> dict:
-    return {"from": rank, "seed": 1000 + rank}
-
-
-def _broadcast_object_list(c: Ctx) -> Outcome:
-    box = [_config_for(c.rank), f"r{c.rank}"]
-    before = list(box)
-    torch_dist.broadcast_object_list(box, src=ROOT)
-    return Outcome(before, box, [_config_for(ROOT), f"r{ROOT}"])
-
-
-def _all_gather_object(c: Ctx) -> Outcome:
-    slots: list = [None] * c.world_size
-    torch_dist.all_gather_object(slots, _config_for(c.rank))
-    return Outcome(_config_for(c.rank), slots, [_config_for(r) for r in range(c.world_size)])
-
-
-def _gather_object(c: Ctx) -> Outcome:
-    slots: list | None = [None] * c.world_size if c.rank == ROOT else None
-    torch_dist.gather_object(_config_for(c.rank), slots, dst=ROOT)
-    if c.rank != ROOT:
-        return Outcome(_config_for(c.rank), "(unspecified)", None)
-    return Outcome(_config_for(c.rank), slots, [_config_for(r) for r in range(c.world_size)])
-
-
-def _scatter_object_list(c: Ctx) -> Outcome:
-    parts = [{"for": r, "shard": list(range(r + 1))} for r in range(c.world_size)]  # uneven sizes
-    box: list = [None]
-    torch_dist.scatter_object_list(box, parts if c.rank == ROOT else None, src=ROOT)
-    return Outcome(parts if c.rank == ROOT else "(nothing)", box[0], parts[c.rank])
-
-
 OPS: list[Op] = [
     Op(
         "send/recv",
@@ -472,19 +424,19 @@ OPS: list[Op] = [
     Op(
         "barrier",
         "no rank leaves before every rank has arrived (arrivals counted in the store)",
-        _barrier,
+        barrier,
     ),
     Op(
         "broadcast_object_list",
         f"every rank ends with rank {ROOT}'s Python objects",
-        _broadcast_object_list,
+        broadcast_object_list,
     ),
-    Op("all_gather_object", "every rank receives every rank's Python object", _all_gather_object),
-    Op("gather_object", f"rank {ROOT} receives every rank's Python object", _gather_object),
+    Op("all_gather_object", "every rank receives every rank's Python object", all_gather_object),
+    Op("gather_object", f"rank {ROOT} receives every rank's Python object", gather_object),
     Op(
         "scatter_object_list",
         f"rank {ROOT} holds one object per rank; rank i receives object i",
-        _scatter_object_list,
+        scatter_object_list,
     ),
 ]
 

@@ -27,6 +27,7 @@ from rankwise.logs import get_logger
 from rankwise.measure.tolerance import gradient_tolerance, tolerance
 from rankwise.strategies import lookup
 from rankwise.tools.harness import crashed
+from rankwise.tools.verify.causes import RANDOM_OPS
 from rankwise.tools.verify.compare import (
     TracedRun,
     compare,
@@ -35,7 +36,7 @@ from rankwise.tools.verify.compare import (
     random_ops,
     start_differs,
 )
-from rankwise.tools.verify.diagnose import RANDOM_OPS, diagnose
+from rankwise.tools.verify.diagnose import diagnose
 from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.records import ReportExtra, VerifyReport
 from rankwise.tools.verify.report import render
