@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         widths = len({b["input_ids"].shape[1] for b in chosen})
         print(
             f"{name}: median {statistics.median(times) * 1e3:.1f} ms, mean "
-            f"{statistics.mean(times) * 1e3:.1f} ms, "
-            f"max {max(times) * 1e3:.1f} ms over {len(times)} steps, {widths} distinct widths; "
-            f"first 8: {[round(x * 1e3) for x in times[:8]]}",
+            f"{statistics.mean(times) * 1e3:.1f} ms, max {max(times) * 1e3:.1f} ms over "
+            f"{len(times)} steps, {widths} distinct widths; first 8: "
+            f"{[round(x * 1e3) for x in times[:8]]}",
             flush=True,
         )
 

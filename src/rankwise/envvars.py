@@ -58,8 +58,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "the user, or `rankwise train --trust-checkpoint` (`train/run.py`)",
         "`checkpoint/loading.py`",
         "`1`/`true`/`yes`: load a checkpoint `.pt` file that names Python globals outside the "
-        "allowed list "
-        "(it can run code when unpickled). Only for a checkpoint from someone you trust.",
+        "allowed list (it can run code when unpickled). Only for a checkpoint from someone you "
+        "trust.",
     ),
     EnvVar(
         "RANKWISE_LAUNCH_ID",

@@ -82,8 +82,8 @@ class HungAtExit(LaunchError):
             self,
             "the run's work finished, but not every rank exited:\n"
             + "\n".join(f"  {line}" for line in self.failures)
-            + "\n  (exit status 3: completed, a rank hung at exit; "
-            "--exit-grace sets how long a finished rank may take)",
+            + "\n  (exit status 3: completed, a rank hung at exit; --exit-grace sets how long a "
+            "finished rank may take)",
         )
 
 

@@ -22,8 +22,8 @@ class Precision:
             raise ValueError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
         if name == "16-mixed" and device.type != "cuda":
             raise ValueError(
-                "precision 16-mixed needs a CUDA device (fp16 autocast with a GradScaler); "
-                "on the CPU use --precision bf16-mixed or 32-true"
+                "precision 16-mixed needs a CUDA device (fp16 autocast with a GradScaler); on the "
+                "CPU use --precision bf16-mixed or 32-true"
             )
         self.name = name
         self.device = device

@@ -221,8 +221,8 @@ def init_process_group(env: ProcessEnv, device: torch.device, timeout_s: float =
         return
     if env.master_port is None:
         raise RuntimeError(
-            f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or "
-            "set it"
+            f"rank {env.rank}: MASTER_PORT is not set; start the job with `rankwise launch` or set "
+            "it"
         )
     env.export()
     if device.type == "cuda":

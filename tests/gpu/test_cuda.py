@@ -103,8 +103,8 @@ def test_single_resumes_bitwise_on_cuda(precision, tmp_path, data_cache):
         train(again, data_cache, *args)
         rerun = max_difference(uninterrupted, read_weights(again / "checkpoints"))
         pytest.fail(
-            f"{precision}: resumed run differs from the uninterrupted one by {difference:.3e}; "
-            f"two uninterrupted runs differ by {rerun:.3e}"
+            f"{precision}: resumed run differs from the uninterrupted one by {difference:.3e}; two "
+            f"uninterrupted runs differ by {rerun:.3e}"
         )
     if precision == "16-mixed":
         saved = scaler_state(cut / "checkpoints" / step_dir(CUT))

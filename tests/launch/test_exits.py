@@ -105,8 +105,8 @@ def test_only_ranks_the_guard_ended_are_read_back(tmp_path, monkeypatch):
     )
     # armed, never fired: it exited in time
     (tmp_path / exits.DUMP.format(who="rank1", pid=2)).write_text(
-        "rankwise exit guard: rank1 main thread 0x00007f0000000001 seconds 7\n"
-        "rankwise exit guard: the script returned\n"
+        "rankwise exit guard: rank1 main thread 0x00007f0000000001 seconds 7\nrankwise exit "
+        "guard: the script returned\n"
     )
     (tmp_path / "stall-rank0-pid3.txt").write_text(
         "rankwise stall deadline: rank0 main thread 0x1 seconds 7\n"

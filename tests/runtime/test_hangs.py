@@ -29,8 +29,8 @@ def test_a_peer_that_closed_its_connections_is_named_by_node():
     )
     explained = hangs.explain(gloo, env, timeout_s=4)
     assert str(explained) == (
-        "rank 0: node 1 (host b, 10.0.0.2) closed its connections in the middle of a "
-        "collective (rank(s) 2, 3 there): their processes died or that node went down"
+        "rank 0: node 1 (host b, 10.0.0.2) closed its connections in the middle of a collective "
+        "(rank(s) 2, 3 there): their processes died or that node went down"
     )
     # no rank announced that address
     unknown = RuntimeError("Connection reset by peer [10.9.9.9]:1")

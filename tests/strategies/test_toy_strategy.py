@@ -29,8 +29,8 @@ from tests.support.strategies import cut_back, overrides_of_nothing, train_toy, 
 class ByNameDDP(DDP):
     name = "ddp-by-name"
     description = (
-        "DDP whose checkpoints keep optimizer state by parameter name in safetensors (a "
-        "test's strategy)"
+        "DDP whose checkpoints keep optimizer state by parameter name in safetensors (a test's "
+        "strategy)"
     )
     FOLDER = "by-name"
 

@@ -67,8 +67,8 @@ def _call(rank: int, call: int, fn: Callable, args: tuple) -> RankResult:
         return RankResult(
             rank,
             call,
-            error="the call returned with its process group still initialised "
-            "(teardown did not run)",
+            error="the call returned with its process group still initialised (teardown did not "
+            "run)",
         )
     return RankResult(rank, call, value=value)
 

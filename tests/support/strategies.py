@@ -96,8 +96,8 @@ COVERAGE = {
         left_out={
             "horovod": HOROVOD,
             "dp": "one process: nothing to agree on",
-            "accelerate": "not run, for the suite's time: Accelerate wraps torch's DDP, "
-            "whose broadcast the ddp case checks",
+            "accelerate": "not run, for the suite's time: Accelerate wraps torch's DDP, whose "
+            "broadcast the ddp case checks",
         },
     ),
     # tests/examples/test_own_scripts.py (rankwise verify) and tests/tools/bench/test_script.py

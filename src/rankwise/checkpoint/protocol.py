@@ -198,8 +198,8 @@ def verify(path: Path) -> dict:
             raise CheckpointError(f"checkpoint {path} is missing {name}")
         if "size" in expected and file.stat().st_size != expected["size"]:
             raise CheckpointError(
-                f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, "
-                f"the manifest says {expected['size']} (truncated?)"
+                f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, the "
+                f"manifest says {expected['size']} (truncated?)"
             )
         if sha256_of(file) != expected["sha256"]:
             raise CheckpointError(
@@ -285,8 +285,8 @@ def check_compatible(
         raise ConfigError(
             f"checkpoint {directory} was written at world size {meta['world_size']}, this run has "
             f"{world_size}, and {strategy}'s state is sharded per rank: resume with the same "
-            "number of "
-            "processes, or start a new run from its weights (rankwise export, model.init_weights)"
+            "number of processes, or start a new run from its weights (rankwise export, "
+            "model.init_weights)"
         )
 
 

@@ -112,8 +112,8 @@ def save_state(
         if rt.is_main:  # every rank is done with the staging directory now
             shutil.rmtree(staging, ignore_errors=True)
         raise ckpt.CheckpointError(
-            f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous "
-            f"checkpoint under {root} is intact"
+            f"checkpoint of step {step} not written: {'; '.join(errors)}; the previous checkpoint "
+            f"under {root} is intact"
         )
     return Path(final)
 

@@ -64,13 +64,13 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--strategies",
         metavar="ROW,ROW",
-        help="rows to run (single is always added as the "
-        f"reference): {', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset "
-        f"leaves out {', '.join(row.name for row in ROWS if row.full_only)} unless named; only "
-        f"when named: {', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise "
-        "strategies for a script on rankwise.setup(); the launcher's own strategy names for a "
-        "Lightning Fabric script (fabric run --strategy: ddp, fsdp, deepspeed, ...) or an "
-        "Accelerate one (ddp, fsdp, deepspeed), each a row at the largest --nproc-per-node",
+        help="rows to run (single is always added as the reference): "
+        f"{', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves out "
+        f"{', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
+        f"{', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise strategies "
+        "for a script on rankwise.setup(); the launcher's own strategy names for a Lightning "
+        "Fabric script (fabric run --strategy: ddp, fsdp, deepspeed, ...) or an Accelerate one "
+        "(ddp, fsdp, deepspeed), each a row at the largest --nproc-per-node",
     )
     p.add_argument(
         "--nproc",
@@ -99,11 +99,11 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--script",
         metavar="SCRIPT.py",
-        help="benchmark your own script, unchanged, instead of "
-        "`rankwise train`; arguments after -- go to it. On rankwise.setup(): --strategies are "
-        "strategy names (default ddp,fsdp,deepspeed-zero2,accelerate; single is the reference). "
-        "Plain torch, Accelerate, Trainer or Fabric: a row per world size (--nproc-per-node 1,2), "
-        "started as its framework's launcher would",
+        help="benchmark your own script, unchanged, instead of `rankwise train`; arguments after "
+        "-- go to it. On rankwise.setup(): --strategies are strategy names (default "
+        "ddp,fsdp,deepspeed-zero2,accelerate; single is the reference). Plain torch, Accelerate, "
+        "Trainer or Fabric: a row per world size (--nproc-per-node 1,2), started as its "
+        "framework's launcher would",
     )
     p.add_argument(
         "--framework",
@@ -139,9 +139,9 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--explain",
         metavar="ROW",
-        help="after the table, ROW's step-time breakdown: every rank's "
-        "compute, exposed communication, data wait, host syncs and wait for the slowest rank, and "
-        "the cause; with --report, from an earlier bench's report.json, without running anything",
+        help="after the table, ROW's step-time breakdown: every rank's compute, exposed "
+        "communication, data wait, host syncs and wait for the slowest rank, and the cause; with "
+        "--report, from an earlier bench's report.json, without running anything",
     )
     p.add_argument(
         "--report",

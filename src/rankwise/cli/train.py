@@ -96,8 +96,8 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--hostfile",
         metavar="FILE",
-        help="'host slots=N' per line: nnodes, this node's rank and "
-        "processes and the master (the first host) from the file; the same command on every node",
+        help="'host slots=N' per line: nnodes, this node's rank and processes and the master (the "
+        "first host) from the file; the same command on every node",
     )
     flag(
         "--launcher",

@@ -89,8 +89,8 @@ def _options(p: argparse.ArgumentParser) -> None:
         metavar="'ARGS'",
         type=shlex.split,
         help="the script's arguments for the one-process reference, when its batching cannot be "
-        "scaled "
-        "by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they are",
+        "scaled by N (e.g. --reference-args='--batch-size 64'); its loaders are then left as they "
+        "are",
     )
     p.add_argument(
         "--nproc-per-node",

@@ -25,15 +25,15 @@ DATA = "torch.utils.data"
 BACKWARD = Patch(
     "torch.Tensor.backward",
     "torch",
-    "each backward: the loss, the batch it consumed, whether its "
-    "forward drew random numbers; no hook sees a backward's loss before autograd runs",
+    "each backward: the loss, the batch it consumed, whether its forward drew random numbers; no "
+    "hook sees a backward's loss before autograd runs",
     TORCH,
 )
 ITEM = Patch(
     "torch.Tensor.item",
     "torch",
-    "the script's own .item() reads by line (a host-device sync each on a "
-    "GPU); torch has no hook on them",
+    "the script's own .item() reads by line (a host-device sync each on a GPU); torch has no hook "
+    "on them",
     TORCH,
 )
 SAVE = Patch("torch.save", "torch", "what the script saves, from which line, at which step", TORCH)
@@ -59,8 +59,8 @@ COLLECTIVES = tuple(
     Patch(
         f"torch.distributed.{name}",
         "torch",
-        "the script's own collectives by line, timed (torch's "
-        "flight recorder is private and not on every backend)",
+        "the script's own collectives by line, timed (torch's flight recorder is private and not "
+        "on every backend)",
         TORCH,
     )
     for name in COLLECTIVE_NAMES
@@ -87,8 +87,8 @@ LOADER_INIT = Patch(
 LOADER_ITER = Patch(
     f"{DATA}.dataloader.DataLoader.__iter__",
     "torch",
-    "each pass over a loader and every batch it "
-    "yields (a digest per sample); after verify's window, a training pass cut short",
+    "each pass over a loader and every batch it yields (a digest per sample); after verify's "
+    "window, a training pass cut short",
     TORCH,
 )
 LOADER_LEN = Patch(
@@ -120,8 +120,8 @@ SAMPLER_INIT = Patch(
 INIT_GROUP = Patch(
     "torch.distributed.init_process_group",
     "torch",
-    "what an mp.spawn script's rank passes, and its "
-    "port checked; in its one-process reference, world size 1",
+    "what an mp.spawn script's rank passes, and its port checked; in its one-process reference, "
+    "world size 1",
     TORCH,
 )
 START_PROCESSES = Patch(
@@ -140,8 +140,8 @@ START_PROCESSES_EXPORTED = Patch(
 ENGINE_FORWARD = Patch(
     "deepspeed.runtime.engine.DeepSpeedEngine.forward",
     "deepspeed",
-    "the engine's ZeRO stage and "
-    "precision; a following run's fp32 masters take the N-rank run's weights",
+    "the engine's ZeRO stage and precision; a following run's fp32 masters take the N-rank run's "
+    "weights",
     ("0.19",),
 )
 ENGINE_STEP = Patch(
@@ -172,8 +172,8 @@ GATHER_FOR_METRICS = Patch(
 LIGHTNING_TRAINER = Patch(
     "lightning.pytorch.trainer.trainer.Trainer.__init__",
     "lightning",
-    "every Trainer on the "
-    "launcher's devices and nodes (its PL_TRAINER_* variables are only defaults)",
+    "every Trainer on the launcher's devices and nodes (its PL_TRAINER_* variables are only "
+    "defaults)",
     ("2.6",),
 )
 PL_TRAINER = Patch(

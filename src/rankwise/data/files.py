@@ -40,8 +40,8 @@ def read_text_utf8(path: Path) -> str:
         line = raw.count(b"\n", 0, e.start) + 1
         raise DataError(
             path,
-            f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-            "re-encode the file as UTF-8",
+            f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); re-encode the file "
+            "as UTF-8",
             line,
         ) from None
     text = text.removeprefix("\ufeff")  # a BOM from spreadsheet exports
@@ -136,8 +136,8 @@ def read_jsonl(
             if column and column not in row:
                 raise DataError(
                     path,
-                    f"missing key {column!r}; this line has {', '.join(map(repr, row))} "
-                    "(set data.text_column / data.label_column)",
+                    f"missing key {column!r}; this line has {', '.join(map(repr, row))} (set "
+                    "data.text_column / data.label_column)",
                     line_no,
                 )
         records.append(

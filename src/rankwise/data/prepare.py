@@ -204,8 +204,8 @@ def prepare_text(config: DataConfig) -> PreparedData:
             if record.label not in label_id:
                 raise DataError(
                     record.source.rsplit(":", 1)[0],
-                    f"label {record.label!r} of the {name} split never "
-                    f"occurs in the training split ({', '.join(label_names)})",
+                    f"label {record.label!r} of the {name} split never occurs in the training "
+                    f"split ({', '.join(label_names)})",
                     int(record.source.rsplit(":", 1)[1]),
                 )
     encoder = TextEncoder.build(

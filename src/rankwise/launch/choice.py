@@ -89,8 +89,8 @@ class Choice:
         needs = variant.settings.get("launch.launcher") or variant.cls.launcher or launcher
         if needs != launcher:
             raise ConfigError(
-                f"--strategy {self.strategy} starts its processes with {needs}, not {launcher} "
-                "(it is not started by `rankwise launch`): "
+                f"--strategy {self.strategy} starts its processes with {needs}, not {launcher} (it "
+                "is not started by `rankwise launch`): "
                 + (
                     "run horovodrun yourself (see README)"
                     if needs == "horovodrun"

@@ -151,6 +151,6 @@ def wait_for_master(host: str, port: int, timeout_s: float, node: str) -> None:
     else:
         cause, fix = "no answer (timed out)", "a firewall, a link down, or a wrong --master-addr"
     raise MasterUnreachable(
-        f"{node} ({me}) cannot reach the master {host}:{port} within {timeout_s:g} s: "
-        f"{cause}; {fix}"
+        f"{node} ({me}) cannot reach the master {host}:{port} within {timeout_s:g} s: {cause}; "
+        f"{fix}"
     )

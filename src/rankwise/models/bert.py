@@ -162,8 +162,8 @@ def build_bert(
         )
         return model, {"kind": "hf", "config": model.config.to_dict(), "pooling": "cls"}
     raise ValueError(
-        f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) "
-        "and not a local directory with a pretrained model"
+        f"model {name!r}: not a preset ({', '.join(BERT_PRESETS)}, linear, mlp) and not a local "
+        "directory with a pretrained model"
     )
 
 

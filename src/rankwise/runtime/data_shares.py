@@ -47,9 +47,9 @@ class DataSharesCheck:
         if same:
             log.warning(
                 "rankwise: all %d ranks trained on the same %d samples in the first step: the "
-                "data loader is "
-                "not rank-sharded, so every rank repeats the others' work. Build it with "
-                "rt.loader(dataset, batch_size=GLOBAL_BATCH), which gives each rank its own share.",
+                "data loader is not rank-sharded, so every rank repeats the others' work. Build "
+                "it with rt.loader(dataset, batch_size=GLOBAL_BATCH), which gives each rank its "
+                "own share.",
                 len(seen),
                 len(seen[0]),
             )

@@ -38,8 +38,8 @@ def micro_batch_size(batch_size: int, world_size: int, grad_accum: int = 1) -> i
     if batch_size % per_step:
         raise ConfigError(
             f"batch_size={batch_size} is not divisible by world_size ({world_size}) x grad_accum "
-            f"({grad_accum}) "
-            f"= {per_step}; the global batch must split evenly across ranks and micro-batches"
+            f"({grad_accum}) = {per_step}; the global batch must split evenly across ranks and "
+            "micro-batches"
         )
     return batch_size // per_step
 
@@ -48,8 +48,8 @@ def check_enough_samples(samples: int, batch_size: int, what: str = "the trainin
     """Refuse data that does not fill one global batch (a training loader drops incomplete ones)."""
     if samples < batch_size:
         raise ConfigError(
-            f"{what} has {samples} samples, fewer than one global batch ({batch_size}); "
-            "lower --batch-size"
+            f"{what} has {samples} samples, fewer than one global batch ({batch_size}); lower "
+            "--batch-size"
         )
 
 

@@ -178,8 +178,8 @@ def resolve_options(
     if clashes:
         key, value = next(iter(clashes.items()))
         raise ConfigError(
-            f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; "
-            f"it was also given {value!r}"
+            f"strategy {variant.name!r} sets {cls.options_section}.{key}={fixed[key]!r}; it was "
+            f"also given {value!r}"
         )
     # An options object keeps its defaults too; a mapping holds only what was given.
     base = options.model_dump() if isinstance(options, cls.options_cls) else given

@@ -89,8 +89,8 @@ class AccelerateGather(dist.ExactGather):
         rows = self.local()
         if rows[0].numel() != self.total:  # the library's promise, checked
             raise RuntimeError(
-                f"accelerate's gather_for_metrics returned {rows[0].numel()} rows "
-                f"for {self.total} samples"
+                f"accelerate's gather_for_metrics returned {rows[0].numel()} rows for {self.total} "
+                "samples"
             )
         return dist.exactly_once(*rows, total=self.total)
 

@@ -330,8 +330,8 @@ class Strategy(abc.ABC):
             return weights, None
         if not cls.claims(directory):
             raise CheckpointError(
-                f"{directory} holds no optimizer state ({OPTIMIZER_FILE}): it was saved without "
-                "an optimizer; load its weights instead (model.init_weights)"
+                f"{directory} holds no optimizer state ({OPTIMIZER_FILE}): it was saved without an "
+                "optimizer; load its weights instead (model.init_weights)"
             )
         return weights, by_name(loading.load(directory / OPTIMIZER_FILE, "optimizer-state"), names)
 

@@ -364,9 +364,9 @@ class DeepSpeed(Strategy):
             model.save_checkpoint(str(directory / FOLDER), tag=TAG, save_latest=False)
         except OSError as e:
             raise CollectiveSaveError(
-                f"rank {self.env.rank}: cannot write {e.filename or directory}: "
-                f"{e.strerror or e}; DeepSpeed's save is collective, so the job stops here "
-                "(the previous checkpoint is intact)"
+                f"rank {self.env.rank}: cannot write {e.filename or directory}: {e.strerror or e}; "
+                "DeepSpeed's save is collective, so the job stops here (the previous checkpoint "
+                "is intact)"
             ) from e
 
     @classmethod
@@ -405,8 +405,8 @@ class DeepSpeed(Strategy):
             # DeepSpeed's 16-bit stage 0 wraps the optimizer with fp32 master copies of its own.
             raise RuntimeError(
                 f"rank {self.env.rank}: DeepSpeed ZeRO stage 0 at {self.precision.name} cannot "
-                f"continue another strategy's or world size's checkpoint ({directory}); use "
-                "ZeRO stage 1-3, or 32-true at stage 0"
+                f"continue another strategy's or world size's checkpoint ({directory}); use ZeRO "
+                "stage 1-3, or 32-true at stage 0"
             )
         super().load_state(directory, model, optimizer, writer)
 

@@ -44,8 +44,8 @@ def read_user_config(options: DeepSpeedOptions) -> dict:
     clashes = sorted(OWNED_KEYS & user.keys())
     if clashes:
         raise ConfigError(
-            f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, "
-            "--grad-accum, clipping (rt.step's max_norm) and --precision; remove them from the JSON"
+            f"{path}: {', '.join(clashes)} come from rankwise's --batch-size, --grad-accum, "
+            "clipping (rt.step's max_norm) and --precision; remove them from the JSON"
         )
     return user
 

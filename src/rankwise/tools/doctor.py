@@ -93,8 +93,8 @@ def check_machine(report: Report, multi_node: bool, port: int) -> None:
     report.add(
         "cores",
         True,
-        f"{usable_cores()} usable, torch threads {torch.get_num_threads()}, "
-        f"OMP_NUM_THREADS {threads} (launchers set cores / local processes)",
+        f"{usable_cores()} usable, torch threads {torch.get_num_threads()}, OMP_NUM_THREADS "
+        f"{threads} (launchers set cores / local processes)",
     )
     stats = psutil.net_if_stats()
     interfaces = []
@@ -263,8 +263,8 @@ def check_all_reduce(report: Report, layout: NodeLayout) -> None:
         "all_reduce",
         row["wrong"] == 0,
         f"{ranks} ranks on {backend}, {row['bytes'] / 2**20:.0f} MiB fp32: "
-        f"{row['time_us'] / 1e3:.1f} ms, "
-        f"algbw {row['algbw_GBps']:.2f} GB/s, busbw {row['busbw_GBps']:.2f} GB/s",
+        f"{row['time_us'] / 1e3:.1f} ms, algbw {row['algbw_GBps']:.2f} GB/s, busbw "
+        f"{row['busbw_GBps']:.2f} GB/s",
         f"{row['wrong']} element(s) of the sum were wrong: report it with the versions above",
     )
 

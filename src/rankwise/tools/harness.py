@@ -103,8 +103,8 @@ def resolve_backend(backend: str, nproc_per_node: int = 1) -> str:
         )
     if backend == "nccl" and gpus < nproc_per_node:
         raise ConfigError(
-            f"--backend nccl needs one GPU per rank: --nproc-per-node {nproc_per_node} on "
-            f"{gpus} GPU(s) (NCCL refuses two ranks on one GPU); use fewer ranks or gloo"
+            f"--backend nccl needs one GPU per rank: --nproc-per-node {nproc_per_node} on {gpus} "
+            "GPU(s) (NCCL refuses two ranks on one GPU); use fewer ranks or gloo"
         )
     return backend
 
@@ -255,8 +255,8 @@ def run_measured(
                     under = stop_tree(proc)
                 raise Stopped(
                     stopped.signum,
-                    f"ended the run it had started, its launcher and the {under} "
-                    f"processes under it (their output: {out / 'bench.log'})",
+                    f"ended the run it had started, its launcher and the {under} processes under "
+                    f"it (their output: {out / 'bench.log'})",
                 ) from None
     wall = round(time.perf_counter() - started, 2)
     hung = []

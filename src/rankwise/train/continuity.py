@@ -188,8 +188,8 @@ def describe(record: dict) -> str:
     lines = [
         f"continuity: resumed {record['resumed_from']} at step {record['step']} "
         f"({written['strategy']} x{written['world_size']} -> {resumed['strategy']} "
-        f"x{resumed['world_size']}), "
-        f"epoch {record['epoch']}, sample {first} of {total} in its order"
+        f"x{resumed['world_size']}), epoch {record['epoch']}, sample {first} of {total} in its "
+        "order"
     ]
     lines.append(
         f"  data and order: {'the same' if checks['data'] and checks['order'] else 'DIFFERENT'} "
@@ -217,8 +217,8 @@ def describe(record: dict) -> str:
         )
         changed = "" if same else " (the schedule changed: other max_steps, epochs or warm-up?)"
         lines.append(
-            f"  learning rate: {lr['at_checkpoint']:.6g} at the cut, {lr['resumed']:.6g} from "
-            f"this run's schedule{changed}"
+            f"  learning rate: {lr['at_checkpoint']:.6g} at the cut, {lr['resumed']:.6g} from this "
+            f"run's schedule{changed}"
         )
     logged = record["loss"]["last_logged"]
     resumed_loss = record["loss"]["first_resumed_step"]

@@ -137,6 +137,6 @@ def prepared_data(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     if not sizes[cfg.eval_split]:
         raise ConfigError(
             f"eval_split={cfg.eval_split!r}: the {cfg.eval_split} split of {cfg.data.source} is "
-            "empty; "
-            "add rows, raise data.test_percent / data.dev_percent, or evaluate the other split"
+            "empty; add rows, raise data.test_percent / data.dev_percent, or evaluate the other "
+            "split"
         )

@@ -107,8 +107,8 @@ def prepare_run(cfg: TrainConfig, quiet: bool = False) -> RunDir:
         counts = ", ".join(f"{s} {data.size(s)}" for s in ("train", "dev", "test"))
         log.info(
             f"data: {cfg.data.source}: {counts} ({data.stats.get('duplicates_removed', 0)} "
-            "duplicates and "
-            f"{data.stats.get('contradictory_texts_removed', 0)} contradictory texts removed)"
+            f"duplicates and {data.stats.get('contradictory_texts_removed', 0)} contradictory "
+            "texts removed)"
         )
     return run_dir
 

@@ -47,8 +47,8 @@ def test_a_reference_slowed_by_another_job_marks_both_rows_and_neither_is_the_fa
     summary = summarize(rows, runs, {"ddp": _verdict()})
     single, ddp = summary["rows"]
     said = (
-        "its ranks measured a matrix-product peak of 8-32 GFLOP/s per core against 75 in "
-        "another row"
+        "its ranks measured a matrix-product peak of 8-32 GFLOP/s per core against 75 in another "
+        "row"
     )
     assert said in single["disturbed"]
     assert "load average 3.1 on 2 cores" in single["disturbed"]

@@ -171,8 +171,8 @@ def test_a_row_whose_rank_hung_at_exit_keeps_its_numbers_and_says_so_under_the_t
         "samples_counted_by": "DataLoader",
     }
     hung = (
-        "rank 1 (host h, local rank 1, pid 7) finished its work, hung at exit (after the "
-        "script returned), ended"
+        "rank 1 (host h, local rank 1, pid 7) finished its work, hung at exit (after the script "
+        "returned), ended"
     )
     summary = summarize([ScriptRow("ddp", 2)], {"ddp": [run, run | {"hung_at_exit": [hung]}]}, {})
     row = summary["rows"][0]

@@ -58,23 +58,22 @@ def criterion(row: Row, nproc: int) -> Criterion:
     if row.baseline:
         return Criterion(
             "weights",
-            note="a loop written without rankwise: rankwise verify runs the built-in app, "
-            "which this loop replaces",
+            note="a loop written without rankwise: rankwise verify runs the built-in app, which "
+            "this loop replaces",
         )
     if row.comm_hook != "none":
         return Criterion(
             "weights",
-            note=f"ddp.comm_hook={row.comm_hook} compresses the gradient exchange, which "
-            "rankwise verify names as a difference by design; the row's stated "
-            "tolerance judges it instead",
+            note=f"ddp.comm_hook={row.comm_hook} compresses the gradient exchange, which rankwise "
+            "verify names as a difference by design; the row's stated tolerance judges it instead",
         )
     assert row.strategy is not None  # not a baseline
     variant = lookup(row.strategy)
     if variant.strategy == "single":
         return Criterion(
             "weights",
-            note="one process, as single: verify would compare single with itself; the "
-            "weights show what this row changes (threads, compilation)",
+            note="one process, as single: verify would compare single with itself; the weights "
+            "show what this row changes (threads, compilation)",
         )
     launcher = variant.settings.get("launch.launcher") or variant.cls.launcher
     for name in dict.fromkeys([row.strategy, variant.strategy]):
@@ -92,8 +91,8 @@ def criterion(row: Row, nproc: int) -> Criterion:
         )
     return Criterion(
         "weights",
-        note=f"{row.strategy} starts its ranks with {launcher}; rankwise verify starts "
-        "them with torchrun",
+        note=f"{row.strategy} starts its ranks with {launcher}; rankwise verify starts them with "
+        "torchrun",
     )
 
 
@@ -157,9 +156,9 @@ def lockstep_columns(report: VerifyReport) -> EquivalenceColumns:
         verdict, reason = (
             "unchecked",
             (
-                "no training batch came from a DataLoader, so nothing showed which samples "
-                "each rank trained on: build the loader with rt.loader (or a DataLoader "
-                "with a DistributedSampler)"
+                "no training batch came from a DataLoader, so nothing showed which samples each "
+                "rank trained on: build the loader with rt.loader (or a DataLoader with a "
+                "DistributedSampler)"
             ),
         )
     return {

@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             training = ", ".join(f"{t:.0f}" for t, _ in row["peak_rss_mb"])
             other = ", ".join(f"{o:.0f}" for _, o in row["peak_rss_mb"])
             print(
-                f"| {name} | {row['parameters']:,} | {training} | {ratio} | {without} | "
-                f"{other} | {row['samples_per_s']} |",
+                f"| {name} | {row['parameters']:,} | {training} | {ratio} | {without} | {other} | "
+                f"{row['samples_per_s']} |",
                 flush=True,
             )
     for name in [

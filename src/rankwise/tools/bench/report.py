@@ -267,8 +267,8 @@ def reading_text(summary: dict) -> str:
     said.append(
         f"Failing a check: {', '.join(r['failing'])}."
         if r["failing"]
-        else "Every measured row passes "
-        "its equivalence check, the evaluation count and accuracy within 1 point of `single`."
+        else "Every measured row passes its equivalence check, the evaluation count and accuracy "
+        "within 1 point of `single`."
     )
     if r["not_run"]:
         said.append(f"Not measured: {', '.join(r['not_run'])} (see the table).")

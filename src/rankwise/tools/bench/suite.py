@@ -381,8 +381,8 @@ def bench(config: SuiteSettings) -> int:
     cfg = the_plan.config  # a bad --set / --data / --model fails here, before anything runs
     log.info(
         f"rankwise bench ({config.preset}): {len(rows)} rows x {the_plan.repeats} repeat(s), "
-        f"{cfg.max_steps} "
-        f"steps each, {config.nproc} processes on {the_plan.cores} cores; writing to {out}",
+        f"{cfg.max_steps} steps each, {config.nproc} processes on {the_plan.cores} cores; writing "
+        f"to {out}",
         stderr=True,
     )
     records = run_all(the_plan, progress=config.progress)

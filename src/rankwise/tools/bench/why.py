@@ -60,8 +60,8 @@ def explain(breakdown: dict | None) -> Explanation | None:
             "rank": None,
             "ms": 0.0,
             "share": 0.0,
-            "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} "
-            "of each rank's step computes",
+            "line": f"no loss above the noise ({NOISE:.0%} of the step): at least {compute:.0%} of "
+            "each rank's step computes",
         }
     line = {"straggler": _straggler, "data": _data, "comm": _comm, "sync": _sync}[loss](
         ranks, rank, breakdown
@@ -209,8 +209,8 @@ def detail(name: str, breakdown: dict | None) -> str:
     """``--explain ROW``: every rank's parts, the steps profiled, and the cause."""
     if not breakdown or not breakdown.get("ranks"):
         return (
-            f"{name}: no step-time breakdown (the row did not run, or ended before its "
-            "profiled steps)"
+            f"{name}: no step-time breakdown (the row did not run, or ended before its profiled "
+            "steps)"
         )
     steps = breakdown.get("steps")
     lines = [

@@ -409,8 +409,8 @@ def settings(
     unknown = [name for name in names if name not in OPS]
     if unknown or not names:
         raise ConfigError(
-            f"--ops: unknown operation(s) {', '.join(unknown) or '(none given)'}; "
-            f"choose from {', '.join(OPS)}"
+            f"--ops: unknown operation(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(OPS)}"
         )
     if min_bytes < 1 or max_bytes < min_bytes:
         raise ConfigError(

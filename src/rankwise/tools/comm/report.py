@@ -209,8 +209,8 @@ def markdown(result: dict) -> str:
         for row in (r for r in result["results"] if r["op"] == op):
             lines.append(
                 f"| {_mib(row['bytes'])} | {row['count']} | {row['time_us']:.1f} | "
-                f"{row['p90_us']:.1f} | "
-                f"{row['algbw_GBps']:.3f} | {row['busbw_GBps']:.3f} | {row['wrong']} |"
+                f"{row['p90_us']:.1f} | {row['algbw_GBps']:.3f} | {row['busbw_GBps']:.3f} | "
+                f"{row['wrong']} |"
             )
     return "\n".join(lines) + "\n"
 

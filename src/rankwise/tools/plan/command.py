@@ -45,8 +45,8 @@ def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
         bandwidth, measured_nodes = comms.from_comm_bench(config.comm)
         if measured_nodes == 1 and max(nodes.values()) > 1:
             bandwidth.notes.append(
-                f"{config.comm} was measured inside one node; world sizes that span several "
-                "nodes use it for the link between them too"
+                f"{config.comm} was measured inside one node; world sizes that span several nodes "
+                "use it for the link between them too"
             )
     else:
         bandwidth = comms.from_device(device, max(nodes.values()))

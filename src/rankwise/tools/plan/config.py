@@ -104,8 +104,8 @@ class PlanConfig:
         unknown = [name for name in self.strategies if name not in KNOWN]
         if unknown:
             raise ConfigError(
-                f"--strategies: rankwise plan has no model of {', '.join(unknown)}; "
-                f"choose from {', '.join(KNOWN)}"
+                f"--strategies: rankwise plan has no model of {', '.join(unknown)}; choose from "
+                f"{', '.join(KNOWN)}"
             )
         if not self.strategies:
             self.strategies = [name for name in PLANNED if _installed(name)]

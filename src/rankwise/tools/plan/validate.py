@@ -244,8 +244,8 @@ def table(checked: list[Checked]) -> str:
     ]
     text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text) + (
-        f"\n\nbounds: memory within {MEMORY_BOUND:.0%} of measured (the largest rank's peak "
-        f"tensor memory), step time within {TIME_BOUND:.0%} (the slowest rank's median)"
+        f"\n\nbounds: memory within {MEMORY_BOUND:.0%} of measured (the largest rank's peak tensor "
+        f"memory), step time within {TIME_BOUND:.0%} (the slowest rank's median)"
     )
 
 

@@ -16,8 +16,8 @@ def batch_dependent(layers: list[str], world_size: int, device: str = "cpu") -> 
         "makes the statistics global"
         if device == "cuda"
         else "torch.nn.SyncBatchNorm would make them global on GPUs, but it does not run on the "
-        "CPU (it refuses "
-        "CPU tensors), so on the CPU this model is not equivalent at any rank count above 1"
+        "CPU (it refuses CPU tensors), so on the CPU this model is not equivalent at any rank "
+        "count above 1"
     )
     return (
         f"the model has {', '.join(layers)}: each of the {world_size} ranks computes its batch "
@@ -49,8 +49,8 @@ def random_ops(
     return (
         f"{RANDOM_OPS} in {draws} of {micro_batches} micro-batches of the one-process "
         f"run{located}: each of the {world_size} ranks draws its own numbers for its share of the "
-        "batch, so no "
-        f"rank count reproduces one process: not comparable, neither equivalent nor not; {source}"
+        "batch, so no rank count reproduces one process: not comparable, neither equivalent nor "
+        f"not; {source}"
     )
 
 
@@ -273,8 +273,8 @@ def normalisation(
     if one and len(set(one) | {t for rank in many for t in rank}) > 1:
         per_rank = " | ".join(", ".join(map(str, rank)) for rank in many)
         text += (
-            f" (tokens per micro-batch in step {step}: one process "
-            f"{', '.join(map(str, one))}; ranks {per_rank})"
+            f" (tokens per micro-batch in step {step}: one process {', '.join(map(str, one))}; "
+            f"ranks {per_rank})"
         )
     return (
         text

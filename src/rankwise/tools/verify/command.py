@@ -293,8 +293,8 @@ def run(config: VerifySettings) -> int:
     report["verdict_line"] = text.splitlines()[-1]
     write_text_atomic(
         out / "verify.md",
-        f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n"
-        "\n![differences by step](verify.png)\n",
+        f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n\n![differences by "
+        "step](verify.png)\n",
     )
     # The command's output (the report, the JSON): printed whatever the logging level.
     print(text)
@@ -355,8 +355,8 @@ def build(
         noted.append(
             {
                 "level": "failed",
-                "text": f"after the {steps_asked} compared steps the distributed run "
-                f"failed, so the rest of the script was not checked: {failure.pop('candidate')}"
+                "text": f"after the {steps_asked} compared steps the distributed run failed, so "
+                f"the rest of the script was not checked: {failure.pop('candidate')}"
                 + (
                     ". Its training passes were cut short after the compared steps: a script that "
                     "cannot take a short pass (next() on an exhausted iterator) runs whole with "
@@ -372,8 +372,8 @@ def build(
             noted.append(
                 {
                     "level": "warning",
-                    "text": f"in the {_RUN_NAMES.get(name, name)} run, {line} (rankwise "
-                    "launch ends such a rank after --exit-grace seconds and exits 3)",
+                    "text": f"in the {_RUN_NAMES.get(name, name)} run, {line} (rankwise launch "
+                    "ends such a rank after --exit-grace seconds and exits 3)",
                 }
             )
     lines = compare(reference, candidate, limit, gradient_limit) if not failure else []

@@ -216,8 +216,8 @@ def verdict_line(report: VerifyReport, steps: int) -> str:
         f"change{'s' if errors == 1 else ''}"
     )
     return (
-        f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or "
-        "reports (exit 1)"
+        f"verdict: NOT equivalent as a whole: {compared} {findings} what it computes or reports "
+        "(exit 1)"
     )
 
 

@@ -99,8 +99,8 @@ def watched_runs(
         f"loaders give it the {processes} ranks' global batches"
         if reference_framework is not None
         else "the one process ran the script unchanged, each training DataLoader taking "
-        f"{processes}x its batch and, "
-        f"batch by batch, the dataset indices the {processes} ranks took together"
+        f"{processes}x its batch and, batch by batch, the dataset indices the {processes} ranks "
+        "took together"
     )
     if unscaled and reference_args is None:
         how += (
@@ -137,8 +137,8 @@ def _spawned(
         launch += f": mp.spawn(nprocs={candidate['nprocs']}), its children the ranks{port}"
         if candidate["nprocs"] != asked:
             launch += (
-                f" (the script sets its own world size: --nproc-per-node {asked} does not "
-                "apply to it)"
+                f" (the script sets its own world size: --nproc-per-node {asked} does not apply to "
+                "it)"
             )
     if reference and not given:
         init = next((child["init"] for child in reference["children"] if child["init"]), None)

@@ -279,8 +279,8 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             out.append(
                 Finding(
                     "warning",
-                    f"{head}. The framework makes this call itself each step (such as a "
-                    "count gathered to normalise the loss); its settings may avoid it",
+                    f"{head}. The framework makes this call itself each step (such as a count "
+                    "gathered to normalise the loss); its settings may avoid it",
                 )
             )
         else:
@@ -288,9 +288,9 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
                 Finding(
                     "warning",
                     f"{head}. A barrier is not needed between steps (DDP and FSDP already "
-                    "synchronise the gradients); a value reduced only for logging can be "
-                    "reduced every N steps; a count the loss needs (its tokens over the "
-                    "ranks) is worth its cost",
+                    "synchronise the gradients); a value reduced only for logging can be reduced "
+                    "every N steps; a count the loss needs (its tokens over the ranks) is worth "
+                    "its cost",
                 )
             )
     on_gpu = record.get("device") == "cuda"
@@ -298,8 +298,8 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
         cost = (
             f"{share:.1%} of the step time on rank 0"
             if on_gpu
-            else f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a "
-            "GPU each call waits for the device"
+            else f"{share:.1%} of the step time here, on the CPU, where it costs nothing; on a GPU "
+            "each call waits for the device"
         )
         out.append(
             Finding(

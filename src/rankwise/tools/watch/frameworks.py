@@ -113,8 +113,8 @@ class Framework:
             elif name == "deepspeed":
                 why = (
                     "the DeepSpeed engine steps its own flattened, partitioned fp32 copy of the "
-                    "weights, which "
-                    "the watcher's optimizer hooks cannot name parameter by parameter"
+                    "weights, which the watcher's optimizer hooks cannot name parameter by "
+                    "parameter"
                 )
             return replace(
                 self,
@@ -249,8 +249,8 @@ def framework(name: str) -> Framework:
         None
         if gpu
         else (
-            "without a GPU Accelerate runs DDP only (its FSDP and DeepSpeed settings are "
-            "ignored in its CPU mode), so this machine has no row for them"
+            "without a GPU Accelerate runs DDP only (its FSDP and DeepSpeed settings are ignored "
+            "in its CPU mode), so this machine has no row for them"
         )
     )
     return {
@@ -284,22 +284,22 @@ def framework(name: str) -> Framework:
         ),
         "deepspeed": Framework(
             "deepspeed",
-            "as torchrun would start it (deepspeed.init_distributed reads torchrun's "
-            "variables, as under the deepspeed launcher)",
+            "as torchrun would start it (deepspeed.init_distributed reads torchrun's variables, "
+            "as under the deepspeed launcher)",
             {DEEPSPEED: "1"},
             strategy="the script's DeepSpeed config (as written)",
         ),
         "horovod": Framework(
             "horovod",
-            "as `horovodrun -np N -H localhost:N --gloo` would start it (one process: "
-            "`python script.py`, as Horovod runs alone)",
+            "as `horovodrun -np N -H localhost:N --gloo` would start it (one process: `python "
+            "script.py`, as Horovod runs alone)",
             {HOROVOD: "1"},
             strategy="Horovod's DistributedOptimizer (as written)",
         ),
         "lightning": Framework(
             "lightning",
-            "as torchrun would start it (Lightning's documentation: Trainer(devices=N) "
-            "under torchrun); the one process has the Trainer on one device",
+            "as torchrun would start it (Lightning's documentation: Trainer(devices=N) under "
+            "torchrun); the one process has the Trainer on one device",
             {LIGHTNING: "1"},
             strategy="the Trainer's (as written)",
         ),

@@ -60,6 +60,6 @@ for epoch in range(args.epochs):
         correct += int((predictions == references).sum())
         total += len(references)
     accelerator.print(
-        f"epoch {epoch}: accuracy {correct / total:.3f} over {total} samples "
-        f"(world size {accelerator.num_processes})"
+        f"epoch {epoch}: accuracy {correct / total:.3f} over {total} samples (world size "
+        f"{accelerator.num_processes})"
     )
