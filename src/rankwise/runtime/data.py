@@ -3,7 +3,7 @@ batches moved to the rank's device."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,10 @@ class Sampling:
 
 def shard_loader(
     rt: Runtime,
-    dataset: Dataset,
+    dataset: Dataset[Any],
     sampling: Sampling,
     *,
-    collate_fn=None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
     num_workers: int = 0,
     lengths: Sequence[int] | None = None,
     group_size: int | None = None,
