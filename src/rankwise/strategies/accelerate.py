@@ -13,6 +13,7 @@ Accelerate creates.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ from rankwise import dist
 from rankwise.compat.accelerate_state import reset_accelerate_state
 from rankwise.precision import Precision
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import Strategy, ready
 from rankwise.strategies.options import DDPOptions
 
 INSTALL = "pip install 'rankwise[accelerate]'"
@@ -106,8 +107,13 @@ class Accelerate(Strategy):
     options: DDPOptions
 
     def __init__(self, *args, **kwargs):
-        self.accelerator = None
+        self.accelerator: Any = None
         super().__init__(*args, **kwargs)
+
+    @property
+    def ready_accelerator(self) -> Any:
+        """The Accelerator ``wrap`` made (Accelerate ships no types: its calls are ``Any``)."""
+        return ready(self.accelerator, "the Accelerator")
 
     @override
     def make_precision(self, name: str) -> Precision:
@@ -143,11 +149,11 @@ class Accelerate(Strategy):
         every_forward = broadcast_buffers(model, self.options)
         # Accelerate passes its handler's fields to DDP inside prepare()
         if not FORWARD_SYNC_BUFFERS:
-            self.accelerator.ddp_handler.broadcast_buffers = every_forward
+            self.ready_accelerator.ddp_handler.broadcast_buffers = every_forward
         prepared = (
-            self.accelerator.prepare(model, optimizer)
+            self.ready_accelerator.prepare(model, optimizer)
             if optimizer is not None
-            else (self.accelerator.prepare(model), None)
+            else (self.ready_accelerator.prepare(model), None)
         )
         if FORWARD_SYNC_BUFFERS and isinstance(prepared[0], DistributedDataParallel):
             # Left at its default (no deprecated keyword, no warning), then set as DDP itself would.
@@ -156,19 +162,19 @@ class Accelerate(Strategy):
 
     @override
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return self.accelerator.unwrap_model(model)
+        return self.ready_accelerator.unwrap_model(model)
 
     @override
     def no_sync(self, model: nn.Module):
         # Why: skip DDP's all-reduce on all but the last micro-batch of an accumulation window.
-        return self.accelerator.no_sync(model)
+        return self.ready_accelerator.no_sync(model)
 
     @override
     def step(self, optimizer, model: nn.Module, max_norm: float | None = None):
         norm = None
         if max_norm is not None:
             # unscales first (fp16)
-            norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+            norm = self.ready_accelerator.clip_grad_norm_(model.parameters(), max_norm)
         self.precision.step(optimizer)
         return norm
 
@@ -183,7 +189,7 @@ class Accelerate(Strategy):
         loader = DataLoader(
             dataset, batch_size=per_rank_batch, sampler=order, shuffle=False, collate_fn=collate_fn
         )
-        return self.accelerator.prepare_data_loader(loader, device_placement=False)
+        return self.ready_accelerator.prepare_data_loader(loader, device_placement=False)
 
     @override
     def eval_gatherer(self, total: int) -> dist.ExactGather:
@@ -192,7 +198,7 @@ class Accelerate(Strategy):
     @property
     @override
     def library_world_size(self) -> int:
-        return self.accelerator.num_processes
+        return self.ready_accelerator.num_processes
 
     @override
     def teardown(self, clean: bool = True) -> None:

@@ -19,7 +19,7 @@ import abc
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -399,3 +399,15 @@ def retie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.
         if alias in state and name in state:
             state[alias] = state[name]
     return state
+
+
+Handle = TypeVar("Handle")
+
+
+def ready(handle: Handle | None, what: str) -> Handle:
+    """A library handle the strategy makes when the loop starts (Horovod after ``init``, the
+    Accelerator, the DeepSpeed engine after ``rt.prepare``); used before that is an error that says
+    so, not an ``AttributeError`` on ``None``."""
+    if handle is None:
+        raise RuntimeError(f"{what} is used before rt.prepare set it up")
+    return handle

@@ -65,7 +65,11 @@ def _checkpointed(cls: type) -> type:
             # FSDP's and ZeRO-3's parameter hooks and under torch.compile; the RNG state is
             # replayed, so dropout matches.
             return checkpoint(
-                super(checkpointed, self).forward, *args, use_reentrant=False, **kwargs
+                # (mypy cannot type the class the closure names: it is made below)
+                super(checkpointed, self).forward,  # type: ignore[arg-type]
+                *args,
+                use_reentrant=False,
+                **kwargs,
             )
 
         checkpointed = type(

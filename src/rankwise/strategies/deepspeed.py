@@ -44,7 +44,7 @@ from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
-from rankwise.strategies.base import LoopFacts, Strategy, retie
+from rankwise.strategies.base import LoopFacts, Strategy, ready, retie
 from rankwise.strategies.deepspeed_config import generated_config, read_user_config
 from rankwise.strategies.options import DeepSpeedOptions, Options
 
@@ -266,7 +266,7 @@ class DeepSpeed(Strategy):
     @override
     def gradient_scale(self) -> float:
         return (
-            float(getattr(self.engine.optimizer, "cur_scale", 1.0))
+            float(getattr(ready(self.engine, "the DeepSpeed engine").optimizer, "cur_scale", 1.0))
             if self.precision.name == "16-mixed"
             else 1.0
         )
@@ -427,7 +427,12 @@ class DeepSpeed(Strategy):
             optimizer.load_state_dict(by_index(optim, self.group_names))
         else:
             load_whole_optimizer(
-                self.engine.optimizer, self.unwrap(model), optimizer, weights, optim, self.device
+                ready(self.engine, "the DeepSpeed engine").optimizer,
+                self.unwrap(model),
+                optimizer,
+                weights,
+                optim,
+                self.device,
             )
 
     @property

@@ -16,7 +16,7 @@ from torch import nn
 from typing_extensions import override
 
 from rankwise.strategies import register
-from rankwise.strategies.base import Strategy
+from rankwise.strategies.base import Strategy, ready
 from rankwise.strategies.options import HorovodOptions
 
 INSTALL = (
@@ -56,7 +56,7 @@ class Horovod(Strategy):
 
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
-        hvd = self.hvd
+        hvd = ready(self.hvd, "Horovod")
         model = model.to(self.device)
         # Why: every rank must start from rank 0's weights and optimizer state.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -117,7 +117,7 @@ class Horovod(Strategy):
     @property
     @override
     def library_world_size(self) -> int:
-        return self.hvd.size()
+        return ready(self.hvd, "Horovod").size()
 
     @override
     def teardown(self, clean: bool = True) -> None:

@@ -168,13 +168,14 @@ class _Catcher:
             catcher.autocast_called = True
             return autocast(precision)
 
-        torch.optim.Optimizer.__init__ = optimizer_init
-        Precision.autocast = precision_autocast
+        # (patched for the capture only, restored after: mypy does not follow a monkeypatch)
+        torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign,assignment]
+        Precision.autocast = precision_autocast  # type: ignore[method-assign]
         try:
             yield self
         finally:
-            torch.optim.Optimizer.__init__ = init
-            Precision.autocast = autocast
+            torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+            Precision.autocast = autocast  # type: ignore[method-assign]
 
     def hook(self, optimizer):
         def first_training_forward(module, args, kwargs):

@@ -114,7 +114,8 @@ class LoaderWatch:
         self.pass_counts: dict[int, int] = {}
         self.yields = 0
         self._iterating: tuple[int, int] | None = None
-        self._early: dict[tuple[int, int], deque] = {}
+        # (under None: indices fetched outside any pass the watcher saw start)
+        self._early: dict[tuple[int, int] | None, deque] = {}
         self.given = trained_indices(follow) if follow is not None else {}
         """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained
         on together."""
@@ -228,7 +229,8 @@ class LoaderWatch:
             finally:
                 watcher._iterating = None
             if isinstance(batches, _BaseDataLoaderIter):
-                batches._rankwise_pass = (key, current)
+                # our mark on torch's iterator: which pass it serves
+                batches._rankwise_pass = (key, current)  # type: ignore[attr-defined]
             return watcher._batches(current, key, batches)
 
         return iterate
