@@ -45,11 +45,11 @@ class AcceleratePrecision(Precision):
 
     @override
     def backward(self, loss: torch.Tensor) -> None:
-        self.strategy.accelerator.backward(loss)
+        self.strategy.ready_accelerator.backward(loss)
 
     @override
     def unscale(self, optimizer) -> None:
-        self.strategy.accelerator.unscale_gradients(optimizer)
+        self.strategy.ready_accelerator.unscale_gradients(optimizer)
 
     @override
     def step(self, optimizer) -> None:
@@ -57,17 +57,17 @@ class AcceleratePrecision(Precision):
 
     @override
     def loss_scale(self) -> float:
-        scaler = self.strategy.accelerator.scaler
+        scaler = self.strategy.ready_accelerator.scaler
         return float(scaler.get_scale()) if scaler is not None else 1.0
 
     @override
     def state_dict(self) -> dict:
-        scaler = self.strategy.accelerator.scaler
+        scaler = self.strategy.ready_accelerator.scaler
         return {"scaler": scaler.state_dict()} if scaler is not None else {}
 
     @override
     def load_state_dict(self, state: dict) -> None:
-        scaler = self.strategy.accelerator.scaler
+        scaler = self.strategy.ready_accelerator.scaler
         if scaler is not None and "scaler" in state:
             scaler.load_state_dict(state["scaler"])
 
