@@ -117,7 +117,7 @@ def test_launch_failure_names_the_rank_and_exits_nonzero(tmp_path):
     assert proc.returncode == 1
     assert re.search(
         r"rank 1 \(host \S+, local rank 1, pid \d+\) failed first, with exit code 1", proc.stderr
-    )
+    ), proc.stderr[-3000:]
     assert "RuntimeError: rank one broke" in proc.stderr
 
 

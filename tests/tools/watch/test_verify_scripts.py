@@ -52,6 +52,12 @@ def _verify(
     ), report
 
 
+def _line(script: str, text: str) -> int:
+    """The number of the first line of ``script`` (in SCRIPTS) that holds ``text``."""
+    lines = (SCRIPTS / script).read_text(encoding="utf-8").splitlines()
+    return next(number for number, line in enumerate(lines, 1) if text in line)
+
+
 def _errors(report: dict) -> list[str]:
     return [finding["text"] for finding in report["findings"] if finding["level"] == "error"]
 
@@ -77,16 +83,21 @@ def test_a_multi_epoch_ddp_script_is_checked_whole_and_its_later_defects_are_eac
         "evaluation counted 80 predictions over the 2 ranks for a 40-sample set" in text
         for text in errors
     )
-    assert any("'module.'" in text and "ddp_epochs.py:84" in text for text in warnings), warnings
+    save = f"ddp_epochs.py:{_line('ddp_epochs.py', 'torch.save(model.state_dict()')}"
+    assert any("'module.'" in text and save in text for text in warnings), warnings
     assert any("2 ranks wrote one checkpoint file" in text for text in warnings), warnings
+    barrier, all_reduce, item = (
+        _line("ddp_epochs.py", call) for call in ("dist.barrier()", "dist.all_reduce(", ".item()")
+    )
     assert any(
-        text.startswith("barrier at ddp_epochs.py:65 runs every step") for text in warnings
+        text.startswith(f"barrier at ddp_epochs.py:{barrier} runs every step") for text in warnings
     ), warnings
     assert any(
-        text.startswith("all_reduce at ddp_epochs.py:67 runs every step") for text in warnings
+        text.startswith(f"all_reduce at ddp_epochs.py:{all_reduce} runs every step")
+        for text in warnings
     ), warnings
     assert any(
-        text.startswith(".item() at ddp_epochs.py:69 runs every step")
+        text.startswith(f".item() at ddp_epochs.py:{item} runs every step")
         and "on a GPU each call waits" in text
         for text in warnings
     ), warnings
@@ -98,7 +109,7 @@ def test_a_multi_epoch_ddp_script_is_checked_whole_and_its_later_defects_are_eac
         "batches" in ran
     )
     assert "optimizer steps: 11 (5 compared with one process, 6 after them" in ran
-    assert "evaluation: loader 1, 3 whole passes of 40 samples" in ran and "ddp_epochs.py:84" in ran
+    assert "evaluation: loader 1, 3 whole passes of 40 samples" in ran and save in ran
     assert "the script ran to its end, closing its process group itself" in ran
     assert all(check["not_run"] is None for check in report["checks"]), report["checks"]
     verdict = proc.stdout.strip().splitlines()[-1]
