@@ -1,5 +1,5 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
-# make test   - same set-up, then ruff, mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make test   - same set-up, then ruff (lint and format), mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
 # make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
 PYTHON     ?= python3
 VENV       ?= .venv
