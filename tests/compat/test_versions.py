@@ -78,6 +78,5 @@ def test_every_workaround_names_its_upstream_and_the_installed_release_it_was_ch
     if unchecked:
         pytest.skip(
             "not yet checked on the installed releases: run tests/compat here and add the series "
-            "to "
-            "seen_on: " + "; ".join(unchecked)
+            "to seen_on: " + "; ".join(unchecked)
         )

@@ -129,6 +129,5 @@ def test_every_record_was_checked_on_the_installed_release():
     if unchecked:
         pytest.skip(
             "not yet checked on the installed releases: run tests/compat here and add the series "
-            "to "
-            "seen_on: " + "; ".join(unchecked)
+            "to seen_on: " + "; ".join(unchecked)
         )

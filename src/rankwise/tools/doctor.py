@@ -101,10 +101,8 @@ def check_machine(report: Report, multi_node: bool, port: int) -> None:
     for name, addresses in psutil.net_if_addrs().items():
         ipv4 = [a.address for a in addresses if a.family == socket.AF_INET]
         if ipv4:
-            interfaces.append(
-                f"{name} "
-                f"{'/'.join(ipv4)}{'' if stats.get(name) and stats[name].isup else ' (down)'}"
-            )
+            down = "" if stats.get(name) and stats[name].isup else " (down)"
+            interfaces.append(f"{name} {'/'.join(ipv4)}{down}")
     report.add("interfaces", bool(interfaces), "; ".join(interfaces) or "none with an IPv4 address")
     loopback = hostname_is_loopback()
     # Informational: on several nodes rankwise sets the interface itself (the "interface" check
@@ -112,8 +110,7 @@ def check_machine(report: Report, multi_node: bool, port: int) -> None:
     report.add(
         "hostname",
         True,
-        f"{socket.gethostname()!r} resolves to "
-        f"{'a loopback address' if loopback else 'a routable address'}"
+        f"{socket.gethostname()!r} resolves to a {'loopback' if loopback else 'routable'} address"
         + (
             " (ranks would advertise it; rankwise sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to "
             "the interface that routes to the master instead)"

@@ -35,8 +35,8 @@ PLAIN_SCRIPT_WORDS = {
     "numpy or Python random state rankwise.setup(seed=...) did not reach": "numpy or Python "
     "random state seeded differently",
     "The data loader is not rankwise's rank-sharded one: build it with rt.loader(dataset, "
-    "batch_size=GLOBAL), which "
-    "gives each rank its share of the same global order at any world size": "The training loader "
+    "batch_size=GLOBAL), which gives each rank its share of the same global order at any world "
+    "size": "The training loader "
     "does not give the ranks together what one process takes: shard it with "
     "DistributedSampler(dataset) (set_epoch each epoch), or let accelerator.prepare / "
     "fabric.setup_dataloaders shard it",
@@ -183,8 +183,7 @@ def _diagnose(
     if half:
         fix = (
             'turn the DeepSpeed config\'s "bf16"/"fp16" off (fp32 parameters, which its fp32 '
-            "gradients "
-            "follow) and compute in 16 bits under torch.autocast"
+            "gradients follow) and compute in 16 bits under torch.autocast"
             if candidate.facts.get("api") == "deepspeed"
             else "keep fp32 parameters and compute in 16 bits with --precision bf16-mixed "
             "(autocast), whose gradients accumulate in fp32"

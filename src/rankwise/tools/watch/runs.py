@@ -137,8 +137,8 @@ def watched_run(
     ):
         return {
             "error": "the script never called mp.spawn (nor "
-            "torch.multiprocessing.start_processes): it started "
-            "no ranks (pass --framework torch if torchrun should start it)",
+            "torch.multiprocessing.start_processes): it started no ranks (pass --framework torch "
+            "if torchrun should start it)",
             "wall_s": result["wall_s"],
         }
     if started is not None:
