@@ -588,3 +588,23 @@ def test_a_scripts_own_flag_is_never_taken_for_an_abbreviated_launch_flag():
         "3",
     ]
     assert flags.nproc_per_node == "2"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--"], "unexpected arguments -- (only --script takes arguments after --)"),
+        (["--", "--x"], "unexpected arguments -- --x"),
+        (["--nproc", "1,2"], "--nproc: one process count"),
+        (["--nproc", "1", "--script", "missing.py"], "--nproc must be at least 2"),
+        (["--script", "missing.py"], "--script missing.py: no such file"),
+    ],
+)
+def test_bench_refuses_bad_flags_before_anything_runs(args, message, monkeypatch, capsys):
+    """The flags become typed settings in cli/; what the tools refuse, and in which order, is what
+    `rankwise bench` refused when the tools read the namespace itself."""
+    from rankwise.tools.bench import suite
+
+    monkeypatch.setattr(suite, "run_all", lambda *a, **k: pytest.fail("rows were run"))
+    assert cli.main(["bench", *args]) == 2
+    assert message in capsys.readouterr().err

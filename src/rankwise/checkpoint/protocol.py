@@ -223,8 +223,8 @@ def find_loadable(path: str | os.PathLike, strict: bool = False) -> tuple[Path, 
     try:
         newest = resolve(given)
         folder = newest.parent
-    # e.g. `latest` dangling: fall back on the step directories themselves
     except CheckpointError as e:
+        # e.g. `latest` dangling: fall back on the step directories themselves
         folder = (
             given.parent
             if given.name == "latest"

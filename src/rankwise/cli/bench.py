@@ -173,9 +173,13 @@ def run(args: argparse.Namespace) -> int:
     output = Output(
         out=Path(args.out) if args.out else None, explain=args.explain, as_json=args.json
     )
-    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    strategies = tuple(name.strip() for name in (args.strategies or "").split(",") if name.strip())
+    strategies = (
+        tuple(name.strip() for name in args.strategies.split(",") if name.strip())
+        if args.strategies is not None
+        else None
+    )
     if args.script:
+        script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
         return script.bench(
             ScriptSettings(
                 script=Path(args.script),
@@ -196,13 +200,14 @@ def run(args: argparse.Namespace) -> int:
             "--nproc: one process count (several are for --script on a script not on "
             "rankwise.setup())"
         )
-    if script_args:
+    if args.script_args:
         raise ConfigError(
-            f"unexpected arguments {' '.join(script_args)} (only --script takes arguments after --)"
+            f"unexpected arguments {' '.join(args.script_args)} (only --script takes arguments "
+            "after --)"
         )
     return suite.bench(
         SuiteSettings(
-            rows=strategies or None,
+            rows=strategies if args.strategies else None,
             preset=args.preset,
             nproc=args.nproc[0],
             data=args.data,

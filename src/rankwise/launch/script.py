@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int | str | None:
     status: int | str | None = 0
     try:
         run_as_main(argv[0], argv[1:])
-    # `sys.exit(main())`: the same teardown as after a return, then its status
     except SystemExit as exiting:
+        # `sys.exit(main())`: the same teardown as after a return, then its status
         status = exiting.code
     except Exception as error:
         if not record_for_launcher(error):

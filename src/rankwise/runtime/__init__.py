@@ -20,7 +20,8 @@ A single-device script becomes distributed by changing a few lines::
                         loss = loss_fn(model(batch["x"]), batch["y"])
                     rt.backward(loss / 2, model)
                 if last:
-                    norm = rt.step(optimizer, model, max_norm=1.0)  # clip + step; the norm before
+                    # clip + step; returns the global norm before clipping
+                    norm = rt.step(optimizer, model, max_norm=1.0)
                     rt.zero_grad(optimizer)
             rt.save_state("ckpt", model, optimizer, scheduler, extra={"epoch": epoch})
         rt.print("mean loss", rt.all_reduce(loss.detach(), "mean").item())

@@ -162,8 +162,9 @@ class ShardSampler(DistributedSampler):
         elif at_end and asked == epoch + 1:  # the loop moved on, as the checkpoint's run did
             super().set_epoch(asked)
             self.start = 0
-        # another epoch: the checkpoint's position wins, so no sample is trained twice or skipped
         else:
+            # another epoch: the checkpoint's position wins, so no sample is trained twice or
+            # skipped
             self.overruled = asked
             super().set_epoch(epoch + 1 if at_end else epoch)
             self.start = 0 if at_end else position // self.num_replicas

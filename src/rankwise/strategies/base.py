@@ -404,10 +404,12 @@ def retie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.
 Handle = TypeVar("Handle")
 
 
-def ready(handle: Handle | None, what: str) -> Handle:
-    """A library handle the strategy makes when the loop starts (Horovod after ``init``, the
-    Accelerator, the DeepSpeed engine after ``rt.prepare``); used before that is an error that says
-    so, not an ``AttributeError`` on ``None``."""
+def ready(handle: Handle | None, what: str, made_by: str = "rankwise.setup()") -> Handle:
+    """A library handle the strategy holds while its Runtime is open (Horovod and the Accelerator
+    from ``rankwise.setup()``, the DeepSpeed engine from ``rt.prepare``); used outside that span is
+    an error that says so, not an ``AttributeError`` on ``None``."""
     if handle is None:
-        raise RuntimeError(f"{what} is used before rt.prepare set it up")
+        raise RuntimeError(
+            f"{what} is not set up: {made_by} makes it and closing the Runtime releases it"
+        )
     return handle

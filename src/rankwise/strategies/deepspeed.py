@@ -265,11 +265,10 @@ class DeepSpeed(Strategy):
 
     @override
     def gradient_scale(self) -> float:
-        return (
-            float(getattr(ready(self.engine, "the DeepSpeed engine").optimizer, "cur_scale", 1.0))
-            if self.precision.name == "16-mixed"
-            else 1.0
-        )
+        if self.precision.name != "16-mixed":
+            return 1.0
+        engine = ready(self.engine, "the DeepSpeed engine", "rt.prepare")
+        return float(getattr(engine.optimizer, "cur_scale", 1.0))
 
     @override
     def full_gradients(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -427,7 +426,7 @@ class DeepSpeed(Strategy):
             optimizer.load_state_dict(by_index(optim, self.group_names))
         else:
             load_whole_optimizer(
-                ready(self.engine, "the DeepSpeed engine").optimizer,
+                ready(self.engine, "the DeepSpeed engine", "rt.prepare").optimizer,
                 self.unwrap(model),
                 optimizer,
                 weights,

@@ -40,8 +40,8 @@ def utilisation(
             if counter and template and throughput.steps
             else 0
         )
-    # a model torch's counter cannot trace on fake tensors: no FLOP/s, the run goes on
     except Exception as e:
+        # a model torch's counter cannot trace on fake tensors: no FLOP/s, the run goes on
         # Debug only: the summary's FLOP/s are None, and nothing the user changes makes the counter
         # trace it.
         log.debug(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", every_rank=True)
@@ -54,8 +54,8 @@ def utilisation(
         rt.barrier()
         try:
             peak = matmul_peak(rt.device, dtype) * devices
-        # no memory left for the product: no MFU, the run's result stays
         except (RuntimeError, MemoryError) as e:
+            # no memory left for the product: no MFU, the run's result stays
             log.debug(
                 f"rank {rt.rank}: the matrix-product peak was not measured ({e})", every_rank=True
             )

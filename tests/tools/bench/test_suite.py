@@ -356,6 +356,7 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
         "ddp+compile",
         "fsdp+compile",
     }
+    # make demo: every strategy and launcher once, and the overhead baseline
     assert {
         "single",
         "dp",
@@ -366,7 +367,6 @@ def test_rows_cover_every_strategy_row_and_baseline_and_name_missing_libraries()
         "deepspeed-zero2",
         "accelerate",
         "horovod",
-        # make demo: every strategy and launcher once, and the overhead baseline
         "plain-ddp",
     } == set(quick)
     # named: runs

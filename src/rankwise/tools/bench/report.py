@@ -59,10 +59,9 @@ def summarize(records: list[RowRecord], meta: dict) -> dict:
             "row": record["row"],
             "about": record["about"],
             "processes": record["processes"],
-            # (set below)
             "threads": record["threads"],
             "tolerance": record["tolerance"],
-            "status": "",
+            "status": "",  # (set below)
         }
         if record["missing"]:
             line["status"] = f"not installed: {record['missing']}"

@@ -371,13 +371,13 @@ def bench(config: ScriptSettings) -> int:
     """``rankwise bench --script``: run, write report.md/json/png, print the table."""
     from rankwise.tools.machine import machine
 
-    script = config.script
-    if not script.is_file():
-        raise ConfigError(f"--script {script}: no such file")
     if max(config.nproc) < 2:
         raise ConfigError("--nproc must be at least 2: the multi-process rows need several ranks")
     if config.repeats is not None and config.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
+    script = config.script
+    if not script.is_file():
+        raise ConfigError(f"--script {script}: no such file")
     if config.steps < 2:
         raise ConfigError("--steps must be at least 2 (a warm-up step and a measured one)")
     if config.verify_steps < 1:
@@ -393,13 +393,14 @@ def bench(config: ScriptSettings) -> int:
                 "--nproc: one process count for a script on rankwise.setup() (its rows are "
                 "strategies)"
             )
-        rows = rows_for(list(config.strategies or DEFAULT_STRATEGIES), nproc[0])
+        given = config.strategies
+        rows = rows_for(list(DEFAULT_STRATEGIES if given is None else given), nproc[0])
     else:
         if config.precision:
             raise ConfigError(
                 f"--precision: {script} is a {name} script, which sets its own precision"
             )
-        strategies = list(config.strategies)
+        strategies = list(config.strategies or ())
         if strategies and name not in ("fabric", "accelerate"):
             raise ConfigError(
                 f"--strategies: {script} is a {name} script, which sets its own strategy in its "

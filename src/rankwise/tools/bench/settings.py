@@ -56,9 +56,9 @@ class ScriptSettings:
     framework: str = "auto"
     """How the script trains (:data:`rankwise.tools.watch.frameworks.FRAMEWORKS`); ``auto``: from
     its imports."""
-    strategies: tuple[str, ...] = ()
+    strategies: tuple[str, ...] | None = None
     """rankwise strategies (a script on ``rankwise.setup()``) or the launcher's own (Fabric,
-    Accelerate); empty: the defaults."""
+    Accelerate); ``None``: not given (a script on ``rankwise.setup()`` gets the default rows)."""
     nproc: tuple[int, ...] = (2,)
     """Processes: one count for a script on ``rankwise.setup()``; else a row per count."""
     steps: int = 20

@@ -46,8 +46,8 @@ def explain(breakdown: dict | None) -> Explanation | None:
             key=lambda pr: pr[1]["parts_ms"][pr[0]],
         )
         ms = rank["parts_ms"][loss]
-    # (what the late rank lost, others wait)
     elif waiting["parts_ms"]["straggler"] >= max(NOISE * step, 0.5 * ms):
+        # (what the late rank lost, others wait)
         loss, rank, ms = "straggler", waiting, waiting["parts_ms"]["straggler"]
     if ms < NOISE * step:
         compute = min(

@@ -464,8 +464,8 @@ def run(
                 limits |= machine_ceilings.between_nodes(
                     layout.node_rank, layout.master_addr, layout.master_port + 1, layout.timeout_s
                 )
-            # the collectives can still run: go on without this ceiling
             except (OSError, OverflowError) as e:
+                # the collectives can still run: go on without this ceiling
                 log.warning(
                     f"rankwise comm bench: node {layout.node_rank}: no TCP ceiling between the "
                     f"nodes (port {layout.master_port + 1}): {e}",

@@ -61,8 +61,8 @@ class StepFlops:
         try:
             mode.__exit__(None, None, None)
             self.flops = int(mode.get_total_flops())
-        # the count is a bonus: a script the counter cannot follow still runs and is timed
         except Exception as e:
+            # the count is a bonus: a script the counter cannot follow still runs and is timed
             self.skipped = f"not counted ({type(e).__name__}: {e})"
             warnings.warn(f"rankwise: FLOPs not counted ({type(e).__name__}: {e})", stacklevel=2)
 

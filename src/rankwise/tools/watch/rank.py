@@ -33,8 +33,8 @@ def watched(
             run()
         except WatchDone:
             raise  # (a SystemExit too: the watcher's own)
-        # `sys.exit(main())`: a failing status is the script's failure
         except SystemExit as exiting:
+            # `sys.exit(main())`: a failing status is the script's failure
             if exiting.code not in (0, None):
                 raise RuntimeError(f"the script exited with status {exiting.code}") from None
     except WatchDone:
