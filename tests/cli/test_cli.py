@@ -597,7 +597,7 @@ def test_a_scripts_own_flag_is_never_taken_for_an_abbreviated_launch_flag():
         (["--", "--x"], "unexpected arguments -- --x"),
         (["--nproc", "1,2"], "--nproc: one process count"),
         (["--nproc", "1", "--script", "missing.py"], "--nproc must be at least 2"),
-        (["--script", "missing.py"], "--script missing.py: no such file"),
+        (["--script", "missing.py"], f"--script {Path.cwd() / 'missing.py'}: no such file"),
     ],
 )
 def test_bench_refuses_bad_flags_before_anything_runs(args, message, monkeypatch, capsys):

@@ -34,8 +34,10 @@ with the script's line).
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
+from rankwise.cli import paths
 from rankwise.errors import ConfigError
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite, why
@@ -168,10 +170,13 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         if not args.explain:
             raise ConfigError("--report: give --explain ROW (the row of that report to explain)")
-        print(why.explain_report(Path(args.report), args.explain))
+        print(why.explain_report(paths.absolute(args.report), args.explain))
         return 0
+    # every path against the user's directory: rows and checks run elsewhere (cli/paths.py)
+    name = Path(args.script).stem if args.script else args.preset
+    default_out = f"runs/bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     output = Output(
-        out=Path(args.out) if args.out else None, explain=args.explain, as_json=args.json
+        out=paths.absolute(args.out or default_out), explain=args.explain, as_json=args.json
     )
     strategies = (
         tuple(name.strip() for name in args.strategies.split(",") if name.strip())
@@ -182,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
         script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
         return script.bench(
             ScriptSettings(
-                script=Path(args.script),
-                script_args=tuple(script_args),
+                script=paths.absolute(args.script),
+                script_args=paths.script_arguments(script_args),
                 framework=args.framework,
                 strategies=strategies,
                 nproc=tuple(args.nproc),
@@ -210,10 +215,10 @@ def run(args: argparse.Namespace) -> int:
             rows=strategies if args.strategies else None,
             preset=args.preset,
             nproc=args.nproc[0],
-            data=args.data,
-            model=args.model,
+            data=paths.config_value("data.source", args.data),
+            model=paths.config_value("model.name", args.model),
             repeats=args.repeats,
-            overrides=tuple(args.set),
+            overrides=tuple(paths.overrides(args.set)),
             progress=not args.no_progress,
             output=output,
         )

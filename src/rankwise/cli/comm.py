@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from rankwise.cli import paths
 from rankwise.cli.node_flags import add_node_flags, node_layout
 from rankwise.tools.comm import bench, demo
 from rankwise.tools.harness import check_layout, resolve_backend
@@ -85,7 +86,7 @@ def add_parser(commands) -> None:
     b.add_argument(
         "--no-ceilings", action="store_true", help="skip the loopback TCP and memcpy measurements"
     )
-    b.add_argument("--out", help="report directory (default runs/comm-<time>)")
+    b.add_argument("--out", type=paths.absolute, help="report directory (default runs/comm-<time>)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument(
         "--json", action="store_true", help="print comm.json's summary as the last stdout line"

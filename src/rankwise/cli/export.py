@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rankwise.cli import paths
+
 
 def add_parser(commands) -> None:
     p = commands.add_parser(
@@ -24,6 +26,6 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from rankwise.train.artifacts import export
 
-    path = export(args.checkpoint, args.out)
+    path = export(paths.absolute(args.checkpoint), paths.absolute(args.out))
     print(f"wrote {path}")
     return 0

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from rankwise.cli import script_args
+from rankwise.cli import paths, script_args
 from rankwise.precision import PRECISIONS
 from rankwise.tools.plan import command, devices
 from rankwise.tools.plan.config import KNOWN, PlanConfig, parse_sizes
@@ -82,7 +81,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--comm",
-        type=Path,
+        type=paths.absolute,
         metavar="COMM.JSON",
         help="bandwidths measured by rankwise comm bench instead of the device's link",
     )
@@ -125,8 +124,9 @@ def add_parser(commands) -> None:
 
 def config_from(args: argparse.Namespace) -> PlanConfig:
     return PlanConfig(
-        script=Path(args.script),
-        script_args=list(args.script_args),
+        # paths against the user's directory, before any process starts (cli/paths.py)
+        script=paths.absolute(args.script),
+        script_args=list(paths.script_arguments(args.script_args)),
         nproc_per_node=parse_sizes(args.nproc_per_node),
         nnodes=args.nnodes,
         strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
@@ -138,7 +138,7 @@ def config_from(args: argparse.Namespace) -> PlanConfig:
         comm=args.comm,
         micro_batch=args.micro_batch,
         no_timing=args.no_timing,
-        out=Path(args.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}"),
+        out=paths.absolute(args.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}"),
     )
 
 

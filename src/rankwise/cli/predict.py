@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from rankwise.cli import paths
 from rankwise.errors import ConfigError
 
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     texts = args.texts or [line.strip() for line in sys.stdin if line.strip()]
     if not texts:
         raise ConfigError("no texts given (as arguments or on stdin)")
-    predictor = Predictor.from_checkpoint(args.checkpoint)
+    predictor = Predictor.from_checkpoint(paths.absolute(args.checkpoint))
     for text, prediction in zip(texts, predictor.predict(texts)):
         if args.json:
             print(json.dumps({"text": text, **prediction}, ensure_ascii=False))

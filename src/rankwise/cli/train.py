@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rankwise.cli import paths
 from rankwise.launch.config import LAUNCHERS
 from rankwise.launch.hosts import node_layout
 from rankwise.precision import PRECISIONS
@@ -126,7 +127,11 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     flags = {k: v for k, v in vars(args).items() if "." in k or k in TrainConfig.model_fields}
     if args.no_progress:
         flags["progress"] = False
-    for key, value in node_layout(args.hostfile).items():  # a hostfile or a Kubernetes pod's layout
+    hostfile = str(paths.absolute(args.hostfile)) if args.hostfile else None
+    # a hostfile or a Kubernetes pod's layout
+    for key, value in node_layout(hostfile).items():
         if flags.get(f"launch.{key}") is None:
             flags[f"launch.{key}"] = value
-    return build_config(args.config, args.set, flags)
+    # paths against the user's directory, before any process starts (cli/paths.py)
+    config_file = paths.absolute_or_none(args.config)
+    return paths.config(build_config(config_file, paths.overrides(args.set), flags))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 
-from rankwise.cli import script_args
+from rankwise.cli import paths, script_args
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 from rankwise.tools.verify.settings import VerifySettings
@@ -172,19 +171,22 @@ def parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> VerifySettings:
     """The typed settings the flags describe (the tools see no argparse namespace)."""
     return VerifySettings(
-        script=Path(args.script),
-        script_args=tuple(args.script_args),
+        # paths against the user's directory: the runs start in verify's scratch (cli/paths.py)
+        script=paths.absolute(args.script),
+        script_args=paths.script_arguments(args.script_args),
         strategy=args.strategy,
         framework=args.framework,
-        reference_args=tuple(args.reference_args) if args.reference_args is not None else None,
+        reference_args=paths.script_arguments(args.reference_args)
+        if args.reference_args is not None
+        else None,
         nproc_per_node=args.nproc_per_node,
         steps=args.steps,
         as_written=args.as_written,
         precision=args.precision,
-        overrides=tuple(args.set),
+        overrides=tuple(paths.overrides(args.set)),
         keep_dropout=args.keep_dropout,
         keep_weights=args.keep_weights,
-        out=Path(args.out) if args.out else None,
+        out=paths.absolute_or_none(args.out),
         timeout_s=args.timeout,
         stall_s=args.stall_timeout,
         as_json=args.json,

@@ -169,6 +169,13 @@ GATHER_FOR_METRICS = Patch(
     "whether an evaluation's repeated samples were dropped",
     ("1.15",),
 )
+EXACT_GATHER = Patch(
+    "rankwise.dist.gather_exact",
+    "rankwise",
+    "whether an evaluation's repeated samples were dropped (rt.eval_gatherer's result: rankwise's "
+    "own, recorded here with the frameworks' so every replacement has a record)",
+    ("0.1",),
+)
 LIGHTNING_TRAINER = Patch(
     "lightning.pytorch.trainer.trainer.Trainer.__init__",
     "lightning",
@@ -206,6 +213,7 @@ PATCHES: dict[str, Patch] = {
         HOROVOD_STEP,
         HOROVOD_BROADCAST_STATE,
         GATHER_FOR_METRICS,
+        EXACT_GATHER,
         LIGHTNING_TRAINER,
         PL_TRAINER,
     )

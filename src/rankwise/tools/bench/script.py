@@ -413,7 +413,9 @@ def bench(config: ScriptSettings) -> int:
             notes.append(watched.note)
     output = config.output
     why.check_row(output.explain, [row.name for row in rows])
-    out = output.out or Path(f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = (
+        output.out or Path(f"runs/bench-{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    ).absolute()
     script_args = list(config.script_args)
     log.info(
         f"rankwise bench --script {script}: {len(rows)} rows x {config.repeats or 1} repeat(s), "

@@ -366,7 +366,10 @@ def bench(config: SuiteSettings) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     output = config.output
-    out = output.out or Path(f"runs/bench-{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # absolute: the rows and their checks run in other directories (cli/ resolves it already)
+    out = (
+        output.out or Path(f"runs/bench-{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    ).absolute()
     why.check_row(output.explain, [row.name for row in rows])
     the_plan = plan(
         config.preset,

@@ -446,7 +446,7 @@ def run(
     from rankwise.tools.harness import run_on_ranks
     from rankwise.tools.machine import machine
 
-    out_dir = Path(out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = Path(out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     limits = {}
     if ceilings:  # before the ranks start, so nothing competes with the measurements
         if layout.node_rank == 0:

@@ -239,7 +239,9 @@ def run(config: VerifySettings) -> int:
     script, processes, watched = check(config)
     # (check: one of them)
     label = (config.strategy or f"{watched.name}-script") if watched else config.strategy
-    out = config.out or Path(f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = (
+        config.out or Path(f"runs/verify-{script.stem}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    ).absolute()
     script_args = list(config.script_args)
     progress = lambda text: log.info(f"verify: {text}", stderr=True)  # noqa: E731
     if watched is None:

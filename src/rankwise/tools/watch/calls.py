@@ -138,23 +138,27 @@ class CallWatch:
         return make
 
     def patch_frameworks(self) -> None:
-        """Once the script imported its framework (at its model's first forward): Accelerate's
-        ``gather_for_metrics``, counted."""
+        """Once the script imported its framework (at its model's first forward): the gathers that
+        drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and rankwise's
+        own exact gather (``rt.eval_gatherer(...).result()``)."""
         if self._frameworks_patched:
             return
         self._frameworks_patched = True
         accelerator = sys.modules.get("accelerate.accelerator")
         if accelerator is not None:
-            patch(accelerator.Accelerator, "gather_for_metrics", self._gather_for_metrics)
+            patch(accelerator.Accelerator, "gather_for_metrics", self._deduplicating)
+        ours = sys.modules.get("rankwise.dist")
+        if ours is not None:
+            patch(ours, "gather_exact", self._deduplicating)
 
-    def _gather_for_metrics(self, original):
+    def _deduplicating(self, original):
         watcher = self
 
-        def gather_for_metrics(accelerator, *args, **kwargs):
+        def deduplicating(*args, **kwargs):
             watcher.deduplicated += 1
-            return original(accelerator, *args, **kwargs)
+            return original(*args, **kwargs)
 
-        return gather_for_metrics
+        return deduplicating
 
     def _destroy(self, original):
         watcher = self

@@ -165,7 +165,7 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         passes = [evaluations(r)[index] for r in records]
         size, seen = passes[0]["dataset_size"], sum(p["samples"] for p in passes)
         if size is None or seen <= size or any(p.get("deduplicated_after") for p in passes):
-            continue  # (accelerator.gather_for_metrics dropped the repeats)
+            continue  # (gather_for_metrics, or rankwise's exact gather, dropped the repeats)
         whole = all(p["samples"] == size for p in passes) and len(records) > 1
         if not _combined(passes[0]):  # each rank's result stays its own: nothing was counted twice
             if whole:
