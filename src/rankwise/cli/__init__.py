@@ -1,13 +1,15 @@
 """rankwise: one PyTorch training loop on every data-parallel strategy.
 
 Commands
-  rankwise train    train and evaluate a text (or toy) classifier with any strategy rankwise launch
-  start any script on N processes / nodes, like torchrun rankwise predict  classify texts with a
-  trained checkpoint rankwise export   write a checkpoint's weights as one plain .safetensors file
-  rankwise doctor   check this machine, or every node of a multi-node job, before a run rankwise
-  bench    every strategy on one job: speed, memory, accuracy, equivalence to one process rankwise
-  verify   where your script on N ranks stops matching one process, step by step, and why rankwise
-  comm     the collective operations: `comm demo` shows and checks each, `comm bench` times them
+  rankwise train    train and evaluate a text (or toy) classifier with any strategy
+  rankwise launch   start any script on N processes / nodes, like torchrun
+  rankwise predict  classify texts with a trained checkpoint
+  rankwise export   write a checkpoint's weights as one plain .safetensors file
+  rankwise doctor   check this machine, or every node of a multi-node job, before a run
+  rankwise bench    every strategy on one job: speed, memory, accuracy, equivalence to one process
+  rankwise verify   where your script on N ranks stops matching one process, step by step, and why
+  rankwise comm     the collective operations: `comm demo` shows and checks each, `comm bench`
+                    times them
   rankwise plan     memory and step time per strategy and world size, before you have the hardware
 
 Concepts

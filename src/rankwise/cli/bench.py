@@ -1,10 +1,11 @@
 """rankwise bench: every strategy on the same job, timed fairly, with correctness in the same
 report.
 
-  rankwise bench                                   quick preset, every available row, 2 processes
-  rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate rankwise bench
-  --data my.csv --model small --out runs/bench-mine rankwise bench --script my_train.py --strategies
-  ddp,fsdp -- --my-arg 1   your own script, unchanged
+  rankwise bench                               quick preset, every available row, 2 processes
+  rankwise bench --preset full --strategies ddp,fsdp,deepspeed-zero3,accelerate
+  rankwise bench --data my.csv --model small --out runs/bench-mine
+  rankwise bench --script my_train.py --strategies ddp,fsdp -- --my-arg 1
+                                               your own script, unchanged
 
 Rows: single, dp, ddp (torchrun-style), ddp-spawn, ddp+bf16, ddp+fp16-hook, fsdp,
 deepspeed-zero1/2/3, accelerate, horovod — each a real `rankwise train` — and loops that do
@@ -58,10 +59,12 @@ def add_parser(commands) -> None:
         "--preset",
         choices=list(PRESETS),
         default="quick",
-        help="quick: "
-        + ", ".join(f"{k}={v}" for k, v in PRESETS["quick"].items())
-        + "; full: "
-        + ", ".join(f"{k}={v}" for k, v in PRESETS["full"].items()),
+        help="; ".join(
+            f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+            for name, values in PRESETS.items()
+        )
+        + f" (smoke runs {', '.join(row.name for row in ROWS if row.smoke)} unless --strategies "
+        "names others; default quick)",
     )
     p.add_argument(
         "--strategies",

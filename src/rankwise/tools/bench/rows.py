@@ -32,6 +32,9 @@ class Row:
     full_only: bool = False
     """Left out of the quick preset's default set (``make demo`` shows one row per strategy and
     launcher; the variants and the extra baselines run in the full preset, or when named)."""
+    smoke: bool = False
+    """In the smoke preset's default set (``make demo DEMO_PRESET=smoke``, CI's run of the demo: the
+    reference, rankwise's two main strategies and the hand-written loop, each with its check)."""
 
     @property
     def precision(self) -> str:
@@ -67,9 +70,9 @@ class Row:
 
 
 ROWS = [
-    Row("single", "single", about="one process, all cores"),
+    Row("single", "single", about="one process, all cores", smoke=True),
     Row("dp", "dp", about="DataParallel: one process, one replica per device"),
-    Row("ddp", "ddp", about="DistributedDataParallel under torchrun's agent"),
+    Row("ddp", "ddp", about="DistributedDataParallel under torchrun's agent", smoke=True),
     Row("ddp-spawn", "ddp-spawn", about="the same started by torch.multiprocessing spawn"),
     Row("ddp+bf16", "ddp", ("precision=bf16-mixed",), about="DDP with bf16 autocast"),
     Row(
@@ -114,7 +117,7 @@ ROWS = [
         about="DDP with torch.compile (inductor) after the wrap",
         full_only=True,
     ),
-    Row("fsdp", "fsdp", about="FullyShardedDataParallel"),
+    Row("fsdp", "fsdp", about="FullyShardedDataParallel", smoke=True),
     Row(
         "fsdp+compile",
         "fsdp",
@@ -132,7 +135,7 @@ ROWS = [
     Row("deepspeed-zero3", "deepspeed-zero3", about="ZeRO-3: also parameters", full_only=True),
     Row("accelerate", "accelerate", about="rankwise on Hugging Face Accelerate"),
     Row("horovod", "horovod", about="Horovod under horovodrun"),
-    Row("plain-ddp", baseline="plain-ddp", about="hand-written DDP loop, no rankwise"),
+    Row("plain-ddp", baseline="plain-ddp", about="hand-written DDP loop, no rankwise", smoke=True),
     Row(
         "plain-accelerate",
         baseline="plain-accelerate",
@@ -151,6 +154,8 @@ ROWS = [
 def select(names: list[str] | None, preset: str = "full") -> list[Row]:
     """The rows named (in the table's order), or the preset's default set; an unknown name is an
     error listing the known ones."""
+    if not names and preset == "smoke":
+        return [row for row in ROWS if row.smoke]
     if not names:
         return [row for row in ROWS if not row.opt_in and not (row.full_only and preset == "quick")]
     known = {row.name: row for row in ROWS}

@@ -49,10 +49,13 @@ from rankwise.train.config import TrainConfig, build_config
 log = get_logger(__name__)
 
 PRESETS = {
+    "smoke": {"max_steps": 30, "repeats": 1},
     "quick": {"max_steps": 60, "repeats": 1},
     "full": {"max_steps": 300, "repeats": 3},
 }
-"""Steps per run and repeats of every row.  The quick preset is `make demo`'s."""
+"""Steps per run and repeats of every row.  The quick preset is `make demo`'s; smoke (CI's run of
+`make demo`) runs four rows (:attr:`~rankwise.tools.bench.rows.Row.smoke`), each checked, in under
+3 minutes on 2 cores; full is `make bench`'s."""
 
 
 @dataclass
