@@ -96,3 +96,28 @@ def test_datasheet_peaks_of_known_gpus(monkeypatch):
     for name, dtype, tflops in known:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
         assert datasheet_peak(cuda, dtype) == (tflops * 1e12 if tflops else None), name
+
+
+def test_mfu_is_never_above_one_hundred_percent():
+    """A step that outran the peak measured beside it (make demo's ddp+bf16: 247 %) shows that
+    measurement missed the device's rate: no MFU, not an impossible one."""
+    from rankwise.measure.flops import mfu
+
+    assert mfu(50.0, 100.0) == 0.5
+    assert mfu(247.0, 100.0) is None
+    assert mfu(50.0, None) is None and mfu(50.0, 0.0) is None
+
+
+def test_the_table_prints_a_dash_for_an_mfu_past_the_peak():
+    from rankwise.tools.bench.report import mfu_cell
+
+    assert mfu_cell({"mfu": 2.472, "mfu_datasheet": None}) == "—"
+    assert mfu_cell({"mfu": 0.25, "mfu_datasheet": 1.3}) == "25.0%"
+    assert mfu_cell({"mfu": 0.25, "mfu_datasheet": 0.2}) == "25.0% / 20.0%"
+
+
+def test_the_peak_is_the_best_of_its_sizes_at_the_dtype_asked():
+    from rankwise.measure.flops import PEAK_SIZES, matmul_peak
+
+    assert len(PEAK_SIZES["cpu"]) > 1
+    assert matmul_peak(torch.device("cpu"), torch.float32, seconds=0.02) > 0

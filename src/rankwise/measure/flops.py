@@ -15,6 +15,7 @@ the run's dtype on the run's device) and, for known GPUs, read from the datashee
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rankwise.compat.torch_dispatch import TorchDispatchMode
 from rankwise.logs import get_logger
 
 log = get_logger(__name__)
@@ -43,13 +45,24 @@ class FlopCounter:
     """FLOPs of one forward and backward pass over a batch, counted once per distinct set of input
     shapes."""
 
-    def __init__(self, model: nn.Module, forward: Forward):
+    def __init__(
+        self,
+        model: nn.Module,
+        forward: Forward,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
         """``model``: the unwrapped model, before a strategy shards it (its parameters' full
-        shapes); ``forward(model, batch)``: the logits the training loop computes."""
+        shapes); ``forward(model, batch)``: the logits the training loop computes; ``autocast``:
+        the context the loop runs its forward in (the precision's), so the counted pass computes at
+        the dtypes the real one does."""
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.mode = FakeTensorMode()
         self.forward = forward
+        self.autocast = autocast
+        self.dtypes: Counter[torch.dtype] = Counter()
+        """The counted passes' matrix-product FLOPs by the dtype they ran at (what MFU's peak is
+        measured at: :attr:`dtype`)."""
         # A copy whose parameters and buffers are fake: the real model is neither copied nor
         # touched.
         memo: dict[int, torch.Tensor] = {
@@ -75,11 +88,42 @@ class FlopCounter:
                 k: self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
                 for k, v in batch.items()
             }
-            with FlopCounterMode(display=False) as counter:
-                loss = self.forward(self.model, fake).float().sum()
+            with FlopCounterMode(display=False) as counter, MatmulDtypes() as seen:
+                with self.autocast():
+                    loss = self.forward(self.model, fake).float().sum()
                 # The gradients the backward pass computes, without writing any .grad.
                 torch.autograd.grad(loss, params, allow_unused=True)
+        self.dtypes.update(seen.flops)
         return counter.get_total_flops()
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The dtype most of the counted matrix-product FLOPs ran at (None: nothing counted)."""
+        return self.dtypes.most_common(1)[0][0] if self.dtypes else None
+
+
+MATMULS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward")
+"""The aten ops whose dtype says at which rate a step's matrix products run."""
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Records the dtype each matrix product runs at, weighted by its multiply-adds (fake tensors:
+    shapes only).  torch's FLOP counter counts FLOPs but not their dtype; MFU needs both."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops: Counter[torch.dtype] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in MATMULS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            result = out[0] if isinstance(out, tuple) else out
+            if tensors and isinstance(result, torch.Tensor):
+                # output elements x the reduced dimension: proportional to the product's FLOPs
+                inner = tensors[-1].shape[-2] if tensors[-1].ndim >= 2 else 1
+                self.flops[tensors[0].dtype] += result.numel() * inner
+        return out
 
 
 def padded_length(batch: Batch) -> int | None:
@@ -94,12 +138,16 @@ def rows(batch: Batch) -> int:
     )
 
 
-def fake_counter(model: nn.Module, forward: Forward) -> FlopCounter | None:
+def fake_counter(
+    model: nn.Module,
+    forward: Forward,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> FlopCounter | None:
     """A :class:`FlopCounter` for ``model``, or None where it cannot be faked: FLOPs are a report,
     never a reason for a run to fail (said at debug level only: nothing the user can change makes
     torch's fake tensors copy it)."""
     try:
-        return FlopCounter(model, forward)
+        return FlopCounter(model, forward, autocast)
     except Exception as e:  # noqa: BLE001 - any model torch's fake tensors cannot copy
         log.debug(
             f"FLOPs will not be counted: the model could not be copied onto fake tensors ({e})",
@@ -183,24 +231,41 @@ class LengthFlops:
         return True
 
 
+PEAK_SIZES = {"cuda": (4096, 8192), "cpu": (512, 1024)}
+"""Square matrix sizes the peak is measured at, per device type: the best of them is the peak."""
+
+
 def matmul_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> float:
-    """FLOP/s of the best of repeated square matrix products at ``dtype`` on ``device``: the most
-    this process can compute here, measured (the rate a step's matrix products could at best
-    reach)."""
-    size = 4096 if device.type == "cuda" else 512
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    best = float("inf")
-    deadline = time.perf_counter() + seconds
-    torch.matmul(a, b)  # first call: kernel selection, allocation
-    while time.perf_counter() < deadline or best == float("inf"):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(4):
-            torch.matmul(a, b)
-        _sync(device)
-        best = min(best, (time.perf_counter() - start) / 4)
-    return 2 * size**3 / best
+    """FLOP/s of the best of repeated square matrix products at ``dtype`` on ``device``, over
+    :data:`PEAK_SIZES`: the most this process can compute here, measured (the rate a step's matrix
+    products could at best reach)."""
+    best = 0.0
+    for size in PEAK_SIZES.get(device.type, PEAK_SIZES["cuda"]):
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        fastest = float("inf")
+        deadline = time.perf_counter() + seconds / 2
+        torch.matmul(a, b)  # first call: kernel selection, allocation
+        while time.perf_counter() < deadline or fastest == float("inf"):
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(4):
+                torch.matmul(a, b)
+            _sync(device)
+            fastest = min(fastest, (time.perf_counter() - start) / 4)
+        best = max(best, 2 * size**3 / fastest)
+        del a, b
+    return best
+
+
+def mfu(achieved: float, peak: float | None) -> float | None:
+    """``achieved`` FLOP/s over ``peak``, or None where the peak was not measured or is no peak: a
+    step that computed faster than the "peak" measured beside it shows the measurement missed the
+    rate this device reaches (another kernel, another dtype), and an MFU above 100 % says
+    nothing."""
+    if not peak or achieved > peak:
+        return None
+    return achieved / peak
 
 
 def _sync(device: torch.device) -> None:

@@ -80,7 +80,7 @@ class Trainer:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         # Counts the model's FLOPs on a fake copy made before the strategy shards or compiles it.
-        self.flop_counter = fake_counter(model, forward_logits)
+        self.flop_counter = fake_counter(model, forward_logits, rt.autocast)
         self.flop_template: dict | None = None
         optimizer = make_optimizer(model, cfg, rt.device)
         self.micro_batch = cfg.micro_batch_size(rt.world_size)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from rankwise.logs import get_logger
-from rankwise.measure.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak
+from rankwise.measure.flops import FlopCounter, LengthFlops, datasheet_peak, matmul_peak, mfu
 from rankwise.measure.throughput import SteadyThroughput
 from rankwise.runtime import Runtime
 
@@ -46,7 +46,9 @@ def utilisation(
         # trace it.
         log.debug(f"rank {rt.rank}: FLOPs not counted ({type(e).__name__}: {e})", every_rank=True)
         mine = math.nan  # the sum below is then nan on every rank
-    dtype = rt.strategy.precision.dtype
+    # the peak of the dtype the matrix products actually ran at (autocast's, as counted), not the
+    # precision's name for it
+    dtype = (counter.dtype if counter else None) or rt.strategy.precision.dtype
     peak = 0.0
     if throughput.steps:  # the same count on every rank: all of them measure, or none
         # Why: every rank measures its matrix-product peak at once, sharing the machine as its
@@ -77,11 +79,19 @@ def utilisation(
         }
     achieved = flops / seconds
     sheet = datasheet_peak(rt.device, dtype)
+    measured = mfu(achieved, peaks)
+    if measured is None and rt.rank == 0:
+        log.info(
+            f"MFU not given: the steps computed {_tera(achieved):.4g} TFLOP/s, above the "
+            f"{_tera(peaks):.4g} TFLOP/s matrix-product peak measured here at {dtype}: that "
+            "measurement missed this device's rate, so no share of it is meaningful"
+        )
     return {
         "flops_per_sample": round(flops / samples),
         "tflops_per_s": _tera(achieved),
         "tflops_per_s_per_rank": _tera(achieved / rt.world_size),
         "peak_tflops_per_s": _tera(peaks),
-        "mfu": round(achieved / peaks, 4),
+        "peak_dtype": str(dtype).removeprefix("torch."),
+        "mfu": None if measured is None else round(measured, 4),
         "mfu_datasheet": round(achieved / (sheet * devices * rt.world_size), 4) if sheet else None,
     }

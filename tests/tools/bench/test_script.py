@@ -183,7 +183,7 @@ def test_a_row_whose_rank_hung_at_exit_keeps_its_numbers_and_says_so_under_the_t
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--script", "missing.py"], "--script missing.py: no such file"),
+        (["--script", "missing.py"], f"--script {Path.cwd() / 'missing.py'}: no such file"),
         (
             ["--script", "examples/causal_lm.py", "--strategies", "horovod"],
             "not started by `rankwise launch`",

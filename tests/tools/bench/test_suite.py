@@ -224,6 +224,24 @@ def _record(name: str, equivalence: dict) -> dict:
     }
 
 
+_META = {
+    "preset": "quick",
+    "data": "sentiment",
+    "model": "tiny",
+    "steps": 8,
+    "batch_size": 32,
+    "nproc": 2,
+    "repeats": 1,
+    "equivalence_step": 5,
+    "libraries": {},
+    "cpu": "test",
+    "cores": 2,
+    "cuda": None,
+    "torch": "x",
+    "python": "y",
+}
+
+
 def test_each_criterions_verdict_reaches_the_table_the_reading_and_the_json():
     """A row verify finds not equivalent FAILs with verify's reason; a weight difference past the
     row's tolerance FAILs; a check that could not run neither passes nor fails (the bench exits 4
@@ -286,6 +304,36 @@ def test_each_criterions_verdict_reaches_the_table_the_reading_and_the_json():
     assert "| could not run | lockstep (verify) |" in text
     assert f"- ddp: {why}" in text and "- fsdp: its verify run could not run: boom" in text
     assert "- plain-ddp, criterion: a loop written without" in text
+
+
+def test_a_row_whose_check_could_not_run_is_not_run_and_the_reading_and_exit_code_say_so():
+    """make demo's report: seven rows with no equivalence verdict were read as "Every measured row
+    passes" and not_run was empty.  A row whose check could not run (or could not judge, or never
+    ran) is in not_run, the summary line does not claim it, and the bench exits 4."""
+    records = [
+        _record("single", {"criterion": "reference", "verdict": "reference", "equivalent": True}),
+        _record(
+            "ddp",
+            lockstep_columns(_verify_report("could not run", failure={"verify": "no data"}))
+            | {"criterion": "lockstep", "criterion_note": None},
+        ),
+        _record("fsdp", {}),  # (no check reached it)
+        _record(
+            "horovod",
+            weights_columns(3e-8, 1e-5, 5) | {"criterion": "weights", "criterion_note": "h"},
+        ),
+    ]
+    reading = report.summarize(records, _META)["reading"]
+    assert reading["failing"] == [] and reading["not_run"] == ["ddp", "fsdp"]
+    assert reading["unchecked"] == {"ddp": "could not run", "fsdp": "no check"}
+    text = report.reading_text({"reading": reading, "meta": _META})
+    assert "Every row" not in text and "passes its equivalence check" not in text
+    assert "Not checked: ddp (equivalence could not run), fsdp (equivalence no check)" in text
+    assert report.exit_code(reading) == report.EXIT_COULD_NOT_RUN
+    # every row checked and passing: exit 0, and only then the line that says so
+    passing = report.summarize([records[0], records[3]], _META)["reading"]
+    assert passing["not_run"] == [] and report.exit_code(passing) == 0
+    assert "Every row ran and passes" in report.reading_text({"reading": passing, "meta": _META})
 
 
 def test_a_verify_that_fails_to_start_makes_the_rows_check_could_not_run_and_the_bench_goes_on(

@@ -18,7 +18,8 @@ ACCURACY_POINTS = 0.01
 
 
 EXIT_COULD_NOT_RUN = 4
-"""``rankwise bench``'s exit code when a row crashed and none failed a check (which exits 1)."""
+"""``rankwise bench``'s exit code when a row or its check could not run and none failed a check
+(which exits 1)."""
 
 
 def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
@@ -135,13 +136,36 @@ def reading(lines: list[BenchRow], ok: dict) -> dict:
         "ddp_vs_plain_accelerate": _paired_ratio(ok, "ddp", "plain-accelerate"),
         "plain_ddp_vs_per_step_sync": _paired_ratio(ok, "plain-ddp", "per-step-sync"),
         "scaling_efficiency": scaling_efficiency(measured),
+        # a check that ran and failed: equivalence (FAIL, or FAIL unchecked), the count, accuracy
         "failing": [
             line["row"]
             for line in measured
-            if line not in passing and line["verdict"] not in UNDECIDED
+            if line["equivalent"] is False
+            or line["verdict"] == "unchecked"
+            or not line["eval_count_ok"]
+            or not line["accuracy_ok"]
         ],
-        "not_run": [line["row"] for line in lines if line["status"] != "ok"],
+        # Rows the report cannot vouch for: not measured, or measured with a check that could not
+        # run or could not judge -- never counted among the passing ones.
+        "not_run": [
+            line["row"]
+            for line in lines
+            if line["status"] != "ok" or line["verdict"] in UNDECIDED or line["verdict"] is None
+        ],
+        "unchecked": {
+            line["row"]: line["verdict"] or "no check"
+            for line in measured
+            if line["verdict"] in UNDECIDED or line["verdict"] is None
+        },
     }
+
+
+def exit_code(reading: dict) -> int:
+    """``rankwise bench``'s exit status from what its reading says: 1 when a row failed a check,
+    else 4 when a row, or a row's check, could not run (or could not judge), else 0."""
+    if reading["failing"]:
+        return 1
+    return EXIT_COULD_NOT_RUN if reading["not_run"] else 0
 
 
 def scaling_efficiency(measured: list[BenchRow]) -> dict[str, float]:
@@ -225,11 +249,12 @@ def tflops_cell(line: BenchRow) -> str:
 def mfu_cell(line: BenchRow) -> str:
     """Against the peak measured in the run; the datasheet's after a slash on known GPUs."""
     mfu = line.get("mfu")
-    if mfu is None:
+    if mfu is None or mfu > 1:  # (a share above the peak: the peak was not measured)
         return "—"
     if mfu < 0.001:
         return "<0.1%"  # a toy model on a CPU
-    sheet = f" / {line['mfu_datasheet']:.1%}" if line.get("mfu_datasheet") else ""
+    datasheet = line.get("mfu_datasheet")
+    sheet = f" / {datasheet:.1%}" if datasheet and datasheet <= 1 else ""
     return f"{mfu:.1%}{sheet}"
 
 
@@ -263,14 +288,24 @@ def reading_text(summary: dict) -> str:
             + ", ".join(f"{row} {value:.2f}" for row, value in r["scaling_efficiency"].items())
             + "."
         )
-    said.append(
-        f"Failing a check: {', '.join(r['failing'])}."
-        if r["failing"]
-        else "Every measured row passes its equivalence check, the evaluation count and accuracy "
-        "within 1 point of `single`."
-    )
-    if r["not_run"]:
-        said.append(f"Not measured: {', '.join(r['not_run'])} (see the table).")
+    unchecked = r.get("unchecked", {})
+    not_measured = [row for row in r["not_run"] if row not in unchecked]
+    if r["failing"]:
+        said.append(f"Failing a check: {', '.join(r['failing'])}.")
+    elif not r["not_run"]:
+        said.append(
+            "Every row ran and passes its equivalence check, the evaluation count and accuracy "
+            "within 1 point of `single`."
+        )
+    if unchecked:
+        said.append(
+            "Not checked: "
+            + ", ".join(f"{row} (equivalence {verdict})" for row, verdict in unchecked.items())
+            + ": their numbers stand, but nothing here says they compute what one process does "
+            "(why: under the table)."
+        )
+    if not_measured:
+        said.append(f"Not measured: {', '.join(not_measured)} (see the table).")
     return "\n".join(f"- {line}" for line in said)
 
 

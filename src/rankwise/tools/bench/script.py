@@ -33,6 +33,7 @@ from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.logs import get_logger
 from rankwise.measure.breakdown import PROFILED_STEPS
+from rankwise.measure.flops import mfu
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.strategies import lookup, unavailable
 from rankwise.tools.bench import disturbed, script_report, why
@@ -344,7 +345,8 @@ def _utilisation(run: dict, samples_per_s: float | None) -> dict:
     peak, sheet = run.get("peak_flops_per_s"), run.get("datasheet_flops_per_s")
     return {
         "tflops_per_s": float(f"{achieved / 1e12:.4g}"),
-        "mfu": float(f"{achieved / peak:.4g}") if peak else None,
+        # (None where the step outran the "peak": it was no peak, see measure.flops.mfu)
+        "mfu": float(f"{share:.4g}") if (share := mfu(achieved, peak)) is not None else None,
         "mfu_datasheet": float(f"{achieved / sheet:.4g}") if sheet else None,
         "flops_counted": run["flops_counted"],
     }

@@ -418,17 +418,17 @@ def bench(config: SuiteSettings) -> int:
         print(f"\n{why.explained(summary['rows'], output.explain)}")
     if output.as_json:
         print(json.dumps({"rows": summary["rows"], "reading": summary["reading"]}, default=str))
-    failed = summary["reading"]["failing"]
-    crashed = [line["row"] for line in summary["rows"] if line["status"] == "could not run"]
-    unchecked = [line["row"] for line in summary["rows"] if line.get("verdict") == "could not run"]
-    if failed:
-        log.error(f"rankwise bench: {', '.join(failed)} failed a check (see the table)")
+    reading = summary["reading"]
+    unchecked = reading["unchecked"]
+    if reading["failing"]:
+        log.error(f"rankwise bench: {', '.join(reading['failing'])} failed a check (see the table)")
+    crashed = [row for row in reading["not_run"] if row not in unchecked]
     if crashed:
-        log.error(f"rankwise bench: {', '.join(crashed)} could not run (why: under the table)")
+        log.error(f"rankwise bench: {', '.join(crashed)} did not run (why: under the table)")
     if unchecked:
         log.error(
-            f"rankwise bench: the equivalence check of {', '.join(unchecked)} could not run (why: "
-            "under the table)"
+            "rankwise bench: the equivalence check of "
+            + ", ".join(f"{row} ({verdict})" for row, verdict in unchecked.items())
+            + " did not pass or fail (why: under the table)"
         )
-    crashed += unchecked
-    return 1 if failed else report.EXIT_COULD_NOT_RUN if crashed else 0
+    return report.exit_code(reading)
