@@ -1,8 +1,8 @@
 """The torchrun launcher, called in-process: ``torch.distributed.run`` does the real work.
 
 rankwise adds three things before delegating: a free master port on a single node when
-none is given, the workers' environment (OMP_NUM_THREADS = cores / local processes and a
-fixed glibc mmap threshold, unless the user set them; see ``set_worker_environment``),
+none is given, the workers' environment (OMP_NUM_THREADS = cores / local processes, unless the
+user set it; see ``set_worker_environment``),
 and a per-rank summary of failures, root cause first, instead of torchrun's long report.
 A SIGTERM / SIGINT to this process reaches the workers through torchrun, which waits for
 them to checkpoint (``rankwise.train.preemption``) and exit; it surfaces here as ``Stopped``.

@@ -96,6 +96,14 @@ class Strategy(abc.ABC):
     """Whether its per-rank shards load at another world size (the library regroups them on
     load)."""
 
+    @property
+    def gathers_layers(self) -> bool:
+        """Whether every step gathers whole layers' parameters and frees them again (FSDP, ZeRO-3):
+        on a CPU such a rank fixes glibc's mmap threshold
+        (:func:`rankwise.process.fix_mmap_threshold`) so the freed blocks leave its resident memory;
+        any other rank would only pay for it."""
+        return False
+
     @classmethod
     def check_available(cls) -> None:
         """Raise ImportError with the install command when a required library is missing."""
@@ -149,7 +157,10 @@ class Strategy(abc.ABC):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
-        """Join the process group (multi-process strategies)."""
+        """Join the process group (multi-process strategies); fix the allocator's mmap threshold
+        where the strategy gathers and frees layers on a CPU (:attr:`gathers_layers`)."""
+        if self.gathers_layers and self.device.type == "cpu":
+            process.fix_mmap_threshold()
         process.init_process_group(self.env, self.device, self.timeout_s)
 
     def teardown(self, clean: bool = True) -> None:

@@ -64,6 +64,13 @@ class FSDP(Strategy):
     reshards = True
     shards_optimizer_state = True
 
+    @property
+    @override
+    def gathers_layers(self) -> bool:
+        return (
+            True  # each unit's parameters are all-gathered for its forward and backward, then freed
+        )
+
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh

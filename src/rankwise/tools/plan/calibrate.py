@@ -33,29 +33,19 @@ WARMUP = 2
 REPEATS = 5
 
 
-def as_launched_ranks_allocate() -> None:
-    """This process's glibc hands blocks of 1 MiB and more back to the system when freed, as
-    ``rankwise launch``'s ranks do (:func:`rankwise.launch.ports.set_worker_environment` fixes
-    ``MALLOC_MMAP_THRESHOLD_``): each such block is then mapped and zeroed anew, which made the
-    built-in model's step 60 % longer in a launched rank (204 ms against 125 ms under torchrun, one
-    thread).  Timed without it, the plan would predict a step no launched rank takes.  (Linux's
-    glibc only; elsewhere nothing changes.)"""
-    import ctypes
-    import ctypes.util
-    import os
+def allocate_as_a_rank_does(gathers_layers: bool) -> None:
+    """This process's glibc allocates as a launched rank of the strategy does: a strategy that
+    gathers and frees whole layers fixes the mmap threshold at 1 MiB
+    (:func:`rankwise.process.fix_mmap_threshold`), so each block of 1 MiB or more is mapped and
+    zeroed anew, which made the built-in model's step 60 % longer (204 ms against 125 ms, one
+    thread); any other keeps glibc's moving threshold, which a rank's steady steps push up to its
+    ceiling.  mallopt cannot give the moving threshold back once fixed, so another strategy timed
+    here before must not leave its setting behind: the ceiling stands in for it.  Timed otherwise,
+    the plan would predict a step no launched rank takes.  (Linux's glibc only; elsewhere nothing
+    changes.)"""
+    from rankwise.process import MMAP_THRESHOLD_BYTES, MMAP_THRESHOLD_MAX, fix_mmap_threshold
 
-    from rankwise.launch.ports import MMAP_THRESHOLD_BYTES
-
-    threshold = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_BYTES))
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, threshold)
-    except (OSError, AttributeError):
-        pass
-
-
-M_MMAP_THRESHOLD = -3
-"""glibc's ``mallopt`` parameter for the mmap threshold (``malloc.h``)."""
+    fix_mmap_threshold(MMAP_THRESHOLD_BYTES if gathers_layers else MMAP_THRESHOLD_MAX)
 
 
 def timed_step(
@@ -73,7 +63,6 @@ def timed_step(
 
     accumulation = capture.grad_accum
     args, kwargs = resized(capture, rows)
-    as_launched_ranks_allocate()
     # (init_process_group wraps the hook every time)
     before, hook = torch.get_num_threads(), sys.excepthook
     torch.set_num_threads(threads)
@@ -86,6 +75,7 @@ def timed_step(
             Runtime(strategy, precision, seed=0, env=ProcessEnv()) as rt,
         ):
             warnings.simplefilter("ignore", FutureWarning)
+            allocate_as_a_rank_does(rt.strategy.gathers_layers)
             model, optimizer = real_copy(capture.model, capture.optimizer)
             model, optimizer = rt.prepare(
                 model,
