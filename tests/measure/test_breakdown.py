@@ -111,10 +111,27 @@ def test_a_script_collective_reached_late_is_waiting_for_the_slowest_rank_not_a_
 
 
 def test_a_step_a_busy_machine_paused_is_left_out_of_the_averages():
-    steps = [(0.0, {}), (20.0, {}), (40.0, {"data": 60.0}), (120.0, {})]
+    steps = [(0.0, {}), (20.0, {}), (40.0, {"forward": 60.0}), (120.0, {})]
     (rank,) = combine([rank_records(steps)])
     assert rank["steps"] == 4 and rank["steps_kept"] == 3
-    assert rank["parts_ms"]["data"] == pytest.approx(1.0)
+    assert rank["parts_ms"]["forward"] == pytest.approx(2.5)
+
+
+def test_a_step_slowed_by_one_ranks_data_wait_is_kept_on_every_rank():
+    # A slow sample now and then: rank 1 waits 40 ms for one batch in four; rank 0 waits for it at
+    # the gradient exchange.  Not a pause of the machine: the step is the script's, kept.
+    slow = {"data": 41.0, "backward": 4.0}
+    waits = {"data": 1.0, "backward": 44.0}
+    starts = [0.0, 20.0, 40.0, 100.0]
+    ranks = combine(
+        [
+            rank_records([(t, waits if i == 2 else {}) for i, t in enumerate(starts)]),
+            rank_records([(t, slow if i == 2 else {}) for i, t in enumerate(starts)]),
+        ]
+    )
+    assert [r["steps_kept"] for r in ranks] == [4, 4]
+    assert ranks[1]["parts_ms"]["data"] == pytest.approx((3 * 1.0 + 41.0) / 4)
+    assert ranks[0]["parts_ms"]["straggler"] == pytest.approx(40.0 / 4)
 
 
 def test_no_steps_no_breakdown():

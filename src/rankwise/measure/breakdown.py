@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
+from rankwise.measure.window_steps import data_excess, paused
+
 MARK = "rankwise#"
 PROFILED_STEPS = 5
 """Steps a benchmark profiles (before its timed window): enough to leave out one a busy machine
 paused, few enough to cost little."""
-OUTLIER = 1.5
-"""A profiled step over this many times the median is left out of the averages."""
 LATE_S = 0.5e-3
 """A rank that arrives at the gradient exchange this much after the first is late in that step."""
 PARTS = ("forward", "backward", "optimizer", "comm", "data", "sync", "straggler", "other")
@@ -243,7 +243,8 @@ def step_records(spans: list[Span]) -> list[dict]:
 
 def combine(ranks: list[list[dict]]) -> list[dict]:
     """Every rank's parts (milliseconds a step, averaged over the steps all ranks profiled, but for
-    a step a busy machine paused), from their :func:`step_records`.  The time a rank waited at the
+    a step a busy machine paused: :func:`~rankwise.measure.window_steps.paused`), from their
+    :func:`step_records`.  The time a rank waited at the
     gradient exchange or at one of the script's collectives until the last rank arrived is
     ``straggler``; what it waited beyond that, communication; ``other``, the step less the other
     parts."""
@@ -309,11 +310,13 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
                 }
             )
     combined = []
+    # A step a busy machine paused is left out; one slowed by a rank's wait for its next batch is
+    # the script's own (an occasional slow sample), kept; the rest are averaged, so the parts add up
+    # to the step.
+    excess = data_excess([[r["data"] for r in records] for records in per_step])
     for rank, records in enumerate(per_step):
-        # A step a busy machine paused (over OUTLIER x the median) is left out; the rest are
-        # averaged, so the parts add up to the step.
-        typical = statistics.median(r["wall"] for r in records)
-        kept = [r for r in records if r["wall"] <= OUTLIER * typical]
+        out = paused([r["wall"] for r in records], excess)
+        kept = [r for r, left_out in zip(records, out, strict=True) if not left_out]
         parts = {part: statistics.fmean(r[part] for r in kept) for part in PARTS if part != "other"}
         step = statistics.fmean(r["wall"] for r in kept)
         parts["other"] = step - sum(parts.values())

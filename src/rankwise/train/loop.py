@@ -330,7 +330,8 @@ class Trainer:
             self.rt.set_epoch(self.loader, epoch)
             started = time.perf_counter()
             self.throughput.restart()
-            for _, sync, batch in iterate_steps(self.loader, self.cfg.grad_accum):
+            batches = self.profile.timed(self.loader)  # (each wait for a batch timed)
+            for _, sync, batch in iterate_steps(batches, self.cfg.grad_accum):
                 self.about_to_train(batch)
                 loss.add(self.train_step(batch, sync) / self.cfg.grad_accum)
                 if not sync:

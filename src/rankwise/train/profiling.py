@@ -1,12 +1,16 @@
 """``rankwise train``'s step-time breakdown (``profile_steps``): the steps right after the
 throughput warm-up, profiled (:mod:`rankwise.measure.breakdown`), and left out of the steady
-throughput, which starts after them."""
+throughput, which starts after them; then every later step timed, with its wait for its batches
+(:mod:`rankwise.measure.window_steps`), for the breakdown to say whether it explains them."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from time import perf_counter
 
 from rankwise.measure.breakdown import StepProfile, combine, model_facts
+from rankwise.measure.window_steps import summary as window_summary
 
 
 class LoopProfile:
@@ -15,20 +19,36 @@ class LoopProfile:
         self.profile = StepProfile(steps) if steps else None
         if self.profile is not None:
             self.profile.after = after
+        self.step_seconds: list[float] = []
+        """Each step's seconds after the profiled ones."""
+        self.data_seconds: list[float] = []
+        """Each of those steps' seconds waiting for its batches."""
+        self.waited = 0.0
+        self._stepped: float | None = None
 
     def mark(self, name: str):
         """A region of the step (forward, backward, optimizer), marked while profiling."""
         return self.profile.mark(name) if self.profile is not None else contextlib.nullcontext()
 
+    def timed(self, loader):
+        """``loader``, each wait for its next batch timed where the run profiles (else itself)."""
+        return loader if self.profile is None else _Timed(loader, self)
+
     def step_ended(self, step: int) -> None:
         """After optimizer step ``step`` (every rank): a profiled step closes, or profiling
-        starts."""
+        starts; after the profiled steps, the step's time and its wait for its batches."""
         if self.profile is None:
             return
         self.profile.step_done()
         if step == self.profile.after:
             # Why: the profiled steps start together on every rank
             self.profile.start(self.rt.barrier)
+        now = perf_counter()
+        if self.profile.finished and self._stepped is not None:
+            self.step_seconds.append(now - self._stepped)
+            self.data_seconds.append(self.waited)
+        self._stepped = now if self.profile.finished else None
+        self.waited = 0.0
 
     def breakdown(self, model, device: str, window_step_s: float | None) -> dict | None:
         """Every rank's parts (a collective: every rank calls it), for the run's summary;
@@ -36,8 +56,12 @@ class LoopProfile:
         against it)."""
         if self.profile is None:
             return None
-        # Why: rank 0's summary holds every rank's profiled steps, their arrivals compared.
-        ranks = combine(self.rt.all_gather_object(self.profile.records()))
+        # Why: rank 0's summary holds every rank's profiled steps, their arrivals compared, and
+        # every rank's later steps with their waits for data.
+        gathered = self.rt.all_gather_object(
+            (self.profile.records(), self.step_seconds, self.data_seconds)
+        )
+        ranks = combine([records for records, _, _ in gathered])
         if not ranks:
             return None
         first = self.profile.after + 1
@@ -46,5 +70,30 @@ class LoopProfile:
             "ranks": ranks,
             "device": device,
             "window_step_ms": round(window_step_s * 1e3, 3) if window_step_s else None,
+            "window": window_summary(
+                [walls for _, walls, _ in gathered], [data for _, _, data in gathered]
+            ),
             "facts": model_facts([model]),
         }
+
+
+class _Timed:
+    """A loader whose waits for each batch add up in its :class:`LoopProfile`."""
+
+    def __init__(self, loader, owner: LoopProfile):
+        self.loader, self.owner = loader, owner
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        batches = iter(self.loader)
+        while True:
+            fetching = perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self.owner.waited += perf_counter() - fetching
+            yield batch

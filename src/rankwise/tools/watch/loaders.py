@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -128,6 +129,9 @@ class LoaderWatch:
         """Batches a backward consumed (in the window: its micro-batches per step)."""
         self._length = DataLoader.__len__
         """A loader's own length (a cut training loader's is ``keep``: what it will yield)."""
+        self.waited = 0.0
+        """Seconds the script waited for a batch since :meth:`take_wait_seconds` (the loader's
+        fetch: its dataset, collate, workers), for a benchmark's every timed step."""
         self.collectives: Callable[[], tuple[int, int]] = lambda: (0, 0)
         """The data-carrying collectives and ``gather_for_metrics`` calls so far (each pass notes
         them at its start: was an evaluation combined after it, were its repeats dropped?)."""
@@ -155,6 +159,11 @@ class LoaderWatch:
         current.record["trained"] += len(digests)
         current.record["trained_batches"] = current.record.get("trained_batches", 0) + 1
         return digests, tokens
+
+    def take_wait_seconds(self) -> float:
+        """The seconds waited for batches since the last call (one step's)."""
+        waited, self.waited = self.waited, 0.0
+        return waited
 
     def shorten(self, keep: int) -> None:
         """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every
@@ -288,11 +297,14 @@ class LoaderWatch:
                     # batch.
                     current.record["cut_after"] = len(current.indices)
                     break
+                fetching = time.perf_counter()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     current.record["complete"] = True
                     break
+                finally:
+                    self.waited += time.perf_counter() - fetching
                 current.indices.append(current.fetching.popleft() if current.fetching else None)
                 # Every sample's digest for a trace; for a benchmark only the first few (the
                 # sharding check), the rest counted.

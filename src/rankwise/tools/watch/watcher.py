@@ -254,7 +254,10 @@ class Watcher:
         if rank_and_world()[1] > 1:
             self.calls.joined = rank_and_world()
         now = self.window.stepped(
-            steps.step, len(steps.record.samples), self.calls.take_collective_seconds()
+            steps.step,
+            len(steps.record.samples),
+            self.calls.take_collective_seconds(),
+            self.data.take_wait_seconds(),
         )
         # The replicas' weights, compared across ranks: every traced step, a benchmark's first,
         # every REPLICAS_EVERY-th after verify's window.

@@ -1,11 +1,13 @@
 """The timed window a watched run reports (``rankwise bench --script``): ``probe.json``, written by
 rank 0.
 
-:class:`Window` times every step; a benchmark's window starts after its warm-up steps (and the steps
-it profiles for its step-time breakdown, :class:`~rankwise.measure.breakdown.StepProfile`) and ends
-once it lasted ``min_window_s``. :func:`report`: samples per second over the window, every rank's
-peak memory, and the first step's FLOPs against the matrix-product peak every rank measures at the
-end (:mod:`rankwise.tools.watch.flops`).
+:class:`Window` times every step and its wait for its batches; a benchmark's window starts after
+its warm-up steps (and the steps it profiles for its step-time breakdown,
+:class:`~rankwise.measure.breakdown.StepProfile`) and ends once it lasted ``min_window_s``; the
+breakdown is checked against its every step (:mod:`rankwise.measure.window_steps`).
+:func:`report`: samples per second over the window, every rank's peak memory, and the first step's
+FLOPs against the matrix-product peak every rank measures at the end
+(:mod:`rankwise.tools.watch.flops`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.measure.breakdown import StepProfile, combine, model_facts
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.measure.throughput import window_end
+from rankwise.measure.window_steps import summary as window_summary
 from rankwise.tools.watch.flops import StepFlops, utilisation
 from rankwise.tools.watch.ranks import gather, rank_and_world
 from rankwise.tools.watch.settings import WatchSettings
@@ -60,6 +63,8 @@ class Window:
         self.step_seconds: list[float] = []
         self.step_collective_seconds: list[float] = []
         """Each step's seconds in the script's own collectives."""
+        self.step_data_seconds: list[float] = []
+        """Each step's seconds waiting for its batches (the window's data wait, every step)."""
         self.reported = False
 
     def begin(self, part: str) -> None:
@@ -72,15 +77,18 @@ class Window:
         if self.profile is not None:
             self.profile.end(part)
 
-    def stepped(self, step: int, samples: int, collective_seconds: float) -> float:
-        """After optimizer step ``step`` (every rank) of ``samples`` samples: its time, and the
-        window's; now."""
+    def stepped(
+        self, step: int, samples: int, collective_seconds: float, data_seconds: float = 0.0
+    ) -> float:
+        """After optimizer step ``step`` (every rank) of ``samples`` samples, ``data_seconds`` of
+        them waited for its batches: its time, and the window's; now."""
         if self.profile is not None:
             self.profile.end("optimizer")
             self.profile.step_done()
         now = time.perf_counter()
         self.step_seconds.append(now - self.step_started)
         self.step_collective_seconds.append(collective_seconds)
+        self.step_data_seconds.append(data_seconds)
         self.step_started = now
         if step == 1:
             self.flops_samples = samples
@@ -152,8 +160,19 @@ def report(watcher, script_ended: bool) -> None:
         else torch.device(watcher.facts["device"])
     )
     counted = gather((window.flops.flops, window.flops_samples, window.flops.peak(device)))
-    # Why: rank 0 combines every rank's profiled steps (arrival times against the last rank's).
-    profiled = gather(window.profile.records()) if window.profile is not None else None
+    # Why: rank 0 combines every rank's profiled steps (arrival times against the last rank's) and
+    # reads every rank's timed steps: how long each took, how long it waited for its batches.
+    profiled = (
+        gather(
+            (
+                window.profile.records(),
+                window.step_seconds[window.warmup :],
+                window.step_data_seconds[window.warmup :],
+            )
+        )
+        if window.profile is not None
+        else None
+    )
     launched, counted_by, ranks = int(os.environ.get("WORLD_SIZE", "1")), "DataLoader", 1
     if world == 1 < launched:  # the script left its process group already: the ranks trained alike
         world, counted_by, ranks = launched, "DataLoader (rank 0's, x the world size)", launched
@@ -207,17 +226,21 @@ def report(watcher, script_ended: bool) -> None:
         )
 
 
-def _breakdown(watcher, profiled: list[list[dict]] | None, step_s: float | None) -> dict | None:
+def _breakdown(watcher, profiled: list[tuple] | None, step_s: float | None) -> dict | None:
     """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps
-    profiled before the window."""
-    ranks = combine(profiled) if profiled else []
-    if not ranks:
+    profiled before the window, and the window's every step (:mod:`rankwise.measure.window_steps`):
+    its time, and each rank's wait for its data."""
+    ranks = combine([records for records, _, _ in profiled]) if profiled else []
+    if not profiled or not ranks:
         return None
     first = watcher.window.profile.after + 1
     return {
         "steps": [first, first + ranks[0]["steps"] - 1],
         "ranks": ranks,
         "window_step_ms": round(step_s * 1e3, 3) if step_s else None,
+        "window": window_summary(
+            [list(walls) for _, walls, _ in profiled], [list(data) for _, _, data in profiled]
+        ),
         "device": watcher.facts["device"],
         "facts": model_facts(watcher.models.live()),
     }
