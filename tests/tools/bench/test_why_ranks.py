@@ -16,15 +16,22 @@ pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or
 
 SCRIPT = Path(__file__).resolve().parents[2] / "support" / "tools" / "bench" / "injected.py"
 SLEEP_MS = 30.0
+SLOW_SAMPLE_MS = 40.0
 CASES = {
     "clean": ["--layers", "24"],
     "slow data on rank 1": ["--slow-data-rank", "1"],
+    # a slow disk: rank 1's dataset sleeps in one sample of 32, so one batch of 8 in about 4 waits
+    "slow sample now and then on rank 1": [
+        *("--slow-sample-rank", "1", "--slow-sample-every", "32", "--batch-size", "8"),
+        *("--sleep-ms", str(SLOW_SAMPLE_MS)),
+    ],
     "slow forward on rank 1": ["--slow-forward-rank", "1"],
     "barrier and item": ["--barrier", "--item"],
     "tiny buckets": ["--bucket-cap-mb", "0.01", "--layers", "24"],
 }
-"""The causes injected; the clean script and the tiny buckets share a 24-layer model, whose 49
-gradients make DDP's bucket count tell (one bucket of 1.6 MB, or dozens)."""
+"""The causes injected (sleeping SLEEP_MS unless a case says); the clean script and the tiny
+buckets share a 24-layer model, whose 49 gradients make DDP's bucket count tell (one bucket of 1.6
+MB, or dozens)."""
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,7 @@ def breakdowns(tmp_path_factory):
         run_dir = tmp_path_factory.mktemp(name.replace(" ", "-"))
         result = watched_run(
             SCRIPT,
-            [*args, "--sleep-ms", str(SLEEP_MS)],
+            ["--sleep-ms", str(SLEEP_MS), *args],
             framework("torch"),
             2,
             run_dir,
@@ -83,6 +90,22 @@ def test_a_slow_data_loader_on_rank_1_is_its_data_wait_and_rank_0_waits_for_it(b
         and "data loader waits" in why["line"]
     ), why
     assert "num_workers=0" in why["line"] and "num_workers=2" in why["line"]
+
+
+def test_a_slow_sample_now_and_then_on_rank_1_is_named_as_its_data_wait_over_the_window(
+    breakdowns,
+):
+    breakdown = breakdowns["slow sample now and then on rank 1"]
+    window = breakdown["window"]
+    quiet, slow = window["ranks"]
+    print("window", window, "profiled", [r["step_ms"] for r in breakdown["ranks"]])
+    # now and then, not every batch: the window's every step saw it, on rank 1 only
+    assert 0 < slow["slow_batches"] <= window["steps"] / 2, window
+    assert slow["data_max_ms"] >= SLOW_SAMPLE_MS and slow["data_ms"] > 5 * quiet["data_ms"], window
+    why = explain(breakdown)
+    assert why is not None and why["part"] == "data" and why["rank"] == 1, why
+    assert why["line"].startswith(f"rank 1 waits {slow['data_ms']:.1f} ms a step"), why
+    assert f"{slow['slow_batches']} of them over half a step" in why["line"], why
 
 
 def test_a_slow_forward_on_rank_1_names_rank_1_as_the_straggler(breakdowns):

@@ -83,7 +83,9 @@ class Explanation(TypedDict):
     """A row's largest loss of step time and its fix (:func:`rankwise.tools.bench.why.explain`)."""
 
     part: str | None
-    """``straggler``, ``data``, ``comm`` or ``sync``; None: nothing above the noise."""
+    """``straggler``, ``data``, ``comm`` or ``sync``; None: nothing above the noise;
+    ``unexplained``: the profiled steps do not stand for the timed window
+    (:mod:`rankwise.tools.bench.why_window`)."""
     rank: int | None
     """The rank that loses it (None with ``part``)."""
     ms: float

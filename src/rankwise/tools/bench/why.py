@@ -15,6 +15,7 @@ from pathlib import Path
 from rankwise.errors import ConfigError
 from rankwise.measure.breakdown import LABELS, PARTS, PROFILED_STEPS
 from rankwise.tools.bench.records import BenchRow, BreakdownColumns, Explanation
+from rankwise.tools.bench.why_window import explain_window, window_lines, window_step, workers
 
 NOISE = 0.10
 """A loss below this share of the step is not named: profiled steps vary by about this much on a
@@ -29,10 +30,15 @@ _BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
 
 def explain(breakdown: dict | None) -> Explanation | None:
     """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part``
-    None: nothing above the noise), or None without a breakdown."""
+    None: nothing above the noise; ``"unexplained"``: the profiled steps do not stand for the timed
+    window), or None without a breakdown.  What the window's every step shows comes first
+    (:func:`~rankwise.tools.bench.why_window.explain_window`)."""
     ranks = (breakdown or {}).get("ranks") or []
     if not ranks or breakdown is None:
         return None
+    windowed = explain_window(breakdown)
+    if windowed is not None:
+        return windowed
     step = max(r["step_ms"] for r in ranks) or 1e-9
     loss, rank = max(
         ((part, r) for part in LOSSES for r in ranks), key=lambda pr: pr[1]["parts_ms"][pr[0]]
@@ -99,7 +105,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
             "does differently"
         )
     cause = {
-        "data": f"its data loader waits {excess[part]:.1f} ms a step longer ({_workers(late)})",
+        "data": f"its data loader waits {excess[part]:.1f} ms a step longer ({workers(late)})",
         "forward": f"its forward takes {excess[part]:.1f} ms a step longer",
         "backward": f"its backward takes {excess[part]:.1f} ms a step longer",
         "sync": f"its host syncs take {excess[part]:.1f} ms a step longer ({_sites(late)})",
@@ -121,7 +127,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
 def _data(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     return (
         f"rank {rank['rank']} waits {rank['parts_ms']['data']:.1f} ms a step for its next batch "
-        f"({_workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
+        f"({workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
         "persistent_workers=True)"
     )
 
@@ -176,13 +182,6 @@ def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     )
 
 
-def _workers(rank: dict) -> str:
-    loader = rank.get("loader") or ""
-    if loader.startswith("_SingleProcess"):
-        return "num_workers=0: batches are built in the training process"
-    return "its worker processes do not keep up" if loader else "the loader's own time"
-
-
 def _sites(rank: dict) -> str:
     sites = sorted(rank.get("sync_ms", {}).items(), key=lambda kv: -kv[1])
     return ", ".join(f"{site}: {ms:.1f} ms" for site, ms in sites[:3]) or "none named"
@@ -190,18 +189,21 @@ def _sites(rank: dict) -> str:
 
 def cells(breakdown: dict | None) -> dict:
     """The table's cells, in milliseconds a step: compute averaged over the ranks, each loss the
-    most any rank spent in it (a straggler's own wait and the others' wait for it both show)."""
+    most any rank spent in it (a straggler's own wait and the others' wait for it both show); the
+    data wait over the whole timed window where it was timed so."""
     ranks = (breakdown or {}).get("ranks") or []
-    if not ranks:
+    if not ranks or breakdown is None:
         return {}
     compute = [
         r["parts_ms"]["forward"] + r["parts_ms"]["backward"] + r["parts_ms"]["optimizer"]
         for r in ranks
     ]
+    timed = (breakdown.get("window") or {}).get("ranks")
     return {
         "step_ms": round(max(r["step_ms"] for r in ranks), 3),
         "compute_ms": round(sum(compute) / len(ranks), 3),
         **{f"{part}_ms": max(r["parts_ms"][part] for r in ranks) for part in LOSSES},
+        **({"data_ms": max(r["data_ms"] for r in timed)} if timed else {}),
     }
 
 
@@ -218,7 +220,7 @@ def detail(name: str, breakdown: dict | None) -> str:
         if steps
         else name
     ]
-    window = breakdown.get("window_step_ms")
+    window = window_step(breakdown)
     for r in breakdown["ranks"]:
         cost = (
             f", {r['step_ms'] / window - 1:+.0%} against the window's {window:.1f} ms"
@@ -239,6 +241,7 @@ def detail(name: str, breakdown: dict | None) -> str:
             lines.append(
                 f"    arrives {r['late_ms']:.2f} ms after the first rank at the gradient exchange"
             )
+    lines += window_lines(breakdown)
     if breakdown.get("device") == "cuda":
         lines.append("  (on a GPU these are the host's times: kernels are queued, not timed)")
     why = explain(breakdown)
@@ -282,6 +285,12 @@ def notes(rows: list[BenchRow]) -> list[str]:
         "for the slowest rank, the most any rank spent (`rankwise bench --explain ROW` shows "
         "every rank)"
     ]
+    if any(breakdown.get("window") for breakdown in breakdowns):
+        out.append(
+            "data wait: each rank's wait for its batches over every step of the timed window (a "
+            "slow sample now and then shows there); a row whose profiled step differs from its "
+            "window's by more than the noise says it cannot explain the row"
+        )
     if any(breakdown.get("device") == "cuda" for breakdown in breakdowns):
         out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")
     out += [

@@ -1,5 +1,6 @@
 """A plain torchrun DDP classifier with causes of a slow step injected on purpose, for the bench's
-breakdown tests: a data loader that sleeps on one rank, a forward that sleeps on one rank, a barrier
+breakdown tests: a data loader that sleeps on one rank, a forward that sleeps on one rank, a dataset
+that sleeps in one sample of N on one rank (a slow disk: now and then, not every batch), a barrier
 and a ``.item()`` every step, tiny DDP buckets.  Without flags: a clean script."""
 
 import argparse
@@ -13,7 +14,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--slow-data-rank", type=int, default=-1)
 parser.add_argument("--slow-forward-rank", type=int, default=-1)
+parser.add_argument("--slow-sample-rank", type=int, default=-1)
+parser.add_argument("--slow-sample-every", type=int, default=32)
 parser.add_argument("--sleep-ms", type=float, default=30.0)
+parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--barrier", action="store_true")
 parser.add_argument("--item", action="store_true")
 parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -46,10 +50,19 @@ def collate(samples):
     return torch.utils.data.default_collate(samples)
 
 
+class SlowSamples(TensorDataset):
+    """Sleeps in one sample of ``--slow-sample-every`` on ``--slow-sample-rank``."""
+
+    def __getitem__(self, index):
+        if rank == args.slow_sample_rank and index % args.slow_sample_every == 0:
+            time.sleep(args.sleep_ms / 1e3)
+        return super().__getitem__(index)
+
+
 x = torch.randn(4096, 128, generator=torch.Generator().manual_seed(1))
-data = TensorDataset(x, x[:, :10].argmax(1))
+data = SlowSamples(x, x[:, :10].argmax(1))
 sampler = DistributedSampler(data)
-loader = DataLoader(data, batch_size=32, sampler=sampler, collate_fn=collate)
+loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
 model = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb)
 optimizer = torch.optim.AdamW(model.parameters())
 for epoch in range(args.epochs):
