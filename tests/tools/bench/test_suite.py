@@ -615,3 +615,22 @@ def test_the_png_shows_a_dash_not_zero_for_a_row_without_flops_and_every_ranks_p
     assert (tmp_path / "report.png").stat().st_size > 1000
     # (no "0.00" MFU for the uncounted row)
     assert {"1.2%", "—", "900", "812, 790"} <= set(labelled), labelled
+
+
+def test_a_log_gets_one_line_per_check_naming_its_row_and_criterion(tmp_path, monkeypatch, capsys):
+    """After the timed runs, the progress says which row's check runs, and which check."""
+    from rankwise.tools.bench import suite
+
+    monkeypatch.setattr(suite, "verify_app", lambda *args, **kwargs: _verify_report("equivalent"))
+    monkeypatch.setattr(suite, "_run_row", lambda *args: {"wall_s": 2.0, "error": "no weights"})
+    rows = select(["single", "ddp", "ddp-spawn", "plain-ddp"])
+    the_plan = plan("quick", rows, nproc=2, out=tmp_path)
+    records = {row.name: {"runs": [{"wall_s": 1.0}]} for row in rows}
+    checks = suite.check_equivalence(the_plan, records, rows, tmp_path, progress=True)
+    lines = [line.split(" (")[0] for line in capsys.readouterr().err.strip().splitlines()]
+    assert lines == [
+        "check [1/3] ddp: rankwise verify of ddp, 5 steps, dropout off: equivalent",
+        "check [2/3] single: weights after 5 steps",
+        "check [3/3] plain-ddp: weights after 5 steps",
+    ]
+    assert checks["ddp-spawn"]["verdict"] == "equivalent"  # (ddp's verify run, shared)

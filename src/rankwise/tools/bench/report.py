@@ -34,18 +34,16 @@ def significant(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else float(f"{value:.{digits}g}")
 
 
-def run_line(done: int, total: int, row: str, repeat: int, repeats: int, run: dict) -> str:
-    """One finished run, for a log: ``bench [3/8] ddp (repeat 1/2): 21.0 s, 534.0 samples/s``; a run
-    that could not run points to the table's notes, which carry its error once."""
+def run_line(row: str, repeat: int, repeats: int, run: dict) -> str:
+    """One finished run, for a log (after ``bench [3/8]``): ``ddp (repeat 1/2): 21.0 s, 534.0
+    samples/s``; a run that could not run points to the table's notes, which carry its error
+    once."""
     outcome = (
         "could not run (why: under the table)"
         if "error" in run
         else f"{run.get('steady_samples_per_s') or run.get('samples_per_s')} samples/s"
     )
-    return (
-        f"bench [{done}/{total}] {row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, "
-        f"{outcome}"
-    )
+    return f"{row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
 
 
 def summarize(records: list[RowRecord], meta: dict) -> dict:

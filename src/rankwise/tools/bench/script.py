@@ -171,7 +171,7 @@ def run_bench(
             done += 1
             # as suite.py
             print(
-                run_line(done, total, row.name, repeat, repeats, result),
+                f"bench [{done}/{total}] {run_line(row.name, repeat, repeats, result)}",
                 file=sys.stderr,
                 flush=True,
             )

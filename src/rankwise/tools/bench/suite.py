@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from tqdm import tqdm
-
 from rankwise.checkpoint import read_weights
 from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
@@ -40,6 +38,7 @@ from rankwise.tools.bench.equivalence import (
     verify_app,
     weights_columns,
 )
+from rankwise.tools.bench.progress import Phase
 from rankwise.tools.bench.records import EquivalenceColumns, RowRecord, RunResult
 from rankwise.tools.bench.rows import Row, select
 from rankwise.tools.bench.settings import SuiteSettings
@@ -140,42 +139,24 @@ def run_all(plan: BenchPlan, progress: bool = True) -> list[RowRecord]:
         for row in plan.rows
     }
     runnable = [row for row in plan.rows if records[row.name]["missing"] is None]
-    # A terminal gets a live bar; a log (CI, `make demo > log`) one line per finished run, not per
-    # update.
-    live = progress and sys.stderr.isatty()
-    bar = tqdm(
-        total=len(runnable) * plan.repeats,
-        unit="run",
-        disable=not live,
-        dynamic_ncols=True,
-        desc="bench",
-    )
-    done = 0
-    for repeat in range(plan.repeats):
-        order = runnable if repeat % 2 == 0 else runnable[::-1]
-        for row in order:
-            bar.set_description(f"bench {row.name} (repeat {repeat + 1}/{plan.repeats})")
-            run_dir = plan.out / "runs" / f"{row.name}-{repeat}"
-            run = _run_row(row, plan, run_dir, data_dir, bar)
-            records[row.name]["runs"].append(run)
-            bar.update(1)
-            done += 1
-            if progress and not live:
-                # The progress bar's stand-in where stderr is not a terminal: the command's display,
-                # like the bar.
-                print(
-                    report.run_line(done, bar.total, row.name, repeat, plan.repeats, run),
-                    file=sys.stderr,
-                    flush=True,
-                )
-    bar.close()
-    checks = check_equivalence(plan, records, runnable, data_dir)
+    with Phase("bench", len(runnable) * plan.repeats, progress) as phase:
+        for repeat in range(plan.repeats):
+            order = runnable if repeat % 2 == 0 else runnable[::-1]
+            for row in order:
+                phase.start(f"{row.name} (repeat {repeat + 1}/{plan.repeats})")
+                run_dir = plan.out / "runs" / f"{row.name}-{repeat}"
+                run = _run_row(row, plan, run_dir, data_dir, phase)
+                records[row.name]["runs"].append(run)
+                phase.finished(report.run_line(row.name, repeat, plan.repeats, run))
+    checks = check_equivalence(plan, records, runnable, data_dir, progress)
     for row in plan.rows:
         _judge(records[row.name], checks.get(row.name), split_size)
     return [records[row.name] for row in plan.rows]
 
 
-def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> RunResult:
+def _run_row(
+    row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, phase: Phase | None = None
+) -> RunResult:
     """One run of ``row`` in fresh processes; its summary (plus ``wall_s`` and ``run_dir``), or
     ``{"error"}``."""
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -185,8 +166,9 @@ def _run_row(row: Row, plan: BenchPlan, run_dir: Path, data_dir: Path, bar) -> R
     metrics, total = run_dir / "metrics.jsonl", plan.config.max_steps
 
     def progress() -> None:
-        step = _last_step(metrics)
-        bar.set_postfix_str(f"step {step}/{total}" if step else "starting", refresh=True)
+        if phase is not None:
+            step = _last_step(metrics)
+            phase.status(f"step {step}/{total}" if step else "starting")
 
     if row.baseline:
         command = [
@@ -240,11 +222,15 @@ def _weights_at(run: RunResult, step: int):
 
 
 def check_equivalence(
-    plan: BenchPlan, records: dict[str, RowRecord], rows: list[Row], data_dir: Path
+    plan: BenchPlan,
+    records: dict[str, RowRecord],
+    rows: list[Row],
+    data_dir: Path,
+    progress: bool = True,
 ) -> dict[str, EquivalenceColumns]:
     """Each row that ran: its equivalence columns by its criterion
     (:func:`~rankwise.tools.bench.equivalence.criterion`), ``criterion`` and ``criterion_note``
-    among them."""
+    among them.  The progress bar names each check as it runs."""
     ran = {
         row.name: criterion(row, plan.nproc)
         for row in rows
@@ -255,38 +241,39 @@ def check_equivalence(
         for name, rule in ran.items()
         if rule.kind == "reference"
     }
-    steps, verified = plan.equivalence_step, {}
-    for row in rows:
-        rule = ran.get(row.name)
-        if rule is None or rule.kind != "lockstep":
-            continue
-        assert rule.strategy is not None  # a lockstep criterion names the strategy verify runs
-        # (ddp-spawn trains as ddp does: one verify run for both)
-        key = (rule.strategy, row.settings)
-        if key not in verified:
-            verified[key] = verify_app(
-                rule.strategy,
-                row.processes(plan.nproc),
-                data_dir,
-                [*_unprofiled(plan.settings), *row.settings],
-                plan.out / "verify" / row.name,
-                steps=steps,
-                timeout_s=plan.timeout_s,
-            )
-        checks[row.name] = lockstep_columns(verified[key]) | {
-            "criterion": "lockstep",
-            "criterion_note": rule.note,
-        }
-        log.info(
-            f"equivalence of {row.name} (rankwise verify of {rule.strategy}, {steps} steps, "
-            f"dropout off): {checks[row.name]['verdict']}",
-            stderr=True,
-        )
+    lockstep = [row for row in rows if row.name in ran and ran[row.name].kind == "lockstep"]
     weighed = [row for row in rows if row.name in ran and ran[row.name].kind == "weights"]
-    if weighed:
-        checks |= _compare_weights(
-            plan, weighed, data_dir, {row.name: ran[row.name].note for row in weighed}
-        )
+    # (ddp-spawn trains as ddp does: one verify run for both)
+    keys = {(ran[row.name].strategy, row.settings) for row in lockstep}
+    steps, verified = plan.equivalence_step, {}
+    with Phase("check", len(keys) + (len(weighed) + 1 if weighed else 0), progress) as phase:
+        for row in lockstep:
+            rule = ran[row.name]
+            assert rule.strategy is not None  # a lockstep criterion names the strategy verify runs
+            key = (rule.strategy, row.settings)
+            what = f"{row.name}: rankwise verify of {rule.strategy}, {steps} steps, dropout off"
+            if key not in verified:
+                phase.start(what)
+                started = time.perf_counter()
+                verified[key] = verify_app(
+                    rule.strategy,
+                    row.processes(plan.nproc),
+                    data_dir,
+                    [*_unprofiled(plan.settings), *row.settings],
+                    plan.out / "verify" / row.name,
+                    steps=steps,
+                    timeout_s=plan.timeout_s,
+                )
+                verdict = lockstep_columns(verified[key])["verdict"]
+                phase.finished(f"{what}: {verdict} ({time.perf_counter() - started:.1f} s)")
+            checks[row.name] = lockstep_columns(verified[key]) | {
+                "criterion": "lockstep",
+                "criterion_note": rule.note,
+            }
+        if weighed:
+            checks |= _compare_weights(
+                plan, weighed, data_dir, {row.name: ran[row.name].note for row in weighed}, phase
+            )
     return checks
 
 
@@ -296,7 +283,11 @@ def _unprofiled(settings: list[str]) -> list[str]:
 
 
 def _compare_weights(
-    plan: BenchPlan, rows: list[Row], data_dir: Path, notes: dict[str, str | None]
+    plan: BenchPlan,
+    rows: list[Row],
+    data_dir: Path,
+    notes: dict[str, str | None],
+    phase: Phase | None = None,
 ) -> dict[str, EquivalenceColumns]:
     """The rows verify cannot judge, and ``single``, for ``K`` more steps each with dropout 0
     (untimed): each row's columns from its weights after them against ``single``'s."""
@@ -310,12 +301,15 @@ def _compare_weights(
             f"save_at_steps=[{steps}]",
         ],
     )
-    quiet = tqdm(disable=True)
     where = plan.out / "equivalence"
-    runs = {
-        row.name: _run_row(row, short, where / row.name, data_dir, quiet)
-        for row in [Row("single", "single"), *rows]
-    }
+    runs = {}
+    for row in [Row("single", "single"), *rows]:
+        what = f"{row.name}: weights after {steps} steps (dropout 0)"
+        if phase is not None:
+            phase.start(what)
+        runs[row.name] = _run_row(row, short, where / row.name, data_dir)
+        if phase is not None:
+            phase.finished(f"{what}: {runs[row.name]['wall_s']} s")
     reference, problem = None, runs["single"].get("error")
     if problem is None:
         try:
@@ -336,11 +330,6 @@ def _compare_weights(
         checks[row.name] = weights_columns(
             difference, row.tolerance, steps, error and error[:300]
         ) | {"criterion": "weights", "criterion_note": notes[row.name]}
-        log.info(
-            f"equivalence of {row.name} (weights after {steps} steps against single's, dropout 0): "
-            f"{checks[row.name]['verdict']}",
-            stderr=True,
-        )
     return checks
 
 
