@@ -39,7 +39,7 @@ import argparse
 import os
 import sys
 
-from rankwise.cli import bench, comm, doctor, export, launch, plan, predict, train, verify
+from rankwise.cli import bench, comm, doctor, export, launch, plan, predict, smoke, train, verify
 from rankwise.errors import USAGE, USER_ERRORS, exit_code
 from rankwise.logs import to_terminal
 
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     to_terminal()  # rankwise's messages (logging) printed as the commands always have
+    smoke.take()  # RANKWISE_SMOKE: this command at a smoke size (the documentation tests)
     # torchrun's flags and the script's own arguments, parsed by torchrun
     if argv and argv[0] == "launch":
         command, run = "launch", lambda: launch.run_command_line(argv[1:])

@@ -38,7 +38,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rankwise.cli import paths
+from rankwise.cli import paths, smoke
 from rankwise.errors import ConfigError
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite, why
@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         if args.strategies is not None
         else None
     )
+    if smoke.on():
+        _smoke_size(args)
     if args.script:
         script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
         return script.bench(
@@ -226,3 +228,20 @@ def run(args: argparse.Namespace) -> int:
             output=output,
         )
     )
+
+
+def _smoke_size(args: argparse.Namespace) -> None:
+    """RANKWISE_SMOKE=1 (cli/smoke.py): the rows as asked, each checked, at a smoke size."""
+    args.repeats = 1
+    if args.script:
+        args.steps = smoke.cap(args.steps, smoke.SCRIPT_STEPS)
+        args.verify_steps = smoke.cap(args.verify_steps, smoke.VERIFY_STEPS)
+        args.min_window = 0.0
+        smoke.say(
+            "bench",
+            f"{args.steps} timed steps a row, no least window, one repeat, "
+            f"{args.verify_steps}-step equivalence checks",
+        )
+    else:
+        args.preset = "smoke"
+        smoke.say("bench", "the smoke preset, one repeat")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from rankwise.cli import paths
+from rankwise.cli import paths, smoke
 from rankwise.cli.node_flags import add_node_flags, node_layout
 from rankwise.tools.comm import bench, demo
 from rankwise.tools.harness import check_layout, resolve_backend
@@ -103,6 +103,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     layout = check_layout(node_layout(args))
+    if smoke.on():  # RANKWISE_SMOKE=1 (cli/smoke.py)
+        args.max_bytes = min(args.max_bytes, smoke.COMM_MAX_BYTES)
+        args.min_bytes = min(args.min_bytes, args.max_bytes)
+        args.iters = smoke.cap(args.iters, smoke.COMM_ITERS)
+        args.warmup = smoke.cap(args.warmup, 1)
+        smoke.say("comm bench", f"messages up to {args.max_bytes} B, {args.iters} timed calls")
     backend = resolve_backend(args.backend, layout.nproc_per_node)
     settings = bench.settings(
         args.ops,

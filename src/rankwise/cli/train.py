@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rankwise.cli import paths
+from rankwise.cli import paths, smoke
 from rankwise.launch.config import LAUNCHERS
 from rankwise.launch.hosts import node_layout
 from rankwise.precision import PRECISIONS
@@ -134,4 +134,10 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
             flags[f"launch.{key}"] = value
     # paths against the user's directory, before any process starts (cli/paths.py)
     config_file = paths.absolute_or_none(args.config)
-    return paths.config(build_config(config_file, paths.overrides(args.set), flags))
+    overrides = paths.overrides(args.set)
+    config = paths.config(build_config(config_file, overrides, flags))
+    if smoke.on():
+        flags["max_steps"] = smoke.cap(config.max_steps, smoke.TRAIN_STEPS)
+        smoke.say("train", f"at most {flags['max_steps']} optimizer steps")
+        config = paths.config(build_config(config_file, overrides, flags))
+    return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from rankwise.cli import paths, script_args
+from rankwise.cli import paths, script_args, smoke
 from rankwise.precision import PRECISIONS
 from rankwise.tools.verify import command
 from rankwise.tools.verify.settings import VerifySettings
@@ -194,4 +194,8 @@ def settings_from(args: argparse.Namespace) -> VerifySettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    return command.run(settings_from(parse_rest(args)))
+    args = parse_rest(args)
+    if smoke.on():  # RANKWISE_SMOKE=1 (cli/smoke.py)
+        args.steps = smoke.cap(args.steps, smoke.VERIFY_STEPS)
+        smoke.say("verify", f"{args.steps} compared steps")
+    return command.run(settings_from(args))
