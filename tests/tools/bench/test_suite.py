@@ -634,3 +634,12 @@ def test_a_log_gets_one_line_per_check_naming_its_row_and_criterion(tmp_path, mo
         "check [3/3] plain-ddp: weights after 5 steps",
     ]
     assert checks["ddp-spawn"]["verdict"] == "equivalent"  # (ddp's verify run, shared)
+
+
+def test_a_rows_check_stops_its_ranks_after_the_compared_steps(summary):
+    """The check compares K steps; the timed run shows the rest (evaluation, checkpoint): the N
+    ranks of the check stop with the reference instead of training on (half a check's time)."""
+    _, paths = summary
+    candidate = Path(paths["json"]).parent / "verify" / "wrong" / "candidate"
+    assert (candidate / "trace.jsonl").exists()
+    assert not (candidate / "scratch" / "run" / "result.json").exists()

@@ -49,7 +49,7 @@ log = get_logger(__name__)
 
 PRESETS = {
     "smoke": {"max_steps": 30, "repeats": 1},
-    "quick": {"max_steps": 60, "repeats": 1},
+    "quick": {"max_steps": 40, "repeats": 1},
     "full": {"max_steps": 300, "repeats": 3},
 }
 """Steps per run and repeats of every row.  The quick preset is `make demo`'s; smoke (CI's run of

@@ -117,10 +117,12 @@ def verify_runs(
     as_written: bool = False,
     log=None,
     stall_s: float = STALL_TIMEOUT_S,
+    compared_only: bool = False,
 ) -> VerifyReport:
     """The two traced runs (the N-rank one first, then one process following it) and their report,
     written under ``out`` as ``verify.json`` and ``verify.png``; ``log(text)`` hears of each run as
-    it ends."""
+    it ends.  ``compared_only``: the N-rank run stops after the compared steps too (``rankwise
+    bench``'s check of a row whose evaluation, checkpoint and shutdown its timed run shows)."""
     results, extra = watched_runs(
         script,
         script_args,
@@ -134,6 +136,7 @@ def verify_runs(
         as_written=as_written,
         log=log,
         stall_s=stall_s,
+        compared_only=compared_only,
     )
     report = _merged(build(out, results, strategy, processes, steps), extra)
     report["meta"] = {

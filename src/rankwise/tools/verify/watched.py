@@ -40,13 +40,15 @@ def watched_runs(
     as_written: bool = False,
     log=None,
     stall_s: float = STALL_TIMEOUT_S,
+    compared_only: bool = False,
 ) -> tuple[dict, ReportExtra]:
     """The two watched runs (the N-rank one first); returns their results and what the report adds:
     the framework, how the reference was made, the findings.  ``reference_framework``: how the one
     process starts, where not as the N ranks do (a script on ``rankwise.setup()``: under
     ``--strategy single``, whose Runtime gives one process the N ranks' global batches itself).
     After its ``steps`` the N-rank run goes on through the rest of the script, each later training
-    pass cut short (``as_written``: whole); the reference stops there."""
+    pass cut short (``as_written``: whole; ``compared_only``: it stops there too, as the reference
+    does, for a caller that needs only the compared steps' verdict); the reference stops there."""
     results, asked = {}, processes
     candidate_dir = (out / "candidate").resolve()
     for name, count, run_framework in (
@@ -69,7 +71,11 @@ def watched_runs(
             timeout_s=timeout_s,
             follow=candidate_dir if reference else None,
             scale=processes if scaled else 1,
-            after="stop" if reference else "as-written" if as_written else "shorten",
+            after="stop"
+            if reference or compared_only
+            else "as-written"
+            if as_written
+            else "shorten",
             stall_s=stall_s,
         )
         started = results[name].get("spawn")
