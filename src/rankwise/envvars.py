@@ -194,10 +194,10 @@ VARIABLES: tuple[EnvVar, ...] = (
         "RANKWISE_SMOKE",
         "`make test-docs` (`tests/support/docs/codeblocks.py`), or the user",
         "`cli/smoke.py`, once per command (then removed from the environment its processes get)",
-        "`1`/`true`/`yes`: the command runs at a smoke size, every check kept: `train` at most 4 "
-        "optimizer steps; `bench` the smoke preset, one repeat (`--script`: 3 timed steps, no least "
-        "window, 2-step equivalence checks); `verify` 2 compared steps; `comm bench` messages up to "
-        "1 MiB, 3 timed calls. Each command says on stderr what it capped.",
+        "`1`/`true`/`yes`: the command runs at a smoke size, every check kept: `train` at most "
+        "4 optimizer steps; `bench` the smoke preset, one repeat (`--script`: 3 timed steps, no "
+        "least window, 2-step equivalence checks); `verify` 2 compared steps; `comm bench` "
+        "messages up to 1 MiB, 3 timed calls. Each command says on stderr what it capped.",
     ),
     # test-only
     EnvVar(
