@@ -1,5 +1,6 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
 # make test   - same set-up, then ruff (lint and format), mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make test-docs - same set-up, then every command block of README.md and docs/, run as written at a smoke size
 # make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -14,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 export DISABLE_MKDOCS_2_WARNING := true
 
-.PHONY: install demo test test-fast docs docs-serve browser bench gpu-wheels gpu-check clean
+.PHONY: install demo test test-fast test-docs docs docs-serve browser bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -47,6 +48,14 @@ test-fast: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests examples scripts
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m unit tests
+
+# The documentation tier: every ```bash / ```python block of README.md and docs/, exactly as written, page by
+# page in one copy of the repository (the checkout is left as it was), each `rankwise` command at a smoke size
+# (RANKWISE_SMOKE=1); a block that cannot run here says why in an HTML comment above it
+# (tests/support/docs/codeblocks.py, with pytest-codeblocks).  In order, so no pytest-xdist.
+test-docs: $(STAMP)
+	$(PY) -m pytest -q -p tests.support.docs.codeblocks --codeblocks -p no:xdist -p no:cacheprovider \
+	  --durations=0 README.md docs
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict

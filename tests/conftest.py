@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
         # Under pytest-xdist the longest chain goes first (the two-host group, about 5 minutes on
         # one worker), then the tests that start processes, then the unit tier that fills the gaps
         # at the end.  (A stable sort: every worker collects the same order, which xdist requires.)
-        rank = {"multinode": 0, "slurm": 0, "multiproc": 1, "gpu": 2, "unit": 2}
+        rank = {"multinode": 0, "slurm": 0, "multiproc": 1, "gpu": 2, "unit": 2, "docs": 1}
         items.sort(
             key=lambda item: min(rank[tier] for tier in TIERS if item.get_closest_marker(tier))
         )

@@ -10,6 +10,10 @@ A test's tier is, in order:
 3. else ``unit``: no process started, nothing installed, no root -- ``make test-fast`` (``pytest -m
    unit``).
 
+``docs`` is the documentation tier: the command blocks of README.md and docs/, run as written by
+``make test-docs`` (``tests/support/docs/codeblocks.py`` marks them); no test under ``tests/`` has
+it.
+
 A unit test that starts a process anyway (``subprocess``, ``multiprocessing``, ``os.fork``,
 ``os.posix_spawn``) fails, saying which tier to mark it with (:func:`no_process_started`, around its
 fixtures' set-up and its body): a missing mark cannot hide in the fast tier.
@@ -26,8 +30,8 @@ from typing import TypeVar
 
 import pytest
 
-TIERS = ("unit", "multiproc", "multinode", "slurm", "gpu")
-ORDER = {"unit": 0, "multiproc": 1, "gpu": 1, "multinode": 2, "slurm": 2}
+TIERS = ("unit", "multiproc", "multinode", "slurm", "gpu", "docs")
+ORDER = {"unit": 0, "multiproc": 1, "gpu": 1, "docs": 1, "multinode": 2, "slurm": 2}
 """Which tier wins when a test's fixtures declare several (two hosts start processes too)."""
 
 F = TypeVar("F", bound=Callable)
