@@ -199,6 +199,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "least window, 2-step equivalence checks); `verify` 2 compared steps; `comm bench` "
         "messages up to 1 MiB, 3 timed calls. Each command says on stderr what it capped.",
     ),
+    EnvVar(
+        "RANKWISE_ALLOCATOR",
+        "`scripts/allocator_bench.py`, for the runs it starts",
+        "the `sitecustomize` that script writes",
+        "`glibc`: the run keeps glibc's moving mmap threshold even where its strategy would fix "
+        "it (the measurement behind `Strategy.gathers_layers`).",
+        "development",
+    ),
     # test-only
     EnvVar(
         "RANKWISE_TEST_FAULT",

@@ -643,3 +643,14 @@ def test_a_rows_check_stops_its_ranks_after_the_compared_steps(summary):
     candidate = Path(paths["json"]).parent / "verify" / "wrong" / "candidate"
     assert (candidate / "trace.jsonl").exists()
     assert not (candidate / "scratch" / "run" / "result.json").exists()
+
+
+def test_a_row_without_a_steady_step_prints_a_dash_and_says_why():
+    """A small CSV whose every epoch ends within the warm-up steps: no throughput, no crash."""
+    record = _record("ddp", {"criterion": "lockstep", "verdict": "equivalent", "equivalent": True})
+    record["runs"][0]["steady_samples_per_s"] = None
+    summary = report.summarize([_record("single", {"verdict": "reference"}), record], _META)
+    text = report.table(summary)
+    assert (
+        "| ddp | 2 × 1 | 3.0 | — |" in text and "- ddp: no throughput: no step was steady" in text
+    )

@@ -205,9 +205,11 @@ def table(summary: dict) -> str:
         count = f"{line['eval_samples']}/{line['eval_expected']} {_check(line['eval_count_ok'])}"
         speedup = f"{line['speedup']:.2f}×" if line["speedup"] else "—"
         tokens = f"{line['tokens_per_s']:,.0f}" if line["tokens_per_s"] else "—"
+        # (no steady step: every epoch ended within its warm-up steps; the note says so)
+        speed = f"{line['samples_per_s']:,.0f}" if line["samples_per_s"] else "—"
         out.append(
             f"| {line['row']} | {line['processes']} × {line['threads']} | {line['wall_s']:.1f} | "
-            f"{line['samples_per_s']:,.0f} | {tokens} | {tflops_cell(line)} | {mfu_cell(line)} | "
+            f"{speed} | {tokens} | {tflops_cell(line)} | {mfu_cell(line)} | "
             f"{speedup} | {', '.join(f'{p:.0f}' for p in line['peak_rss_mb'])} | "
             f"{why.step_cell(line.get('steps'))} | {line['accuracy']:.4f} | {line['macro_f1']:.4f} "
             f"| {count} | {_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
@@ -215,6 +217,12 @@ def table(summary: dict) -> str:
             f"{CELLS.get(line['verdict'], '—')} | {CRITERIA.get(line['criterion'], '—')} |"
         )
     notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
+    notes += [
+        f"- {line['row']}: no throughput: no step was steady (every epoch ended within the "
+        "warm-up and profiled steps); give more data or more steps per epoch"
+        for line in summary["rows"]
+        if line["status"] == "ok" and not line["samples_per_s"]
+    ]
     notes += [
         f"- {line['row']}, criterion: {line['criterion_note']}"
         for line in summary["rows"]
