@@ -1,6 +1,7 @@
-"""The training app's step-time breakdown (unit, one process): after its profiled steps every step
-is timed with its wait for its batches, so a slow batch now and then is named as the rank's data
-wait over the window."""
+"""The training app's step-time breakdown (unit, one process): every step of the timed window is
+timed with its wait for its batches, so a slow batch now and then is named as the rank's data wait
+over the window; the run's last steps are profiled, after the window (the profiler slows the steps
+that follow it)."""
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ class OneProcess:
         return [obj]
 
 
-def test_a_slow_batch_now_and_then_after_the_profiled_steps_is_the_ranks_data_wait(monkeypatch):
+def test_a_slow_batch_now_and_then_in_the_window_is_the_ranks_data_wait(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(profiling, "perf_counter", lambda: clock[0])
 
@@ -33,18 +34,22 @@ def test_a_slow_batch_now_and_then_after_the_profiled_steps_is_the_ranks_data_wa
                 clock[0] += 0.040 if i % 4 == 3 else 0.001
                 yield i
 
-    loop = LoopProfile(OneProcess(), steps=2, after=1)
+    loop = LoopProfile(OneProcess(), steps=2, after=10, window_from=1)
     for step, _ in enumerate(loop.timed(Loader()), 1):
         clock[0] += 0.010  # the step's compute
         loop.step_ended(step)
-    # steps 2-3 profiled; steps 4-12 timed, each with its batch's wait
-    assert loop.data_seconds == pytest.approx([0.040, 0.001, 0.001, 0.001] * 2 + [0.040])
-    breakdown = loop.breakdown(torch.nn.Linear(2, 2), "cpu", 0.024)
-    assert breakdown is not None and breakdown["steps"] == [2, 3]
+        # the window (steps 2-10) is over before the profiler starts
+        assert loop.profile is not None and loop.profile.running is (step in (10, 11))
+    # step 1 the warm-up; steps 2-10 timed, each with its batch's wait; steps 11-12 profiled
+    assert loop.data_seconds == pytest.approx(
+        [0.001, 0.001, 0.040] + [0.001] * 3 + [0.040] + [0.001] * 2
+    )
+    breakdown = loop.breakdown(torch.nn.Linear(2, 2), "cpu", 0.020)
+    assert breakdown is not None and breakdown["steps"] == [11, 12]
     window = breakdown["window"]
     assert window["steps"] == 9 and window["paused"] == 0
     (timed,) = window["ranks"]
-    assert timed["data_ms"] == pytest.approx(14.0) and timed["slow_batches"] == 3
+    assert timed["data_ms"] == pytest.approx(87 / 9, abs=1e-3) and timed["slow_batches"] == 2
     why = explain(breakdown)
     assert why is not None and why["part"] == "data" and why["rank"] == 0, why
     assert "over the timed window's 9 steps" in why["line"], why

@@ -20,8 +20,11 @@ def count_tokens(batch: dict) -> int:
 
 
 class SteadyThroughput:
-    def __init__(self, warmup_steps: int):
+    def __init__(self, warmup_steps: int, timed: int | None = None):
+        """Count the steps after the first ``warmup_steps``, up to step ``timed`` of this run
+        (``None``: every later one; the steps after it are profiled, not timed)."""
         self.warmup_steps = warmup_steps
+        self.timed = timed
         self.steps_seen = 0
         self.steps = 0
         self.seconds = 0.0
@@ -44,7 +47,9 @@ class SteadyThroughput:
         count), in micro-batches of ``shapes``."""
         now = time.perf_counter()
         self.steps_seen += 1
-        if self.steps_seen > self.warmup_steps:
+        if self.steps_seen > self.warmup_steps and (
+            self.timed is None or self.steps_seen <= self.timed
+        ):
             self.steps += 1
             self.seconds += now - self._since
             self.samples += samples

@@ -164,10 +164,10 @@ class TrainConfig(_Section):
     """Optimizer steps left out of the summary's `steady_samples_per_s` and `tokens_per_s` (the
     first steps pay for allocation and caches; checkpoints and evaluations are always left out)."""
     profile_steps: int = Field(0, ge=0)
-    """Optimizer steps profiled right after `throughput_warmup_steps` (torch's profiler) for the
-    summary's `breakdown`: each rank's step split into compute, exposed communication, data wait and
-    waiting for the slowest rank (`rankwise bench` sets it; 0: none). They are left out of the
-    steady throughput."""
+    """The run's last optimizer steps, profiled (torch's profiler) for the summary's `breakdown`:
+    each rank's step split into compute, exposed communication, data wait and waiting for the
+    slowest rank (`rankwise bench` sets it; 0: none). They come after the timed window and are left
+    out of the steady throughput (the profiler slows the steps after it)."""
     eval_batch_size: int = Field(256, ge=1)
     """Global batch for evaluation."""
     seed: int = 0

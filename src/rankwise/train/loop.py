@@ -269,15 +269,18 @@ class Trainer:
             dynamic_ncols=True,
         )
         stop = StopRequest()
-        # The steps right after the warm-up are profiled where asked (profile_steps); the throughput
-        # starts after them.
+        # The run's last steps are profiled where asked (profile_steps), after the timed window:
+        # the throughput counts the steps between the warm-up and them (train/profiling.py).
         profiled = (
             cfg.profile_steps
             if self.total_steps > start_step + cfg.throughput_warmup_steps + cfg.profile_steps
             else 0
-        )  # (a run too short to keep a steady step after them profiles none)
-        self.profile = LoopProfile(rt, profiled, start_step + cfg.throughput_warmup_steps)
-        self.throughput = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)
+        )  # (a run too short to keep a steady step before them profiles none)
+        warmed = start_step + cfg.throughput_warmup_steps
+        self.profile = LoopProfile(rt, profiled, self.total_steps - profiled, warmed)
+        self.throughput = SteadyThroughput(
+            cfg.throughput_warmup_steps, timed=self.total_steps - start_step - profiled
+        )
         finished = False
         try:
             train_time, stopped_by = self.train(bar, stop)

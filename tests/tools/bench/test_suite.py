@@ -106,11 +106,13 @@ def test_the_report_has_every_column_valid_json_and_a_png(summary):
         and "## Reading" in markdown
     )
     assert "| TFLOP/s | MFU |" in markdown and f"| {rows['single']['mfu']:.1%} |" in markdown
-    # rankwise rows break their step down (steps 6-10, between the warm-up and the window); the
+    # rankwise rows break their step down (the last steps, 8-12, after the timed window 6-7); the
     # baseline does not.
     for name, ranks in (("single", 1), ("wrong", 2)):
         breakdown = rows[name]["breakdown"]
-        assert breakdown["steps"] == [6, 10] and len(breakdown["ranks"]) == ranks, breakdown
+        assert breakdown["steps"] == [8, 12] and len(breakdown["ranks"]) == ranks, breakdown
+        (record,) = [r for r in summary[0]["runs"] if r["row"] == name]
+        assert record["runs"][0]["steady_steps"] == 2  # steps 6 and 7
         assert (
             all(r["parts_ms"]["backward"] > 0 for r in breakdown["ranks"])
             and rows[name]["why"]["line"]

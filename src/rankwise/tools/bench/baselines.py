@@ -113,8 +113,9 @@ def worker(local_rank: int, style: str, data_dir: str, out_dir: str, config_json
             bucket_cap_mb=cfg.ddp.bucket_cap_mb,
             gradient_as_bucket_view=True,
         )
-    # (the steps rankwise rows profile)
-    timer = SteadyThroughput(cfg.throughput_warmup_steps + cfg.profile_steps)
+    # the steps rankwise rows time: after the warm-up, before the last steps they profile
+    profiled = cfg.profile_steps if steps > cfg.throughput_warmup_steps + cfg.profile_steps else 0
+    timer = SteadyThroughput(cfg.throughput_warmup_steps, timed=steps - profiled)
     done, epoch, train_peak = 0, 0, 0.0
     started = time.perf_counter()
     while done < steps:

@@ -280,8 +280,9 @@ def notes(rows: list[BenchRow]) -> list[str]:
         else f"{PROFILED_STEPS} steps"
     )
     out = [
-        f"step ms: {where} of each row profiled (torch.profiler) between its warm-up and its timed "
-        "window: compute averaged over the ranks; exposed comm, data wait, host syncs and waiting "
+        f"step ms: {where} of each row profiled (torch.profiler; a built-in row's last steps, "
+        "after its timed window; a --script row's between its warm-up and its window): compute "
+        "averaged over the ranks; exposed comm, data wait, host syncs and waiting "
         "for the slowest rank, the most any rank spent (`rankwise bench --explain ROW` shows "
         "every rank)"
     ]
