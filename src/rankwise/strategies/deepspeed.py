@@ -139,12 +139,12 @@ class DeepSpeed(Strategy):
         self.check_options(self.options)
         return generated_config(self.options, facts, self.env.world_size, self.precision.dtype)
 
-    @override
     @property
     @override
     def gathers_layers(self) -> bool:
         return self.options.zero_stage == 3  # ZeRO-3 gathers each module's partitioned parameters
 
+    @override
     def setup_environment(self) -> None:
         deepspeed = import_deepspeed()
         # DeepSpeed reads its device from LOCAL_RANK, which only launchers set: a one-process

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,10 @@ LLAMA = ROOT / "examples/llama_pretrain.py"
         ([str(LLAMA), "--nproc-per-node", "8,x"], "comma-separated list of positive integers"),
         ([str(LLAMA), "--headroom", "1.5"], "--headroom 1.5"),
         ([str(LLAMA), "--micro-batch", "0"], "--micro-batch 0"),
-        ([str(LLAMA), "--comm", "missing.json"], "--comm missing.json: no such file"),
+        (
+            [str(LLAMA), "--comm", "missing.json"],
+            f"--comm {Path.cwd() / 'missing.json'}: no such file",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkeypatch):
