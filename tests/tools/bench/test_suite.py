@@ -271,23 +271,7 @@ def test_each_criterions_verdict_reaches_the_table_the_reading_and_the_json():
             weights_columns(3e-8, 1e-5, 5) | {"criterion": "weights", "criterion_note": "h"},
         ),
     ]
-    meta = {
-        "preset": "quick",
-        "data": "sentiment",
-        "model": "tiny",
-        "steps": 8,
-        "batch_size": 32,
-        "nproc": 2,
-        "repeats": 1,
-        "equivalence_step": 5,
-        "libraries": {},
-        "cpu": "test",
-        "cores": 2,
-        "cuda": None,
-        "torch": "x",
-        "python": "y",
-    }
-    summary = report.summarize(records, meta)
+    summary = report.summarize(records, _META)
     rows = {line["row"]: line for line in summary["rows"]}
     assert rows["ddp"]["verdict"] == "not equivalent" and rows["ddp"]["reason"] == why
     assert rows["ddp"]["max_gradient_diff"] == 2.7e-4 and rows["ddp"]["gradient_tolerance"] == 5e-5
