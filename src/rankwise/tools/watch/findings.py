@@ -21,10 +21,13 @@ from rankwise.tools.watch.records import FindingRecord, PassRecord, RankRecord
 class Finding:
     level: str
     """``error`` (changes results: exit 1) or ``warning``."""
+    kind: str
+    """What was found, as a word a program can match (``replicas``, ``unsharded``, ...: the list in
+    docs/how-to/verify.md, "What verify names")."""
     text: str
 
     def as_dict(self) -> FindingRecord:
-        return {"level": self.level, "text": self.text}
+        return {"level": self.level, "kind": self.kind, "text": self.text}
 
 
 def load_records(directory: Path) -> list[RankRecord]:
@@ -63,6 +66,7 @@ def _not_joined(records: list[RankRecord], processes: int) -> list[Finding]:
     return [
         Finding(
             "error",
+            "not-joined",
             f"{len(alone)} of the {processes} processes never joined a process group ({seen}): "
             "every one trained alone on all the data, as many separate single-process "
             "runs. An Accelerate script on a machine without a GPU joins only in Accelerate's CPU "
@@ -87,6 +91,7 @@ def _unsharded(records: list[RankRecord]) -> list[Finding]:
     return [
         Finding(
             "error",
+            "unsharded",
             f"every one of the {len(records)} ranks trained on the same samples (the first "
             f"{len(firsts[0])} samples are the same on every rank): the training loader is "
             f"not sharded (its sampler: {sampler}), so each rank trains on all the data and the "
@@ -117,6 +122,7 @@ def _epochs(records: list[RankRecord]) -> list[Finding]:
             return [
                 Finding(
                     "error",
+                    "epochs",
                     f"the training loader's DistributedSampler shuffles, but set_epoch was never "
                     f"called: its {len(loader_passes)} passes all began with the same samples "
                     f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
@@ -142,6 +148,7 @@ def _counted_less(records: list[RankRecord]) -> list[Finding]:
             return [
                 Finding(
                     "error",
+                    "counted-less",
                     f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was "
                     "combined across the ranks after it (no collective from the script before its "
@@ -172,6 +179,7 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
                 return [
                     Finding(
                         "warning",
+                        "evaluated-whole",
                         f"each of the {len(records)} ranks evaluated the whole {size}-sample set "
                         f"of loader {passes[0]['loader']} (nothing combined after it): the same "
                         f"work {len(records)} times. Shard it with a DistributedSampler and "
@@ -196,6 +204,7 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         return [
             Finding(
                 "error",
+                "counted-more",
                 f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
                 f"{size}-sample set (loader {passes[0]['loader']}): {why}",
             )
@@ -217,6 +226,7 @@ def _replicas(records: list[RankRecord]) -> list[Finding]:
     return [
         Finding(
             "error",
+            "replicas",
             f"the ranks' replicas held different weights after step {steps[0]} (digests compared "
             "across ranks): the gradients were not averaged before the step (a model not wrapped "
             "in DDP, or a step taken under no_sync), or ranks started from different weights",
@@ -235,6 +245,7 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "shared-save",
                 f"{len(writers[shared[0]])} ranks wrote one checkpoint file ({shared[0]}): "
                 "they race, and a reader may find it half-written. Save on rank 0 only "
                 "(if dist.get_rank() == 0), after a barrier",
@@ -245,6 +256,7 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "module-prefix",
                 f"the checkpoint saved at {prefixed['site']} has keys starting with "
                 "'module.' (DDP's wrapper): it loads only into a DDP-wrapped model. Save "
                 "model.module.state_dict() (or accelerator.unwrap_model(model))",
@@ -279,6 +291,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             out.append(
                 Finding(
                     "warning",
+                    "sync-point",
                     f"{head}. The framework makes this call itself each step (such as a count "
                     "gathered to normalise the loss); its settings may avoid it",
                 )
@@ -287,6 +300,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             out.append(
                 Finding(
                     "warning",
+                    "sync-point",
                     f"{head}. A barrier is not needed between steps (DDP and FSDP already "
                     "synchronise the gradients); a value reduced only for logging can be reduced "
                     "every N steps; a count the loss needs (its tokens over the ranks) is worth "
@@ -304,6 +318,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "host-read",
                 f"{site} runs every step ({entry['calls']} calls in {steps} steps), {cost}: "
                 "the CPU cannot queue the next step's work until the device has finished "
                 "this one's. Read the value every N steps, or add it up on the device "

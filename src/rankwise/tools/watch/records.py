@@ -181,5 +181,8 @@ class FindingRecord(TypedDict):
     level: str
     """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or
     ``warning``."""
+    kind: str
+    """What was found, as a word a program can match (docs/how-to/verify.md: "What verify
+    names")."""
     text: str
     """What was found and what to do, in words."""
