@@ -48,6 +48,7 @@ def findings(records: list[RankRecord], processes: int) -> list[Finding]:
         *_epochs(records),
         *_evaluation(records),
         *_replicas(records),
+        *_per_rank_metrics(records),
         *_saves(records),
         *_sync_points(records),
     ]
@@ -232,6 +233,59 @@ def _replicas(records: list[RankRecord]) -> list[Finding]:
             "in DDP, or a step taken under no_sync), or ranks started from different weights",
         )
     ]
+
+
+def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
+    """Metrics one rank reported from its own shard (:mod:`rankwise.tools.watch.metrics`)."""
+    if len(records) < 2:
+        return []
+    out = []
+    metrics = [record.get("metrics") for record in records]
+    logs = {name: site for m in metrics if m for name, site in m["unsynced_logs"].items()}
+    if logs:
+        name, site = next(iter(logs.items()))
+        out.append(
+            Finding(
+                "error",
+                "per-rank-metric",
+                f"self.log({name!r}, ...) at {site} logs at epoch level without sync_dist=True"
+                + (
+                    f" (and {len(logs) - 1} more: {', '.join(list(logs)[1:4])})"
+                    if len(logs) > 1
+                    else ""
+                )
+                + f": each of the {len(records)} ranks averages its own shard, and the loggers, "
+                "the progress bar and a ModelCheckpoint monitoring it read rank 0's. Log it with "
+                "sync_dist=True, or log a torchmetrics Metric object (it syncs itself)",
+            )
+        )
+    unsynced = {name: site for m in metrics if m for name, site in m["unsynced_metrics"].items()}
+    if unsynced:
+        name, site = next(iter(unsynced.items()))
+        out.append(
+            Finding(
+                "error",
+                "per-rank-metric",
+                f"the torchmetrics {name} computed at {site} was built with "
+                f"sync_on_compute=False: its states are never gathered over the {len(records)} "
+                "ranks, so its value is each rank's shard's. Leave sync_on_compute at its default "
+                "(True)",
+            )
+        )
+    reads = [m["loss_reads"] if m else {} for m in metrics]
+    alone = [site for site in reads[0] if any(not other.get(site) for other in reads[1:])]
+    if alone:
+        out.append(
+            Finding(
+                "warning",
+                "per-rank-metric",
+                f"rank 0 alone reads the training loss at {alone[0]}, never reduced across the "
+                f"{len(records)} ranks: it is the loss of rank 0's 1/{len(records)} of the global "
+                "batch, not the step's. dist.all_reduce it (op=AVG, on a detached copy) before "
+                "printing it, or label it as rank 0's",
+            )
+        )
+    return out
 
 
 def _saves(records: list[RankRecord]) -> list[Finding]:
