@@ -3,10 +3,10 @@ validated every epoch with ``self.log(..., sync_dist=True)``; started with torch
 documentation starts it.
 
 ``--log-val-loss`` also logs the validation loss without ``sync_dist`` (each rank's own: Lightning
-warns).  Its validation set has 251 samples: at 2 ranks the ``DistributedSampler`` Lightning adds pads it to
-252, so one sample is counted twice.  ``--even`` sizes the set for the ranks (256); Lightning's own
-advice is to validate on one device.  Library defaults: AdamW's own settings, dropout 0.1 as a
-module, Lightning's Trainer defaults.
+warns).  Its validation set has 251 samples: at 2 ranks the ``DistributedSampler`` Lightning adds
+pads it to 252, so one sample is counted twice.  ``--even`` sizes the set for the ranks (256);
+Lightning's own advice is to validate on one device.  Library defaults: AdamW's own settings,
+dropout 0.1 as a module, Lightning's Trainer defaults.
 """
 
 import argparse
