@@ -242,6 +242,13 @@ def exit_code(report: VerifyReport) -> int:
     return EXIT[report["verdict"]]
 
 
+def outcome(report: VerifyReport) -> str:
+    """The verdict its exit code states: the report's, unless the run's own findings changed it
+    (an error: ``not equivalent``; the rest of the script unchecked: ``could not run``).  What
+    ``rankwise bench`` prints for the row, so the two commands agree on one script."""
+    return {code: verdict for verdict, code in EXIT.items()}[exit_code(report)]
+
+
 def run(config: VerifySettings) -> int:
     """``rankwise verify``: check, run both traced runs, write and print the report; returns the
     exit code."""
