@@ -285,7 +285,13 @@ def run(config: VerifySettings) -> int:
         )
     else:
         log.info(
-            f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on "
+            f"rankwise verify {script}: a {watched.name} script"
+            + (
+                " (detected from the script; --framework NAME starts it as another launcher would)"
+                if config.framework == "auto"
+                else ""
+            )
+            + f", started {watched.launch}, on "
             f"{processes} processes, then on one process in lockstep with them, {config.steps} "
             f"steps; writing to {out}",
             stderr=True,
