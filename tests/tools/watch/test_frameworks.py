@@ -30,6 +30,12 @@ from rankwise.tools.watch.frameworks import detect, framework
             "lightning",
         ),
         ("from lightning.fabric import Fabric\nfabric = Fabric()\n", "fabric"),
+        # Lightning's autoencoder example: the CLI builds the Trainer (before: "fabric")
+        (
+            "from lightning.pytorch.cli import LightningCLI\nimport lightning as L\n"
+            "cli = LightningCLI(Model, DataModule)\n",
+            "lightning",
+        ),
         ("import rankwise\nrt = rankwise.setup()\n", "rankwise"),
         ("# accelerate is not imported here\nimport torch\n", "torch"),
         (

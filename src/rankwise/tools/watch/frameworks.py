@@ -252,7 +252,8 @@ def detect(script: Path) -> str:
     if SPAWNS.search(text) and spawns_unconditionally(text):
         return "spawn"
     # (a Lightning script may import transformers for its model: Lightning's Trainer first)
-    if re.search(r"\bTrainer\s*\(", text) and _imports(
+    # (LightningCLI builds the Trainer itself, from the command line)
+    if re.search(r"\b(Trainer|LightningCLI)\s*\(", text) and _imports(
         text, "lightning", "lightning.pytorch", "pytorch_lightning"
     ):
         return "lightning"
