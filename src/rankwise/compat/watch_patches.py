@@ -65,6 +65,30 @@ COLLECTIVES = tuple(
     )
     for name in COLLECTIVE_NAMES
 )
+HOROVOD_COLLECTIVE_NAMES = (
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "allgather_object",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "alltoall",
+    "reducescatter",
+)
+"""Horovod's collectives a script calls itself (its DistributedOptimizer's own use the ``_async``
+ones underneath)."""
+HOROVOD_COLLECTIVES = tuple(
+    Patch(
+        f"horovod.torch.{name}",
+        "horovod",
+        "the script's own Horovod collectives by line (what combines an evaluation's counts)",
+        ("0.28",),
+    )
+    for name in HOROVOD_COLLECTIVE_NAMES
+)
 DESTROY = Patch(
     "torch.distributed.destroy_process_group",
     "torch",
@@ -216,6 +240,7 @@ PATCHES: dict[str, Patch] = {
         ITEM,
         SAVE,
         *COLLECTIVES,
+        *HOROVOD_COLLECTIVES,
         DESTROY,
         COMM_HOOK,
         LOADER_INIT,

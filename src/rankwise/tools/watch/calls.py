@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from rankwise.compat.watch_patches import HOROVOD_COLLECTIVE_NAMES
 from rankwise.tools.watch.metrics import MetricWatch
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
 
@@ -147,8 +148,8 @@ class CallWatch:
     def patch_frameworks(self) -> None:
         """Once the script imported its framework (at its model's first forward): the gathers that
         drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and rankwise's
-        own exact gather (``rt.eval_gatherer(...).result()``); Lightning's and torchmetrics'
-        metrics (:mod:`rankwise.tools.watch.metrics`)."""
+        own exact gather (``rt.eval_gatherer(...).result()``); Horovod's collectives; Lightning's
+        and torchmetrics' metrics (:mod:`rankwise.tools.watch.metrics`)."""
         if self._frameworks_patched:
             return
         self._frameworks_patched = True
@@ -159,6 +160,12 @@ class CallWatch:
         ours = sys.modules.get("rankwise.dist")
         if ours is not None:
             patch(ours, "gather_exact", self._deduplicating)
+        # (Horovod opens no torch process group: a Horovod script's own collectives are Horovod's)
+        horovod = sys.modules.get("horovod.torch")
+        if horovod is not None:
+            for name in HOROVOD_COLLECTIVE_NAMES:
+                if hasattr(horovod, name):
+                    patch(horovod, name, self._collective(f"hvd.{name}"))
 
     def _deduplicating(self, original):
         watcher = self

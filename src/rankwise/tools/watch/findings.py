@@ -281,8 +281,8 @@ def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
                 "per-rank-metric",
                 f"rank 0 alone reads the training loss at {alone[0]}, never reduced across the "
                 f"{len(records)} ranks: it is the loss of rank 0's 1/{len(records)} of the global "
-                "batch, not the step's. dist.all_reduce it (op=AVG, on a detached copy) before "
-                "printing it, or label it as rank 0's",
+                "batch, not the step's. Average a detached copy over the ranks first "
+                "(dist.all_reduce with op=AVG; hvd.allreduce), or label it as rank 0's",
             )
         )
     return out
