@@ -204,8 +204,11 @@ def test_accelerate_strategies_on_a_machine_without_a_gpu_are_rows_that_say_why_
         "accelerate deepspeed x2",
     ]
     assert [row.missing() is None for row in rows] == [True, True, False, False]
+    # (what `accelerate launch --cpu --use_fsdp` hands the script: compat/launchers.py)
     assert rows[2].framework.environment == {
-        "ACCELERATE_USE_CPU": "true",
+        "ACCELERATE_USE_CPU": "True",
+        "ACCELERATE_MIXED_PRECISION": "no",
+        "ACCELERATE_DYNAMO_BACKEND": "NO",
         "ACCELERATE_USE_FSDP": "true",
         "FSDP_VERSION": "2",
     }

@@ -265,11 +265,14 @@ def test_an_accelerate_script_started_without_its_cpu_mode_is_found_training_alo
         tmp_path / "alone", "accelerate_tour.py", flags=("--framework", "torch"), steps=2
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    # (the gravest cause of the steps that differ: ranked first in the diagnosis, said once)
+    causes = {cause["kind"]: cause["text"] for cause in report["causes"]}
+    assert (
+        "2 of the 2 processes never joined a process group (Accelerate's num_processes 1)"
+        in causes["not-joined"]
+    ), report["causes"]
+    assert report["causes"][0]["kind"] == "not-joined"
     errors = _errors(report)
-    assert any(
-        "2 of the 2 processes never joined a process group (Accelerate's num_processes 1)" in text
-        for text in errors
-    ), errors
     assert any("every one of the 2 ranks trained on the same samples" in text for text in errors), (
         errors
     )
@@ -454,7 +457,14 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
         and report["framework"]["name"] == "spawn"
         and report["processes"] == 2
     )
-    assert report["findings"] == []
+    # (the tutorial's own idiom, a finding all the same: rank 0 prints its shard's loss)
+    assert [(f["level"], f["kind"]) for f in report["findings"]] == [
+        ("warning", "per-rank-metric")
+    ], report["findings"]
+    assert (
+        "rank 0 alone reads the training loss at .item() at spawn_ddp.py:"
+        in (report["findings"][0]["text"])
+    )
     # epoch 2 begins at step 4
     assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5
     assert (

@@ -81,9 +81,10 @@ learnt; 16-bit sums, batch
 statistics, random draws and a loss's normalisation move each step by less; a hook's rounding is
 the compression working.  A kind not listed comes last."""
 
-PROMOTED = ("not-joined", "replicas", "unsharded")
+PROMOTED = ("not-joined", "replicas")
 """The run's own findings that are a cause of a differing step when they are there (they change
-every gradient), so the diagnosis ranks them with the comparison's causes."""
+every gradient), so the diagnosis ranks them with the comparison's causes.  (A loader that is not
+sharded is one already: the step's samples differ, ``samples``.)"""
 
 
 def ranked(causes: list[CauseRecord]) -> list[CauseRecord]:
