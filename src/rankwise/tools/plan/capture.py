@@ -191,6 +191,27 @@ class _Catcher:
         return first_training_forward
 
 
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+    return value
+
+
+def on_cpu(model: nn.Module, optimizer, args, kwargs, autocast: bool) -> tuple:
+    """The captured step on the CPU, whatever device the script moved it to (a GPU script's
+    ``model.to("cuda")``, ``rt.prepare`` on a GPU machine): the plan replays it on fake tensors,
+    whose device is a label, with the CPU's autocast and FSDP on a CPU mesh of fake ranks; the
+    target device is ``--device``'s.  The parameters keep their objects (the optimizer's), moved
+    in place (:class:`~rankwise.tools.plan.fake.FakeParameters` is active); the micro-batch is
+    copied (one rank's, small)."""
+    model.to("cpu")
+    return model, optimizer, _to_cpu(tuple(args)), _to_cpu(dict(kwargs)), autocast
+
+
 def _autocast_known(kind: str) -> bool:
     return kind == "cpu" or torch.cuda.is_available()
 
@@ -223,6 +244,8 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                         f"{script} failed before its first training step, with its model's "
                         f"parameters fake (shapes only, no values): {type(e).__name__}: {e}"
                     ) from e
+            if catcher.captured is not None:
+                catcher.captured = on_cpu(*catcher.captured)
     finally:
         observers.unregister(watch)
         sys.argv[:], sys.path[:] = saved_argv, saved_path
