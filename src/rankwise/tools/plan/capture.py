@@ -24,19 +24,22 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from rankwise.compat.fake_tensor import FakeTensorMode
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.runtime import observers
 from rankwise.strategies.blocks import is_checkpointed
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.own_world import one_rank, unwrapped
+from rankwise.tools.plan.steps import TrainingStep, has_training_step
 
 
 class CaptureDone(observers.Finished):
@@ -79,8 +82,8 @@ class Capture:
     @property
     def rows(self) -> int:
         """Samples in the captured micro-batch (dimension 0 of its first tensor)."""
-        for value in [*self.args, *self.kwargs.values()]:
-            if isinstance(value, torch.Tensor) and value.ndim >= 1:
+        for value in tensors([self.args, self.kwargs]):
+            if value.ndim >= 1:
                 return int(value.shape[0])
         raise ConfigError("the captured forward has no tensor input with a batch dimension")
 
@@ -161,7 +164,9 @@ class _Catcher:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(is_fake(p) for p in params):
                 model = _root(params)
-                if model is not None:
+                if model is not None and has_training_step(unwrapped(model)):
+                    catcher.watch_training_step(unwrapped(model), optimizer)
+                elif model is not None:
                     model.register_forward_pre_hook(catcher.hook(optimizer), with_kwargs=True)
 
         def precision_autocast(precision):
@@ -177,28 +182,62 @@ class _Catcher:
             torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
             Precision.autocast = autocast  # type: ignore[method-assign]
 
+    def _autocast_on(self) -> bool:
+        on = any(
+            torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda") if _autocast_known(kind)
+        )
+        return on or self.autocast_called
+
     def hook(self, optimizer):
         def first_training_forward(module, args, kwargs):
-            if self.captured is None and torch.is_grad_enabled() and module.training:
-                on = any(
-                    torch.is_autocast_enabled(kind)
-                    for kind in ("cpu", "cuda")
-                    if _autocast_known(kind)
-                )
-                self.captured = (module, optimizer, args, kwargs, on or self.autocast_called)
+            # (the model inside a stand-in DDP wrapper says whether it trains: a framework may
+            # switch the model alone to training mode)
+            if self.captured is None and torch.is_grad_enabled() and unwrapped(module).training:
+                self.captured = (module, optimizer, args, kwargs, self._autocast_on())
                 raise CaptureDone()
 
         return first_training_forward
 
+    def watch_training_step(self, model: Any, optimizer) -> None:
+        """Capture the first ``model.training_step(...)`` with gradients on
+        (:mod:`~rankwise.tools.plan.steps`): the call is watched on the instance, which Lightning's
+        forward redirection and its plain call both look the method up on."""
+        original = model.training_step
 
-def _to_cpu(value):
+        def training_step(*args, **kwargs):
+            if self.captured is None and torch.is_grad_enabled() and model.training:
+                del model.training_step  # (the class's own again)
+                self.captured = (TrainingStep(model), optimizer, args, kwargs, self._autocast_on())
+                raise CaptureDone()
+            return original(*args, **kwargs)
+
+        # (an instance attribute over the class's method, removed at the capture)
+        model.training_step = training_step
+
+
+def map_tensors(fn, value):
+    """``value`` with ``fn`` applied to every tensor in it, through tuples (named ones too), lists
+    and mappings (a Lightning batch is a list of tensors; a tokenizer's a ``BatchEncoding``)."""
     if isinstance(value, torch.Tensor):
-        return value.to("cpu")
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_tensors(fn, v) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+        return type(value)(map_tensors(fn, v) for v in value)
+    if isinstance(value, Mapping):
+        items = {k: map_tensors(fn, v) for k, v in value.items()}
+        try:
+            return type(value)(items)  # type: ignore[call-arg]
+        except TypeError:  # (a mapping whose constructor takes something else)
+            return items
     return value
+
+
+def tensors(value) -> list[torch.Tensor]:
+    """Every tensor in ``value``, in order (see :func:`map_tensors`)."""
+    found: list[torch.Tensor] = []
+    map_tensors(found.append, value)
+    return found
 
 
 def on_cpu(model: nn.Module, optimizer, args, kwargs, autocast: bool) -> tuple:
@@ -209,7 +248,8 @@ def on_cpu(model: nn.Module, optimizer, args, kwargs, autocast: bool) -> tuple:
     in place (:class:`~rankwise.tools.plan.fake.FakeParameters` is active); the micro-batch is
     copied (one rank's, small)."""
     model.to("cpu")
-    return model, optimizer, _to_cpu(tuple(args)), _to_cpu(dict(kwargs)), autocast
+    cpu = map_tensors(lambda t: t.to("cpu"), (tuple(args), dict(kwargs)))
+    return model, optimizer, cpu[0], cpu[1], autocast
 
 
 def _autocast_known(kind: str) -> bool:
@@ -256,6 +296,8 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
         )
     model, optimizer, args, kwargs, autocast = catcher.captured
     model = unwrapped(model)
+    if isinstance(model, TrainingStep):
+        model.detach()
     # the script's frames are gone; whatever it built besides the capture goes with them
     gc.collect()
     source = " ".join([str(script), *script_args])
