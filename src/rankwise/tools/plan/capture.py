@@ -37,6 +37,7 @@ from rankwise.errors import ConfigError
 from rankwise.precision import Precision
 from rankwise.runtime import observers
 from rankwise.strategies.blocks import is_checkpointed
+from rankwise.tools.plan.failure import called_at, not_run
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.own_world import one_rank, unwrapped
 from rankwise.tools.plan.steps import TrainingStep, has_training_step
@@ -78,6 +79,10 @@ class Capture:
     on_rankwise: bool = False
     """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies
     ``rankwise launch`` chooses run it unchanged, so ``--validate`` can measure them."""
+    line: int | None = None
+    """The script's line that made the captured call (its ``model(...)``, its ``trainer.fit``):
+    what a failure of the replay names where its traceback passes through no line of the script
+    (:mod:`~rankwise.tools.plan.failure`)."""
 
     @property
     def rows(self) -> int:
@@ -149,8 +154,10 @@ class _Catcher:
     """Finds the model each new optimizer trains and records the first forward of one with gradients
     on."""
 
-    def __init__(self, fakes: FakeParameters):
+    def __init__(self, fakes: FakeParameters, script: Path | None = None):
         self.fakes = fakes
+        self.script = script
+        self.line: int | None = None
         self.captured: tuple | None = None
         self.autocast_called = False
 
@@ -194,6 +201,7 @@ class _Catcher:
             # switch the model alone to training mode)
             if self.captured is None and torch.is_grad_enabled() and unwrapped(module).training:
                 self.captured = (module, optimizer, args, kwargs, self._autocast_on())
+                self.line = called_at(self.script) if self.script else None
                 raise CaptureDone()
 
         return first_training_forward
@@ -208,6 +216,7 @@ class _Catcher:
             if self.captured is None and torch.is_grad_enabled() and model.training:
                 del model.training_step  # (the class's own again)
                 self.captured = (TrainingStep(model), optimizer, args, kwargs, self._autocast_on())
+                self.line = called_at(self.script) if self.script else None
                 raise CaptureDone()
             return original(*args, **kwargs)
 
@@ -256,9 +265,12 @@ def _autocast_known(kind: str) -> bool:
     return kind == "cpu" or torch.cuda.is_available()
 
 
-def from_script(script: Path, script_args: list[str]) -> Capture:
+def from_script(
+    script: Path, script_args: list[str], traceback_file: Path | None = None
+) -> Capture:
     """Run ``script`` (as ``python script ARGS``) here up to its first training forward (see the
-    module's docstring)."""
+    module's docstring).  A script that fails before it is a :class:`~rankwise.errors.ScriptNotRun`
+    naming its line (``traceback_file``: where its traceback goes)."""
     from rankwise.launch.script import run_as_main
 
     if not script.is_file():
@@ -268,7 +280,11 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     observers.register(watch)
     try:
-        with one_rank(), FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
+        with (
+            one_rank(),
+            FakeParameters(mode) as fakes,
+            _Catcher(fakes, script).watching() as catcher,
+        ):
             try:
                 run_as_main(script, script_args)
             except CaptureDone:
@@ -280,9 +296,12 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                     ) from None
             except Exception as e:
                 if catcher.captured is None:
-                    raise ConfigError(
-                        f"{script} failed before its first training step, with its model's "
-                        f"parameters fake (shapes only, no values): {type(e).__name__}: {e}"
+                    raise not_run(
+                        script,
+                        e,
+                        "run it up to its first training step with its model's parameters fake "
+                        "(shapes only, no values)",
+                        traceback_file=traceback_file,
                     ) from e
             if catcher.captured is not None:
                 catcher.captured = on_cpu(*catcher.captured)
@@ -313,6 +332,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
         source,
         is_checkpointed(model),
         watch.prepared_seen,
+        catcher.line,
     )
 
 
