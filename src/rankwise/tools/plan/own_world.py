@@ -15,7 +15,8 @@ script builds it.  While :func:`one_rank` is active:
 - ``mp.spawn(fn, args, nprocs)`` calls ``fn(0, *args)`` here, once;
 - torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...) describe that one rank.
 
-Everything is put back afterwards, and a group the script started is destroyed.
+Each is replaced wherever a module imported it (a framework imported before the capture holds its
+own name for DDP), everything is put back afterwards, and a group the script started is destroyed.
 """
 
 from __future__ import annotations
