@@ -1,8 +1,9 @@
 """torch: fake tensors (the private ``torch._subclasses.fake_tensor``, what ``torch.compile`` traces
 with), and what ``rankwise plan`` replaces in ``nn.Module`` to build a script's model on them.
 
-``rankwise plan`` (``rankwise.tools.plan.fake``) replaces two attributes of ``nn.Module`` while it
-runs a script up to its first training forward (:data:`PATCHES`): ``register_parameter``, so every
+``rankwise plan`` (``rankwise.tools.plan.fake``, ``.capture``) replaces two attributes of
+``nn.Module`` and ``Tensor.item`` while it runs a script up to its first training forward
+(:data:`PATCHES`): ``register_parameter``, so every
 parameter a module registers is fake (shapes and no memory), and ``_apply``, what ``.to()``,
 ``.cuda()``, ``.half()`` and ``.float()`` go through.  torch's own ``_apply`` keeps each parameter
 object through a device or dtype move (``param.data = converted``, unless
@@ -44,7 +45,15 @@ APPLY = Patch(
     "keeps a real one; torch's own swaps a fake one and the swap refuses its weak reference",
     SEEN_ON,
 )
-PATCHES = (REGISTER_PARAMETER, APPLY)
+ITEM = Patch(
+    "torch.Tensor.item",
+    "torch",
+    "a fake tensor's .item() before the script's first training step (an evaluation first, as "
+    "nanoGPT's estimate_loss) reads 0 instead of raising: the capture needs the script to go on, "
+    "not the value; a fake tensor has none",
+    SEEN_ON,
+)
+PATCHES = (REGISTER_PARAMETER, APPLY, ITEM)
 """What ``rankwise plan`` replaces in torch while it captures a script."""
 
 

@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise.compat.fake_tensor import FakeTensorMode
+from rankwise.compat.fake_tensor import ITEM, FakeTensorMode
 from rankwise.errors import ConfigError
+from rankwise.logs import get_logger
 from rankwise.precision import Precision
 from rankwise.runtime import observers
 from rankwise.strategies.blocks import is_checkpointed
@@ -41,6 +42,8 @@ from rankwise.tools.plan.failure import called_at, not_run
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.own_world import one_rank, unwrapped
 from rankwise.tools.plan.steps import TrainingStep, has_training_step
+
+log = get_logger(__name__)
 
 
 class CaptureDone(observers.Finished):
@@ -160,11 +163,23 @@ class _Catcher:
         self.line: int | None = None
         self.captured: tuple | None = None
         self.autocast_called = False
+        self.values_read = 0
 
     @contextlib.contextmanager
     def watching(self):
-        init, autocast = torch.optim.Optimizer.__init__, Precision.autocast
+        init, autocast, item = torch.optim.Optimizer.__init__, Precision.autocast, torch.Tensor.item
         catcher = self
+        ITEM.check()
+
+        def fake_item(tensor):
+            # (an evaluation before training reads a loss of fake parameters: the script goes on
+            # with 0, which the plan never uses; compat.fake_tensor.ITEM)
+            if is_fake(tensor):
+                catcher.values_read += 1
+                if tensor.dtype == torch.bool:
+                    return False
+                return 0.0 if tensor.dtype.is_floating_point else 0
+            return item(tensor)
 
         def optimizer_init(optimizer, *args, **kwargs):
             init(optimizer, *args, **kwargs)
@@ -183,11 +198,13 @@ class _Catcher:
         # (patched for the capture only, restored after: mypy does not follow a monkeypatch)
         torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign,assignment]
         Precision.autocast = precision_autocast  # type: ignore[method-assign]
+        torch.Tensor.item = fake_item  # type: ignore[method-assign]
         try:
             yield self
         finally:
             torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
             Precision.autocast = autocast  # type: ignore[method-assign]
+            torch.Tensor.item = item  # type: ignore[method-assign]
 
     def _autocast_on(self) -> bool:
         on = any(
@@ -312,6 +329,11 @@ def from_script(
         raise ConfigError(
             f"{script} ended without a training step: no model an optimizer trains ran forward "
             "with gradients on (build the optimizer before the training loop)"
+        )
+    if catcher.values_read:
+        log.info(
+            f"rankwise plan: {script} read {catcher.values_read} value(s) of its model's fake "
+            "tensors before its first training step (.item(), an evaluation first): each read 0"
         )
     model, optimizer, args, kwargs, autocast = catcher.captured
     model = unwrapped(model)
