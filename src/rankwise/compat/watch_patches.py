@@ -65,6 +65,30 @@ COLLECTIVES = tuple(
     )
     for name in COLLECTIVE_NAMES
 )
+HOROVOD_COLLECTIVE_NAMES = (
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "allgather_object",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "alltoall",
+    "reducescatter",
+)
+"""Horovod's collectives a script calls itself (its DistributedOptimizer's own use the ``_async``
+ones underneath)."""
+HOROVOD_COLLECTIVES = tuple(
+    Patch(
+        f"horovod.torch.{name}",
+        "horovod",
+        "the script's own Horovod collectives by line (what combines an evaluation's counts)",
+        ("0.28",),
+    )
+    for name in HOROVOD_COLLECTIVE_NAMES
+)
 DESTROY = Patch(
     "torch.distributed.destroy_process_group",
     "torch",
@@ -176,6 +200,25 @@ EXACT_GATHER = Patch(
     "own, recorded here with the frameworks' so every replacement has a record)",
     ("0.1",),
 )
+LIGHTNING_LOG = Patch(
+    "lightning.pytorch.core.module.LightningModule.log",
+    "lightning",
+    "the names a rank logs at epoch level without sync_dist (a metric of its own shard)",
+    ("2.6",),
+)
+PL_LOG = Patch(
+    "pytorch_lightning.core.module.LightningModule.log",
+    "pytorch_lightning",
+    "the same, in the standalone package",
+    ("2.6",),
+)
+TORCHMETRICS_COMPUTE = Patch(
+    "torchmetrics.metric.Metric.__init__",
+    "torchmetrics",
+    "metrics built with sync_on_compute=False, whose compute at several ranks is then watched "
+    "(never gathered)",
+    ("1.9",),
+)
 LIGHTNING_TRAINER = Patch(
     "lightning.pytorch.trainer.trainer.Trainer.__init__",
     "lightning",
@@ -197,6 +240,7 @@ PATCHES: dict[str, Patch] = {
         ITEM,
         SAVE,
         *COLLECTIVES,
+        *HOROVOD_COLLECTIVES,
         DESTROY,
         COMM_HOOK,
         LOADER_INIT,
@@ -214,6 +258,9 @@ PATCHES: dict[str, Patch] = {
         HOROVOD_BROADCAST_STATE,
         GATHER_FOR_METRICS,
         EXACT_GATHER,
+        LIGHTNING_LOG,
+        PL_LOG,
+        TORCHMETRICS_COMPUTE,
         LIGHTNING_TRAINER,
         PL_TRAINER,
     )

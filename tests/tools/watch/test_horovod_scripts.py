@@ -26,6 +26,10 @@ def test_the_documents_horovod_script_is_not_equivalent_and_both_causes_are_name
     assert "learning rate differs at step 1: one process 0.001, 2 ranks 0.002: 2x" in causes, causes
     # step 0 and 3 compared: Horovod's state-creating step is not counted
     assert len(report["steps"]) == 4
+    # its evaluation, averaged with hvd.allreduce, is combined (before: "rank 0 evaluated 50 of
+    # the 100 samples ... nothing was combined"); rank 0 alone prints its own loss
+    kinds = {finding["kind"] for finding in report["findings"]}
+    assert "counted-less" not in kinds and "per-rank-metric" in kinds, report["findings"]
 
 
 def test_bench_rows_by_world_size_with_lockstep_equivalence(tmp_path):

@@ -177,6 +177,7 @@ class Watcher:
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
         stall.progress()
+        self.calls.metrics.loss_seen(loss)
         # (a benchmark, or after verify's window: no loss read back, a device sync)
         self.steps.backward(loss, self.data.consume(), self.tracing)
 
@@ -192,9 +193,31 @@ class Watcher:
             and not getattr(optimizer, "_rankwise_watch_now", 0)
         )
 
-    def _before_step(self, optimizer, args, kwargs) -> None:
+    def _before_step(self, optimizer, args, kwargs):
         if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
-            return
+            return None
+        closure = kwargs.get("closure", args[0] if args and callable(args[0]) else None)
+        if closure is None:
+            self._gradients_ready(optimizer)
+            return None
+        # A step given a closure (Lightning's automatic optimization: optimizer.step(closure=...))
+        # runs the forward and backward inside it, after this hook: the gradients are there once
+        # the closure has run, so that is where this step begins.
+        ready = False
+
+        def closed():
+            nonlocal ready
+            loss = closure()
+            if not ready:  # (LBFGS calls it again and again: the first backward is the step's)
+                ready = True
+                self._gradients_ready(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closed}
+        return (closed, *args[1:]), kwargs
+
+    def _gradients_ready(self, optimizer) -> None:
         named = self.models.parameters(optimizer)
         self.step_begins(
             optimizer, [name for name, p in named if p.requires_grad and p.grad is None]
