@@ -1,5 +1,6 @@
 """Plain torch scripts rankwise plan cannot run, each for a reason of its own, for its one-line
-error: ``--fail value`` reads a parameter's value before training (a fake parameter has none);
+error: ``--fail value`` checks a parameter's values before training (``if
+torch.isnan(weight).any()``: a fake parameter has none; a ``.item()`` there would read 0);
 ``--fail replay`` trains a model whose forward reads an activation's value (``.item()``), which the
 capture never runs (it stops before the forward) and the replay on fake tensors cannot."""
 
@@ -26,7 +27,8 @@ def main() -> None:
     args = parser.parse_args()
     model = Gated()
     if args.fail == "value":
-        print(f"initial weight norm {model.layer.weight.norm().item():.3f}")  # FAILS BEFORE
+        if torch.isnan(model.layer.weight).any():  # FAILS BEFORE
+            raise SystemExit("a NaN in the initial weights")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
         loss = model(torch.randn(4, 8)).sum()  # THE TRAINING STEP
