@@ -160,6 +160,7 @@ def exit_codes_page() -> str:
         errors.MasterUnreachable,
         errors.Stopped,
         errors.MissingProcessGroupError,
+        errors.ScriptNotRun,
     ]
     lines = [
         f"# Exit codes and errors\n\n{GENERATED}Every command exits 0 on success. An error "
@@ -181,6 +182,11 @@ def exit_codes_page() -> str:
     lines += [
         f"\n`rankwise bench` exits 1 when a row fails a check, {EXIT_COULD_NOT_RUN} when a row or "
         "its equivalence check could not run.\n",
+        f"\n`rankwise plan` exits {errors.COULD_NOT_RUN} when it could not run the script (up to "
+        "its first training step with its parameters fake, or that step's replay): one line naming "
+        "the script's file and line and what failed, its traceback in `plan-error.txt` under "
+        "`--out`; "
+        "`--validate` exits 1 when a row is outside the stated bounds.\n",
         "\n## Errors\n",
         "| class | exit code | when |",
         "|---|---:|---|",
@@ -192,6 +198,8 @@ def exit_codes_page() -> str:
             else (
                 "128 + signal"
                 if issubclass(cls, errors.Stopped)
+                else errors.COULD_NOT_RUN
+                if issubclass(cls, errors.ScriptNotRun)
                 else errors.FAILED
                 if issubclass(cls, errors.LaunchError)
                 else errors.USAGE

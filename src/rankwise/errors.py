@@ -108,18 +108,30 @@ class Stopped(RuntimeError):
         )
 
 
+class ScriptNotRun(RuntimeError):
+    """A tool could not run the user's script as it must (``rankwise plan``: up to its first
+    training step with its model's parameters fake, then that step replayed); the message names the
+    script's file and line and what failed there."""
+
+    exit_code = 4
+
+
 USAGE = 2
 """Bad input: configuration, data, checkpoint (nothing was started, or nothing was lost)."""
 FAILED = 1
 """A run that started and failed (a rank raised, was killed or timed out)."""
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, LaunchError, Stopped)
+COULD_NOT_RUN = ScriptNotRun.exit_code
+"""A tool that could not run the user's script (``rankwise plan``; verify's and bench's "could not
+run" use the same code)."""
+
+USER_ERRORS = (ConfigError, DataError, CheckpointError, LaunchError, Stopped, ScriptNotRun)
 """What a command reports as one message instead of a traceback."""
 
 
 def exit_code(error: BaseException) -> int:
     """The exit code of a command that ended with ``error``: 128 + signal when stopped by one."""
-    if isinstance(error, (Stopped, HungAtExit)):
+    if isinstance(error, (Stopped, HungAtExit, ScriptNotRun)):
         return error.exit_code
     if isinstance(error, LaunchError):
         return FAILED

@@ -22,6 +22,7 @@ import pytest
 
 from rankwise.checkpoint import read_weights
 from rankwise.data.prepare import PreparedData
+from rankwise.errors import FAILED
 from rankwise.measure.tolerance import max_param_diff
 from tests.support.cli import LAUNCH_VARIABLES, ROOT, command_env, rankwise, tiny_text
 
@@ -339,7 +340,12 @@ def test_a_node_dying_mid_job_ends_it_naming_the_node(slurm_env, tmp_path):
         f"killed {len(victims)} processes on rw-slurm1; srun ended {ended:.1f} s later with "
         f"{srun.returncode}"
     )
-    assert srun.returncode != 0
+    # srun passes on its tasks' highest exit code: rank 0's launcher's 1 (errors.FAILED: a rank
+    # failed, named below) when its 4 s collective timeout ends it first, or 143 (128 + SIGTERM,
+    # errors.Stopped) when Slurm's node-failure handling stops the step first: a race (one run 1
+    # after 17.9 s, the next 143 after 14.1 s).  Either prints the failure summary checked below,
+    # which a crash (also 1) would not.
+    assert srun.returncode in (FAILED, 128 + signal.SIGTERM), f"srun exit {srun.returncode}"
     # 4 s timeout + 5 s for the others to record themselves + shutdown, then Slurm's own
     # node-failure detection (SlurmdTimeout=6), which took over 60 s beside another xdist worker's
     # load (2 of 3 full runs on 2 cores); never a hang.  (rank 0's own naming of the missing node is

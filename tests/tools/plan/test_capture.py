@@ -58,6 +58,14 @@ def test_a_script_that_starts_its_own_ddp_job_is_captured_as_one_rank(script):
     assert torch.nn.parallel.DistributedDataParallel is DistributedDataParallel
 
 
+def test_a_script_that_reads_a_loss_before_training_is_captured():
+    """nanoGPT evaluates (``estimate_loss``: ``loss.item()``) before its first step: a fake
+    tensor's value reads 0 there, instead of the DataDependentOutputException that stopped it."""
+    capture = from_script(PLAIN, ["--evaluate-first", "--batch-size", "8"])
+    assert capture.rows == 8 and all(is_fake(p) for p in capture.model.parameters())
+    assert torch.tensor(2.5).item() == 2.5  # (a real tensor's read put back after the capture)
+
+
 def test_a_script_that_never_trains_is_a_clear_error():
     with pytest.raises(ConfigError, match="ended without a training step"):
         from_script(PLAIN, ["--never-train"])

@@ -24,19 +24,26 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from rankwise.compat.fake_tensor import ITEM, FakeTensorMode
 from rankwise.errors import ConfigError
+from rankwise.logs import get_logger
 from rankwise.precision import Precision
 from rankwise.runtime import observers
 from rankwise.strategies.blocks import is_checkpointed
+from rankwise.tools.plan.failure import called_at, not_run
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.own_world import one_rank, unwrapped
+from rankwise.tools.plan.steps import TrainingStep, has_training_step
+
+log = get_logger(__name__)
 
 
 class CaptureDone(observers.Finished):
@@ -75,12 +82,16 @@ class Capture:
     on_rankwise: bool = False
     """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies
     ``rankwise launch`` chooses run it unchanged, so ``--validate`` can measure them."""
+    line: int | None = None
+    """The script's line that made the captured call (its ``model(...)``, its ``trainer.fit``):
+    what a failure of the replay names where its traceback passes through no line of the script
+    (:mod:`~rankwise.tools.plan.failure`)."""
 
     @property
     def rows(self) -> int:
         """Samples in the captured micro-batch (dimension 0 of its first tensor)."""
-        for value in [*self.args, *self.kwargs.values()]:
-            if isinstance(value, torch.Tensor) and value.ndim >= 1:
+        for value in tensors([self.args, self.kwargs]):
+            if value.ndim >= 1:
                 return int(value.shape[0])
         raise ConfigError("the captured forward has no tensor input with a batch dimension")
 
@@ -146,22 +157,38 @@ class _Catcher:
     """Finds the model each new optimizer trains and records the first forward of one with gradients
     on."""
 
-    def __init__(self, fakes: FakeParameters):
+    def __init__(self, fakes: FakeParameters, script: Path | None = None):
         self.fakes = fakes
+        self.script = script
+        self.line: int | None = None
         self.captured: tuple | None = None
         self.autocast_called = False
+        self.values_read = 0
 
     @contextlib.contextmanager
     def watching(self):
-        init, autocast = torch.optim.Optimizer.__init__, Precision.autocast
+        init, autocast, item = torch.optim.Optimizer.__init__, Precision.autocast, torch.Tensor.item
         catcher = self
+        ITEM.check()
+
+        def fake_item(tensor):
+            # (an evaluation before training reads a loss of fake parameters: the script goes on
+            # with 0, which the plan never uses; compat.fake_tensor.ITEM)
+            if is_fake(tensor):
+                catcher.values_read += 1
+                if tensor.dtype == torch.bool:
+                    return False
+                return 0.0 if tensor.dtype.is_floating_point else 0
+            return item(tensor)
 
         def optimizer_init(optimizer, *args, **kwargs):
             init(optimizer, *args, **kwargs)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(is_fake(p) for p in params):
                 model = _root(params)
-                if model is not None:
+                if model is not None and has_training_step(unwrapped(model)):
+                    catcher.watch_training_step(unwrapped(model), optimizer)
+                elif model is not None:
                     model.register_forward_pre_hook(catcher.hook(optimizer), with_kwargs=True)
 
         def precision_autocast(precision):
@@ -171,33 +198,96 @@ class _Catcher:
         # (patched for the capture only, restored after: mypy does not follow a monkeypatch)
         torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign,assignment]
         Precision.autocast = precision_autocast  # type: ignore[method-assign]
+        torch.Tensor.item = fake_item  # type: ignore[method-assign]
         try:
             yield self
         finally:
             torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
             Precision.autocast = autocast  # type: ignore[method-assign]
+            torch.Tensor.item = item  # type: ignore[method-assign]
+
+    def _autocast_on(self) -> bool:
+        on = any(
+            torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda") if _autocast_known(kind)
+        )
+        return on or self.autocast_called
 
     def hook(self, optimizer):
         def first_training_forward(module, args, kwargs):
-            if self.captured is None and torch.is_grad_enabled() and module.training:
-                on = any(
-                    torch.is_autocast_enabled(kind)
-                    for kind in ("cpu", "cuda")
-                    if _autocast_known(kind)
-                )
-                self.captured = (module, optimizer, args, kwargs, on or self.autocast_called)
+            # (the model inside a stand-in DDP wrapper says whether it trains: a framework may
+            # switch the model alone to training mode)
+            if self.captured is None and torch.is_grad_enabled() and unwrapped(module).training:
+                self.captured = (module, optimizer, args, kwargs, self._autocast_on())
+                self.line = called_at(self.script) if self.script else None
                 raise CaptureDone()
 
         return first_training_forward
+
+    def watch_training_step(self, model: Any, optimizer) -> None:
+        """Capture the first ``model.training_step(...)`` with gradients on
+        (:mod:`~rankwise.tools.plan.steps`): the call is watched on the instance, which Lightning's
+        forward redirection and its plain call both look the method up on."""
+        original = model.training_step
+
+        def training_step(*args, **kwargs):
+            if self.captured is None and torch.is_grad_enabled() and model.training:
+                del model.training_step  # (the class's own again)
+                self.captured = (TrainingStep(model), optimizer, args, kwargs, self._autocast_on())
+                self.line = called_at(self.script) if self.script else None
+                raise CaptureDone()
+            return original(*args, **kwargs)
+
+        # (an instance attribute over the class's method, removed at the capture)
+        model.training_step = training_step
+
+
+def map_tensors(fn, value):
+    """``value`` with ``fn`` applied to every tensor in it, through tuples (named ones too), lists
+    and mappings (a Lightning batch is a list of tensors; a tokenizer's a ``BatchEncoding``)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_tensors(fn, v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(fn, v) for v in value)
+    if isinstance(value, Mapping):
+        items = {k: map_tensors(fn, v) for k, v in value.items()}
+        try:
+            return type(value)(items)  # type: ignore[call-arg]
+        except TypeError:  # (a mapping whose constructor takes something else)
+            return items
+    return value
+
+
+def tensors(value) -> list[torch.Tensor]:
+    """Every tensor in ``value``, in order (see :func:`map_tensors`)."""
+    found: list[torch.Tensor] = []
+    map_tensors(found.append, value)
+    return found
+
+
+def on_cpu(model: nn.Module, optimizer, args, kwargs, autocast: bool) -> tuple:
+    """The captured step on the CPU, whatever device the script moved it to (a GPU script's
+    ``model.to("cuda")``, ``rt.prepare`` on a GPU machine): the plan replays it on fake tensors,
+    whose device is a label, with the CPU's autocast and FSDP on a CPU mesh of fake ranks; the
+    target device is ``--device``'s.  The parameters keep their objects (the optimizer's), moved
+    in place (:class:`~rankwise.tools.plan.fake.FakeParameters` is active); the micro-batch is
+    copied (one rank's, small)."""
+    model.to("cpu")
+    cpu = map_tensors(lambda t: t.to("cpu"), (tuple(args), dict(kwargs)))
+    return model, optimizer, cpu[0], cpu[1], autocast
 
 
 def _autocast_known(kind: str) -> bool:
     return kind == "cpu" or torch.cuda.is_available()
 
 
-def from_script(script: Path, script_args: list[str]) -> Capture:
+def from_script(
+    script: Path, script_args: list[str], traceback_file: Path | None = None
+) -> Capture:
     """Run ``script`` (as ``python script ARGS``) here up to its first training forward (see the
-    module's docstring)."""
+    module's docstring).  A script that fails before it is a :class:`~rankwise.errors.ScriptNotRun`
+    naming its line (``traceback_file``: where its traceback goes)."""
     from rankwise.launch.script import run_as_main
 
     if not script.is_file():
@@ -207,7 +297,11 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     observers.register(watch)
     try:
-        with one_rank(), FakeParameters(mode) as fakes, _Catcher(fakes).watching() as catcher:
+        with (
+            one_rank(),
+            FakeParameters(mode) as fakes,
+            _Catcher(fakes, script).watching() as catcher,
+        ):
             try:
                 run_as_main(script, script_args)
             except CaptureDone:
@@ -219,10 +313,15 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
                     ) from None
             except Exception as e:
                 if catcher.captured is None:
-                    raise ConfigError(
-                        f"{script} failed before its first training step, with its model's "
-                        f"parameters fake (shapes only, no values): {type(e).__name__}: {e}"
+                    raise not_run(
+                        script,
+                        e,
+                        "run it up to its first training step with its model's parameters fake "
+                        "(shapes only, no values)",
+                        traceback_file=traceback_file,
                     ) from e
+            if catcher.captured is not None:
+                catcher.captured = on_cpu(*catcher.captured)
     finally:
         observers.unregister(watch)
         sys.argv[:], sys.path[:] = saved_argv, saved_path
@@ -231,8 +330,15 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
             f"{script} ended without a training step: no model an optimizer trains ran forward "
             "with gradients on (build the optimizer before the training loop)"
         )
+    if catcher.values_read:
+        log.info(
+            f"rankwise plan: {script} read {catcher.values_read} value(s) of its model's fake "
+            "tensors before its first training step (.item(), an evaluation first): each read 0"
+        )
     model, optimizer, args, kwargs, autocast = catcher.captured
     model = unwrapped(model)
+    if isinstance(model, TrainingStep):
+        model.detach()
     # the script's frames are gone; whatever it built besides the capture goes with them
     gc.collect()
     source = " ".join([str(script), *script_args])
@@ -248,6 +354,7 @@ def from_script(script: Path, script_args: list[str]) -> Capture:
         source,
         is_checkpointed(model),
         watch.prepared_seen,
+        catcher.line,
     )
 
 

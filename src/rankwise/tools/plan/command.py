@@ -7,11 +7,13 @@ import json
 import math
 import time
 
+from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.tools.plan import comms, devices, report
 from rankwise.tools.plan.capture import Capture, from_script
 from rankwise.tools.plan.config import PlanConfig
+from rankwise.tools.plan.failure import not_run
 from rankwise.tools.plan.planner import Plan, Planner
 
 log = get_logger(__name__)
@@ -26,11 +28,15 @@ def nodes_for(config: PlanConfig, device: devices.Device) -> dict[int, int]:
     }
 
 
+TRACEBACK = "plan-error.txt"
+"""Where, under ``--out``, the traceback of a script the plan could not run goes."""
+
+
 def capture_script(config: PlanConfig) -> Capture:
     log.info(
         f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ..."
     )
-    return from_script(config.script, config.script_args)
+    return from_script(config.script, config.script_args, config.out / TRACEBACK)
 
 
 def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
@@ -50,7 +56,20 @@ def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
             )
     else:
         bandwidth = comms.from_device(device, max(nodes.values()))
-    plan = Planner(config, capture, device, bandwidth, nodes).run()
+    try:
+        plan = Planner(config, capture, device, bandwidth, nodes).run()
+    except ConfigError:
+        raise
+    except Exception as e:
+        # (one line naming the script's line, not a traceback: rankwise.tools.plan.failure)
+        raise not_run(
+            config.script,
+            e,
+            "replay its training step on fake tensors (the step captured "
+            + (f"at line {capture.line})" if capture.line else "in it)"),
+            line=capture.line,
+            traceback_file=config.out / TRACEBACK,
+        ) from e
     plan.notes += bandwidth.notes
     plan.elapsed_s, plan.peak_rss_mb = time.perf_counter() - started, peak_rss_megabytes()
     plan.notes.append(

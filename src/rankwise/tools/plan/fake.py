@@ -10,10 +10,13 @@ initialisation (``reset_parameters``, transformers' ``_init_weights``) then runs
 and costs nothing.  Buffers stay real: they are small (position ids, rotary frequencies), and a
 forward pass reads their values (masks, lengths).
 
-A module's ``.to(device)`` / ``.float()`` would swap each fake parameter for a new one, which torch
-refuses for tensors with weak references (every fake tensor has one); while :func:`fake_parameters`
-is active a module whose parameters are fake applies the conversion without swapping (the same
-object where nothing changes, so the optimizer built on it keeps stepping the model's parameters).
+A module's ``.to(device, dtype)`` / ``.cuda()`` / ``.half()`` keeps each parameter object, as
+torch's own ``Module._apply`` keeps a real one, so an optimizer built before the move (``opt =
+AdamW(model.parameters()); model.to(device, dtype=torch.bfloat16)``; ``rt.prepare`` moving the model
+to the GPU) still steps the model's parameters.  torch's ``_apply`` would swap each fake parameter
+for a new one, which torch refuses for tensors with weak references (every fake tensor has one):
+while :class:`FakeParameters` is active a module whose parameters are fake moves each in place
+(:func:`rankwise.compat.fake_tensor.move_in_place`).
 """
 
 from __future__ import annotations
@@ -23,17 +26,22 @@ import copy
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from rankwise.compat.fake_tensor import (
+    APPLY,
+    REGISTER_PARAMETER,
+    FakeTensorMode,
+    is_fake,
+    move_in_place,
+)
+
+__all__ = ["FakeParameters", "fake_copy", "fake_mode", "is_fake", "real_copy", "rebuilt_optimizer"]
 
 
 def fake_mode() -> FakeTensorMode:
     """The mode one plan's fake tensors share (fake tensors of two modes cannot meet in one
     operation); real tensors (a script's batch) may enter its operations."""
     return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def is_fake(tensor) -> bool:
-    return isinstance(tensor, FakeTensor)
 
 
 class FakeParameters:
@@ -45,6 +53,8 @@ class FakeParameters:
 
     def __enter__(self) -> FakeParameters:
         register, apply = nn.Module.register_parameter, nn.Module._apply
+        REGISTER_PARAMETER.check()
+        APPLY.check()
         owner = self
 
         def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
@@ -60,16 +70,19 @@ class FakeParameters:
             if recurse:
                 for child in module.children():
                     child._apply(fn)
-            for key, param in module._parameters.items():
+            for param in module._parameters.values():
                 if param is None:
                     continue
                 with torch.no_grad():
                     converted = fn(param)
-                # a real change (a cast): a new parameter, as torch would make
+                # a real change (a cast, a device): the same object moved, as torch keeps a real one
                 if converted is not param:
-                    module._parameters[key] = nn.Parameter(
-                        converted, requires_grad=param.requires_grad
-                    )
+                    move_in_place(param, converted)
+                if param.grad is not None:
+                    with torch.no_grad():
+                        grad = fn(param.grad)
+                    if grad is not param.grad:
+                        move_in_place(param.grad, grad)
             for key, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[key] = fn(buffer)

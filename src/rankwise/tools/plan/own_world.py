@@ -15,7 +15,8 @@ script builds it.  While :func:`one_rank` is active:
 - ``mp.spawn(fn, args, nprocs)`` calls ``fn(0, *args)`` here, once;
 - torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...) describe that one rank.
 
-Everything is put back afterwards, and a group the script started is destroyed.
+Each is replaced wherever a module imported it (a framework imported before the capture holds its
+own name for DDP), everything is put back afterwards, and a group the script started is destroyed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,11 +36,24 @@ from torch import nn
 
 class StandAside(nn.Module):
     """What ``DistributedDataParallel(model)`` returns during a capture: the model, unchanged, as
-    ``.module``."""
+    ``.module``, with the attributes of DDP's that frameworks read (Lightning's DDP strategy reads
+    ``static_graph`` and ``_get_ddp_logging_data()`` at teardown, ``require_backward_grad_sync``
+    around accumulation), each as a DDP at its defaults says."""
+
+    static_graph = False
+    find_unused_parameters = False
 
     def __init__(self, module: nn.Module, *args, **kwargs):
         super().__init__()
         self.module = module
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+
+    def _get_ddp_logging_data(self) -> dict:
+        return {}
+
+    def register_comm_hook(self, state, hook) -> None:
+        pass
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -61,6 +77,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _bound_elsewhere(replacements: dict[int, Any]) -> list[tuple[Any, str, Any]]:
+    """Every other name an imported module binds to one of the replaced objects (by ``id``), with
+    its replacement: a framework imported before the capture holds its own reference
+    (``from torch.nn.parallel import DistributedDataParallel`` in Lightning's DDP strategy), which
+    replacing torch's attribute alone would miss."""
+    found = []
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)
+        if not isinstance(names, dict):
+            continue
+        for name, value in list(names.items()):
+            replacement = replacements.get(id(value))
+            if replacement is not None and not name.startswith("__"):
+                found.append((module, name, replacement))
+    return found
 
 
 ENV = (
@@ -107,7 +140,7 @@ def one_rank() -> Iterator[None]:
     def spawn_one(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
         fn(0, *args)
 
-    patched = [
+    patched: list[tuple[Any, str, Any]] = [
         (dist, "init_process_group", init_process_group),
         (dist.distributed_c10d, "init_process_group", init_process_group),
         (mp, "spawn", spawn_one),
@@ -117,6 +150,7 @@ def one_rank() -> Iterator[None]:
         (fsdp_module, "fully_shard", lambda module, *a, **k: module),
     ]
     patched = [p for p in patched if hasattr(p[0], p[1])]
+    patched += _bound_elsewhere({id(getattr(owner, name)): value for owner, name, value in patched})
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     for owner, name, value in patched:
         setattr(owner, name, value)

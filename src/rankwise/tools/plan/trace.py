@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
-from rankwise.tools.plan.capture import Capture, loss_of
+from rankwise.tools.plan.capture import Capture, loss_of, map_tensors, tensors
 from rankwise.tools.plan.fake import fake_copy
 
 PHASES = ("forward", "backward", "optimizer")
@@ -182,12 +182,12 @@ def resized(capture: Capture, rows: int) -> tuple[tuple, dict]:
     have = capture.rows
     index = torch.arange(rows) % have
 
-    def resize(value):
-        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == have:
+    def resize(value: torch.Tensor) -> torch.Tensor:
+        if value.ndim >= 1 and value.shape[0] == have:
             return value.index_select(0, index.to(value.device))
         return value
 
-    return tuple(resize(v) for v in capture.args), {k: resize(v) for k, v in capture.kwargs.items()}
+    return map_tensors(resize, capture.args), map_tensors(resize, capture.kwargs)
 
 
 def _unique(tensors) -> list[torch.Tensor]:
@@ -252,7 +252,7 @@ def trace(
     params = _unique(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    inputs = [v for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor)]
+    inputs = tensors([args, kwargs])
     tracker = StepTracker()
     tracker.known([*params, *model.buffers(), *state, *inputs])
     hooks = [p.register_post_accumulate_grad_hook(tracker.gradient) for p in trainable]

@@ -14,6 +14,11 @@ def main() -> None:
     parser.add_argument(
         "--never-train", action="store_true", help="evaluate only: nothing for the plan to capture"
     )
+    parser.add_argument(
+        "--evaluate-first",
+        action="store_true",
+        help="read the loss before training, as nanoGPT's estimate_loss does (.item())",
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
@@ -23,6 +28,10 @@ def main() -> None:
         batch_size=args.batch_size,
         shuffle=True,
     )
+    if args.evaluate_first:
+        with torch.no_grad():
+            x, y = next(iter(data))
+            print(f"loss before training {nn.functional.cross_entropy(model(x), y).item():.3f}")
     if args.never_train:
         with torch.no_grad():
             for x, _ in data:
