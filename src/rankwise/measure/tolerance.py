@@ -133,3 +133,74 @@ def gradient_difference(
         "scale": dot / whole**2 if whole > 0 else None,
         "only_one": sorted(name for name in reference.keys() ^ candidate.keys() if gaps[name] > 0),
     }
+
+
+UPDATE = 1e-4
+"""fp32, relative (:func:`update_difference`): how far a tensor's update on N ranks may be from one
+process's update of it, against the update's own size, beyond one unit in the last place of the
+weights.  MEASURED: see the numbers in :data:`UPDATE_MEASURED`."""
+
+UPDATE_MEASURED = "to be measured"
+
+
+def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance from each of ``values`` (float64) to the next number of ``dtype``: one unit in
+    the last place (the subnormals' spacing near zero)."""
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(values.abs().clamp(min=info.tiny))
+    # (|x| in [2^(e-1), 2^e): its spacing is eps * 2^(e-1))
+    return torch.pow(2.0, exponent.double() - 1) * info.eps
+
+
+def update_difference(
+    after: Mapping[str, torch.Tensor],
+    reference_after: Mapping[str, torch.Tensor],
+    before: Mapping[str, torch.Tensor],
+    reference_before: Mapping[str, torch.Tensor],
+    top: int = 3,
+) -> dict:
+    """How far the N-rank step's update of each tensor, ``after - before``, is from one process's,
+    ``reference_after - reference_before``, relative to one process's update of that tensor: the
+    criterion for the weights after a step.
+
+    Per tensor, ``|gap| / |Δ_1|`` with ``gap = max(0, |Δ_N - Δ_1| - ulp)`` element by element: both
+    runs start the step from the same weights (lockstep), so ``Δ_N - Δ_1`` is the difference of the
+    weights after it, and the last rounding of ``w + Δ`` may move either by one unit in the last
+    place of the weight (``ulp``, in the weights' own dtype) whatever the update: an update smaller
+    than a few ulps of its weight (lr 2e-7 on a LayerNorm weight of 1.0, whose ulp is 1.2e-7) is
+    rounded to whole ulps in both runs.  A tensor one process did not move (``Δ_1 = 0``: frozen, a
+    learning rate of 0 in a warm-up's first step) differs when the N ranks moved it at all (inf).
+    An absolute tolerance on the weights cannot stand in for this: a whole Adam step at lr 2e-7
+    moves a weight by about 2e-7, so a learning rate twice one process's stays under 1e-5 of
+    weights difference while the update differs by 100 %.
+
+    ``difference``: the largest tensor's relative difference; ``top``: the tensors that differ most
+    (name, relative difference); ``whole``: the same over every tensor together (``|gap| / |Δ_1|``
+    over the whole update, for steps taken from other weights, where a tensor whose update is all
+    rounding cannot be judged alone); ``moved``: whether one process's step moved any weight."""
+    relative: dict[str, float] = {}
+    gaps = sizes = 0.0
+    for name, reference in reference_after.items():
+        if name not in after or name not in before or name not in reference_before:
+            continue
+        tensors = (after[name], reference, before[name], reference_before[name])
+        if len({t.shape for t in tensors}) > 1:
+            continue
+        mine, theirs = (
+            tensors[0].double() - tensors[2].double(),
+            (tensors[1].double() - tensors[3].double()),
+        )
+        gap = (mine - theirs).abs()
+        if reference.is_floating_point():
+            largest = torch.stack([t.double().abs() for t in tensors]).amax(0)
+            gap = (gap - _spacing(largest, reference.dtype)).clamp(min=0)
+        gap_norm, size = float(gap.norm()), float(theirs.norm())
+        gaps, sizes = gaps + gap_norm**2, sizes + size**2
+        relative[name] = gap_norm / size if size > 0 else (0.0 if gap_norm == 0 else math.inf)
+    whole = math.sqrt(gaps) / math.sqrt(sizes) if sizes > 0 else (0.0 if gaps == 0 else math.inf)
+    return {
+        "difference": max(relative.values(), default=0.0),
+        "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
+        "whole": whole,
+        "moved": sizes > 0,
+    }
