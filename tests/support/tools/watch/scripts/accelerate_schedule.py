@@ -32,7 +32,9 @@ set_seed(0)
 accelerator = Accelerator(step_scheduler_with_optimizer=args.fix != "manual")
 features = torch.randn(96, 16, generator=torch.Generator().manual_seed(1))
 targets = (features[:, 0] > 0).long()
-train_dataloader = DataLoader(TensorDataset(features[:64], targets[:64]), batch_size=8, shuffle=True)
+train_dataloader = DataLoader(
+    TensorDataset(features[:64], targets[:64]), batch_size=8, shuffle=True
+)
 eval_dataloader = DataLoader(TensorDataset(features[64:], targets[64:]), batch_size=8)
 
 model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 2))
