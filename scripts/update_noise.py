@@ -45,6 +45,26 @@ CASES: dict[str, tuple[Path, tuple[str, ...], tuple[str, ...]]] = {
         ("--strategy", "fsdp"),
         (),
     ),
+    "adamw tiny BERT, rankwise deepspeed-zero2": (
+        ROOT / "examples" / "builtin_model.py",
+        ("--strategy", "deepspeed-zero2"),
+        (),
+    ),
+    "adamw tiny BERT, rankwise deepspeed-zero3": (
+        ROOT / "examples" / "builtin_model.py",
+        ("--strategy", "deepspeed-zero3"),
+        (),
+    ),
+    "adamw GPT-2 example, rankwise fsdp": (
+        ROOT / "examples" / "causal_lm.py",
+        ("--strategy", "fsdp"),
+        (),
+    ),
+    "adamw GPT-2 example, rankwise deepspeed-zero2": (
+        ROOT / "examples" / "causal_lm.py",
+        ("--strategy", "deepspeed-zero2"),
+        (),
+    ),
 }
 
 

@@ -22,12 +22,17 @@ change the rate at a later step, that step differs.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rankwise.tools.verify.records import SettingDifference, StepLine, TracedStep
 
-if TYPE_CHECKING:
-    from rankwise.tools.verify.compare import TracedRun
+
+class TracedRun(Protocol):
+    """A traced run's step records (:class:`rankwise.tools.verify.compare.TracedRun`, which imports
+    this module)."""
+
+    records: dict[int, list[TracedStep]]
+
 
 IMPLEMENTATION = frozenset({"foreach", "fused", "capturable", "differentiable"})
 """Group keys that choose torch's kernel for the same arithmetic, not the arithmetic: recorded, not

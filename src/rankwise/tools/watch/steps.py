@@ -93,13 +93,15 @@ class StepWatch:
 
     # -- the optimizer step ------------------------------------------------------------------------
 
-    def begins(self, optimizer, no_grad: list[str]) -> None:
+    def begins(self, optimizer, no_grad: list[str], tracing: bool = True) -> None:
         """Between the step's last backward and its optimizer step: ``no_grad``, the trainable
-        parameters without a gradient (kept in a one-process run)."""
+        parameters without a gradient (kept in a one-process run); ``tracing``: the optimizer's
+        settings too (~0.1 ms a step, not in a benchmark's timed steps)."""
         self.record.learning_rates = learning_rates(optimizer)
-        # (what the optimizer is told to do in this step: compared exactly with the other run's)
-        self.record.hyperparameters = hyperparameters(optimizer)
-        self.record.schedulers = schedulers(optimizer)
+        if tracing:
+            # (what the optimizer is told to do in this step: compared exactly with the other run's)
+            self.record.hyperparameters = hyperparameters(optimizer)
+            self.record.schedulers = schedulers(optimizer)
         if rank_and_world()[1] == 1:
             self.record.no_grad = no_grad
 

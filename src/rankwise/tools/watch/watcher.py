@@ -221,7 +221,7 @@ class Watcher:
         if not self.step:
             self.window.flops.stop()
         self.window.begin("optimizer")
-        self.steps.begins(optimizer, no_grad)
+        self.steps.begins(optimizer, no_grad, self.tracing)
 
     def exchange(self, gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Lockstep's gradient of the step under way
