@@ -113,12 +113,12 @@ def test_a_rate_scaled_by_the_world_size_and_another_beta_are_each_named():
     line = _line(ONE, scaled, 2)
     causes = diagnose(ONE, scaled, [line], line, strategy="ddp", world_size=2)
     assert causes[0].startswith(
-        "the optimizer's learning rate differs before step 2 (group 0 lr: one process 2e-07, 2 "
-        "ranks 4e-07; scheduler 0 (LambdaLR) _last_lr: one process [2e-07], 2 ranks [4e-07]); 2x, "
-        "the script scales it by the world size"
+        "the optimizer's learning rate differs at step 2: one process 2e-07, 2 ranks 4e-07: 2x, "
+        "the script scales it by the world size (group 0 lr: one process 2e-07, 2 ranks 4e-07; "
+        "scheduler 0 (LambdaLR) _last_lr: one process 2e-07, 2 ranks 4e-07)"
     ), causes
     assert causes[1].startswith(
-        "the optimizer's hyper-parameters differ before step 2 (group 0 betas: one process [0.9, "
+        "the optimizer's hyper-parameters differ at step 2 (group 0 betas: one process [0.9, "
         "0.999], 2 ranks [0.9, 0.99])"
     ), causes
 

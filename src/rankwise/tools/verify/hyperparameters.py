@@ -110,6 +110,8 @@ def differences(one: TracedStep, many: TracedStep) -> list[SettingDifference]:
 def _value(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, list) and len(value) == 1:
+        return _value(value[0])
     if isinstance(value, list):
         return "[" + ", ".join(_value(v) for v in value[:4]) + (", …]" if len(value) > 4 else "]")
     return "none" if value is None else str(value)
@@ -229,31 +231,33 @@ def causes(
         out.append(("scheduler", text))
         rates = []
     if rates:
+        rate = next((d for d in rates if d["key"] == "lr"), rates[0])
+        one, many = rate["one"], rate["many"]
         ratios = {
             round(d["many"] / d["one"], 3)
             for d in rates
             if isinstance(d["one"], float) and isinstance(d["many"], float) and d["one"]
         }
         scaled = (
-            f"; {world_size}x, the script scales it by the world size"
+            f": {world_size}x, the script scales it by the world size"
             if ratios == {float(world_size)}
             else ""
         )
         out.append(
             (
                 "learning-rate",
-                f"the optimizer's learning rate differs before step {step} "
-                f"({listed(rates, world_size)}){scaled}. The {world_size} ranks already average "
-                "their gradients over the global batch, as one process computes it: another rate "
-                "is a change of the hyper-parameters, not what distributing the same training "
-                "needs",
+                f"the optimizer's learning rate differs at step {step}: one process "
+                f"{_value(one)}, {world_size} ranks {_value(many)}{scaled} "
+                f"({listed(rates, world_size)}). The {world_size} ranks already average their "
+                "gradients over the global batch, as one process computes it: another rate is a "
+                "change of the hyper-parameters, not what distributing the same training needs",
             )
         )
     if by_kind["hyperparameters"]:
         out.append(
             (
                 "hyperparameters",
-                f"the optimizer's hyper-parameters differ before step {step} "
+                f"the optimizer's hyper-parameters differ at step {step} "
                 f"({listed(by_kind['hyperparameters'], world_size)}): a setting that depends on "
                 "the world size or the rank changes the training, not only its distribution",
             )

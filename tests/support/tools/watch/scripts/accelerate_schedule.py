@@ -43,10 +43,14 @@ if args.lr_factor and accelerator.num_processes > 1:
     lr *= args.lr_factor
 optimizer = torch.optim.AdamW(params=model.parameters(), lr=lr)
 warmup = 100 * (accelerator.num_processes if args.fix == "counts" else 1)
-lr_scheduler = get_linear_schedule_with_warmup(
-    optimizer=optimizer,
-    num_warmup_steps=warmup,
-    num_training_steps=len(train_dataloader) * args.epochs,
+lr_scheduler = (
+    None
+    if args.lr_factor
+    else get_linear_schedule_with_warmup(
+        optimizer=optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=len(train_dataloader) * args.epochs,
+    )
 )
 model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
@@ -58,7 +62,7 @@ for epoch in range(args.epochs):
         loss = nn.functional.cross_entropy(model(inputs), labels)
         accelerator.backward(loss)
         optimizer.step()
-        if args.lr_factor is None:
+        if lr_scheduler is not None:
             lr_scheduler.step()
         optimizer.zero_grad()
     model.eval()
