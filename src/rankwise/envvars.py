@@ -315,17 +315,19 @@ VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "ACCELERATE_USE_CPU",
-        "`verify`, `bench --script` on a machine without a GPU (`tools/watch/frameworks.py`)",
+        "`verify`, `bench --script` on a machine without a GPU (`compat/launchers.py`)",
         "Accelerate",
-        "`true`: Accelerate's CPU mode; without it Accelerate joins no process group on a CPU.",
+        "`True`: Accelerate's CPU mode; without it Accelerate joins no process group on a CPU. "
+        "With `ACCELERATE_MIXED_PRECISION=no` and `ACCELERATE_DYNAMO_BACKEND=NO`: what "
+        "`accelerate launch --cpu` sets.",
         "foreign",
     ),
     EnvVar(
         "LT_*",
-        "`verify`, `bench --script` (`tools/watch/frameworks.py`)",
+        "`verify`, `bench --script` (`compat/launchers.py`)",
         "Lightning Fabric",
-        "`LT_DEVICES`, `LT_NUM_NODES`, `LT_ACCELERATOR`, `LT_STRATEGY`: what `fabric run` hands "
-        "`Fabric()`.",
+        "`LT_CLI_USED`, `LT_DEVICES`, `LT_NUM_NODES`, `LT_ACCELERATOR`, `LT_STRATEGY`: what "
+        "`fabric run` hands `Fabric()` (without `LT_CLI_USED` it refuses several devices).",
         "foreign",
     ),
 )

@@ -18,9 +18,14 @@ import torch
 
 from rankwise.sampling.samples import sample_digests, token_count
 from rankwise.tools.verify.compare import TracedRun, compare_samples
-from rankwise.tools.verify.diagnose import diagnose
+from rankwise.tools.verify.diagnose import diagnose as diagnosed
 from tests.support.cli import ROOT
 from tests.support.tools.verify import CASES, loader_line
+
+
+def diagnose(*args, **kwargs) -> list[str]:
+    """The diagnosis's texts, gravest first."""
+    return [cause["text"] for cause in diagnosed(*args, **kwargs)]
 
 
 def _verify(
@@ -315,8 +320,9 @@ def test_a_learning_rate_scaled_by_the_world_size_is_a_cause_of_its_own_beside_t
         strategy="ddp",
         world_size=2,
     )
-    assert "Horovod's fp16 compression" in causes[0], causes
-    assert "learning rate differs at step 1: one process 0.001, 2 ranks 0.002: 2x" in causes[1], (
+    # (the graver first: a rate twice as large changes what is learnt, fp16 rounding by 1e-4)
+    assert "Horovod's fp16 compression" in causes[1], causes
+    assert "learning rate differs at step 1: one process 0.001, 2 ranks 0.002: 2x" in causes[0], (
         causes
     )
 
@@ -548,3 +554,27 @@ def test_a_run_that_crashed_could_not_run_exit_4_with_its_error_once(tmp_path):
     )
     assert "NOT equivalent" not in output
     assert json.loads((out / "verify.json").read_text())["verdict"] == "could not run"
+
+
+def test_replicas_that_never_average_come_before_batch_norm():
+    """ImageNet's main.py under torchrun never wraps its model in DDP: the run's replicas differ
+    (a finding of the run's own), and its BatchNorm2d is a cause too.  Before, the diagnosis named
+    BatchNorm alone and the graver cause sat among the findings."""
+    replicas = {"level": "error", "kind": "replicas", "text": "the ranks' replicas differ"}
+    warning = {"level": "warning", "kind": "sync-point", "text": "a barrier every step"}
+    causes = diagnosed(
+        _run(),
+        _run(batch_dependent=["BatchNorm2d"]),
+        [FIRST],
+        FIRST,
+        strategy="ddp",
+        world_size=2,
+        framework="torch",
+        run_findings=[warning, replicas],
+    )
+    assert [cause["kind"] for cause in causes] == ["replicas", "batch-dependent"], causes
+    # an equivalent comparison leaves the run's findings where they are
+    assert (
+        diagnosed(_run(), _run(), [], None, strategy="ddp", world_size=2, run_findings=[replicas])
+        == []
+    )

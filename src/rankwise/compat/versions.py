@@ -24,6 +24,13 @@ def installed(library: str) -> Version | None:
         return None
 
 
+def warn_once(key: str, message: str) -> None:
+    """``message`` as a warning, once per process for ``key`` (a record's name)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=4)
+
+
 def series(version: Version) -> str:
     """``major.minor`` of a release (``2.13.0+cpu`` -> ``2.13``): the granularity workarounds are
     checked at."""

@@ -189,6 +189,25 @@ EXACT_GATHER = Patch(
     "own, recorded here with the frameworks' so every replacement has a record)",
     ("0.1",),
 )
+LIGHTNING_LOG = Patch(
+    "lightning.pytorch.core.module.LightningModule.log",
+    "lightning",
+    "the names a rank logs at epoch level without sync_dist (a metric of its own shard)",
+    ("2.6",),
+)
+PL_LOG = Patch(
+    "pytorch_lightning.core.module.LightningModule.log",
+    "pytorch_lightning",
+    "the same, in the standalone package",
+    ("2.6",),
+)
+TORCHMETRICS_COMPUTE = Patch(
+    "torchmetrics.metric.Metric.__init__",
+    "torchmetrics",
+    "metrics built with sync_on_compute=False, whose compute at several ranks is then watched "
+    "(never gathered)",
+    ("1.9",),
+)
 LIGHTNING_TRAINER = Patch(
     "lightning.pytorch.trainer.trainer.Trainer.__init__",
     "lightning",
@@ -229,6 +248,9 @@ PATCHES: dict[str, Patch] = {
         HOROVOD_BROADCAST_STATE,
         GATHER_FOR_METRICS,
         EXACT_GATHER,
+        LIGHTNING_LOG,
+        PL_LOG,
+        TORCHMETRICS_COMPUTE,
         LIGHTNING_TRAINER,
         PL_TRAINER,
     )

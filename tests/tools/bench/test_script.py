@@ -400,3 +400,51 @@ def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(
     assert len(ddp["peak_rss_mb"]) == 2 and all(ddp["peak_rss_mb"]), ddp
     assert "runs of the script pooled" in proc.stdout
     assert (ddp["window_s"] >= 2.0) != ("ddp: the script ended before a 2 s window" in proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "code"),
+    [
+        (["reference", "equivalent"], 0),
+        # Before, a vacuous row exited 0 where verify exits 5 on the same script
+        (["reference", "vacuous"], 5),
+        (["reference", "not comparable"], 3),
+        (["reference", "could not run"], 4),
+        (["reference", "vacuous", "not equivalent"], 1),
+        (["reference", "not comparable", "vacuous"], 5),
+    ],
+)
+def test_bench_exits_as_verify_does_for_its_gravest_row(verdicts, code):
+    from rankwise.tools.bench.script import exit_code
+
+    rows = [
+        {"row": f"row {i}", "status": "ok", "samples_per_s": 10.0, "verdict": verdict}
+        for i, verdict in enumerate(verdicts)
+    ]
+    assert exit_code(rows) == code
+
+
+def test_a_row_failed_by_a_finding_says_so_in_the_progress_line_the_table_and_the_exit_code():
+    """A Lightning bench printed "equivalent" in its progress line and FAIL in its table."""
+    from rankwise.tools.bench.equivalence import lockstep_columns
+    from rankwise.tools.verify.command import exit_code as verify_exit
+
+    report = {
+        "verdict": "equivalent",
+        "steps": [{"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.0, "data": "same"}],
+        "dropout": {"modules": []},
+        "diagnosis": [],
+        "failure": {},
+        "tolerance": 1e-5,
+        "gradient_tolerance": 5e-5,
+        "findings": [{"level": "error", "kind": "counted-more", "text": "counted twice"}],
+    }
+    columns = lockstep_columns(report)
+    assert columns["verdict"] == "not equivalent" and verify_exit(report) == 1
+    assert columns["reason"] == "counted twice"
+    failed_after = report | {
+        "findings": [{"level": "failed", "kind": "failed-after", "text": "it crashed later"}]
+    }
+    columns = lockstep_columns(failed_after)
+    assert columns["verdict"] == "could not run" and verify_exit(failed_after) == 4
+    assert "it crashed later" in columns["reason"]

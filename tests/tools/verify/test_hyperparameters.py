@@ -78,9 +78,11 @@ def test_accelerates_scheduler_stepped_per_process_is_named_with_its_fixes():
     line = _line(ONE, TWO, 2)
     kinds = {d["kind"] for d in line["settings_diffs"]}
     assert kinds == {"scheduler", "learning-rate"} and not line["settings_ok"]
-    causes = diagnose(
+    found = diagnose(
         ONE, TWO, [line], line, strategy="accelerate script", world_size=2, framework="accelerate"
     )
+    assert [cause["kind"] for cause in found] == ["scheduler"]
+    causes = [cause["text"] for cause in found]
     assert causes[0].startswith(
         "the learning-rate scheduler did not step as in one process before step 2 (scheduler 0 "
         "(LambdaLR) last_epoch: one process 1, 2 ranks 2"
@@ -95,8 +97,8 @@ def test_accelerates_scheduler_stepped_per_process_is_named_with_its_fixes():
         assert fix in causes[0]
     assert len(causes) == 1  # (the rate it set is the scheduler's cause, not a second one)
     # the same evidence in a plain script: no Accelerate to blame
-    plain = diagnose(ONE, TWO, [line], line, strategy="torch script", world_size=2)
-    assert "AcceleratedScheduler" not in plain[0] and "once per optimizer step" in plain[0]
+    plain = diagnose(ONE, TWO, [line], line, strategy="torch script", world_size=2)[0]["text"]
+    assert "AcceleratedScheduler" not in plain and "once per optimizer step" in plain
 
 
 def test_a_scheduler_ahead_with_the_same_rates_is_not_a_difference():
@@ -111,7 +113,9 @@ def test_a_scheduler_ahead_with_the_same_rates_is_not_a_difference():
 def test_a_rate_scaled_by_the_world_size_and_another_beta_are_each_named():
     scaled = _run([(0, 0.0), (1, 4e-7), (2, 8e-7)], betas=[0.9, 0.99])
     line = _line(ONE, scaled, 2)
-    causes = diagnose(ONE, scaled, [line], line, strategy="ddp", world_size=2)
+    found = diagnose(ONE, scaled, [line], line, strategy="ddp", world_size=2)
+    assert [cause["kind"] for cause in found] == ["learning-rate", "hyperparameters"]
+    causes = [cause["text"] for cause in found]
     assert causes[0].startswith(
         "the optimizer's learning rate differs at step 2: one process 2e-07, 2 ranks 4e-07: 2x, "
         "the script scales it by the world size (group 0 lr: one process 2e-07, 2 ranks 4e-07; "

@@ -45,6 +45,18 @@ from rankwise.tools.watch.frameworks import detect, framework
             "import rankwise\nimport torch.multiprocessing as mp\nmp.spawn(train, nprocs=2)\n",
             "rankwise",
         ),
+        (
+            "import torch.multiprocessing as mp\nif __name__ == '__main__':\n"
+            "    mp.spawn(train, nprocs=2)\n",
+            "spawn",
+        ),
+        # ImageNet's main.py: mp.spawn behind --multiprocessing-distributed, main_worker else
+        (
+            "import torch.multiprocessing as mp\ndef main(args):\n"
+            "    if args.multiprocessing_distributed:\n        mp.spawn(main_worker, nprocs=2)\n"
+            "    else:\n        main_worker(args.gpu)\n",
+            "torch",
+        ),
         ("import deepspeed\nengine, *_ = deepspeed.initialize(model=m)\n", "deepspeed"),
         ("import horovod.torch as hvd\nhvd.init()\n", "horovod"),
         (
@@ -62,7 +74,7 @@ def test_the_framework_comes_from_the_scripts_imports(tmp_path, source, expected
 def test_accelerate_starts_in_its_cpu_mode_only_without_a_gpu(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     cpu = framework("accelerate")
-    assert cpu.environment == {"ACCELERATE_USE_CPU": "true"} and "DDP only" in cpu.note
+    assert cpu.environment["ACCELERATE_USE_CPU"] == "True" and "DDP only" in cpu.note
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     gpu = framework("accelerate")
     assert gpu.environment == {} and gpu.note is None

@@ -45,10 +45,11 @@ def test_every_groups_settings_and_every_scheduler_driving_the_optimizer_are_rec
         [{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.0}], lr=2e-5
     )
     # built on the wrapper, as a scheduler made after accelerator.prepare is
-    warmup = lr_scheduler.LambdaLR(Wrapper(optimizer), lambda step: step / 100)
+    wrapper = Wrapper(optimizer)
+    warmup = lr_scheduler.LambdaLR(wrapper, lambda step: step / 100)
     plateau = lr_scheduler.ReduceLROnPlateau(optimizer)
     lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=0.1), lambda step: 1.0)  # another
-    optimizer.step()  # (no gradient: nothing moves)
+    wrapper.step()  # (no gradient: nothing moves)
     warmup.step()
     groups = hyperparameters.hyperparameters(optimizer)
     assert groups[0] | {"lr": None} == {

@@ -25,6 +25,7 @@ made = []
 check = Patch.check
 Patch.check = lambda record: (made.append(record.target), check(record))[1]
 import accelerate.accelerator  # (the watcher patches Accelerate once the script imported it)
+import lightning.pytorch, pytorch_lightning, torchmetrics  # (their metrics, likewise)
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, spawned
 from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import Watcher
@@ -42,7 +43,14 @@ print(json.dumps(made))
 
 
 def test_every_replacement_the_watcher_makes_is_recorded_and_every_record_is_one():
-    for module in ("deepspeed", "horovod.torch", "lightning", "pytorch_lightning", "accelerate"):
+    for module in (
+        "deepspeed",
+        "horovod.torch",
+        "lightning",
+        "pytorch_lightning",
+        "accelerate",
+        "torchmetrics",
+    ):
         pytest.importorskip(module)
     env = {
         **os.environ,

@@ -273,7 +273,8 @@ def test_accelerates_scheduler_stepped_per_process_is_caught_at_lr_2e_5_and_its_
     assert first["step"] == 2 and first["max_param_diff"] < report["tolerance"]
     assert first["update_diff"] > 0.5 and not first["settings_ok"]
     assert {"scheduler", "learning-rate"} <= {d["kind"] for d in first["settings_diffs"]}
-    cause = report["diagnosis"][0]
+    assert report["causes"][0]["kind"] == "scheduler", report["causes"]
+    cause = report["causes"][0]["text"]
     assert cause.startswith("the learning-rate scheduler did not step as in one process"), cause
     assert "group 0 lr: one process 2e-07, 2 ranks 4e-07" in cause
     assert "Accelerate's AcceleratedScheduler steps the scheduler it wraps num_processes" in cause
@@ -348,7 +349,9 @@ def test_a_lightning_trainer_script_is_named_so_and_its_padded_validation_is_fou
         "lightning.pytorch",
         reason="lightning is an optional test dependency (pip install lightning)",
     )
-    proc, report = _verify(tmp_path / "padded", "lightning_trainer.py", steps=None)
+    proc, report = _verify(
+        tmp_path / "padded", "lightning_trainer.py", "--log-val-loss", steps=None
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert (
         report["framework"]["name"] == "lightning" and "fabric" not in report["framework"]["launch"]
@@ -357,11 +360,16 @@ def test_a_lightning_trainer_script_is_named_so_and_its_padded_validation_is_fou
         report["verdict"] == "equivalent"
         and [line["data"] for line in report["steps"][1:]] == ["same"] * 5
     )
-    (error,) = _errors(report)
+    errors = {f["kind"]: f["text"] for f in report["findings"] if f["level"] == "error"}
+    assert sorted(errors) == ["counted-more", "per-rank-metric"], errors
     assert (
-        "evaluation counted 252 predictions over the 2 ranks for a 251-sample set" in error
-        and "pads 1" in error
+        "evaluation counted 252 predictions over the 2 ranks for a 251-sample set"
+        in errors["counted-more"]
+        and "pads 1" in errors["counted-more"]
     )
+    # Before, "evaluation was counted exactly once" and the per-rank val_loss went unseen
+    assert "self.log('val_loss', ...)" in errors["per-rank-metric"]
+    assert "without sync_dist=True" in errors["per-rank-metric"]
     assert any(
         part.startswith("evaluation: loader 0, 1 whole pass of 251 samples")
         for part in report["ran"]
@@ -369,6 +377,23 @@ def test_a_lightning_trainer_script_is_named_so_and_its_padded_validation_is_fou
     proc, report = _verify(tmp_path / "even", "lightning_trainer.py", "--even", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert _errors(report) == [] and report["verdict"] == "equivalent"
+
+
+def test_metrics_a_rank_reports_from_its_own_shard_are_found(tmp_path):
+    """Rank 0 prints its own loss every step; a torchmetrics mean never syncs.  Before, neither was
+    found and the run was equivalent (exit 0)."""
+    proc, report = _verify(tmp_path / "metrics", "plain_ddp.py", "--per-rank-metrics", steps=3)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent"
+    found = [(f["level"], f["kind"], f["text"]) for f in report["findings"]]
+    (metric,) = [
+        text for level, kind, text in found if kind == "per-rank-metric" and level == "error"
+    ]
+    assert "MeanMetric" in metric and "sync_on_compute=False" in metric
+    (loss,) = [
+        text for level, kind, text in found if kind == "per-rank-metric" and level == "warning"
+    ]
+    assert "rank 0 alone reads the training loss at .item() at plain_ddp.py:" in loss, loss
 
 
 def test_a_batching_the_reference_cannot_scale_is_named_and_reference_args_fix_it(tmp_path):

@@ -24,6 +24,7 @@ from rankwise.launch.choice import Choice
 from rankwise.strategies import lookup
 from rankwise.tools.bench.records import EquivalenceColumns
 from rankwise.tools.bench.rows import Row
+from rankwise.tools.verify.command import outcome
 from rankwise.tools.verify.records import VerifyReport
 
 VERDICT_CELLS = {
@@ -146,15 +147,15 @@ def lockstep_columns(report: VerifyReport) -> EquivalenceColumns:
     gradients = [gradient for line in lines if (gradient := line.get("gradient_diff")) is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None
-    errors = [
-        finding["text"] for finding in report.get("findings", []) if finding["level"] == "error"
-    ]
-    verdict = (
-        "not equivalent" if errors and report["verdict"] == "equivalent" else report["verdict"]
-    )
-    reason = reason or (errors[0] if errors else None)
+    # (verify's exit code's verdict: a finding that changes results fails the row as it fails
+    # verify, whatever the compared steps showed)
+    verdict = outcome(report)
+    found = {finding["level"]: finding["text"] for finding in reversed(report.get("findings", []))}
+    reason = reason or found.get("error")
     if verdict == "could not run":
-        reason = "its verify run could not run: " + "; ".join(report["failure"].values())
+        reason = "its verify run could not run: " + "; ".join(
+            [*report.get("failure", {}).values(), *filter(None, [found.get("failed")])]
+        )
     elif lines and all(line.get("data") == "unseen" for line in lines):
         verdict, reason = (
             "unchecked",

@@ -41,7 +41,7 @@ from rankwise.tools.bench.equivalence import lockstep_columns as _equivalence
 from rankwise.tools.bench.records import RunResult
 from rankwise.tools.bench.report import EXIT_COULD_NOT_RUN, median, run_line
 from rankwise.tools.bench.settings import ScriptSettings
-from rankwise.tools.verify.command import verify_runs, verify_watched
+from rankwise.tools.verify.command import EXIT, verify_runs, verify_watched
 from rankwise.tools.verify.records import VerifyReport
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
@@ -201,9 +201,10 @@ def run_bench(
                 steps=verify_steps,
                 timeout_s=timeout_s,
             )
+        # (the table's verdict, which is verify's exit code's: one verdict wherever it is said)
         log.info(
             f"equivalence of {row.name} (rankwise verify, {verify_steps} steps, dropout off): "
-            f"{verdicts[row.name]['verdict']}",
+            f"{_equivalence(verdicts[row.name])['verdict']}",
             stderr=True,
         )
     return summarize(rows, runs, verdicts, min_window_s)
@@ -315,16 +316,17 @@ def summarize(
     passing = [
         line
         for line in lines
-        if line.get("verdict") in ("equivalent", "reference")
-        and line["samples_per_s"]
-        and not line.get("disturbed")
+        if line.get("verdict") in ("equivalent", "reference") and line["samples_per_s"]
     ]
     fastest = max(passing, key=lambda line: line["samples_per_s"], default=None)
+    # A disturbed row's figure says nothing either way: no other row is "fastest" in its place.
+    undecided = [line["row"] for line in passing if line.get("disturbed")]
     return {
         "rows": lines,
         "runs": runs,
-        "verify": {name: report["verdict"] for name, report in verdicts.items()},
-        "fastest": fastest["row"] if fastest else None,
+        "verify": {name: _equivalence(report)["verdict"] for name, report in verdicts.items()},
+        "fastest": fastest["row"] if fastest and not undecided else None,
+        "fastest_undecided": undecided,
         "min_window_s": min_window_s,
     }
 
@@ -452,16 +454,25 @@ def bench(config: ScriptSettings) -> int:
         print(f"\n{why.explained(summary['rows'], output.explain)}")
     if output.as_json:
         print(json.dumps({"rows": summary["rows"]}, default=str))
+    return exit_code(summary["rows"])
+
+
+SEVERITY = (1, EXIT_COULD_NOT_RUN, EXIT["vacuous"], EXIT["not comparable"])
+"""Exit codes, gravest first: a row that fails its check, one that could not run, one whose
+compared steps trained nothing, one whose random draws no rank count reproduces."""
+
+
+def exit_code(rows: list[dict]) -> int:
+    """The gravest of the rows' verdicts, each as ``rankwise verify`` exits for it (so bench and
+    verify exit alike on the same script); a row measured without a figure fails too."""
     failed = [
         line["row"]
-        for line in summary["rows"]
+        for line in rows
         if line.get("verdict") in ("not equivalent", "unchecked")
         or (line["status"] == "ok" and line["samples_per_s"] is None)
     ]
     crashed_rows = [
-        line["row"]
-        for line in summary["rows"]
-        if "could not run" in (line["status"], line.get("verdict"))
+        line["row"] for line in rows if "could not run" in (line["status"], line.get("verdict"))
     ]
     if failed:
         log.error(
@@ -469,4 +480,7 @@ def bench(config: ScriptSettings) -> int:
         )
     if crashed_rows:
         log.error(f"rankwise bench: {', '.join(crashed_rows)} could not run (why: under the table)")
-    return 1 if failed else EXIT_COULD_NOT_RUN if crashed_rows else 0
+    codes = {EXIT[line["verdict"]] for line in rows if line.get("verdict") in EXIT}
+    codes |= {1} if failed else set()
+    codes |= {EXIT_COULD_NOT_RUN} if crashed_rows else set()
+    return next((code for code in SEVERITY if code in codes), 0)

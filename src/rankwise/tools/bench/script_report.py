@@ -79,6 +79,11 @@ def table(summary: dict) -> str:
     notes += [f"- {note}" for note in summary.get("notes", [])]
     if summary.get("fastest"):
         notes.append(f"fastest row that passes: {summary['fastest']}")
+    elif summary.get("fastest_undecided"):
+        notes.append(
+            f"fastest row: undecided, {', '.join(summary['fastest_undecided'])} passed but was "
+            "disturbed, and no slower row takes its place; rerun the bench on a quiet machine"
+        )
     return "\n".join(out + ([""] + notes if notes else []))
 
 

@@ -43,7 +43,7 @@ from rankwise.tools.verify.report import render
 from rankwise.tools.verify.samples import unmatched_samples
 from rankwise.tools.verify.settings import VerifySettings
 from rankwise.tools.verify.watched import watched_runs
-from rankwise.tools.watch.findings import load_records
+from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.records import FindingRecord
 from rankwise.tools.watch.stall import STALL_TIMEOUT_S
@@ -201,7 +201,13 @@ def verify_watched(
 def _merged(report: VerifyReport, extra: ReportExtra) -> VerifyReport:
     """The comparison's report with the distributed run's own findings, the comparison's first (a
     failure, then errors first)."""
-    found = [*report.pop("comparison_findings"), *extra.pop("findings", [])]
+    # (a finding the diagnosis ranked among the causes is said there, once)
+    named = {cause["text"] for cause in report.get("causes", [])}
+    found = [
+        finding
+        for finding in [*report.pop("comparison_findings"), *extra.pop("findings", [])]
+        if finding["text"] not in named
+    ]
     order = {"failed": 0, "error": 1}  # (then warnings)
     return (
         report
@@ -234,6 +240,13 @@ def exit_code(report: VerifyReport) -> int:
     if "failed" in levels and report["verdict"] in ("equivalent", "vacuous"):
         return EXIT["could not run"]
     return EXIT[report["verdict"]]
+
+
+def outcome(report: VerifyReport) -> str:
+    """The verdict its exit code states: the report's, unless the run's own findings changed it
+    (an error: ``not equivalent``; the rest of the script unchecked: ``could not run``).  What
+    ``rankwise bench`` prints for the row, so the two commands agree on one script."""
+    return {code: verdict for verdict, code in EXIT.items()}[exit_code(report)]
 
 
 def run(config: VerifySettings) -> int:
@@ -272,7 +285,13 @@ def run(config: VerifySettings) -> int:
         )
     else:
         log.info(
-            f"rankwise verify {script}: a {watched.name} script, started {watched.launch}, on "
+            f"rankwise verify {script}: a {watched.name} script"
+            + (
+                " (detected from the script; --framework NAME starts it as another launcher would)"
+                if config.framework == "auto"
+                else ""
+            )
+            + f", started {watched.launch}, on "
             f"{processes} processes, then on one process in lockstep with them, {config.steps} "
             f"steps; writing to {out}",
             stderr=True,
@@ -360,6 +379,7 @@ def build(
         noted.append(
             {
                 "level": "failed",
+                "kind": "failed-after",
                 "text": f"after the {steps_asked} compared steps the distributed run failed, so "
                 f"the rest of the script was not checked: {failure.pop('candidate')}"
                 + (
@@ -377,6 +397,7 @@ def build(
             noted.append(
                 {
                     "level": "warning",
+                    "kind": "hung-at-exit",
                     "text": f"in the {_RUN_NAMES.get(name, name)} run, {line} (rankwise launch "
                     "ends such a rank after --exit-grace seconds and exits 3)",
                 }
@@ -385,13 +406,13 @@ def build(
     first = first_difference(lines)
     start = start_differs(lines)
     if start:
-        noted.append({"level": "warning", "text": start})
+        noted.append({"level": "warning", "kind": "start-differs", "text": start})
     # Only where no step differs: a difference is its own verdict, whatever else trained.
     vacuous = nothing_trained(candidate, lines) if lines and first is None else None
     samples = unmatched_samples(ranks, load_records(out / "reference"))
     # A crashed N-rank run is still explained against the one process where it can be (a parameter
     # without gradient).
-    diagnosis = (
+    causes = (
         []
         if "reference" in failure
         else diagnose(
@@ -405,8 +426,10 @@ def build(
             steps_asked=steps_asked,
             framework=framework,
             samples=samples,
+            run_findings=[finding.as_dict() for finding in findings(ranks, processes)],
         )
     )
+    diagnosis = [cause["text"] for cause in causes]
     random = random_ops(reference)
     draws = sum(rank["random_draws"] for ranks in reference.records.values() for rank in ranks[:1])
     if (
@@ -414,7 +437,13 @@ def build(
         and any(line["data"] in ("differs", "unmatched") for line in lines)
         and not any(samples in finding for finding in diagnosis)
     ):
-        noted.append({"level": "error", "text": f"the runs' samples do not match: {samples}"})
+        noted.append(
+            {
+                "level": "error",
+                "kind": "samples",
+                "text": f"the runs' samples do not match: {samples}",
+            }
+        )
     if failure:
         # a run crashed: nothing was compared, so nothing is claimed either way
         verdict = "could not run"
@@ -442,6 +471,7 @@ def build(
         "steps_reached": [reference.reached, candidate.reached],
         "first_difference": first,
         "diagnosis": diagnosis,
+        "causes": causes,
         "failure": failure,
         "random_ops": random,
         "dropout": {

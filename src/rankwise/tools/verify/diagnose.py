@@ -21,7 +21,8 @@ from rankwise.tools.verify.causes import (
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.compare import random_ops as located_random_ops
 from rankwise.tools.verify.hyperparameters import causes as setting_causes
-from rankwise.tools.verify.records import StepLine, TracedStep
+from rankwise.tools.verify.records import CauseRecord, StepLine, TracedStep
+from rankwise.tools.watch.records import FindingRecord
 
 UNUSED_PARAMETER_ERRORS = ("Expected to have finished reduction", "find_unused_parameters")
 """What DDP says when a parameter got no gradient in the previous step."""
@@ -55,6 +56,42 @@ PLAIN_SCRIPT_WORDS = {
 }
 """A finding's fix in rankwise's API, and the same fix for a script on torch or its framework."""
 
+CONSEQUENCE = (
+    "not-joined",
+    "replicas",
+    "unsharded",
+    "samples",
+    "steps",
+    "loss-scaled",
+    "gradient",
+    "scheduler",
+    "learning-rate",
+    "hyperparameters",
+    "half",
+    "batch-dependent",
+    "random",
+    "loss-mean",
+    "no-grad",
+    "comm-hook",
+    "update",
+)
+"""Causes by consequence, gravest first: processes that train alone, replicas that never average
+their gradients and ranks that all train on the same data change every step by a whole factor;
+another sample, step count, loss or gradient scale, or learning rate changes what is
+learnt; 16-bit sums, batch
+statistics, random draws and a loss's normalisation move each step by less; a hook's rounding is
+the compression working.  A kind not listed comes last."""
+
+PROMOTED = ("not-joined", "replicas", "unsharded")
+"""The run's own findings that are a cause of a differing step when they are there (they change
+every gradient), so the diagnosis ranks them with the comparison's causes."""
+
+
+def ranked(causes: list[CauseRecord]) -> list[CauseRecord]:
+    """``causes`` gravest first (:data:`CONSEQUENCE`), in their order where equally grave."""
+    order = {kind: index for index, kind in enumerate(CONSEQUENCE)}
+    return sorted(causes, key=lambda cause: order.get(cause["kind"], len(order)))
+
 
 def diagnose(
     reference: TracedRun,
@@ -68,12 +105,14 @@ def diagnose(
     steps_asked: int | None = None,
     framework: str | None = None,
     samples: str | None = None,
-) -> list[str]:
-    """Every cause that fits the evidence, likeliest first (empty when the runs are equivalent): the
-    causes of the first step that differs, then those that only a later differing step shows, each
-    with the step it first shows in.  ``framework``: the script's, when it is not on
-    rankwise.setup() (the fixes are then worded for it); ``samples``: what differs in the data,
-    where the runs' records tell (:mod:`rankwise.tools.verify.samples`)."""
+    run_findings: list[FindingRecord] | None = None,
+) -> list[CauseRecord]:
+    """Every cause that fits the evidence, gravest first (:func:`ranked`; empty when the runs are
+    equivalent): the causes of the first step that differs and those that only a later differing
+    step shows, each with the step it first shows in.  ``framework``: the script's, when it is not
+    on rankwise.setup() (the fixes are then worded for it); ``samples``: what differs in the data,
+    where the runs' records tell (:mod:`rankwise.tools.verify.samples`); ``run_findings``: what the
+    N-rank run showed by itself, of which :data:`PROMOTED` are causes of a differing step."""
     shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
     if first is None and failure is None and not shorter:
         return []
@@ -101,11 +140,20 @@ def diagnose(
                 found[kind] = text + (
                     f" (first shows at step {line['step']})" if shows_later and line else ""
                 )
-    findings = ([shorter] if shorter else []) + list(found.values())
+    causes = [
+        CauseRecord(kind=kind, text=text)
+        for kind, text in [*([("steps", shorter)] if shorter else []), *found.items()]
+    ]
+    if first is not None:
+        causes += [
+            CauseRecord(kind=finding["kind"], text=finding["text"])
+            for finding in run_findings or []
+            if finding["level"] == "error" and finding["kind"] in PROMOTED
+        ]
     if framework:
         for ours, theirs in PLAIN_SCRIPT_WORDS.items():
-            findings = [finding.replace(ours, theirs) for finding in findings]
-    return findings
+            causes = [cause | {"text": cause["text"].replace(ours, theirs)} for cause in causes]
+    return ranked(causes)
 
 
 def _diagnose(

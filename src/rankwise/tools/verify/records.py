@@ -198,6 +198,15 @@ class ReportExtra(TypedDict, total=False):
     """Each check of the findings, and why it could not run."""
 
 
+class CauseRecord(TypedDict):
+    """One cause of a difference (:func:`rankwise.tools.verify.diagnose.diagnose`)."""
+
+    kind: str
+    """What it is, as a word a program can match (docs/how-to/verify.md, "What verify names")."""
+    text: str
+    """What the runs showed and what to change, in words."""
+
+
 class VerifyReport(ReportExtra):
     """``rankwise verify``'s report (``verify.json``; ``--json`` prints a part of it)."""
 
@@ -223,7 +232,9 @@ class VerifyReport(ReportExtra):
     first_difference: NotRequired[StepLine | None]
     """The first optimizer step that differs."""
     diagnosis: list[str]
-    """Why the runs differ, where the evidence says (one cause a line)."""
+    """Why the runs differ, where the evidence says (one cause a line, gravest first)."""
+    causes: NotRequired[list[CauseRecord]]
+    """The same causes with their kinds."""
     failure: dict[str, str]
     """A run that crashed: its name (``candidate``, ``reference``, ``verify``) and its error."""
     random_ops: NotRequired[dict[str, int]]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from rankwise.tools.watch.metrics import MetricWatch
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
 
 COLLECTIVES = (
@@ -63,6 +64,9 @@ class CallWatch:
         self.left: tuple[int, int] | None = None
         """(rank, world size) of the process group when it was destroyed (by the script, a framework
         or rankwise)."""
+        self.metrics = MetricWatch()
+        """The loss and metrics a rank reports from its own shard (it hears of the reads and
+        collectives here)."""
         self.reads: dict[str, dict] = {}
         """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on
         a GPU."""
@@ -103,6 +107,7 @@ class CallWatch:
                 # torch's, a framework's or rankwise's own read: not the script's line
                 return original(tensor)
             site, started = f".item() at {call_site()}", time.perf_counter()
+            watcher.metrics.read(tensor, site)
             try:
                 with watcher.region(site):
                     return original(tensor)
@@ -123,6 +128,8 @@ class CallWatch:
                 )
                 # (torch's own, such as FSDP's all-gathers, are its communication, not the script's
                 # syncs)
+                if not by_torch:
+                    watcher.metrics.collective(args)
                 try:
                     with contextlib.nullcontext() if by_torch else watcher.region(site):
                         return original(*args, **kwargs)
@@ -140,10 +147,12 @@ class CallWatch:
     def patch_frameworks(self) -> None:
         """Once the script imported its framework (at its model's first forward): the gathers that
         drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and rankwise's
-        own exact gather (``rt.eval_gatherer(...).result()``)."""
+        own exact gather (``rt.eval_gatherer(...).result()``); Lightning's and torchmetrics'
+        metrics (:mod:`rankwise.tools.watch.metrics`)."""
         if self._frameworks_patched:
             return
         self._frameworks_patched = True
+        self.metrics.patch_frameworks()
         accelerator = sys.modules.get("accelerate.accelerator")
         if accelerator is not None:
             patch(accelerator.Accelerator, "gather_for_metrics", self._deduplicating)

@@ -21,10 +21,13 @@ from rankwise.tools.watch.records import FindingRecord, PassRecord, RankRecord
 class Finding:
     level: str
     """``error`` (changes results: exit 1) or ``warning``."""
+    kind: str
+    """What was found, as a word a program can match (``replicas``, ``unsharded``, ...: the list in
+    docs/how-to/verify.md, "What verify names")."""
     text: str
 
     def as_dict(self) -> FindingRecord:
-        return {"level": self.level, "text": self.text}
+        return {"level": self.level, "kind": self.kind, "text": self.text}
 
 
 def load_records(directory: Path) -> list[RankRecord]:
@@ -45,6 +48,7 @@ def findings(records: list[RankRecord], processes: int) -> list[Finding]:
         *_epochs(records),
         *_evaluation(records),
         *_replicas(records),
+        *_per_rank_metrics(records),
         *_saves(records),
         *_sync_points(records),
     ]
@@ -63,6 +67,7 @@ def _not_joined(records: list[RankRecord], processes: int) -> list[Finding]:
     return [
         Finding(
             "error",
+            "not-joined",
             f"{len(alone)} of the {processes} processes never joined a process group ({seen}): "
             "every one trained alone on all the data, as many separate single-process "
             "runs. An Accelerate script on a machine without a GPU joins only in Accelerate's CPU "
@@ -87,6 +92,7 @@ def _unsharded(records: list[RankRecord]) -> list[Finding]:
     return [
         Finding(
             "error",
+            "unsharded",
             f"every one of the {len(records)} ranks trained on the same samples (the first "
             f"{len(firsts[0])} samples are the same on every rank): the training loader is "
             f"not sharded (its sampler: {sampler}), so each rank trains on all the data and the "
@@ -117,6 +123,7 @@ def _epochs(records: list[RankRecord]) -> list[Finding]:
             return [
                 Finding(
                     "error",
+                    "epochs",
                     f"the training loader's DistributedSampler shuffles, but set_epoch was never "
                     f"called: its {len(loader_passes)} passes all began with the same samples "
                     f"(epoch {next(iter(epochs))} each time), so every epoch repeats one order. "
@@ -142,6 +149,7 @@ def _counted_less(records: list[RankRecord]) -> list[Finding]:
             return [
                 Finding(
                     "error",
+                    "counted-less",
                     f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was "
                     "combined across the ranks after it (no collective from the script before its "
@@ -172,6 +180,7 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
                 return [
                     Finding(
                         "warning",
+                        "evaluated-whole",
                         f"each of the {len(records)} ranks evaluated the whole {size}-sample set "
                         f"of loader {passes[0]['loader']} (nothing combined after it): the same "
                         f"work {len(records)} times. Shard it with a DistributedSampler and "
@@ -196,6 +205,7 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         return [
             Finding(
                 "error",
+                "counted-more",
                 f"evaluation counted {seen} predictions over the {len(records)} ranks for a "
                 f"{size}-sample set (loader {passes[0]['loader']}): {why}",
             )
@@ -217,11 +227,65 @@ def _replicas(records: list[RankRecord]) -> list[Finding]:
     return [
         Finding(
             "error",
+            "replicas",
             f"the ranks' replicas held different weights after step {steps[0]} (digests compared "
             "across ranks): the gradients were not averaged before the step (a model not wrapped "
             "in DDP, or a step taken under no_sync), or ranks started from different weights",
         )
     ]
+
+
+def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
+    """Metrics one rank reported from its own shard (:mod:`rankwise.tools.watch.metrics`)."""
+    if len(records) < 2:
+        return []
+    out = []
+    metrics = [record.get("metrics") for record in records]
+    logs = {name: site for m in metrics if m for name, site in m["unsynced_logs"].items()}
+    if logs:
+        name, site = next(iter(logs.items()))
+        out.append(
+            Finding(
+                "error",
+                "per-rank-metric",
+                f"self.log({name!r}, ...) at {site} logs at epoch level without sync_dist=True"
+                + (
+                    f" (and {len(logs) - 1} more: {', '.join(list(logs)[1:4])})"
+                    if len(logs) > 1
+                    else ""
+                )
+                + f": each of the {len(records)} ranks averages its own shard, and the loggers, "
+                "the progress bar and a ModelCheckpoint monitoring it read rank 0's. Log it with "
+                "sync_dist=True, or log a torchmetrics Metric object (it syncs itself)",
+            )
+        )
+    unsynced = {name: site for m in metrics if m for name, site in m["unsynced_metrics"].items()}
+    if unsynced:
+        name, site = next(iter(unsynced.items()))
+        out.append(
+            Finding(
+                "error",
+                "per-rank-metric",
+                f"the torchmetrics {name} computed at {site} was built with "
+                f"sync_on_compute=False: its states are never gathered over the {len(records)} "
+                "ranks, so its value is each rank's shard's. Leave sync_on_compute at its default "
+                "(True)",
+            )
+        )
+    reads = [m["loss_reads"] if m else {} for m in metrics]
+    alone = [site for site in reads[0] if any(not other.get(site) for other in reads[1:])]
+    if alone:
+        out.append(
+            Finding(
+                "warning",
+                "per-rank-metric",
+                f"rank 0 alone reads the training loss at {alone[0]}, never reduced across the "
+                f"{len(records)} ranks: it is the loss of rank 0's 1/{len(records)} of the global "
+                "batch, not the step's. dist.all_reduce it (op=AVG, on a detached copy) before "
+                "printing it, or label it as rank 0's",
+            )
+        )
+    return out
 
 
 def _saves(records: list[RankRecord]) -> list[Finding]:
@@ -235,6 +299,7 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "shared-save",
                 f"{len(writers[shared[0]])} ranks wrote one checkpoint file ({shared[0]}): "
                 "they race, and a reader may find it half-written. Save on rank 0 only "
                 "(if dist.get_rank() == 0), after a barrier",
@@ -245,6 +310,7 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "module-prefix",
                 f"the checkpoint saved at {prefixed['site']} has keys starting with "
                 "'module.' (DDP's wrapper): it loads only into a DDP-wrapped model. Save "
                 "model.module.state_dict() (or accelerator.unwrap_model(model))",
@@ -279,6 +345,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             out.append(
                 Finding(
                     "warning",
+                    "sync-point",
                     f"{head}. The framework makes this call itself each step (such as a count "
                     "gathered to normalise the loss); its settings may avoid it",
                 )
@@ -287,6 +354,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
             out.append(
                 Finding(
                     "warning",
+                    "sync-point",
                     f"{head}. A barrier is not needed between steps (DDP and FSDP already "
                     "synchronise the gradients); a value reduced only for logging can be reduced "
                     "every N steps; a count the loss needs (its tokens over the ranks) is worth "
@@ -304,6 +372,7 @@ def _sync_points(records: list[RankRecord]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
+                "host-read",
                 f"{site} runs every step ({entry['calls']} calls in {steps} steps), {cost}: "
                 "the CPU cannot queue the next step's work until the device has finished "
                 "this one's. Read the value every N steps, or add it up on the device "

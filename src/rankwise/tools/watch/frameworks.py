@@ -16,7 +16,8 @@ Detected from the script's imports (``--framework`` overrides):
   Trainer script with ``devices=N``; its one-process reference has the Trainer on one device
   (:mod:`rankwise.tools.watch.lightning`);
 * ``spawn``: a script that starts its own ranks with ``mp.spawn`` (``torch.multiprocessing.spawn``
-  or ``start_processes``), as in the source documents — as ``python script.py`` starts itself, its
+  or ``start_processes``) whenever it runs, not only behind a flag (:func:`spawns_unconditionally`),
+  as in the source documents — as ``python script.py`` starts itself, its
   spawned children watched (:mod:`rankwise.tools.watch.spawned`): under torchrun every rank would
   spawn ranks of its own;
 * ``deepspeed``: a DeepSpeed-engine script (``deepspeed.initialize``, ``engine.step()``) — as
@@ -30,6 +31,7 @@ Detected from the script's imports (``--framework`` overrides):
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from dataclasses import dataclass, field, replace
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from rankwise.compat.launchers import accelerate_launch_cpu, fabric_run
 from rankwise.errors import ConfigError
 from rankwise.tools.watch.deepspeed_engine import ENVIRONMENT as DEEPSPEED
 from rankwise.tools.watch.horovod_optimizer import ENVIRONMENT as HOROVOD
@@ -146,7 +149,7 @@ class Framework:
         """What its launcher sets for ``processes`` ranks on this node (besides torchrun's own
         variables)."""
         if self.name == "fabric":  # what `fabric run --devices N` hands the script's Fabric(...)
-            return {**self.environment, "LT_DEVICES": str(processes), "LT_NUM_NODES": "1"}
+            return {**self.environment, **fabric_run(processes)}
         return dict(self.environment)
 
 
@@ -196,6 +199,46 @@ SPAWNS = re.compile(
 ``start_processes(``."""
 
 
+def _is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``."""
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+    )
+
+
+def spawns_unconditionally(text: str) -> bool:
+    """Whether the script starts its own ranks whenever it runs: some ``mp.spawn`` /
+    ``start_processes`` call outside any ``if`` (other than ``if __name__ == "__main__"``).  A
+    script whose every such call sits behind a flag (ImageNet's ``if
+    args.multiprocessing_distributed: mp.spawn(...) else: main_worker(...)``) has another way in:
+    its documentation starts it with torchrun, so it is a torchrun script.  Unparsable text: the
+    call is taken at its word."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return True
+    found: list[bool] = []
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.Call):
+            callee = node.func
+            name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
+            if name in ("spawn", "start_processes"):
+                found.append(guarded)
+        for child in ast.iter_child_nodes(node):
+            behind = guarded or (
+                isinstance(node, ast.If)
+                and not _is_main_guard(node.test)
+                and child is not node.test
+            )
+            visit(child, behind)
+
+    visit(tree, False)
+    return not found or not all(found)
+
+
 def detect(script: Path) -> str:
     text = script.read_text(encoding="utf-8", errors="replace")
     if _imports(text, "horovod", "horovod.torch") and not _imports(text, "rankwise"):
@@ -206,7 +249,7 @@ def detect(script: Path) -> str:
         return "deepspeed"
     if _imports(text, "rankwise"):
         return "rankwise"  # (rankwise.spawn too: the Runtime's own launcher)
-    if SPAWNS.search(text):
+    if SPAWNS.search(text) and spawns_unconditionally(text):
         return "spawn"
     # (a Lightning script may import transformers for its model: Lightning's Trainer first)
     if re.search(r"\bTrainer\s*\(", text) and _imports(
@@ -243,7 +286,7 @@ def rankwise_framework(
 
 def framework(name: str) -> Framework:
     gpu = torch.cuda.is_available()
-    cpu = {} if gpu else {"ACCELERATE_USE_CPU": "true"}
+    cpu = {} if gpu else accelerate_launch_cpu()
     where = "" if gpu else " in its CPU mode (ACCELERATE_USE_CPU=true: no GPU here)"
     only_ddp = (
         None

@@ -124,6 +124,17 @@ class PassRecord(TypedDict):
     reference."""
 
 
+class MetricsRecord(TypedDict):
+    """What a rank reported from its own shard (:mod:`rankwise.tools.watch.metrics`)."""
+
+    unsynced_logs: dict[str, str]
+    """Lightning ``self.log`` names at epoch level without ``sync_dist``, with their call site."""
+    unsynced_metrics: dict[str, str]
+    """torchmetrics metrics computed without syncing at several ranks, with their call site."""
+    loss_reads: dict[str, int]
+    """Reads of the training loss no collective had reduced, by call site."""
+
+
 class RankRecord(TypedDict):
     """What one watched rank saw, written at its end (``watch-rank{rank}.json``,
     :mod:`rankwise.tools.watch.seen`) for the findings that need no reference."""
@@ -142,6 +153,8 @@ class RankRecord(TypedDict):
     """The script's collectives by call site (counts, sizes, steps)."""
     reads: dict[str, dict[str, Any]]
     """``.item()`` calls in the script's lines, by call site (each a host-device sync on a GPU)."""
+    metrics: NotRequired[MetricsRecord]
+    """What it reported from its own shard."""
     device: str
     """The device type of the model's parameters."""
     saves: list[dict[str, Any]]
@@ -181,5 +194,8 @@ class FindingRecord(TypedDict):
     level: str
     """``error`` (changes results: exit 1), ``failed`` (part of the script was not checked) or
     ``warning``."""
+    kind: str
+    """What was found, as a word a program can match (docs/how-to/verify.md: "What verify
+    names")."""
     text: str
     """What was found and what to do, in words."""

@@ -24,6 +24,7 @@ def of(watcher) -> RankRecord:
         "set_epoch_calls": watcher.data.set_epoch_calls,
         "collectives": watcher.calls.records(),
         "reads": watcher.calls.read_records(),
+        "metrics": watcher.calls.metrics.records(),
         "device": watcher.facts["device"],
         "saves": watcher.saves.saves,
         "replicas_differ": watcher.steps.replicas_differ,

@@ -178,6 +178,7 @@ class Watcher:
 
     def _backward_seen(self, loss: torch.Tensor) -> None:
         stall.progress()
+        self.calls.metrics.loss_seen(loss)
         # (a benchmark, or after verify's window: no loss read back, a device sync)
         self.steps.backward(loss, self.data.consume(), self.tracing)
 

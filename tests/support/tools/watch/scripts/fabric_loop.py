@@ -1,5 +1,8 @@
 """Lightning Fabric's own training loop (`fabric run` starts it), on a small classifier.
 
+As Fabric's examples for `fabric run` (image_classifier/train_fabric.py) it never calls
+``fabric.launch()``: Fabric takes the processes from the CLI, which it knows by ``LT_CLI_USED``.
+
 ``--batch-norm`` puts a BatchNorm layer in the model (statistics over each rank's share of the
 batch).
 """
@@ -16,7 +19,6 @@ parser.add_argument("--batch-norm", action="store_true")
 args = parser.parse_args()
 
 fabric = Fabric()
-fabric.launch()
 fabric.seed_everything(0)
 
 features = torch.randn(128, 16, generator=torch.Generator().manual_seed(1))

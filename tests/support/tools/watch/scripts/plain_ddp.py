@@ -3,7 +3,9 @@ it).
 
 ``--defective`` makes the mistakes such scripts make: no ``set_epoch``, every rank evaluating the
 whole test set and gathering the predictions, a barrier and a loss all-reduce every step, every rank
-saving ``model.state_dict()`` (DDP's ``module.`` keys) to one path.  Library defaults throughout:
+saving ``model.state_dict()`` (DDP's ``module.`` keys) to one path.  ``--per-rank-metrics``: rank
+0 prints its own loss every step, and a torchmetrics mean built with ``sync_on_compute=False``
+reports each rank's.  Library defaults throughout:
 AdamW's own settings, dropout 0.1 as a module.
 """
 
@@ -22,6 +24,7 @@ parser.add_argument("--batch-size", type=int, default=8, help="per rank")
 parser.add_argument(
     "--batch-sampler", action="store_true", help="batch with a BatchSampler of the script's own"
 )
+parser.add_argument("--per-rank-metrics", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -52,6 +55,10 @@ class Classifier(nn.Module):
 model = DDP(Classifier())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+if args.per_rank_metrics:
+    from torchmetrics import MeanMetric
+
+    mean_loss = MeanMetric(sync_on_compute=False)
 if args.batch_sampler:
     loader = DataLoader(
         train_set, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False)
@@ -70,11 +77,17 @@ for epoch in range(args.epochs):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.per_rank_metrics:
+            mean_loss.update(loss.detach())
+            if rank == 0:
+                print(f"step {step}: loss {loss.item():.4f}")
         if args.defective or step % 50 == 0:
             dist.barrier()
             reported = loss.detach().clone()
             dist.all_reduce(reported)
             logged = reported.item() / world  # the source documents log the mean loss every step
+    if args.per_rank_metrics:
+        print(f"epoch {epoch}: mean loss {mean_loss.compute():.4f}")
     model.eval()
     predictions = []
     with torch.no_grad():
