@@ -112,3 +112,61 @@ def test_a_summed_or_compressed_exchange_fails_and_a_gradient_zero_but_for_round
 def test_the_tolerance_follows_the_arithmetic_the_run_does():
     assert gradient_tolerance() == GRADIENT
     assert gradient_tolerance("bf16-mixed") > gradient_tolerance("32-true", tf32=True) > GRADIENT
+
+
+def _adamw_steps(lrs: list[float], steps: int = 3) -> list[dict[str, torch.Tensor]]:
+    """The weights after each of ``steps`` AdamW steps (torch's defaults but the rate) at each
+    learning rate of ``lrs`` per step, from the same weights, with the same gradients: the weights
+    before every step, then after it."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lrs[0])
+    x, labels, _ = _batch()
+    states = [{name: p.detach().clone() for name, p in model.named_parameters()}]
+    for lr in lrs[:steps]:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), labels).backward()
+        optimizer.step()
+        states.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    return states
+
+
+def test_a_learning_rate_twice_one_processs_at_2e_5_fails_the_update_not_the_old_weight_tolerance():
+    """Accelerate's nlp_example at 2 ranks: its warm-up runs twice as fast (4e-7 against 2e-7).  A
+    whole Adam step at that rate moves a weight by ~lr: the weights stay within the old absolute
+    1e-5 while the update differs by 100 % of itself."""
+    from rankwise.measure.tolerance import EXACT, UPDATE, max_param_diff, update_difference
+
+    one = _adamw_steps([2e-7, 4e-7, 6e-7])
+    many = _adamw_steps([4e-7, 8e-7, 1.2e-6])
+    # (lockstep: the step starts from the same weights in both; here step 1, from the same start)
+    assert max_param_diff(many[1], one[1]) < EXACT  # what the old criterion accepted
+    found = update_difference(many[1], one[1], one[0], one[0])
+    assert abs(found["difference"] - 1.0) < 0.05 and found["difference"] > UPDATE
+    assert found["moved"] and found["top"][0][1] == found["difference"]
+
+
+def test_the_same_update_rounded_otherwise_passes_and_a_tensor_only_one_run_moved_does_not():
+    from rankwise.measure.tolerance import UPDATE, update_difference
+
+    before, after = _adamw_steps([2e-5], steps=1)
+    # each weight one unit in its last place away, as the last rounding of w + Δ may leave it
+    rounded = {
+        name: torch.nextafter(t, torch.where(torch.rand_like(t) < 0.5, t - 1, t + 1))
+        for name, t in after.items()
+    }
+    assert update_difference(rounded, after, before, before)["difference"] == 0.0
+    # the update itself computed with rounding of its own (one part in 10^7)
+    noisy = {name: before[name] + (after[name] - before[name]) * (1 + 1e-7) for name in after}
+    assert update_difference(noisy, after, before, before)["difference"] <= UPDATE
+    assert update_difference(after, after, before, before) == {
+        "difference": 0.0,
+        "top": [(name, 0.0) for name in list(after)[:3]],
+        "whole": 0.0,
+        "moved": True,
+    }
+    # a frozen tensor (one process's update 0) the N ranks moved
+    frozen = dict(after) | {"0.bias": before["0.bias"]}
+    found = update_difference(after, frozen, before, before)
+    assert found["difference"] == float("inf") and found["top"][0][0] == "0.bias"

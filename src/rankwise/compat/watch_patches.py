@@ -102,6 +102,19 @@ COMM_HOOK = Patch(
     "attribute)",
     TORCH,
 )
+SCHEDULER_INIT = Patch(
+    "torch.optim.lr_scheduler.LRScheduler.__init__",
+    "torch",
+    "every learning-rate scheduler the script builds, to record its state at each optimizer step "
+    "(a scheduler is not reachable from the optimizer it drives; subclasses call this __init__)",
+    TORCH,
+)
+PLATEAU_INIT = Patch(
+    "torch.optim.lr_scheduler.ReduceLROnPlateau.__init__",
+    "torch",
+    "the same for ReduceLROnPlateau, whose __init__ does not call its base's",
+    TORCH,
+)
 LOADER_INIT = Patch(
     f"{DATA}.dataloader.DataLoader.__init__",
     "torch",
@@ -243,6 +256,8 @@ PATCHES: dict[str, Patch] = {
         *HOROVOD_COLLECTIVES,
         DESTROY,
         COMM_HOOK,
+        SCHEDULER_INIT,
+        PLATEAU_INIT,
         LOADER_INIT,
         LOADER_ITER,
         LOADER_LEN,

@@ -9,7 +9,11 @@ Two judgements use them.
   takes each step from the N-rank run's weights, so differences never compound, and the gradient the
   N ranks' optimizer received must be the one process's gradient up to :func:`gradient_tolerance`,
   relative to its size.  The optimizer then steps from the same weights with that same gradient, so
-  the weights after it must agree to :func:`tolerance`.  An optimizer that amplifies rounding
+  each tensor's update must be one process's update of it to :data:`UPDATE` of that update's size
+  (:func:`update_difference`), and the optimizer's settings must be equal (compared by
+  :mod:`rankwise.tools.verify.hyperparameters`); the loss agrees to :func:`tolerance`.  Not the
+  weights to an absolute tolerance: a whole Adam step at lr 2e-7 moves a weight by about 2e-7, so a
+  learning rate twice one process's stayed under it.  An optimizer that amplifies rounding
   (Adam's update ``m / (sqrt(v) + eps)`` is nearly a sign for a gradient near ``eps``: the last bit
   the all-reduce's summation order leaves in it becomes a step of size ``lr``) can then no longer
   pass off summation order as a defect.
@@ -132,4 +136,88 @@ def gradient_difference(
         "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
         "scale": dot / whole**2 if whole > 0 else None,
         "only_one": sorted(name for name in reference.keys() ^ candidate.keys() if gaps[name] > 0),
+    }
+
+
+UPDATE = 1e-4
+"""Relative, per tensor (:func:`update_difference`): how far a tensor's update in a step on N ranks
+may be from one process's update of it, against that update's own size, beyond one unit in the last
+place of the weight.
+
+Measured with ``scripts/update_noise.py`` (``rankwise verify --keep-weights`` on equivalent scripts,
+fp32, 2 ranks against one process in lockstep, CPU, torch 2.13; the largest difference of any tensor
+at any step): exactly 0 over 6 steps for AdamW under plain DDP, Accelerate, plain FSDP2 and a
+DeepSpeed 0.19 ZeRO-2 engine script, for SGD with momentum and OneCycleLR (a CNN) and plain SGD
+(pytorch's DDP tutorial), and for rankwise's ddp on the tiny BERT: in lockstep both optimizers step
+from the same weights with the same gradient and the same state, so the update is the same bit for
+bit. Over 10 steps, where the optimizer state is sharded: tiny BERT fsdp 4.8e-07, deepspeed-zero2
+1.2e-06, deepspeed-zero3 1.6e-06; the GPT-2 example fsdp 4.9e-08, deepspeed-zero2 4.7e-08 (attention
+key and classifier biases, whose gradients nearly cancel). Without the one-ulp allowance the sharded
+runs reach 4.0e-05 (an update a few ulps of its weight, rounded the other way): the allowance is
+what keeps the floor 60x below the tolerance. The smallest real difference it must catch is a
+learning rate changed by a factor: every update moves by that factor, so a rate 1e-4 of itself away
+fails on the update alone (any change a parameter group shows fails on the settings, compared
+exactly: :mod:`rankwise.tools.verify.hyperparameters`)."""
+
+
+def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance from each of ``values`` (float64) to the next number of ``dtype``: one unit in
+    the last place (the subnormals' spacing near zero)."""
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(values.abs().clamp(min=info.tiny))
+    # (|x| in [2^(e-1), 2^e): its spacing is eps * 2^(e-1))
+    return torch.pow(2.0, exponent.double() - 1) * info.eps
+
+
+def update_difference(
+    after: Mapping[str, torch.Tensor],
+    reference_after: Mapping[str, torch.Tensor],
+    before: Mapping[str, torch.Tensor],
+    reference_before: Mapping[str, torch.Tensor],
+    top: int = 3,
+) -> dict:
+    """How far the N-rank step's update of each tensor, ``after - before``, is from one process's,
+    ``reference_after - reference_before``, relative to one process's update of that tensor: the
+    criterion for the weights after a step.
+
+    Per tensor, ``|gap| / |Δ_1|`` with ``gap = max(0, |Δ_N - Δ_1| - ulp)`` element by element: both
+    runs start the step from the same weights (lockstep), so ``Δ_N - Δ_1`` is the difference of the
+    weights after it, and the last rounding of ``w + Δ`` may move either by one unit in the last
+    place of the weight (``ulp``, in the weights' own dtype) whatever the update: an update smaller
+    than a few ulps of its weight (lr 2e-7 on a LayerNorm weight of 1.0, whose ulp is 1.2e-7) is
+    rounded to whole ulps in both runs.  A tensor one process did not move (``Δ_1 = 0``: frozen, a
+    learning rate of 0 in a warm-up's first step) differs when the N ranks moved it at all (inf).
+    An absolute tolerance on the weights cannot stand in for this: a whole Adam step at lr 2e-7
+    moves a weight by about 2e-7, so a learning rate twice one process's stays under 1e-5 of
+    weights difference while the update differs by 100 %.
+
+    ``difference``: the largest tensor's relative difference; ``top``: the tensors that differ most
+    (name, relative difference); ``whole``: the same over every tensor together (``|gap| / |Δ_1|``
+    over the whole update, for steps taken from other weights, where a tensor whose update is all
+    rounding cannot be judged alone); ``moved``: whether one process's step moved any weight."""
+    relative: dict[str, float] = {}
+    gaps = sizes = 0.0
+    for name, reference in reference_after.items():
+        if name not in after or name not in before or name not in reference_before:
+            continue
+        tensors = (after[name], reference, before[name], reference_before[name])
+        if len({t.shape for t in tensors}) > 1:
+            continue
+        mine, theirs = (
+            tensors[0].double() - tensors[2].double(),
+            (tensors[1].double() - tensors[3].double()),
+        )
+        gap = (mine - theirs).abs()
+        if reference.is_floating_point():
+            largest = torch.stack([t.double().abs() for t in tensors]).amax(0)
+            gap = (gap - _spacing(largest, reference.dtype)).clamp(min=0)
+        gap_norm, size = float(gap.norm()), float(theirs.norm())
+        gaps, sizes = gaps + gap_norm**2, sizes + size**2
+        relative[name] = gap_norm / size if size > 0 else (0.0 if gap_norm == 0 else math.inf)
+    whole = math.sqrt(gaps) / math.sqrt(sizes) if sizes > 0 else (0.0 if gaps == 0 else math.inf)
+    return {
+        "difference": max(relative.values(), default=0.0),
+        "top": sorted(relative.items(), key=lambda item: -item[1])[:top],
+        "whole": whole,
+        "moved": sizes > 0,
     }

@@ -241,6 +241,12 @@ class StepRecord:
     """Whether this step started from the N-rank weights and applied the N-rank gradient."""
     learning_rates: list = field(default_factory=list)
     """Each parameter group's learning rate at the step."""
+    hyperparameters: list[dict] = field(default_factory=list)
+    """Each parameter group's scalar settings at the step
+    (:func:`rankwise.tools.watch.hyperparameters.hyperparameters`)."""
+    schedulers: list[dict] = field(default_factory=list)
+    """The state of each learning-rate scheduler driving the optimizer, before the step
+    (:func:`rankwise.tools.watch.hyperparameters.schedulers`)."""
 
     def as_dict(self) -> dict:
         return asdict(self)

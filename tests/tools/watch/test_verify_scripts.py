@@ -260,6 +260,33 @@ def test_accelerates_quick_tour_is_equivalent_and_batch_norm_is_diagnosed(tmp_pa
     assert "BatchNorm1d" in report["diagnosis"][0]
 
 
+def test_accelerates_scheduler_stepped_per_process_is_caught_at_lr_2e_5_and_its_fix_passes(
+    tmp_path,
+):
+    """Accelerate's nlp_example at its stock lr 2e-5: the warm-up runs twice as fast on 2 ranks.
+    Before, the weights' difference (~1e-7) stayed under the absolute 1e-5 and verify said
+    equivalent (exit 0)."""
+    proc, report = _verify(tmp_path / "as-written", "accelerate_schedule.py", steps=3)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert report["framework"]["name"] == "accelerate" and report["verdict"] == "not equivalent"
+    first = report["first_difference"]
+    assert first["step"] == 2 and first["max_param_diff"] < report["tolerance"]
+    assert first["update_diff"] > 0.5 and not first["settings_ok"]
+    assert {"scheduler", "learning-rate"} <= {d["kind"] for d in first["settings_diffs"]}
+    assert report["causes"][0]["kind"] == "scheduler", report["causes"]
+    cause = report["causes"][0]["text"]
+    assert cause.startswith("the learning-rate scheduler did not step as in one process"), cause
+    assert "group 0 lr: one process 2e-07, 2 ranks 4e-07" in cause
+    assert "Accelerate's AcceleratedScheduler steps the scheduler it wraps num_processes" in cause
+    assert "Accelerator(step_scheduler_with_optimizer=False)" in proc.stdout
+    # the documented fix: the warm-up counted in per-process batches (the scheduler still steps
+    # twice per optimizer step, over twice the steps: the same rates)
+    proc, report = _verify(tmp_path / "fixed", "accelerate_schedule.py", "--fix", "counts", steps=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert report["verdict"] == "equivalent" and report["diagnosis"] == []
+    assert all(line["update_diff"] == 0.0 for line in report["steps"][1:]), report["steps"]
+
+
 def test_an_accelerate_script_started_without_its_cpu_mode_is_found_training_alone(tmp_path):
     proc, report = _verify(
         tmp_path / "alone", "accelerate_tour.py", flags=("--framework", "torch"), steps=2

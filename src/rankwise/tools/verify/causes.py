@@ -150,10 +150,20 @@ def other_learning_rate(
     )
 
 
+def _moved(first: StepLine) -> str:
+    """Which tensor's update differs most, and by how much of itself (a trace line from before
+    updates were compared: its largest weight difference)."""
+    if first.get("update_top"):
+        name, relative = first["update_top"][0]
+        return f"{name}'s update by {relative:.1e} of itself"
+    name, difference = first["top"][0] if first["top"] else ("?", first["max_param_diff"])
+    return f"{name} by {difference:.1e}"
+
+
 def update(
     reference: TracedRun, candidate: TracedRun, first: StepLine, strategy: str, world_size: int
 ) -> str:
-    name, difference = first["top"][0] if first["top"] else ("?", first["max_param_diff"])
+    moved = _moved(first)
     step = first["step"]
     one, many = learning_rates(reference, step), learning_rates(candidate, step)
     if one and many and one != many:
@@ -164,19 +174,19 @@ def update(
         return (
             f"the optimizer stepped with another learning rate at step {step}: one process "
             f"{rates(one)}, {world_size} ranks {rates(many)} (per parameter group), so the weights "
-            f"after it differ ({name} by {difference:.1e}): a learning-rate schedule that does not "
+            f"after it differ ({moved}): a learning-rate schedule that does not "
             "drive the optimizer rt.step steps (built on another optimizer object), or one that "
             "depends on the world size"
         )
     if not first.get("followed"):
         if not reference.seen("losses"):
             return (
-                f"the weights after step {step} differ ({name} by {difference:.1e}); the loss was "
+                f"the weights after step {step} differ ({moved}); the loss was "
                 "not recorded (the script does not call rt.backward), so verify cannot tell the "
                 "forward from the update"
             )
         return (
-            f"the weights after step {step} differ ({name} by {difference:.1e}) with the loss the "
+            f"the weights after step {step} differ ({moved}) with the loss the "
             "same; the one process could not follow the N-rank run at this step (its gradients "
             "were not recorded), so verify cannot tell the gradient from the update"
         )
@@ -185,7 +195,7 @@ def update(
     text = (
         f"step {step} started from the same weights and applied the same gradient (relative "
         f"difference {gradient}), yet the {world_size} ranks' optimizer step moved the weights "
-        f"elsewhere than one process's ({name} by {difference:.1e}): "
+        f"elsewhere than one process's ({moved}): "
     )
     matched = (
         f"the learning rates matched ({', '.join(f'{v:.3g}' for v in one[:4] if v is not None)}); "

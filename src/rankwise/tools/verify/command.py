@@ -24,7 +24,7 @@ from rankwise.checkpoint import write_text_atomic
 from rankwise.errors import ConfigError
 from rankwise.launch.choice import Choice
 from rankwise.logs import get_logger
-from rankwise.measure.tolerance import gradient_tolerance, tolerance
+from rankwise.measure.tolerance import UPDATE, gradient_tolerance, tolerance
 from rankwise.strategies import lookup
 from rankwise.tools.harness import crashed
 from rankwise.tools.verify.causes import RANDOM_OPS
@@ -463,6 +463,7 @@ def build(
         "processes": processes,
         "tolerance": limit,
         "gradient_tolerance": gradient_limit,
+        "update_tolerance": UPDATE,
         "precision": facts.get("precision"),
         "comm_hook": comm_hook,
         "steps": lines,

@@ -5,9 +5,15 @@ weights and applied the N-rank gradient.  For every step both runs reached: the 
 together against the one process), the loss (the mean over ranks of each rank's summed micro-batch
 losses against the one process's sum: both are the global batch's loss when the loss is a mean over
 it), the gradient the N-rank optimizer received against the one process's at the same weights
-(:func:`rankwise.measure.tolerance.gradient_difference`), and every tensor of the weights after the
-step.  A step is equivalent when its samples match, its loss is within the tolerance (relative above
-1), its gradient within the gradient tolerance and no weight differs by more than the tolerance.
+(:func:`rankwise.measure.tolerance.gradient_difference`), the optimizer's settings before the step
+(every group's hyper-parameters and every scheduler's state, exactly:
+:mod:`rankwise.tools.verify.hyperparameters`), and each tensor's update, the weights after the step
+less the weights it started from, against one process's update of it, relative to that update's
+size (:func:`rankwise.measure.tolerance.update_difference`).  A step is equivalent when its samples
+match, its loss is within the tolerance (relative above 1), its gradient within the gradient
+tolerance, its settings equal and every tensor's update within the update tolerance.  Step 0 (the
+weights as built) has no update: its weights are compared within the tolerance, a reproducibility
+warning.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from pathlib import Path
 from typing import Literal
 
 from rankwise.checkpoint import read_weights
-from rankwise.measure.tolerance import tensor_differences
+from rankwise.measure.tolerance import UPDATE, tensor_differences, update_difference
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
+from rankwise.tools.verify.hyperparameters import changes_training
+from rankwise.tools.verify.hyperparameters import differences as setting_differences
 from rankwise.tools.verify.records import StepLine, TracedStep
 
 TOP_TENSORS = 3
@@ -119,9 +127,12 @@ def compare(
     candidate: TracedRun,
     tolerance: float,
     gradient_tolerance: float | None = None,
+    update_tolerance: float = UPDATE,
 ) -> list[StepLine]:
     """One line per step both runs reached (step 0: the weights as prepared)."""
     lines: list[StepLine] = []
+    # (the weights each run started the step from: the N-rank run's after its step before)
+    before: tuple[dict, dict, int] | None = None
     for step in [s for s in reference.steps if s in candidate.steps]:
         ref_weights, cand_weights = reference.weights(step), candidate.weights(step)
         differences = tensor_differences(cand_weights, ref_weights)
@@ -144,11 +155,15 @@ def compare(
             "gradient_top": [],
             "gradient_scale": None,
             "gradient_only_one": [],
+            "update_diff": None,
+            "update_top": [],
+            "settings_diffs": [],
         }
         if step:
             ours = reference.records[step][0]
             gradient = ours.get("gradient")
             line["followed"] = bool(ours.get("followed"))
+            line["settings_diffs"] = setting_differences(ours, candidate.records[step][0])
             if gradient:
                 line |= {
                     "gradient_diff": gradient["difference"],
@@ -165,11 +180,37 @@ def compare(
                 "loss_candidate": many,
                 "loss_diff": abs(one - many) if one is not None and many is not None else None,
             }
+        if step and before is not None and before[2] == step - 1:
+            # In lockstep both runs started the step from the N-rank weights, else each from its own
+            update = update_difference(
+                cand_weights,
+                ref_weights,
+                before[1],
+                before[1] if line["followed"] else before[0],
+            )
+            # (a step taken from other weights, with another gradient, is judged on the whole
+            # update: a tensor whose update is all rounding, as Adam's of a gradient near eps is,
+            # cannot be judged alone)
+            line["update_diff"] = update["difference"] if line["followed"] else update["whole"]
+            line["update_top"] = update["top"]
+        before = (ref_weights, cand_weights, step)
         loss_diff, loss_reference = line["loss_diff"], line["loss_reference"]
         line["loss_ok"] = loss_diff is None or loss_diff <= tolerance * max(
             1.0, abs(loss_reference or 0.0)
         )
-        line["params_ok"] = line["max_param_diff"] <= tolerance and not unmatched
+        update_diff = line["update_diff"]
+        if update_diff is None:
+            # step 0 (as built), or a step whose start was not written: the weights themselves
+            line["update_ok"] = line["max_param_diff"] <= tolerance
+        else:
+            limit = (
+                update_tolerance
+                if line["followed"]
+                else max(update_tolerance, gradient_tolerance or 0)
+            )
+            line["update_ok"] = update_diff <= limit
+        line["settings_ok"] = not changes_training(line["settings_diffs"])
+        line["params_ok"] = line["update_ok"] and not unmatched
         gradient_diff = line["gradient_diff"]
         line["gradient_ok"] = not line["gradient_only_one"] and (
             gradient_diff is None
@@ -178,6 +219,7 @@ def compare(
         )
         line["equivalent"] = (
             line["params_ok"]
+            and line["settings_ok"]
             and line["loss_ok"]
             and line["gradient_ok"]
             and line["data"] != "differs"

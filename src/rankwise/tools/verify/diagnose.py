@@ -20,6 +20,7 @@ from rankwise.tools.verify.causes import (
 )
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.compare import random_ops as located_random_ops
+from rankwise.tools.verify.hyperparameters import causes as setting_causes
 from rankwise.tools.verify.records import CauseRecord, StepLine, TracedStep
 from rankwise.tools.watch.records import FindingRecord
 
@@ -272,12 +273,22 @@ def _diagnose(
         # multiple or another sample's: then it is only listed after what does explain it.
         alone = not findings and abs((first.get("gradient_scale") or 1.0) - 1) < 0.01
         findings.insert(0 if alone else len(findings), ("comm-hook", compressed(hook, first)))
+    # The optimizer's settings, compared exactly (a trace from before they were recorded: its
+    # learning rates alone)
+    settings = setting_causes(reference, candidate, first, world_size, framework) if first else []
     rates = (
-        other_learning_rate(reference, candidate, first, world_size) if first is not None else None
+        other_learning_rate(reference, candidate, first, world_size)
+        if first is not None and not settings
+        else None
     )
     if first is not None and not findings:
         if not first.get("gradient_ok", True):
             findings.append(("gradient", gradients(first, world_size)))
+        elif (
+            settings
+        ):  # (what the optimizer was told to do differs: that is why it moved elsewhere)
+            findings += settings
+            settings = []
         else:  # (the update's finding names another learning rate itself: one cause, listed once)
             findings.append(
                 (
@@ -286,6 +297,7 @@ def _diagnose(
                 )
             )
             rates = None
+    findings += settings
     if rates:
         findings.append(("learning-rate", rates))
     return findings

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rankwise.measure.tolerance import UPDATE
 from rankwise.tools.verify.records import VerifyReport
 
 FLOOR = 1e-12
 """Where a difference of exactly zero is drawn on the logarithmic axis."""
+
+CEILING = 1e6
+"""Where an infinite one is (a tensor only the N ranks moved)."""
 
 
 def plot(report: VerifyReport, path: Path) -> Path:
@@ -27,23 +31,28 @@ def plot(report: VerifyReport, path: Path) -> Path:
             report["gradient_tolerance"],
             "gradient vs one process (relative)",
         ),
-        (weights, "max_param_diff", report["tolerance"], "weights after the step, max |Δ|"),
+        (
+            weights,
+            "update_diff",
+            report.get("update_tolerance") or UPDATE,
+            "each tensor's update vs one process's (relative)",
+        ),
     )
     columns: dict[str, list[float | None]] = {
         "gradient_diff": [line["gradient_diff"] for line in lines],
-        "max_param_diff": [line["max_param_diff"] for line in lines],
+        "update_diff": [line.get("update_diff") for line in lines],
     }
     for axis, key, limit, title in panels:
         assert limit is not None  # steps were compared: the comparison had its tolerances
         values = columns[key]
         axis.semilogy(
             steps,
-            [max(v, FLOOR) if v is not None else float("nan") for v in values],
+            [min(max(v, FLOOR), CEILING) if v is not None else float("nan") for v in values],
             marker=".",
             color="tab:blue",
         )
         bad = [
-            (s, max(v, FLOOR))
+            (s, min(max(v, FLOOR), CEILING))
             for s, v, line in zip(steps, values, lines, strict=True)
             if v is not None and v > limit
         ]

@@ -29,6 +29,36 @@ class GradientDifference(TypedDict):
     """Parameters only one of the runs gave a (non-zero) gradient."""
 
 
+class SettingDifference(TypedDict):
+    """One setting that differs between the runs before a step."""
+
+    where: str
+    """``group 0``, or ``scheduler 0 (LambdaLR)``."""
+    key: str
+    """The group's key or the scheduler's ``state_dict`` key (``groups``, ``schedulers``: their
+    count)."""
+    one: Any
+    """The one process's value (``None``: it has none)."""
+    many: Any
+    """The N-rank run's (rank 0's)."""
+    kind: str
+    """``scheduler``, ``learning-rate`` or ``hyperparameters``."""
+
+
+class UpdateDifference(TypedDict):
+    """One step's update of the weights on N ranks against one process's
+    (:func:`rankwise.measure.tolerance.update_difference`)."""
+
+    difference: float
+    """The largest tensor's ``|Δ_N - Δ_1| / |Δ_1|`` (beyond one ulp of its weights)."""
+    top: list[tuple[str, float]]
+    """The tensors whose update differs most: (name, relative difference)."""
+    whole: float
+    """The same over every tensor together."""
+    moved: bool
+    """Whether one process's step moved any weight."""
+
+
 class StepLine(TypedDict):
     """One optimizer step compared (step 0: the weights as prepared)."""
 
@@ -63,15 +93,29 @@ class StepLine(TypedDict):
     """:attr:`GradientDifference.scale`."""
     gradient_only_one: list[str]
     """:attr:`GradientDifference.only_one`."""
+    update_diff: NotRequired[float | None]
+    """How far the N-rank update is from one process's, relatively
+    (:attr:`UpdateDifference.difference`; the whole update's where the step was not in lockstep);
+    None at step 0."""
+    update_top: NotRequired[list[tuple[str, float]]]
+    """:attr:`UpdateDifference.top`."""
+    settings_diffs: NotRequired[list[SettingDifference]]
+    """The optimizer's settings that differ before the step (exactly compared)."""
+    update_ok: NotRequired[bool]
+    """The update agrees within the update tolerance (step 0: the weights within the tolerance)."""
+    settings_ok: NotRequired[bool]
+    """No setting that changes what the optimizer does differs (a scheduler's position alone does
+    not: :func:`rankwise.tools.verify.hyperparameters.changes_training`)."""
     loss_ok: NotRequired[bool]
     """The losses agree within the tolerance (relative above 1), or one is missing."""
     params_ok: NotRequired[bool]
-    """Every weight within the tolerance, and no tensor unmatched."""
+    """The weights after the step agree — step 0 (as built) within the tolerance, a step its update
+    within the update tolerance — and no tensor is unmatched."""
     gradient_ok: NotRequired[bool]
     """The gradients agree within the gradient tolerance (or none was compared) and none exists in
     one run alone."""
     equivalent: NotRequired[bool]
-    """Weights, loss and gradient agree and the samples do not differ."""
+    """Update, settings, loss and gradient agree and the samples do not differ."""
 
 
 class TracedStep(TypedDict):
@@ -97,6 +141,11 @@ class TracedStep(TypedDict):
     """Whether this step started from the N-rank weights and applied the N-rank gradient."""
     learning_rates: list[float | None]
     """Each parameter group's learning rate at the step."""
+    hyperparameters: NotRequired[list[dict[str, Any]]]
+    """Each parameter group's scalar settings before the step (absent in a trace from before they
+    were recorded)."""
+    schedulers: NotRequired[list[dict[str, Any]]]
+    """Each learning-rate scheduler's state before the step (its class as ``scheduler``)."""
     weights_digest: str
     """A digest of the rank's weights after the step (replicas that differ are a finding)."""
 
@@ -168,6 +217,8 @@ class VerifyReport(ReportExtra):
     run)."""
     gradient_tolerance: float | None
     """The gradients' tolerance (relative)."""
+    update_tolerance: NotRequired[float | None]
+    """The updates' tolerance (relative, per tensor)."""
     precision: NotRequired[str | None]
     """The precision the distributed run ran, where rankwise or DeepSpeed said it."""
     comm_hook: NotRequired[str]

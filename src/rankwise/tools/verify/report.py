@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from rankwise.measure.tolerance import UPDATE
+from rankwise.tools.verify.hyperparameters import changes_training, listed
 from rankwise.tools.verify.records import StepLine, VerifyReport
 
 
@@ -32,8 +34,11 @@ def _dropout(report: VerifyReport) -> str:
 CRITERION = (
     "criterion: the one process starts every step from the {n}-rank run's weights and steps with "
     "its gradient, so rounding never compounds; each step's gradient must match the one process's "
-    "at those weights within {grad:.0e} (relative), its loss within {tol:.0e}, the weights after "
-    "it within {tol:.0e}"
+    "at those weights within {grad:.0e} (relative), its loss within {tol:.0e}, each tensor's "
+    "update (its weights after the step less before it) the one process's update within "
+    "{update:.0e} of that update's size (beyond one unit in the last place of the weight), and "
+    "the optimizer's settings before the step (every group's hyper-parameters, every scheduler's "
+    "state) exactly"
 )
 
 
@@ -41,7 +46,7 @@ def step_table(report: VerifyReport) -> list[str]:
     ranks = f"loss ({report['processes']} ranks)" if report["processes"] > 1 else "loss (candidate)"
     out = [
         f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} "
-        f"{'Δgradient':>10} {'max |Δweight|':>14}"
+        f"{'Δgradient':>10} {'Δupdate':>9} {'max |Δweight|':>14}"
     ]
     for line in report["steps"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
@@ -52,7 +57,8 @@ def step_table(report: VerifyReport) -> list[str]:
         out.append(
             f"{line['step']:>4}  {line['data']:<8} {_number(line['loss_reference'], '.6g'):>17} "
             f"{_number(line['loss_candidate'], '.6g'):>17} {_number(line['loss_diff'], '.1e'):>9} "
-            f"{_number(line.get('gradient_diff'), '.1e'):>10} {line['max_param_diff']:>14.1e}  "
+            f"{_number(line.get('gradient_diff'), '.1e'):>10} "
+            f"{_number(line.get('update_diff'), '.1e'):>9} {line['max_param_diff']:>14.1e}  "
             f"{verdict}"
         )
     return out
@@ -66,16 +72,31 @@ def evolution(report: VerifyReport) -> str | None:
     if len(lines) < 2:
         return None
     gradients = [gradient for line in lines if (gradient := line["gradient_diff"]) is not None]
+    updates = [update for line in lines if (update := line.get("update_diff")) is not None]
     weights = [line["max_param_diff"] for line in lines]
     return (
         f"over steps {lines[0]['step']}-{lines[-1]['step']}: gradient difference "
-        f"{min(gradients):.1e} .. {max(gradients):.1e} (last {gradients[-1]:.1e}), weights "
-        f"{min(weights):.1e} .. {max(weights):.1e} (last {weights[-1]:.1e})"
+        f"{min(gradients):.1e} .. {max(gradients):.1e} (last {gradients[-1]:.1e}), "
+        + (
+            f"update {min(updates):.1e} .. {max(updates):.1e} (last {updates[-1]:.1e}), "
+            if updates
+            else ""
+        )
+        + f"weights {min(weights):.1e} .. {max(weights):.1e} (last {weights[-1]:.1e})"
     )
 
 
-def first_difference(first: StepLine, limit: float, gradient_limit: float) -> list[str]:
+def first_difference(
+    first: StepLine,
+    limit: float,
+    gradient_limit: float,
+    update_limit: float | None = None,
+    processes: int = 2,
+) -> list[str]:
     what = []
+    settings = first.get("settings_diffs") or []
+    if changes_training(settings):
+        what.append(f"the optimizer's settings differ before it ({listed(settings, processes)})")
     if first["data"] == "differs":
         what.append(f"samples differ ({first['data_detail']})")
     if not first["loss_ok"]:
@@ -84,7 +105,14 @@ def first_difference(first: StepLine, limit: float, gradient_limit: float) -> li
         what.append(
             f"gradient differs by {first['gradient_diff']:.1e} relative (> {gradient_limit:.0e})"
         )
-    if first["max_param_diff"] > limit:
+    update = first.get("update_diff")
+    if update is not None and not first.get("update_ok", True):
+        name = first["update_top"][0][0] if first.get("update_top") else "?"
+        what.append(
+            f"the update differs by {update:.1e} of itself (most in {name}"
+            + (f"; > {update_limit:.0e})" if update_limit is not None else ")")
+        )
+    elif update is None and first["max_param_diff"] > limit:
         what.append(f"weights differ by {first['max_param_diff']:.1e} (> {limit:.0e})")
     if first["unmatched_tensors"]:
         what.append(f"tensors held by one run only: {', '.join(first['unmatched_tensors'][:5])}")
@@ -118,7 +146,10 @@ def render(report: VerifyReport) -> str:
         _dropout(report),
         *textwrap.wrap(
             CRITERION.format(
-                n=processes, grad=report["gradient_tolerance"], tol=report["tolerance"]
+                n=processes,
+                grad=report["gradient_tolerance"],
+                tol=report["tolerance"],
+                update=report.get("update_tolerance") or UPDATE,
             ),
             width=110,
         ),
@@ -139,7 +170,9 @@ def render(report: VerifyReport) -> str:
         limit, gradient_limit = report["tolerance"], report["gradient_tolerance"]
         # a step was compared: under its tolerances
         assert limit is not None and gradient_limit is not None
-        out += [""] + first_difference(first, limit, gradient_limit)
+        out += [""] + first_difference(
+            first, limit, gradient_limit, report.get("update_tolerance"), processes
+        )
     elif len(report["steps"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
     if report.get("vacuous"):

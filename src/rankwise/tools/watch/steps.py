@@ -1,5 +1,6 @@
 """One optimizer step at a time: the step's record (its samples, losses, random draws, learning
-rates, gradient difference), the replicas' weights compared across ranks, and the step count.
+rates, hyper-parameters and schedulers' state, gradient difference), the replicas' weights compared
+across ranks, and the step count.
 
 What a step is comes from elsewhere: torch's optimizer hooks (:mod:`rankwise.tools.watch.watcher`),
 a Runtime's ``rt.step`` (:mod:`rankwise.tools.watch.runtime`), a framework's own step
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from rankwise.tools.trace import RandomOps, StepRecord, generator_state, learning_rates
+from rankwise.tools.watch.hyperparameters import hyperparameters, schedulers
 from rankwise.tools.watch.ranks import gather, rank_and_world
 
 
@@ -91,10 +93,15 @@ class StepWatch:
 
     # -- the optimizer step ------------------------------------------------------------------------
 
-    def begins(self, optimizer, no_grad: list[str]) -> None:
+    def begins(self, optimizer, no_grad: list[str], tracing: bool = True) -> None:
         """Between the step's last backward and its optimizer step: ``no_grad``, the trainable
-        parameters without a gradient (kept in a one-process run)."""
+        parameters without a gradient (kept in a one-process run); ``tracing``: the optimizer's
+        settings too (~0.1 ms a step, not in a benchmark's timed steps)."""
         self.record.learning_rates = learning_rates(optimizer)
+        if tracing:
+            # (what the optimizer is told to do in this step: compared exactly with the other run's)
+            self.record.hyperparameters = hyperparameters(optimizer)
+            self.record.schedulers = schedulers(optimizer)
         if rank_and_world()[1] == 1:
             self.record.no_grad = no_grad
 

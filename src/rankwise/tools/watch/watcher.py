@@ -45,7 +45,7 @@ import torch.optim.optimizer as optimizers
 from torch import nn
 
 from rankwise.runtime import observers
-from rankwise.tools.watch import seen, stall
+from rankwise.tools.watch import hyperparameters, seen, stall
 from rankwise.tools.watch.calls import CallWatch
 from rankwise.tools.watch.loaders import LoaderWatch
 from rankwise.tools.watch.lockstep import Lockstep, take
@@ -124,6 +124,7 @@ class Watcher:
         self.data.install()
         self.calls.install()
         self.saves.install()
+        hyperparameters.install()
         profile = self.window.profile
         if profile is not None:
             self.calls.region = lambda site: profile.mark(f"sync {site}")
@@ -243,7 +244,7 @@ class Watcher:
         if not self.step:
             self.window.flops.stop()
         self.window.begin("optimizer")
-        self.steps.begins(optimizer, no_grad)
+        self.steps.begins(optimizer, no_grad, self.tracing)
 
     def exchange(self, gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Lockstep's gradient of the step under way
