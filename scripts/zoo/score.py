@@ -1,0 +1,127 @@
+"""What each command said, and how that scores against the case's manifest.
+
+The kinds come from verify.json's ``causes[].kind`` and ``findings[].kind`` where rankwise writes
+them; from an older report without them, the texts are matched against the patterns below
+(``named_by="text"`` in the results says which).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+PATTERNS = {
+    "samples": r"samples do not match|same dataset index gives different|data itself differs",
+    "batch-dependent": r"batchnorm|batch-dependent|depends on the batch|groupnorm over the batch",
+    "random": r"draws its own numbers|random ops? (that )?rankwise cannot",
+    "half": r"16-bit|half precision|fp16 gradients|bf16 gradients",
+    "loss-scaled": r"times the one process's",
+    "loss-mean": r"not a mean over the global|averaged per micro-batch",
+    "no-grad": r"without (a )?gradients?|received no gradient",
+    "comm-hook": r"exchanged through",
+    "gradient": r"gradients? (were |was )?summed|gradient the optimizer received .*differ",
+    "learning-rate": r"another learning rate|learning rate differs",
+    "scheduler": r"scheduler|schedule that does not",
+    "hyperparameters": r"hyper-?parameter|betas|weight_decay differs|momentum differs",
+    "update": r"weights after step \d+ differ",
+    "steps": r"another number of (optimizer )?steps|step count differs",
+    "not-joined": r"never joined|did not join",
+    "unsharded": r"no distributedsampler|not sharded|not rank-sharded",
+    "epochs": r"set_epoch was never|without set_epoch",
+    "counted-more": r"counted .*more than once|counted \d+ predictions .*duplicat",
+    "counted-less": r"one rank's shard only|counted .*fewer",
+    "evaluated-whole": r"evaluates the whole set on every rank|whole evaluation set on every rank",
+    "replicas": r"replicas (hold different|whose weights differ|differ)|never wrapped"
+    r"|not wrapped in"
+    r"|never averaged",
+    "shared-save": r"written by every rank|every rank (wrote|writes|saved)",
+    "module-prefix": r"'module\.' (keys|prefix)",
+    "sync-point": r"sync points? (on|at) every step|every step: .*(\.item|sync)",
+    "host-read": r"reads? .* back to the host|host read",
+    "per-rank-metric": r"sync_dist|per-rank metric|from its own shard|one rank's (loss|metric)",
+}
+ERROR = re.compile(r"(Error|Exception)\b|^error:|^ERROR:|Traceback|could not run", re.I)
+
+
+def kinds_in(texts: list[str]) -> list[str]:
+    return sorted(
+        {kind for text in texts for kind, p in PATTERNS.items() if re.search(p, text, re.I)}
+    )
+
+
+def _texts(entries) -> list[str]:
+    return [e if isinstance(e, str) else str(e.get("text", e)) for e in entries or []]
+
+
+def verify_said(out: Path) -> dict:
+    """verdict, detected framework and the kinds verify.json names (empty when it wrote none)."""
+    path = out / "verify.json"
+    if not path.exists():
+        return {}
+    report = json.loads(path.read_text())
+    said = {
+        "verdict": report.get("verdict"),
+        "framework": (report.get("framework") or {}).get("name"),
+    }
+    entries = list(report.get("causes") or []) + list(report.get("findings") or [])
+    if "causes" in report and all(isinstance(e, dict) and e.get("kind") for e in entries):
+        said.update(kinds=sorted({e["kind"] for e in entries}), named_by="kind")
+    else:
+        texts = _texts(report.get("diagnosis")) + _texts(entries)
+        said.update(kinds=kinds_in(texts), named_by="text")
+    return said
+
+
+def bench_said(out: Path) -> dict:
+    """The multi-process row's verdict and the kinds its reason names."""
+    path = out / "report.json"
+    if not path.exists():
+        return {}
+    rows = [r for r in json.loads(path.read_text()).get("rows", []) if r.get("processes", 1) > 1]
+    if not rows:
+        return {}
+    row = rows[-1]
+    return {
+        "verdict": row.get("verdict") or row.get("status"),
+        "kinds": kinds_in([str(row.get("reason") or "")]),
+    }
+
+
+def first_error(log: Path) -> str | None:
+    """The first line of the log that reads as an error (a crash's own words)."""
+    if not log.exists():
+        return None
+    lines = log.read_text(errors="replace").splitlines()[1:]
+    for line in lines:
+        if ERROR.search(line) and "Traceback" not in line:
+            return line.strip()[:300]
+    return None
+
+
+def score(command: str, code: int, said: dict, expect: dict, framework: str) -> dict:
+    """outcome (ok | crash | wrong | timeout); verify and bench: expected/named/missed/false."""
+    result: dict = {}
+    if code == 124:
+        return {"outcome": "timeout"}
+    if command in ("plan", "plain"):
+        return {"outcome": "ok" if code == 0 else "crash"}
+    verdict = said.get("verdict")
+    if verdict in (None, "could not run", "failed", "error") or code not in (0, 1, 3, 5):
+        result["outcome"] = "crash"
+        return result
+    expected, allowed = set(expect["defects"]), set(expect.get("allowed", []))
+    named = set(said.get("kinds", []))
+    result.update(
+        expected=sorted(expected),
+        named=sorted(named),
+        missed=sorted(expected - named),
+        false=sorted(named - expected - allowed),
+        verdict_right=verdict == expect["verdict"],
+    )
+    wrong = not result["verdict_right"] or result["missed"] or result["false"]
+    if command == "verify" and said.get("framework") not in (None, framework):
+        result["framework_right"] = False
+        wrong = True
+    result["outcome"] = "wrong" if wrong else "ok"
+    return result
