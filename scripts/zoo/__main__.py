@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="check the manifests and patches only")
     parser.add_argument("--make-patch", nargs=2, metavar=("CASE", "EDITED_DIR"))
+    parser.add_argument("--licenses", action="store_true", help="write zoo/LICENSES.md")
     args = parser.parse_args(argv)
 
     if args.make_patch:
@@ -135,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         problems = cases.problems(case.dir)
         print("\n".join(problems) or f"wrote zoo/{case.name}/cpu.patch")
         return 1 if problems else 0
+
+    if args.licenses:
+        (cases.ZOO / "LICENSES.md").write_text(cases.licenses(cases.all_cases()))
+        return 0
 
     wanted = [c for c in args.cases.split(",") if c]
     dirs = [d for d in cases.all_cases() if not wanted or d.name in wanted]

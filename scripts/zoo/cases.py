@@ -154,3 +154,23 @@ def problems(directory: Path) -> list[str]:
     except patches.PatchError as error:
         found.append(f"zoo/{directory.name}/cpu.patch: {error}")
     return found
+
+
+def licenses(dirs: list[Path]) -> str:
+    """zoo/LICENSES.md: one line per case (repository, commit, path, licence)."""
+    lines = [
+        "# Licences of the zoo's scripts",
+        "",
+        "Each case under zoo/ holds files copied byte for byte from a public repository at a "
+        "pinned commit (cpu.patch holds the zoo's edits); they keep their own licence, named here "
+        "(written by `python scripts/zoo --licenses` from the manifests).",
+        "",
+    ]
+    for directory in dirs:
+        case = load(directory)
+        source = case.source
+        lines.append(
+            f"- {case.name}: {source['repo']} @ {source['commit']}, {source['path']} "
+            f"(+ {', '.join(source['files'][1:]) or 'no other file'}): {source['license']}"
+        )
+    return "\n".join(lines) + "\n"
