@@ -98,6 +98,35 @@ def run_case(case: cases.Case, names: list[str], rankwise: str, out: Path) -> di
     return result
 
 
+def save(args: argparse.Namespace, done: list[dict], started: float) -> Path:
+    """Merge ``done`` into results.json (a case's commands not run now keep their last result) and
+    write the page."""
+    path = args.out / "results.json"
+    kept = json.loads(path.read_text()) if path.exists() else {"cases": [], "meta": {}}
+    merged = {c["name"]: c for c in kept["cases"]}
+    for case in done:
+        old = {c["name"]: c for c in merged.get(case["name"], {}).get("commands", [])}
+        old.update({c["name"]: c for c in case["commands"]})
+        merged[case["name"]] = dict(case, commands=[old[n] for n in runs.COMMANDS if n in old])
+    results = {
+        "meta": {
+            "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+            "torch": _torch_version(),
+            "machine": f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU",
+            "jobs": args.jobs,
+            "total_s": round(time.monotonic() - started, 1),
+        },
+        "cases": [merged[name] for name in sorted(merged)],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    if not args.no_page:
+        args.page.write_text(table.page(results))
+    return path
+
+
 def git(*args: str) -> str:
     try:
         return subprocess.run(
@@ -160,38 +189,25 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.commands.split(",") if n]
 
     started = time.monotonic()
+    done: list[dict] = []
+
+    def one(case: cases.Case) -> None:
+        result = run_case(case, names, args.rankwise, args.out)
+        with (
+            PRINT
+        ):  # results.json and the page after every case: an interrupted zoo keeps its cases
+            done.append(result)
+            save(args, [result], started)
+
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        done = list(pool.map(lambda c: run_case(c, names, args.rankwise, args.out), sound))
-    done += [
+        list(pool.map(one, sound))
+    broken = [
         {"name": name, "url": "", "framework": "?", "commands": [], "error": "; ".join(problems),
          "expect": {"verdict": "?", "defects": [], "why": ""}}
         for name, problems in bad.items() if problems
     ]  # fmt: skip
-
-    path = args.out / "results.json"
-    kept = json.loads(path.read_text())["cases"] if path.exists() else []
-    merged = {c["name"]: c for c in kept}
-    for case in done:
-        old = {c["name"]: c for c in merged.get(case["name"], {}).get("commands", [])}
-        old.update({c["name"]: c for c in case["commands"]})
-        case["commands"] = [old[n] for n in runs.COMMANDS if n in old]
-        merged[case["name"]] = case
-    results = {
-        "meta": {
-            "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git("rev-parse", "--short", "HEAD"),
-            "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
-            "torch": _torch_version(),
-            "machine": f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU",
-            "jobs": args.jobs,
-            "total_s": round(time.monotonic() - started, 1),
-        },
-        "cases": [merged[name] for name in sorted(merged)],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    if not args.no_page:
-        args.page.write_text(table.page(results))
+    done += broken
+    path = save(args, broken, started)
     tally = [c["outcome"] for case in done for c in case["commands"]]
     print(
         f"zoo: {len(done)} cases, "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 PATTERNS = {
     "samples": r"samples do not match|same dataset index gives different|data itself differs",
-    "batch-dependent": r"batchnorm|batch-dependent|depends on the batch|groupnorm over the batch",
+    "batch-dependent": r"batchnorm|batch-dependent|(?<!no layer )depends on the batch",
     "random": r"draws its own numbers|random ops? (that )?rankwise cannot",
     "half": r"16-bit|half precision|fp16 gradients|bf16 gradients",
     "loss-scaled": r"times the one process's",
