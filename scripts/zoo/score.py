@@ -41,7 +41,8 @@ PATTERNS = {
     "host-read": r"reads? .* back to the host|host read",
     "per-rank-metric": r"sync_dist|per-rank metric|from its own shard|one rank's (loss|metric)",
 }
-ERROR = re.compile(r"(Error|Exception)\b|^error:|^ERROR:|Traceback|could not run", re.I)
+ERROR = re.compile(r"(Error|Exception)\b|^error:|^ERROR:|could not run", re.I)
+RAISED = re.compile(r"\b\w*(Error|Exception|Interrupt|Exit): \S")  # "KeyError: 'WORLD_SIZE'"
 
 
 def kinds_in(texts: list[str]) -> list[str]:
@@ -92,10 +93,15 @@ def first_error(log: Path) -> str | None:
     """The first line of the log that reads as an error (a crash's own words)."""
     if not log.exists():
         return None
-    lines = log.read_text(errors="replace").splitlines()[1:]
-    for line in lines:
-        if ERROR.search(line) and "Traceback" not in line:
-            return line.strip()[:300]
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[1:]]
+    lines = [line for line in lines if not line.startswith(("File ", "raise ", "Traceback"))]
+    for pattern in (
+        RAISED,
+        ERROR,
+    ):  # an exception's own line first, else any line reading as an error
+        for line in lines:
+            if pattern.search(line) and "Warning" not in line:
+                return line[:300]
     return None
 
 
