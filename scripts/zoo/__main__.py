@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="check the manifests and patches only")
     parser.add_argument("--make-patch", nargs=2, metavar=("CASE", "EDITED_DIR"))
     parser.add_argument("--licenses", action="store_true", help="write zoo/LICENSES.md")
+    parser.add_argument(
+        "--rewrite-page", action="store_true", help="write the page from results.json, run nothing"
+    )
     args = parser.parse_args(argv)
 
     if args.make_patch:
@@ -165,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         problems = cases.problems(case.dir)
         print("\n".join(problems) or f"wrote zoo/{case.name}/cpu.patch")
         return 1 if problems else 0
+
+    if args.rewrite_page:
+        args.page.write_text(table.page(json.loads((args.out / "results.json").read_text())))
+        return 0
 
     if args.licenses:
         (cases.ZOO / "LICENSES.md").write_text(cases.licenses(cases.all_cases()))
