@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.zoo.support import runner
+from tests.support.zoo import runner
 
 cases = runner("cases")
 DIRS = cases.all_cases()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.zoo.support import runner
+from tests.support.zoo import runner
 
 pytestmark = pytest.mark.multiproc  # each test runs rankwise verify: ranks and a reference
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.zoo.support import runner
+from tests.support.zoo import runner
 
 score = runner("score")
 EXPECT = {
