@@ -125,9 +125,30 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         false=sorted(named - expected - allowed),
         verdict_right=verdict == expect["verdict"],
     )
-    wrong = not result["verdict_right"] or result["missed"] or result["false"]
+    # bench names one reason per row: judged on its verdict and on naming nothing false
+    wrong = (
+        not result["verdict_right"] or result["false"] or (command == "verify" and result["missed"])
+    )
     if command == "verify" and said.get("framework") not in (None, framework):
         result["framework_right"] = False
         wrong = True
     result["outcome"] = "wrong" if wrong else "ok"
     return result
+
+
+SCORED = ("outcome", "expected", "named", "missed", "false", "verdict_right", "framework_right")
+
+
+def judge(entry: dict, expect: dict, framework: str, verified: dict | None) -> dict:
+    """``entry`` (a command's record: name, exit, what it said) scored against the manifest, in
+    place; bench also against verify's exit code on the same script (one verdict everywhere)."""
+    for key in (*SCORED, "disagrees"):
+        entry.pop(key, None)
+    said = {k: entry[k] for k in ("verdict", "framework", "kinds") if k in entry}
+    entry.update(score(entry["name"], entry["exit"], said, expect, framework))
+    if entry["name"] == "bench" and verified and entry["outcome"] == "ok":
+        if entry["exit"] != verified["exit"]:
+            entry.update(
+                outcome="wrong", disagrees=f"exit {entry['exit']}, verify's {verified['exit']}"
+            )
+    return entry

@@ -35,8 +35,9 @@ each command in a fresh copy:
   --nproc-per-node 2`, `python script.py` for `mp.spawn` and Lightning, `accelerate launch`,
   `fabric run`, `horovodrun --gloo`), the reference for the wall times.
 
-A cell's outcome: **ok** (verify and bench: the verdict and every defect as the manifest says, bench
-exiting as verify does;
+A cell's outcome: **ok** (verify: the verdict, the framework and every defect as the manifest
+says, nothing more; bench, which gives one reason per row: its verdict, no false cause, and the exit
+code verify gives the same script;
 plan and the plain run: exit 0), **wrong** (a verdict, a framework or a defect not as the manifest
 says: the missed and false kinds follow), **crash** (rankwise could not run the script, or exited
 with a code it does not document), **timeout**. Times are wall seconds, with the ratio to the plain
@@ -73,7 +74,20 @@ Kinds: the comparison's causes (`samples`, `batch-dependent`, `random`, `half`, 
 `update`, `steps`) and the findings that need no reference (`not-joined`, `unsharded`, `epochs`,
 `counted-more`, `counted-less`, `evaluated-whole`, `replicas`, `shared-save`, `module-prefix`,
 `sync-point`, `host-read`, `per-rank-metric`). Where verify.json names no kinds, they are read
-from its texts (`named_by: text` in the results).
+from its texts (`named_by: text` in the results). `python scripts/zoo --rewrite-page` scores the
+last results again against the manifests as they are, running nothing.
+
+## Left out
+
+- **torchtitan's debug model**: not a script but a package (377 Python files under
+  `torchtitan/` at the snapshot taken), with dependencies the zoo cannot pin apart (grain,
+  torch_checkpointing, spmd_types, datasets, tyro) and no CPU path: `torchtitan/tools/utils.py`
+  takes `_get_available_device_type() or "cuda"` as the device. The single-device MNIST example
+  stands in for the script a user starts from.
+- **torchvision** (ImageNet, MNIST): PyPI's torchvision 0.28.0 requires torch==2.13.0 and installs
+  beside it, but its compiled operators do not load with this CPU build of torch (`operator
+  torchvision::nms does not exist`), so those cases' patches replace the dataset, model and
+  transforms with stand-ins of the same shapes, and leave the distributed logic as it is.
 """
 
 

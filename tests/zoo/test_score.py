@@ -78,3 +78,13 @@ def test_without_kinds_the_texts_are_read_and_a_negation_is_not_a_cause(tmp_path
     (tmp_path / "verify.json").write_text(json.dumps(report))
     said = score.verify_said(tmp_path)
     assert (said["kinds"], said["named_by"]) == (["epochs", "loss-mean"], "text")
+
+
+def test_bench_is_wrong_where_its_exit_code_states_another_verdict_than_verify_s():
+    verify = {"name": "verify", "exit": 1, "verdict": "not equivalent", "kinds": ["replicas"]}
+    bench = {"name": "bench", "exit": 0, "verdict": "not equivalent", "kinds": []}
+    score.judge(verify, EXPECT, "torch", None)
+    assert verify["outcome"] == "wrong" and verify["missed"] == ["batch-dependent"]
+    # one reason per row: bench is not held to every defect, but to verify's exit code
+    assert score.judge(bench, EXPECT, "torch", verify)["disagrees"] == "exit 0, verify's 1"
+    assert score.judge(dict(bench, exit=1), EXPECT, "torch", verify)["outcome"] == "ok"
