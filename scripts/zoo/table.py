@@ -140,6 +140,9 @@ def page(results: dict) -> str:
         by = {c["name"]: c for c in case["commands"]}
         plain_s = by.get("plain", {}).get("wall_s")
         detected = by.get("verify", {}).get("framework") or "?"
+        if case.get("error") and not by:  # refused before running: a manifest or patch problem
+            lines.append(f"| {case['name']} | refused: {_esc(case['error'])} | | | | |")
+            continue
         lines.append(
             f"| [{case['name']}]({case['url']}) | {case['framework']} ({detected}) | "
             + " | ".join(_cell(by.get(n), plain_s) for n in names)
