@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 done.update(expect=case.expect, framework=case.run["framework"], url=case.url)
                 verified = next((c for c in done["commands"] if c["name"] == "verify"), None)
                 for entry in done["commands"]:
+                    said = {"verify": score.verify_said, "bench": score.bench_said}.get(
+                        entry["name"]
+                    )
+                    entry.update(said(args.out / done["name"] / entry["name"]) if said else {})
                     score.judge(entry, case.expect, case.run["framework"], verified)
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         args.page.write_text(table.page(results))

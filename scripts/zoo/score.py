@@ -12,20 +12,17 @@ import re
 from pathlib import Path
 
 PATTERNS = {
+    "comm-hook": r"exchanged through",
+    "loss-scaled": r"times the one process's",
+    "loss-mean": r"not a mean over the global|averaged per micro-batch",
+    "learning-rate": r"another learning rate|learning rate differs",
+    "scheduler": r"scheduler|schedule that does not",
+    "hyperparameters": r"hyper-?parameter|betas|weight_decay differs|momentum differs",
     "samples": r"samples do not match|same dataset index gives different|data itself differs",
     "batch-dependent": r"batchnorm|batch-dependent|(?<!no layer )depends on the batch",
     "random": r"draws its own numbers|random ops? (that )?rankwise cannot",
     "half": r"16-bit|half precision|fp16 gradients|bf16 gradients",
-    "loss-scaled": r"times the one process's",
-    "loss-mean": r"not a mean over the global|averaged per micro-batch",
     "no-grad": r"without (a )?gradients?|received no gradient",
-    "comm-hook": r"exchanged through",
-    "gradient": r"gradients? (were |was )?summed|gradient the optimizer received .*differ",
-    "learning-rate": r"another learning rate|learning rate differs",
-    "scheduler": r"scheduler|schedule that does not",
-    "hyperparameters": r"hyper-?parameter|betas|weight_decay differs|momentum differs",
-    "update": r"weights after step \d+ differ",
-    "steps": r"another number of (optimizer )?steps|step count differs",
     "not-joined": r"never joined|did not join",
     "unsharded": r"no distributedsampler|not sharded|not rank-sharded",
     "epochs": r"set_epoch was never|without set_epoch",
@@ -33,22 +30,29 @@ PATTERNS = {
     "counted-less": r"one rank's shard only|counted .*fewer",
     "evaluated-whole": r"evaluates the whole set on every rank|whole evaluation set on every rank",
     "replicas": r"replicas (hold different|whose weights differ|differ)|never wrapped"
-    r"|not wrapped in"
-    r"|never averaged",
+    r"|not wrapped in|never averaged",
     "shared-save": r"written by every rank|every rank (wrote|writes|saved)",
     "module-prefix": r"'module\.' (keys|prefix)",
-    "sync-point": r"sync points? (on|at) every step|every step: .*(\.item|sync)",
-    "host-read": r"reads? .* back to the host|host read",
     "per-rank-metric": r"sync_dist|per-rank metric|from its own shard|one rank's (loss|metric)",
+    "sync-point": r"sync points? (on|at) every step|runs every step|every step: .*(\.item|sync)",
+    "host-read": r"reads? .* back to the host|host read",
+    "gradient": r"gradients? (were |was )?summed|gradient the optimizer received .*differ",
+    "update": r"weights after step \d+ differ",
+    "steps": r"another number of (optimizer )?steps|step count differs",
 }
 ERROR = re.compile(r"(Error|Exception)\b|^error:|^ERROR:|could not run", re.I)
 RAISED = re.compile(r"\b\w*(Error|Exception|Interrupt|Exit): \S")  # "KeyError: 'WORLD_SIZE'"
 
 
 def kinds_in(texts: list[str]) -> list[str]:
-    return sorted(
-        {kind for text in texts for kind, p in PATTERNS.items() if re.search(p, text, re.I)}
-    )
+    """One kind per text (a diagnosis or a finding names one cause): the first of PATTERNS, in
+    their order (the specific before the general: a comm hook's text also says the gradient
+    differs, a learning rate's calls it a change of hyper-parameters), that matches."""
+    found = set()
+    for text in texts:
+        kind = next((k for k, p in PATTERNS.items() if re.search(p, text, re.I)), None)
+        found |= {kind} if kind else set()
+    return sorted(found)
 
 
 def _texts(entries) -> list[str]:

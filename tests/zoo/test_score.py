@@ -88,3 +88,9 @@ def test_bench_is_wrong_where_its_exit_code_states_another_verdict_than_verify_s
     # one reason per row: bench is not held to every defect, but to verify's exit code
     assert score.judge(bench, EXPECT, "torch", verify)["disagrees"] == "exit 0, verify's 1"
     assert score.judge(dict(bench, exit=1), EXPECT, "torch", verify)["outcome"] == "ok"
+
+
+def test_a_text_names_one_kind_the_most_specific():
+    hook = "gradients exchanged through fp16_compress_hook: the gradient the optimizer received differs"
+    rate = "the optimizer's learning rate differs at step 2: a change of the hyper-parameters"
+    assert score.kinds_in([hook, rate]) == ["comm-hook", "learning-rate"]
