@@ -91,6 +91,6 @@ def test_bench_is_wrong_where_its_exit_code_states_another_verdict_than_verify_s
 
 
 def test_a_text_names_one_kind_the_most_specific():
-    hook = "gradients exchanged through fp16_compress_hook: the gradient the optimizer received differs"
+    hook = "gradients exchanged through a hook: the gradient the optimizer received differs"
     rate = "the optimizer's learning rate differs at step 2: a change of the hyper-parameters"
     assert score.kinds_in([hook, rate]) == ["comm-hook", "learning-rate"]
