@@ -107,6 +107,7 @@ def save(args: argparse.Namespace, done: list[dict], started: float) -> Path:
             "machine": f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU",
             "jobs": args.jobs,
             "total_s": round(time.monotonic() - started, 1),
+            "note": args.note,
         },
         "cases": [merged[name] for name in sorted(merged)],
     }
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="check the manifests and patches only")
     parser.add_argument("--make-patch", nargs=2, metavar=("CASE", "EDITED_DIR"))
     parser.add_argument("--licenses", action="store_true", help="write zoo/LICENSES.md")
+    parser.add_argument("--note", default="", help="a line for the page's header (how it was run)")
     parser.add_argument(
         "--rewrite-page", action="store_true", help="write the page from results.json, run nothing"
     )
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.rewrite_page:  # re-judged against the manifests as they are now
         results = json.loads((args.out / "results.json").read_text())
+        results["meta"]["note"] = args.note or results["meta"].get("note", "")
         for done in results["cases"]:
             if (cases.ZOO / done["name"] / "case.toml").exists():
                 case = cases.load(cases.ZOO / done["name"])

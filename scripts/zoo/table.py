@@ -123,7 +123,7 @@ def page(results: dict) -> str:
         HEAD,
         f"Run {meta['when']} on {meta['machine']}: rankwise at `{meta['commit']}` (branch "
         f"`{meta['branch']}`), torch {meta['torch']}, `--jobs {meta['jobs']}`, "
-        f"{meta['total_s'] / 60:.0f} minutes in all.",
+        f"{meta['total_s'] / 60:.0f} minutes in all. {meta.get('note', '')}".rstrip(),
         "",
         "## Summary",
         "",
