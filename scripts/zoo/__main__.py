@@ -74,7 +74,7 @@ def run_case(case: cases.Case, names: list[str], rankwise: str, out: Path) -> di
         }
         verified = next((c for c in result["commands"] if c["name"] == "verify"), None)
         score.judge(entry, case.expect, case.run["framework"], verified)
-        if entry["outcome"] != "ok" or code != 0:
+        if entry["outcome"] in ("crash", "timeout"):
             entry["error"] = score.first_error(log)
         result["commands"].append(entry)
         extra = f" {said['verdict']}" if said.get("verdict") else ""

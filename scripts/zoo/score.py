@@ -99,6 +99,9 @@ def first_error(log: Path) -> str | None:
         return None
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[1:]]
     lines = [line for line in lines if not line.startswith(("File ", "raise ", "Traceback"))]
+    if any("(why: under the table)" in line for line in lines):  # bench: each row's reason follows
+        table = max(i for i, line in enumerate(lines) if line.startswith("|"))
+        return next((line[2:][:300] for line in lines[table:] if line.startswith("- ")), None)
     for pattern in (
         RAISED,
         ERROR,
