@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     entry.update(said(args.out / done["name"] / entry["name"]) if said else {})
                     score.judge(entry, case.expect, case.run["framework"], verified)
+                    entry.pop("error", None)
+                    if entry["outcome"] in ("crash", "timeout"):
+                        entry["error"] = score.first_error(Path(entry["log"]))
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         args.page.write_text(table.page(results))
         return 0

@@ -97,18 +97,20 @@ def first_error(log: Path) -> str | None:
     """The first line of the log that reads as an error (a crash's own words)."""
     if not log.exists():
         return None
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[1:]]
+    here = str(Path(__file__).resolve().parents[2]) + "/"  # paths in the repository, relative
+    text = log.read_text(errors="replace").replace(here, "")
+    lines = [line.strip()[:300] for line in text.splitlines()[1:]]
     lines = [line for line in lines if not line.startswith(("File ", "raise ", "Traceback"))]
     if any("(why: under the table)" in line for line in lines):  # bench: each row's reason follows
-        table = max(i for i, line in enumerate(lines) if line.startswith("|"))
-        return next((line[2:][:300] for line in lines[table:] if line.startswith("- ")), None)
-    for pattern in (
-        RAISED,
-        ERROR,
-    ):  # an exception's own line first, else any line reading as an error
+        table = max((i for i, line in enumerate(lines) if line.startswith("|")), default=0)
+        reasons = [line[2:] for line in lines[table:] if line.startswith("- ")]
+        crashed = [r for r in reasons if RAISED.search(r) or re.search(r"failed|ended after", r)]
+        return (crashed or reasons or [None])[0]
+    # an exception's own line first, else any line reading as an error
+    for pattern in (RAISED, ERROR):
         for line in lines:
             if pattern.search(line) and "Warning" not in line:
-                return line[:300]
+                return line
     return None
 
 
