@@ -1,6 +1,7 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
 # make test   - same set-up, then ruff (lint and format), mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
 # make test-docs - same set-up, then every command block of README.md and docs/, run as written at a smoke size
+# make zoo    - rankwise verify, bench --script and plan on public training scripts (zoo/): docs/reference/zoo.md
 # make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -15,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 export DISABLE_MKDOCS_2_WARNING := true
 
-.PHONY: install demo test test-fast test-docs docs docs-serve browser bench gpu-wheels gpu-check clean
+.PHONY: install demo test test-fast test-docs docs docs-serve browser bench zoo gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -75,6 +76,13 @@ browser: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/rankwise bench --preset full --strategies ddp,plain-ddp,plain-accelerate,per-step-sync
+
+# The zoo (docs/reference/zoo.md): public training scripts pinned under zoo/, each through rankwise verify,
+# bench --script and plan as a user runs them, scored against its manifest; writes runs/zoo/results.json and the
+# page. ZOO_ARGS="--only nanogpt --commands verify" for some; make test runs the cases marked fast (tests/zoo).
+ZOO_ARGS ?=
+zoo: $(STAMP)
+	nice $(PY) scripts/zoo $(ZOO_ARGS)
 
 # The GPU pass (docs/gpu.md).  On a machine with a CUDA GPU and rankwise's dependencies,
 # `make gpu-check` runs scripts/gpu_check.sh: tests/gpu, then the speed script (GPU_STEPS to choose:
