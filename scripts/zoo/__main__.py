@@ -47,7 +47,7 @@ def run_case(case: cases.Case, names: list[str], rankwise: str, out: Path) -> di
         "commands": [],
     }
     try:
-        env = runs.environment(runs.site_for(case, out / "site"))
+        env = runs.environment(runs.site_for(case, Path(sys.prefix) / "zoo-sites"))
     except subprocess.CalledProcessError as error:
         line = (error.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
         say(f"zoo {case.name}: its requirements could not be installed: {line[0]}")

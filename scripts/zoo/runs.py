@@ -96,7 +96,9 @@ def commands(case: Case, rankwise: str, out: Path) -> list[Command]:
 
 def site_for(case: Case, base: Path) -> Path | None:
     """The case's [run] requires, pip-installed (no dependencies, pinned) into a directory of their
-    own under ``base`` once, for PYTHONPATH: the project's environment is left as it is."""
+    own under ``base`` once, for PYTHONPATH: the project's environment is left as it is.  ``base``
+    is under the environment's ``sys.prefix``: dill (under datasets) pickles a module outside it by
+    value, and fails on pyarrow's."""
     requires = sorted(case.run.get("requires", []))
     if not requires:
         return None

@@ -114,6 +114,12 @@ def first_error(log: Path) -> str | None:
     return None
 
 
+INFORMATIONAL = frozenset({"sync-point", "host-read", "start-differs", "hung-at-exit"})
+"""Kinds that say how a script runs, not what it computes (a collective or a device read every step,
+an initialisation that is not seeded, a rank slow to exit): named where true, never scored as a
+false cause."""
+
+
 def score(command: str, code: int, said: dict, expect: dict, framework: str) -> dict:
     """outcome (ok | crash | wrong | timeout); verify and bench: expected/named/missed/false."""
     result: dict = {}
@@ -131,7 +137,7 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         expected=sorted(expected),
         named=sorted(named),
         missed=sorted(expected - named),
-        false=sorted(named - expected - allowed),
+        false=sorted(named - expected - allowed - INFORMATIONAL),
         verdict_right=verdict == expect["verdict"],
     )
     # bench names one reason per row: judged on its verdict and on naming nothing false
