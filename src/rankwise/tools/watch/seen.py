@@ -45,4 +45,13 @@ def of(watcher) -> RankRecord:
 def write(watcher) -> None:
     record = of(watcher)
     path = watcher.settings.directory / RANK_RECORD.format(rank=record["rank"])
-    write_text_atomic(path, json.dumps(record, indent=2))
+    write_text_atomic(path, json.dumps(record, indent=2, default=_plain))
+
+
+def _plain(value):
+    """A value the script handed torch as numpy's (a sampler's numpy indices: fabric's k-fold
+    example), as Python's."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
