@@ -32,7 +32,7 @@ CAUSES = (
     "comm-hook", "gradient", "learning-rate", "scheduler", "hyperparameters", "update", "steps",
 )  # fmt: skip
 FINDINGS = (
-    "not-joined", "unsharded", "epochs", "counted-more", "counted-less", "evaluated-whole",
+    "not-joined", "unsharded", "epochs", "counted-more", "evaluated-whole",
     "replicas", "shared-save", "module-prefix", "sync-point", "host-read", "per-rank-metric",
 )  # fmt: skip
 KINDS = CAUSES + FINDINGS

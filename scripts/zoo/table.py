@@ -72,7 +72,7 @@ why = "line by line: what in the script makes the verdict and each defect"
 Kinds: the comparison's causes (`samples`, `batch-dependent`, `random`, `half`, `loss-scaled`,
 `loss-mean`, `no-grad`, `comm-hook`, `gradient`, `learning-rate`, `scheduler`, `hyperparameters`,
 `update`, `steps`) and the findings that need no reference (`not-joined`, `unsharded`, `epochs`,
-`counted-more`, `counted-less`, `evaluated-whole`, `replicas`, `shared-save`, `module-prefix`,
+`counted-more`, `evaluated-whole`, `replicas`, `shared-save`, `module-prefix`,
 `sync-point`, `host-read`, `per-rank-metric`). Where verify.json names no kinds, they are read
 from its texts (`named_by: text` in the results). `python scripts/zoo --rewrite-page` scores the
 last results again against the manifests as they are, running nothing.

@@ -94,3 +94,16 @@ def test_a_text_names_one_kind_the_most_specific():
     hook = "gradients exchanged through a hook: the gradient the optimizer received differs"
     rate = "the optimizer's learning rate differs at step 2: a change of the hyper-parameters"
     assert score.kinds_in([hook, rate]) == ["comm-hook", "learning-rate"]
+
+
+def test_verify_is_judged_on_the_verdict_its_exit_code_states_and_warnings_never_count_false():
+    """Equivalent steps with a finding that fails the script (exit 1) are "not equivalent", as
+    bench's row says; a sync point or an unseeded initialisation is named, not a false cause."""
+    said = {
+        "verdict": "equivalent",
+        "framework": "torch",
+        "kinds": ["batch-dependent", "replicas", "sync-point", "start-differs"],
+    }
+    result = score.score("verify", 1, said, EXPECT, "torch")
+    assert (result["outcome"], result["false"]) == ("ok", [])
+    assert score.score("verify", 0, said, EXPECT, "torch")["verdict_right"] is False

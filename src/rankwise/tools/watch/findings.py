@@ -149,7 +149,8 @@ def _counted_less(records: list[RankRecord]) -> list[Finding]:
             return [
                 Finding(
                     "error",
-                    "counted-less",
+                    # (a metric of one rank's shard taken for the set's: what per-rank-metric means)
+                    "per-rank-metric",
                     f"rank {record['rank']} evaluated {p['samples']} of the {size} samples of "
                     f"loader {p['loader']} (its DistributedSampler's shard) and nothing was "
                     "combined across the ranks after it (no collective from the script before its "
