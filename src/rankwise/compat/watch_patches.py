@@ -225,6 +225,18 @@ PL_LOG = Patch(
     "the same, in the standalone package",
     ("2.6",),
 )
+FABRIC_PRINT = Patch(
+    "lightning.fabric.fabric.Fabric.print",
+    "lightning",
+    "the training loss a script prints with it (rank 0's line only: its shard's loss)",
+    ("2.6",),
+)
+LIGHTNING_FABRIC_PRINT = Patch(
+    "lightning_fabric.fabric.Fabric.print",
+    "lightning_fabric",
+    "the same, in the standalone package",
+    ("2.6",),
+)
 TORCHMETRICS_COMPUTE = Patch(
     "torchmetrics.metric.Metric.__init__",
     "torchmetrics",
@@ -275,6 +287,8 @@ PATCHES: dict[str, Patch] = {
         EXACT_GATHER,
         LIGHTNING_LOG,
         PL_LOG,
+        FABRIC_PRINT,
+        LIGHTNING_FABRIC_PRINT,
         TORCHMETRICS_COMPUTE,
         LIGHTNING_TRAINER,
         PL_TRAINER,

@@ -27,6 +27,7 @@ Patch.check = lambda record: (made.append(record.target), check(record))[1]
 import accelerate.accelerator  # (the watcher patches Accelerate once the script imported it)
 import lightning.pytorch, pytorch_lightning, torchmetrics  # (their metrics, likewise)
 import horovod.torch  # (and its collectives)
+import lightning.fabric, lightning_fabric  # (Fabric's print)
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, spawned
 from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import Watcher

@@ -340,6 +340,9 @@ def test_a_lightning_fabric_loop_is_equivalent_and_batch_norm_is_flagged(tmp_pat
     proc, report = _verify(tmp_path / "ok", "fabric_loop.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["framework"]["name"] == "fabric" and report["verdict"] == "equivalent"
+    # fabric.print shows rank 0's line only: the loss of its shard (a warning: before, unseen)
+    (printed,) = [f["text"] for f in report["findings"] if f["kind"] == "per-rank-metric"]
+    assert "rank 0 alone prints the training loss (fabric.print at fabric_loop.py:" in printed
     assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6
     proc, report = _verify(tmp_path / "bn", "fabric_loop.py", "--batch-norm", steps=2)
     assert proc.returncode == 1 and "BatchNorm1d" in report["diagnosis"][0]

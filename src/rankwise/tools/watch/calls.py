@@ -108,10 +108,11 @@ class CallWatch:
                 # torch's, a framework's or rankwise's own read: not the script's line
                 return original(tensor)
             site, started = f".item() at {call_site()}", time.perf_counter()
-            watcher.metrics.read(tensor, site)
             try:
                 with watcher.region(site):
-                    return original(tensor)
+                    value = original(tensor)
+                watcher.metrics.read(tensor, site, value)
+                return value
             finally:
                 _count(watcher.reads, site, time.perf_counter() - started, watcher.step())
 

@@ -274,13 +274,22 @@ def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
             )
         )
     reads = [m["loss_reads"] if m else {} for m in metrics]
-    alone = [site for site in reads[0] if any(not other.get(site) for other in reads[1:])]
+    alone = [
+        f"reads the training loss at {site}"
+        for site in reads[0]
+        if any(not other.get(site) for other in reads[1:])
+    ]
+    printed = metrics[0].get("printed_losses", {}) if metrics[0] else {}
+    alone += [
+        f"prints the training loss (fabric.print at {site}: Fabric prints rank 0's line only)"
+        for site in printed
+    ]
     if alone:
         out.append(
             Finding(
                 "warning",
                 "per-rank-metric",
-                f"rank 0 alone reads the training loss at {alone[0]}, never reduced across the "
+                f"rank 0 alone {alone[0]}, never reduced across the "
                 f"{len(records)} ranks: it is the loss of rank 0's 1/{len(records)} of the global "
                 "batch, not the step's. Average a detached copy over the ranks first "
                 "(dist.all_reduce with op=AVG; hvd.allreduce), or label it as rank 0's",

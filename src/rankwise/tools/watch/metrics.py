@@ -7,8 +7,9 @@ Three ways a script does it, each watched where it happens:
   checkpoint callbacks read rank 0's (Lightning itself warns, once, on rank 0);
 * a torchmetrics ``Metric`` computed with ``sync_on_compute=False`` at several ranks: its states are
   never gathered, so its value is the rank's shard's;
-* the training loss read back (``loss.item()``) by rank 0 alone, never reduced across the ranks:
-  the loss of one rank's share of the global batch, printed or logged as the step's.
+* the training loss read back (``loss.item()``) by rank 0 alone, never reduced across the ranks,
+  or printed with Fabric's ``fabric.print`` (rank 0's line only): the loss of one rank's share of
+  the global batch, printed or logged as the step's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch, rank_and_world
 
 LIGHTNING_MODULES = ("lightning.pytorch", "pytorch_lightning")
+FABRIC_MODULES = ("lightning.fabric.fabric", "lightning_fabric.fabric")
 
 
 def _storage(tensor: object) -> int | None:
@@ -42,6 +44,9 @@ class MetricWatch:
         """torchmetrics metrics computed without syncing at several ranks: class name -> site."""
         self.loss_reads: dict[str, int] = {}
         """Reads of the training loss's value that no collective had reduced, by call site."""
+        self.printed_losses: dict[str, int] = {}
+        """``fabric.print`` calls whose text shows that value, by call site."""
+        self._loss_value: float | None = None
         self._loss: int | None = None
         self._loss_reduced = False
         self._patched = False
@@ -58,10 +63,11 @@ class MetricWatch:
         if args and self._loss is not None and _storage(args[0]) == self._loss:
             self._loss_reduced = True
 
-    def read(self, tensor: torch.Tensor, site: str) -> None:
-        """The script read ``tensor``'s value at ``site``."""
+    def read(self, tensor: torch.Tensor, site: str, value: object) -> None:
+        """The script read ``tensor``'s ``value`` at ``site``."""
         if self._loss is not None and not self._loss_reduced and _storage(tensor) == self._loss:
             self.loss_reads[site] = self.loss_reads.get(site, 0) + 1
+            self._loss_value = float(value) if isinstance(value, int | float) else None
 
     # -- the frameworks' metrics ------------------------------------------------------------------
 
@@ -75,6 +81,10 @@ class MetricWatch:
             module = sys.modules.get(f"{name}.core.module")
             if module is not None:
                 patch(module.LightningModule, "log", self._log)
+        for name in FABRIC_MODULES:
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module.Fabric, "print", self._fabric_print)
         metric = sys.modules.get("torchmetrics.metric")
         if metric is not None:
             patch(metric.Metric, "__init__", self._metric_built)
@@ -98,6 +108,22 @@ class MetricWatch:
             return original(module, name, value, *args, **kwargs)
 
         return log
+
+    def _fabric_print(self, original):
+        watch = self
+
+        def fabric_print(fabric, *args, **kwargs):
+            value = watch._loss_value
+            if (
+                value is not None
+                and rank_and_world()[1] > 1
+                and any(_shows(str(arg), value) for arg in args)
+            ):
+                site = call_site()
+                watch.printed_losses[site] = watch.printed_losses.get(site, 0) + 1
+            return original(fabric, *args, **kwargs)
+
+        return fabric_print
 
     def _metric_built(self, original):
         watch = self
@@ -128,6 +154,7 @@ class MetricWatch:
             "unsynced_logs": dict(self.unsynced_logs),
             "unsynced_metrics": dict(self.unsynced_metrics),
             "loss_reads": dict(self.loss_reads),
+            "printed_losses": dict(self.printed_losses),
         }
 
 
@@ -140,3 +167,12 @@ def _epoch_level(module, on_epoch: bool | None) -> bool:
         return not module.trainer.training
     except RuntimeError:  # (a module attached to no Trainer: Lightning raises)
         return False
+
+
+def _shows(text: str, value: float) -> bool:
+    """Whether ``text`` shows ``value`` as Python formats a float (``repr``, ``:.Nf``, ``:.Ne``,
+    ``:.Ng``), in 4 characters or more (a short ``0.00`` shows anything small)."""
+    forms = {repr(value), str(value)}
+    for digits in range(2, 9):
+        forms |= {f"{value:.{digits}f}", f"{value:.{digits}e}", f"{value:.{digits}g}"}
+    return any(len(form) >= 4 and form.strip("0.-") and form in text for form in forms)

@@ -133,6 +133,8 @@ class MetricsRecord(TypedDict):
     """torchmetrics metrics computed without syncing at several ranks, with their call site."""
     loss_reads: dict[str, int]
     """Reads of the training loss no collective had reduced, by call site."""
+    printed_losses: NotRequired[dict[str, int]]
+    """``fabric.print`` calls (rank 0's line only) showing that loss, by call site."""
 
 
 class RankRecord(TypedDict):
