@@ -66,7 +66,7 @@ def verify_said(out: Path) -> dict:
         return {}
     report = json.loads(path.read_text())
     said = {
-        "verdict": report.get("verdict"),
+        "verdict": report.get("outcome") or report.get("verdict"),
         "framework": (report.get("framework") or {}).get("name"),
     }
     entries = list(report.get("causes") or []) + list(report.get("findings") or [])
@@ -143,6 +143,7 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         missed=sorted(expected - named),
         false=sorted(named - expected - allowed - INFORMATIONAL),
         verdict_right=verdict == expect["verdict"],
+        verdict=verdict,
     )
     # bench names one reason per row: judged on its verdict and on naming nothing false
     wrong = (

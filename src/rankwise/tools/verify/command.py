@@ -313,8 +313,11 @@ def run(config: VerifySettings) -> int:
             stall_s=config.stall_s,
         )
     report["exit_code"] = exit_code(report)
+    report["outcome"] = outcome(report)
     text = render(report)
     report["verdict_line"] = text.splitlines()[-1]
+    # (verify.json with the verdict the exit code states, for a program reading it)
+    write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
     write_text_atomic(
         out / "verify.md",
         f"# rankwise verify {script} ({label})\n\n```\n{text}\n```\n\n![differences by "

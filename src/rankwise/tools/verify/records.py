@@ -252,6 +252,9 @@ class VerifyReport(ReportExtra):
     meta: NotRequired[dict[str, Any]]
     """The command's arguments (script, its arguments, steps, precision, settings)."""
     exit_code: NotRequired[int]
+    outcome: NotRequired[str]
+    """The verdict the exit code states (a finding in the rest of the script can fail an
+    equivalent comparison): what ``rankwise bench`` prints for the row."""
     """The command's exit code."""
     verdict_line: NotRequired[str]
     """The report's last line."""
