@@ -66,7 +66,8 @@ def verify_said(out: Path) -> dict:
         return {}
     report = json.loads(path.read_text())
     said = {
-        "verdict": report.get("outcome") or report.get("verdict"),
+        # (the verdict of the compared steps; score() reads the exit code's beside it)
+        "verdict": report.get("verdict"),
         "framework": (report.get("framework") or {}).get("name"),
     }
     entries = list(report.get("causes") or []) + list(report.get("findings") or [])
