@@ -115,14 +115,6 @@ def first_error(log: Path) -> str | None:
     return None
 
 
-EXIT_VERDICTS = {
-    0: "equivalent",
-    1: "not equivalent",
-    3: "not comparable",
-    4: "could not run",
-    5: "vacuous",
-}
-"""rankwise verify's exit codes and the verdict each states."""
 INFORMATIONAL = frozenset({"sync-point", "host-read", "start-differs", "hung-at-exit"})
 """Kinds that say how a script runs, not what it computes (a collective or a device read every step,
 an initialisation that is not seeded, a rank slow to exit): named where true, never scored as a
@@ -141,7 +133,7 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         # (the verdict verify's exit code states: a finding in the rest of the script fails an
         # equivalent or not comparable comparison, as bench's row says:
         # rankwise.tools.verify.command.outcome; "vacuous" stays what the steps showed)
-        verdict = EXIT_VERDICTS[code]
+        verdict = "not equivalent"
     if verdict in (None, "could not run", "failed", "error") or code not in (0, 1, 3, 5):
         result["outcome"] = "crash"
         return result

@@ -60,3 +60,13 @@ def test_a_case_without_a_key_or_with_a_bad_commit_is_refused(tmp_path):
         "zoo/broken/case.toml: [source] commit is not 40 hex digits: 'abc'",
         "zoo/broken/case.toml: [expect] defects: 'nonsense' is not a known kind",
     ]
+
+
+def test_the_manifests_vocabulary_is_rankwise_s():
+    """The checker keeps its own lists (it reads manifests without importing torch); they must be
+    the frameworks verify detects and the causes its diagnosis ranks."""
+    from rankwise.tools.verify.diagnose import CONSEQUENCE
+    from rankwise.tools.watch.frameworks import FRAMEWORKS
+
+    assert set(cases.FRAMEWORKS) == set(FRAMEWORKS) - {"auto", "rankwise"}
+    assert set(CONSEQUENCE) <= set(cases.KINDS)
