@@ -170,3 +170,22 @@ def test_the_same_update_rounded_otherwise_passes_and_a_tensor_only_one_run_move
     frozen = dict(after) | {"0.bias": before["0.bias"]}
     found = update_difference(after, frozen, before, before)
     assert found["difference"] == float("inf") and found["top"][0][0] == "0.bias"
+
+
+def test_bf16_parameters_written_as_fp32_are_allowed_a_bf16_ulp_and_no_more():
+    """DeepSpeed's bf16 parameters, copied from fp32 masters: the N ranks' copy moved by one bf16
+    ulp where one process's, starting from the rounded weight, stayed (the CI failure of
+    docs/how-to/bench.md's deepspeed-zero2 row at bf16-mixed).  Two ulps are still a difference."""
+    from rankwise.measure.tolerance import update_difference
+
+    before = {"w": torch.full((4,), 0.5).bfloat16().float()}
+    ulp = 2.0**-8  # bf16 at 0.5: 8 significant bits
+    one = {"w": before["w"] - torch.tensor([ulp, 0.0, ulp, 0.0])}
+    many = {"w": before["w"] - torch.tensor([ulp, ulp, ulp, 0.0])}
+    assert update_difference(many, one, before, before)["difference"] > 0.5
+    assert update_difference(many, one, before, before, held_in=torch.bfloat16)["difference"] == 0
+    twice = {"w": before["w"] - torch.tensor([ulp, 2 * ulp, ulp, 0.0])}
+    found = update_difference(twice, one, before, before, held_in=torch.bfloat16)
+    assert found["difference"] > 0.5
+    # an fp32 run is not loosened by a coarser dtype named for it
+    assert update_difference(many, one, before, before, held_in=torch.float32)["difference"] > 0.5

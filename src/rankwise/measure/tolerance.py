@@ -175,6 +175,7 @@ def update_difference(
     before: Mapping[str, torch.Tensor],
     reference_before: Mapping[str, torch.Tensor],
     top: int = 3,
+    held_in: torch.dtype | None = None,
 ) -> dict:
     """How far the N-rank step's update of each tensor, ``after - before``, is from one process's,
     ``reference_after - reference_before``, relative to one process's update of that tensor: the
@@ -187,6 +188,10 @@ def update_difference(
     than a few ulps of its weight (lr 2e-7 on a LayerNorm weight of 1.0, whose ulp is 1.2e-7) is
     rounded to whole ulps in both runs.  A tensor one process did not move (``Δ_1 = 0``: frozen, a
     learning rate of 0 in a warm-up's first step) differs when the N ranks moved it at all (inf).
+    ``held_in``: the dtype the parameters were held in where it is coarser than the recorded
+    tensors' (16-bit parameters, written as fp32): the ulp is that dtype's, since both runs round
+    each step's result to it (DeepSpeed's bf16 parameters, copied from fp32 masters that the one
+    process, starting from the rounded weights, does not share).
     An absolute tolerance on the weights cannot stand in for this: a whole Adam step at lr 2e-7
     moves a weight by about 2e-7, so a learning rate twice one process's stays under 1e-5 of
     weights difference while the update differs by 100 %.
@@ -210,7 +215,10 @@ def update_difference(
         gap = (mine - theirs).abs()
         if reference.is_floating_point():
             largest = torch.stack([t.double().abs() for t in tensors]).amax(0)
-            gap = (gap - _spacing(largest, reference.dtype)).clamp(min=0)
+            dtype = reference.dtype
+            if held_in is not None and torch.finfo(held_in).eps > torch.finfo(dtype).eps:
+                dtype = held_in
+            gap = (gap - _spacing(largest, dtype)).clamp(min=0)
         gap_norm, size = float(gap.norm()), float(theirs.norm())
         gaps, sizes = gaps + gap_norm**2, sizes + size**2
         relative[name] = gap_norm / size if size > 0 else (0.0 if gap_norm == 0 else math.inf)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from rankwise.checkpoint import read_weights
 from rankwise.measure.tolerance import UPDATE, tensor_differences, update_difference
 from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
@@ -122,6 +124,13 @@ def random_ops(run: TracedRun) -> dict[str, int]:
     return found
 
 
+def coarsest(dtypes: list[str] | None) -> torch.dtype | None:
+    """The coarsest of the 16-bit parameter dtypes a run's facts name (``bfloat16`` over
+    ``float16``: fewer significant bits), or None for fp32 parameters."""
+    held = [getattr(torch, name) for name in dtypes or () if hasattr(torch, name)]
+    return max(held, key=lambda dtype: torch.finfo(dtype).eps, default=None)
+
+
 def compare(
     reference: TracedRun,
     candidate: TracedRun,
@@ -131,6 +140,7 @@ def compare(
 ) -> list[StepLine]:
     """One line per step both runs reached (step 0: the weights as prepared)."""
     lines: list[StepLine] = []
+    held_in = coarsest(candidate.facts.get("half_params") or reference.facts.get("half_params"))
     # (the weights each run started the step from: the N-rank run's after its step before)
     before: tuple[dict, dict, int] | None = None
     for step in [s for s in reference.steps if s in candidate.steps]:
@@ -187,6 +197,7 @@ def compare(
                 ref_weights,
                 before[1],
                 before[1] if line["followed"] else before[0],
+                held_in=held_in,
             )
             # (a step taken from other weights, with another gradient, is judged on the whole
             # update: a tensor whose update is all rounding, as Adam's of a gradient near eps is,
