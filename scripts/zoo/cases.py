@@ -28,8 +28,8 @@ FRAMEWORKS = (
 )
 VERDICTS = ("equivalent", "not equivalent", "not comparable", "vacuous")
 CAUSES = (
-    "samples", "batch-dependent", "random", "half", "loss-scaled", "loss-mean", "no-grad",
-    "comm-hook", "gradient", "learning-rate", "scheduler", "hyperparameters", "update", "steps",
+    "samples", "batch-dependent", "random", "own-batches", "half", "loss-scaled", "loss-mean",
+    "no-grad", "comm-hook", "gradient", "learning-rate", "scheduler", "hyperparameters", "update", "steps",
 )  # fmt: skip
 FINDINGS = (
     "not-joined", "unsharded", "epochs", "counted-more", "evaluated-whole",

@@ -21,6 +21,7 @@ PATTERNS = {
     "samples": r"samples do not match|same dataset index gives different|data itself differs",
     "batch-dependent": r"batchnorm|batch-dependent|(?<!no layer )depends on the batch",
     "random": r"draws its own numbers|random ops? (that )?rankwise cannot",
+    "own-batches": r"makes its own batches",
     "half": r"16-bit|half precision|fp16 gradients|bf16 gradients",
     "no-grad": r"without (a )?gradients?|received no gradient",
     "not-joined": r"never joined|did not join",

@@ -226,6 +226,9 @@ class StepRecord:
     """One digest per sample the step trained on."""
     tokens: list[int] = field(default_factory=list)
     """Each micro-batch's tokens, where the batch says it."""
+    inputs: list[str] = field(default_factory=list)
+    """Where a backward consumed no DataLoader batch (a script that makes its own batches): one
+    digest per row of the model's inputs in that micro-batch's training forward."""
     losses: list[float] = field(default_factory=list)
     """Every loss given to backward."""
     random_draws: int = 0

@@ -99,3 +99,35 @@ def test_another_learning_rate_in_the_groups_differs_exactly_even_where_the_upda
     fused = _record(hyperparameters=[GROUP | {"foreach": True}])
     candidate = _run(tmp_path / "fused", [start, after], [fused])
     assert compare(reference, candidate, EXACT, 5e-5)[1]["equivalent"]
+
+
+def test_batches_a_script_makes_itself_are_compared_by_the_model_inputs():
+    """No DataLoader: the ranks' training inputs against the one process's.  The same rows are the
+    same data; other rows (a generator seeded per rank, nanoGPT) make the step not comparable
+    ("made"); the same rows on every rank are the unsharded defect ("differs")."""
+    from rankwise.tools.verify.compare import compare_samples
+
+    def step(samples=(), inputs=()):
+        return _record(samples=list(samples), inputs=list(inputs))
+
+    assert compare_samples([step()], [step(), step()])[0] == "unseen"
+    assert compare_samples([step(inputs="abcd")], [step(inputs="ab"), step(inputs="cd")]) == (
+        "same",
+        "",
+    )
+    status, detail = compare_samples([step(inputs="abcd")], [step(inputs="ab"), step(inputs="xy")])
+    assert status == "made" and "2 of their 4 rows" in detail and "no DataLoader" in detail
+    assert compare_samples([step(inputs="ab")], [step(inputs="ab"), step(inputs="ab")])[0] == (
+        "differs"
+    )
+    # (a DataLoader's samples, where there are any, are what the step is compared by)
+    assert compare_samples([step("ab", "zz")], [step("a", "x"), step("b", "y")])[0] == "same"
+
+
+def test_a_step_on_batches_the_runs_made_otherwise_is_not_equivalent(tmp_path):
+    start = _start()
+    after = {name: t - 1e-3 for name, t in start.items()}
+    one = _run(tmp_path / "one", [start, after], [_record(samples=[], inputs=["a", "b"])])
+    many = _run(tmp_path / "many", [start, after], [_record(samples=[], inputs=["c", "d"])])
+    (_, line) = compare(one, many, EXACT)
+    assert line["data"] == "made" and not line["equivalent"]

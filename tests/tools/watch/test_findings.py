@@ -253,3 +253,15 @@ def test_the_scripts_own_rt_all_reduce_stays_the_scripts_call():
     all_reduce.__code__ = all_reduce.__code__.replace(co_filename=runtime.__file__)
     site = all_reduce()
     assert site.startswith("test_findings.py:") and "via" not in site, site
+
+
+def test_a_script_making_the_same_batch_on_every_rank_is_unsharded_and_one_drawn_per_rank_is_not():
+    """No DataLoader (pytorch/examples' FSDP2 example: torch.manual_seed(0) on every rank, then
+    torch.randint for each batch): the model's first training inputs tell."""
+    same = [_record(r, [], first_inputs=list("abcdefgh")) for r in (0, 1)]
+    (finding,) = findings(same, 2)
+    assert finding.kind == "unsharded" and finding.level == "error"
+    assert "without a DataLoader" in finding.text
+    drawn = [_record(0, [], first_inputs=list("abcd")), _record(1, [], first_inputs=list("efgh"))]
+    assert findings(drawn, 2) == []
+    assert findings([_record(r, []) for r in (0, 1)], 2) == []  # (nothing recorded: no finding)

@@ -27,7 +27,6 @@ from rankwise.logs import get_logger
 from rankwise.measure.tolerance import UPDATE, gradient_tolerance, tolerance
 from rankwise.strategies import lookup
 from rankwise.tools.harness import crashed
-from rankwise.tools.verify.causes import RANDOM_OPS
 from rankwise.tools.verify.compare import (
     TracedRun,
     compare,
@@ -52,6 +51,9 @@ log = get_logger(__name__)
 
 EXIT = {"equivalent": 0, "not equivalent": 1, "not comparable": 3, "could not run": 4, "vacuous": 5}
 """``rankwise verify``'s exit code for each verdict."""
+INCOMPARABLE = ("random", "own-batches")
+"""Causes that make the steps not comparable when they are the only ones: each rank draws its own
+numbers, or makes its own batch, so no rank count reproduces one process."""
 
 
 def check(config: VerifySettings) -> tuple[Path, int, Framework | None]:
@@ -455,8 +457,12 @@ def build(
         verdict = "vacuous"
     elif first is None and not diagnosis and len(lines) > 1:
         verdict = "equivalent"
-    elif draws and diagnosis and all(finding.startswith(RANDOM_OPS) for finding in diagnosis):
-        # each rank draws its own numbers: no rank count reproduces one process
+    elif (
+        causes
+        and all(cause["kind"] in INCOMPARABLE for cause in causes)
+        and (draws or any(cause["kind"] == "own-batches" for cause in causes))
+    ):
+        # each rank draws its own numbers, or its own batch: no rank count reproduces one process
         verdict = "not comparable"
     else:
         # (random draws too, then: a finding of its own explains a difference)

@@ -90,14 +90,23 @@ class TracedRun:
 
 def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) -> tuple[str, str]:
     """One step's samples, the N ranks together against the one process: ``("same" | "differs" |
-    "unmatched" | "unseen", detail)``.  ``differs``: other counts, or every rank saw the same
-    samples (a failure by itself); ``unmatched``: as many samples, other digests (another order, or
-    padding the digest does not recognise)."""
+    "unmatched" | "made" | "unseen", detail)``.  ``differs``: other counts, or every rank saw the
+    same samples (a failure by itself); ``unmatched``: as many samples, other digests (another
+    order, or padding the digest does not recognise).  A script that makes its own batches (no
+    DataLoader) is compared by its model's training inputs: ``made`` where they differ (the one
+    process cannot take the N ranks' batch: what it draws is its own), ``unseen`` where none were
+    recorded."""
     one = Counter(reference[0]["samples"]) if reference else Counter()
     ranks = [Counter(rank["samples"]) for rank in candidate]
     together = sum(ranks, Counter())
-    if not one and not together:
-        return "unseen", "no training batch came from a DataLoader"
+    made = not one and not together
+    if made:
+        # (a script that makes its own batches: the model's inputs are what its data is known by)
+        one = Counter(reference[0].get("inputs", [])) if reference else Counter()
+        ranks = [Counter(rank.get("inputs", [])) for rank in candidate]
+        together = sum(ranks, Counter())
+        if not one and not together:
+            return "unseen", "no training batch came from a DataLoader"
     n, seen, expected = len(ranks), sum(together.values()), sum(one.values())
     # (even when one process took them too)
     if n > 1 and ranks[0] and all(rank == ranks[0] for rank in ranks[1:]):
@@ -108,6 +117,11 @@ def compare_samples(reference: list[TracedStep], candidate: list[TracedStep]) ->
     if together == one:
         return "same", ""
     shared = sum((together & one).values())
+    if made:
+        return "made", (
+            f"the script makes its own batches (no DataLoader), and the {n} ranks' model inputs "
+            f"are not the one process's: {shared} of their {seen} rows among its {expected}"
+        )
     detail = (
         f"the {n} ranks saw {seen} samples, {shared} of them among the one process's {expected}"
     )
@@ -233,7 +247,7 @@ def compare(
             and line["settings_ok"]
             and line["loss_ok"]
             and line["gradient_ok"]
-            and line["data"] != "differs"
+            and line["data"] not in ("differs", "made")
         )
         if line["data"] == "unmatched" and line["equivalent"]:
             line["data_detail"] += (

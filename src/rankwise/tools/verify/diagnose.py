@@ -70,6 +70,7 @@ CONSEQUENCE = (
     "half",
     "batch-dependent",
     "random",
+    "own-batches",
     "loss-mean",
     "no-grad",
     "comm-hook",
@@ -194,6 +195,18 @@ def _diagnose(
                     "not train",
                 )
             )
+    if first is not None and first["data"] == "made":
+        findings.append(
+            (
+                "own-batches",
+                f"step {first['step']}'s batches are not the same: {first['data_detail']}. Each "
+                "run draws or slices its own (a generator seeded per rank, unseeded random data, "
+                "offsets of its own), so no one-process run takes the N ranks' global batch, and "
+                "their steps differ by their data: not comparable, neither equivalent nor not. "
+                "Feed the batches from a DataLoader (verify then gives the one process the ranks' "
+                "samples), or make them the same at any world size",
+            )
+        )
     if first is not None and first["data"] in ("differs", "unmatched"):
         findings.append(
             (

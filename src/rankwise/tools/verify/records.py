@@ -72,7 +72,8 @@ class StepLine(TypedDict):
     """Tensors only one run has, or whose shapes differ."""
     data: str
     """The step's samples, the N ranks together against the one process: ``same``, ``differs``,
-    ``unmatched``, ``unseen`` (no DataLoader batch), or ``—`` (step 0)."""
+    ``unmatched``, ``made`` (the script's own batches, not the one process's), ``unseen`` (no
+    DataLoader batch, no inputs recorded), or ``—`` (step 0)."""
     data_detail: str
     """What differs about the samples, in words ("" where they are the same)."""
     loss_reference: float | None
@@ -127,6 +128,9 @@ class TracedStep(TypedDict):
     """One digest per sample the step trained on."""
     tokens: list[int]
     """Each micro-batch's tokens, where the batch says it."""
+    inputs: NotRequired[list[str]]
+    """Where no DataLoader batch was consumed: one digest per row of the model's training inputs
+    (absent in a trace from before they were recorded)."""
     losses: list[float]
     """Every loss given to backward."""
     random_draws: int

@@ -221,7 +221,7 @@ def verdict_line(report: VerifyReport, steps: int) -> str:
     in the whole script changes its results (exit 1 then, whatever the compared steps showed)."""
     errors = sum(finding["level"] == "error" for finding in report.get("findings") or [])
     failed = any(finding["level"] == "failed" for finding in report.get("findings") or [])
-    line = VERDICTS[report["verdict"]].format(steps=steps, random=_random_ops(report))
+    line = VERDICTS[report["verdict"]].format(steps=steps, incomparable=_incomparable(report))
     if failed and not errors and report["verdict"] in ("equivalent", "vacuous"):
         compared = (
             f"its {steps} compared steps match one process"
@@ -242,7 +242,7 @@ def verdict_line(report: VerifyReport, steps: int) -> str:
     compared = {
         "equivalent": f"its {steps} compared steps match one process, but",
         "vacuous": "nothing trained in the compared steps, and",
-        "not comparable": "random ops make the steps not comparable, and",
+        "not comparable": "the steps are not comparable, and",
     }[report["verdict"]]
     findings = (
         f"{errors} finding{'s' if errors > 1 else ''} in the script "
@@ -282,8 +282,17 @@ VERDICTS = {
     "proves nothing (exit 5)",
     "not equivalent": "verdict: NOT equivalent (exit 1)",
     "could not run": "verdict: could not run: a run crashed, so nothing was compared (exit 4)",
-    "not comparable": "verdict: not comparable: random ops in the forward ({random}) (exit 3)",
+    "not comparable": "verdict: not comparable: {incomparable} (exit 3)",
 }
+
+
+def _incomparable(report: VerifyReport) -> str:
+    """Why the steps cannot be compared: the random ops, the script's own batches, or both."""
+    kinds = {cause["kind"] for cause in report.get("causes") or []}
+    why = [f"random ops in the forward ({_random_ops(report)})"] if "random" in kinds else []
+    if "own-batches" in kinds:
+        why.append("the script makes its own batches, and the one process's are not the ranks'")
+    return "; ".join(why) or f"random ops in the forward ({_random_ops(report)})"
 
 
 def _random_ops(report: VerifyReport) -> str:

@@ -18,7 +18,7 @@ import sys
 from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
-from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning
+from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, workdir
 from rankwise.tools.watch.rank import arm_stall, watched
 from rankwise.tools.watch.settings import DIRECTORY, WatchSettings
 from rankwise.tools.watch.spawned import launcher_main
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     # a rank of `verify` or `bench --script`: rankwise's messages as under `rankwise launch`
     to_terminal()
     settings = WatchSettings.from_environment()
+    # (the scratch mirrors the user's directory: a write through its links stays in the scratch)
+    workdir.guard()
     # an mp.spawn script: this process starts the ranks, and each is watched there
     if settings.spawn:
         return launcher_main(argv, settings)

@@ -85,6 +85,8 @@ def _unsharded(records: list[RankRecord]) -> list[Finding]:
     if len(records) < 2:
         return []
     firsts = [next((p["first"] for p in _training_passes(r) if p["first"]), None) for r in records]
+    if firsts[0] is None and not any(_training_passes(r) for r in records):
+        return _same_inputs(records)
     if firsts[0] is None or any(first != firsts[0] for first in firsts[1:]):
         return []
     passes = _training_passes(records[0])
@@ -99,6 +101,26 @@ def _unsharded(records: list[RankRecord]) -> list[Finding]:
             "global batch holds every sample N times. Give the training DataLoader "
             "sampler=DistributedSampler(dataset) (or let accelerator.prepare / fabric."
             "setup_dataloaders shard it)",
+        )
+    ]
+
+
+def _same_inputs(records: list[RankRecord]) -> list[Finding]:
+    """A script that makes its own batches (no DataLoader): every rank's first training inputs the
+    same rows."""
+    firsts = [r.get("first_inputs") or [] for r in records]
+    if not firsts[0] or any(first != firsts[0] for first in firsts[1:]):
+        return []
+    return [
+        Finding(
+            "error",
+            "unsharded",
+            f"every one of the {len(records)} ranks trained on the same inputs (the first "
+            f"{len(firsts[0])} rows of the model's first training input are the same on every "
+            "rank; the script makes its batches itself, without a DataLoader): each rank does the "
+            "same work, and the global batch holds every sample N times. Draw or slice each "
+            "rank's batch by its rank (a generator seeded with the rank, or indices offset by it), "
+            "or feed it from a DataLoader with a DistributedSampler",
         )
     ]
 

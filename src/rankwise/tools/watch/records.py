@@ -183,6 +183,9 @@ class RankRecord(TypedDict):
     keep_batches: int | None
     """After the compared window: the batches a training pass yields before it is cut (None: as
     written)."""
+    first_inputs: NotRequired[list[str]]
+    """Where the script makes its own batches (no DataLoader): digests of its first training
+    forward's first 8 input rows."""
     ended_by: str
     """How the script ended: ``watcher``, ``script`` or ``failure``."""
     destroyed_group: bool

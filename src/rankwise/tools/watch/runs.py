@@ -10,7 +10,7 @@ from pathlib import Path
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.process import threads_per_process
 from rankwise.tools.harness import run_measured
-from rankwise.tools.watch import spawned, stall, window
+from rankwise.tools.watch import spawned, stall, window, workdir
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.settings import (
@@ -27,6 +27,15 @@ from rankwise.tools.watch.settings import (
     TRACE,
     WARMUP,
 )
+
+
+def _output_tree(origin: Path, run_dir: Path) -> tuple[Path, ...]:
+    """The entry of the user's directory that holds this run's directory (``runs/``): rankwise's
+    output, not the script's input, left out of the mirror."""
+    run_dir = run_dir.resolve()
+    if origin in run_dir.parents:
+        return (origin / run_dir.relative_to(origin).parts[0],)
+    return (run_dir,) if run_dir == origin else ()
 
 
 def watched_run(
@@ -63,6 +72,9 @@ def watched_run(
     what it passed (:func:`rankwise.tools.watch.spawned.read_records`)."""
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
+    # (the script's relative paths read the user's files; its writes stay in the scratch)
+    origin = Path.cwd().resolve()
+    workdir.mirror(origin, scratch, leave_out=_output_tree(origin, run_dir))
     # (an earlier run in the same directory)
     for stale in run_dir.glob(window.RANK_PEAKS.format(rank="*")):
         stale.unlink()
@@ -80,6 +92,7 @@ def watched_run(
         SPAWN: "",
         AFTER: after,
         PROFILE: str(profile_steps),
+        workdir.ORIGIN: str(origin),
     }
     bootstrap = ["-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
     # (Horovod's ranks: its launcher's, over gloo here)

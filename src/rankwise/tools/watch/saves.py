@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from rankwise.tools.watch.ranks import call_site, patch
+from rankwise.tools.watch.workdir import unlink_before_write
 
 
 class SaveWatch:
@@ -45,6 +46,8 @@ class SaveWatch:
                     "step": watcher.step(),
                 }
             )
+            # (a link into the user's directory: the scratch's own file, not the user's)
+            unlink_before_write(f)
             return original(obj, f, *args, **kwargs)
 
         return save

@@ -37,6 +37,7 @@ def of(watcher) -> RankRecord:
         "api": watcher.facts["api"],
         "window_steps": watcher.window.end,
         "keep_batches": watcher.data.keep,
+        "first_inputs": watcher.steps.first_inputs,
         "ended_by": watcher.ended_by,
         "destroyed_group": watcher.calls.destroyed_group,
     }

@@ -14,6 +14,7 @@ import hashlib
 import torch
 from torch import nn
 
+from rankwise.sampling.samples import sample_digests
 from rankwise.tools.trace import RandomOps, StepRecord, generator_state, learning_rates
 from rankwise.tools.watch.hyperparameters import hyperparameters, schedulers
 from rankwise.tools.watch.ranks import gather, rank_and_world
@@ -33,6 +34,10 @@ class StepWatch:
         self.runtime_loss = False
         """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy
         may scale it)."""
+        self.first_inputs: list[str] = []
+        """The first training forward's input digests (its first 8 rows) where no DataLoader batch
+        fed it: the sharding check of a script that makes its own batches."""
+        self._inputs: list[str] = []
         self._random: RandomOps | None = None
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
@@ -60,6 +65,11 @@ class StepWatch:
         # hand)
         self._random.stack.append(self._random.names.get(id(module), ""))
 
+    def forward_inputs(self, args: tuple) -> None:
+        """The outermost training forward's positional inputs: one digest per row, kept for the
+        backward that consumes them (used where no DataLoader batch was consumed)."""
+        self._inputs += sample_digests(args)
+
     def batch_yielded(self) -> None:
         # did the forward draw random numbers? (compared at its backward)
         self._state = generator_state()
@@ -74,6 +84,12 @@ class StepWatch:
             self.record.samples += digests
             if tokens is not None:
                 self.record.tokens.append(tokens)
+        elif self._inputs:
+            # (a batch the script made itself: its inputs are what the runs' data is known by)
+            self.record.inputs += self._inputs
+            if not self.first_inputs:
+                self.first_inputs = self._inputs[:8]
+        self._inputs = []
         if not tracing:
             return
         if self._random is not None:

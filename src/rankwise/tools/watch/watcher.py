@@ -147,6 +147,8 @@ class Watcher:
         self.window.begin("forward")
         if self.models.new(module):
             self.model_seen(module)
+        if self.tracing and torch.is_grad_enabled():
+            self.steps.forward_inputs(args)
         if not self.settings.trace and not self.step and torch.is_grad_enabled():
             self.window.flops.start(module, self.facts["device"])
         if self.lockstep.follow is not None and not self.step and torch.is_grad_enabled():
