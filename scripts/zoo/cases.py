@@ -29,7 +29,8 @@ FRAMEWORKS = (
 VERDICTS = ("equivalent", "not equivalent", "not comparable", "vacuous")
 CAUSES = (
     "samples", "batch-dependent", "random", "own-batches", "half", "loss-scaled", "loss-mean",
-    "no-grad", "comm-hook", "gradient", "learning-rate", "scheduler", "hyperparameters", "update", "steps",
+    "no-grad", "comm-hook", "gradient", "learning-rate", "scheduler", "hyperparameters", "update",
+    "steps",
 )  # fmt: skip
 FINDINGS = (
     "not-joined", "unsharded", "epochs", "counted-more", "evaluated-whole",
