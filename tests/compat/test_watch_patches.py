@@ -31,6 +31,8 @@ def _resolve(dotted: str):
 
 
 def _installed(library: str) -> bool:
+    if library == "python":
+        return True
     try:
         importlib.metadata.version(library)
     except importlib.metadata.PackageNotFoundError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import platform
 import warnings
 from dataclasses import dataclass
 
@@ -16,8 +17,10 @@ _warned: set[str] = set()
 # (a lookup in the package metadata each time: workarounds ask per parameter and per step)
 @functools.cache
 def installed(library: str) -> Version | None:
-    """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``), or
-    ``None``."""
+    """The installed release of ``library`` (a distribution name: ``torch``, ``deepspeed``;
+    ``python``: the interpreter's), or ``None``."""
+    if library == "python":
+        return Version(platform.python_version())
     try:
         return Version(importlib.metadata.version(library))
     except importlib.metadata.PackageNotFoundError:

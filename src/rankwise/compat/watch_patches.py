@@ -237,6 +237,13 @@ LIGHTNING_FABRIC_PRINT = Patch(
     "the same, in the standalone package",
     ("2.6",),
 )
+PRINT = Patch(
+    "builtins.print",
+    "python",
+    "the training loss a script prints on each rank (each rank's line shows its own shard's loss); "
+    "a print has no hook, and sys.stdout is the launcher's to redirect",
+    ("3.11", "3.12"),
+)
 TORCHMETRICS_COMPUTE = Patch(
     "torchmetrics.metric.Metric.__init__",
     "torchmetrics",
@@ -289,6 +296,7 @@ PATCHES: dict[str, Patch] = {
         PL_LOG,
         FABRIC_PRINT,
         LIGHTNING_FABRIC_PRINT,
+        PRINT,
         TORCHMETRICS_COMPUTE,
         LIGHTNING_TRAINER,
         PL_TRAINER,

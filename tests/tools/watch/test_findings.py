@@ -265,3 +265,30 @@ def test_a_script_making_the_same_batch_on_every_rank_is_unsharded_and_one_drawn
     drawn = [_record(0, [], first_inputs=list("abcd")), _record(1, [], first_inputs=list("efgh"))]
     assert findings(drawn, 2) == []
     assert findings([_record(r, []) for r in (0, 1)], 2) == []  # (nothing recorded: no finding)
+
+
+def _metrics(loss_prints=None, loss_reads=None):
+    return {
+        "unsynced_logs": {},
+        "unsynced_metrics": {},
+        "loss_reads": loss_reads or {},
+        "printed_losses": {},
+        "loss_prints": loss_prints or {},
+    }
+
+
+def test_a_loss_every_rank_prints_from_its_shard_is_an_error_and_rank_0_s_alone_a_warning():
+    """Fabric's image classifier and Horovod's MNIST print loss.item() on every rank: N lines for
+    one step, none the global batch's loss."""
+    site = {"train.py:121": 3}
+    everywhere = [_record(r, [], metrics=_metrics(site, site)) for r in (0, 1)]
+    (finding,) = findings(everywhere, 2)
+    assert finding.kind == "per-rank-metric" and finding.level == "error"
+    assert "every one of the 2 ranks prints its own training loss at train.py:121" in finding.text
+    alone = [
+        _record(0, [], metrics=_metrics(site, site)),
+        _record(1, [], metrics=_metrics()),
+    ]
+    (finding,) = findings(alone, 2)
+    assert finding.kind == "per-rank-metric" and finding.level == "warning"
+    assert "rank 0 alone" in finding.text

@@ -295,6 +295,21 @@ def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
                 "(True)",
             )
         )
+    prints = [m.get("loss_prints", {}) if m else {} for m in metrics]
+    everywhere = [site for site in prints[0] if all(other.get(site) for other in prints[1:])]
+    if everywhere:
+        out.append(
+            Finding(
+                "error",
+                "per-rank-metric",
+                f"every one of the {len(records)} ranks prints its own training loss at "
+                f"{everywhere[0]}, never reduced across them: {len(records)} lines for one step, "
+                f"each the loss of one rank's 1/{len(records)} of the global batch, none the "
+                "step's loss one process prints. Average a detached copy over the ranks first "
+                "(dist.all_reduce with op=AVG; hvd.allreduce; fabric.all_reduce) and print it on "
+                "rank 0",
+            )
+        )
     reads = [m["loss_reads"] if m else {} for m in metrics]
     alone = [
         f"reads the training loss at {site}"
@@ -305,6 +320,11 @@ def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
     alone += [
         f"prints the training loss (fabric.print at {site}: Fabric prints rank 0's line only)"
         for site in printed
+    ]
+    alone += [
+        f"prints the training loss at {site}"
+        for site in prints[0]
+        if site not in everywhere and any(not other.get(site) for other in prints[1:])
     ]
     if alone:
         out.append(

@@ -9,11 +9,14 @@ Three ways a script does it, each watched where it happens:
   never gathered, so its value is the rank's shard's;
 * the training loss read back (``loss.item()``) by rank 0 alone, never reduced across the ranks,
   or printed with Fabric's ``fabric.print`` (rank 0's line only): the loss of one rank's share of
-  the global batch, printed or logged as the step's.
+  the global batch, printed or logged as the step's;
+* that loss printed with ``print`` on every rank: N lines for one step, each a shard's loss, none
+  the global batch's.
 """
 
 from __future__ import annotations
 
+import builtins
 import gc
 import sys
 
@@ -46,6 +49,8 @@ class MetricWatch:
         """Reads of the training loss's value that no collective had reduced, by call site."""
         self.printed_losses: dict[str, int] = {}
         """``fabric.print`` calls whose text shows that value, by call site."""
+        self.loss_prints: dict[str, int] = {}
+        """The script's own ``print`` calls whose text shows that value, by call site."""
         self._loss_value: float | None = None
         self._loss: int | None = None
         self._loss_reduced = False
@@ -55,13 +60,13 @@ class MetricWatch:
 
     def loss_seen(self, loss: torch.Tensor) -> None:
         """A backward of ``loss``: the tensor whose reads are watched until the next one."""
-        self._loss, self._loss_reduced = _storage(loss), False
+        self._loss, self._loss_reduced, self._loss_value = _storage(loss), False, None
 
     def collective(self, args: tuple) -> None:
         """A collective of the script's: one over the loss's data (an in-place ``all_reduce``)
         makes its value the ranks' together."""
         if args and self._loss is not None and _storage(args[0]) == self._loss:
-            self._loss_reduced = True
+            self._loss_reduced, self._loss_value = True, None
 
     def read(self, tensor: torch.Tensor, site: str, value: object) -> None:
         """The script read ``tensor``'s ``value`` at ``site``."""
@@ -85,6 +90,7 @@ class MetricWatch:
             module = sys.modules.get(name)
             if module is not None:
                 patch(module.Fabric, "print", self._fabric_print)
+        patch(builtins, "print", self._print)
         metric = sys.modules.get("torchmetrics.metric")
         if metric is not None:
             patch(metric.Metric, "__init__", self._metric_built)
@@ -125,6 +131,23 @@ class MetricWatch:
 
         return fabric_print
 
+    def _print(self, original):
+        watch = self
+
+        def print_(*args, **kwargs):
+            value = watch._loss_value
+            if (
+                value is not None
+                and not outside_the_script(sys._getframe(1).f_code.co_filename)
+                and rank_and_world()[1] > 1
+                and any(_shows(str(arg), value) for arg in args)
+            ):
+                site = call_site()
+                watch.loss_prints[site] = watch.loss_prints.get(site, 0) + 1
+            return original(*args, **kwargs)
+
+        return print_
+
     def _metric_built(self, original):
         watch = self
 
@@ -155,6 +178,7 @@ class MetricWatch:
             "unsynced_metrics": dict(self.unsynced_metrics),
             "loss_reads": dict(self.loss_reads),
             "printed_losses": dict(self.printed_losses),
+            "loss_prints": dict(self.loss_prints),
         }
 
 

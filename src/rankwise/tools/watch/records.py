@@ -135,6 +135,8 @@ class MetricsRecord(TypedDict):
     """Reads of the training loss no collective had reduced, by call site."""
     printed_losses: NotRequired[dict[str, int]]
     """``fabric.print`` calls (rank 0's line only) showing that loss, by call site."""
+    loss_prints: NotRequired[dict[str, int]]
+    """The script's ``print`` calls showing that loss, by call site."""
 
 
 class RankRecord(TypedDict):

@@ -1,0 +1,36 @@
+"""The watcher's per-rank metrics, in one process standing for a rank of two."""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+import torch
+
+from rankwise.tools.watch import metrics
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_print_showing_the_unreduced_loss_is_counted_by_line_and_other_prints_are_not(
+    monkeypatch, capsys
+):
+    monkeypatch.setattr(builtins, "print", builtins.print)  # (restored after the test)
+    monkeypatch.setattr(metrics, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(metrics, "outside_the_script", lambda filename: False)
+    monkeypatch.setattr(metrics, "call_site", lambda: "train.py:121")
+    watch = metrics.MetricWatch()
+    watch.patch_frameworks()
+    loss = torch.tensor(0.123456789)
+    watch.loss_seen(loss)
+    watch.read(loss, "train.py:121", loss.item())
+    print(f"Train Epoch: 1 [0/60000]\tLoss: {loss.item():.6f}")
+    print("Epoch 1 | Batchsize: 32 | Steps: 16")
+    assert watch.records()["loss_prints"] == {"train.py:121": 1}
+    # (a value the ranks reduced is the step's: its print is not counted)
+    watch.loss_seen(loss)
+    watch.collective((loss,))
+    watch.read(loss, "train.py:121", loss.item())
+    print(f"Loss: {loss.item():.6f}")
+    assert watch.records()["loss_prints"] == {"train.py:121": 1}
+    assert "Loss: 0.123457" in capsys.readouterr().out
