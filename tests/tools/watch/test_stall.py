@@ -132,3 +132,16 @@ def test_a_rank_waiting_while_another_works_is_not_stalled_until_the_whole_run_s
     # ... not while rank 0 worked: rank 1's own deadline (1 s) followed the run's progress
     assert ended > 3.5
     assert [dump.who for dump in read_dumps(tmp_path) if dump.timed_out] == ["rank0", "rank1"]
+
+
+@pytest.mark.unit
+def test_building_a_cpp_extension_counts_as_progress():
+    """DeepSpeed compiles its CPU Adam on first use (minutes without a cache) while the other rank
+    waits on the build's file baton: neither is stalled."""
+    from rankwise.tools.watch.stall import building
+
+    assert not building()
+    code = compile("found = building()", "/site-packages/torch/utils/cpp_extension.py", "exec")
+    scope = {"building": building}
+    exec(code, scope)
+    assert scope["found"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -103,6 +104,11 @@ class LoaderWatch:
     ):
         self.scale, self.on_batch, self.digest_all = scale, on_batch, digest_all
         self.loaders: dict[int, int] = {}
+        """id(loader) -> its number."""
+        self.lineage: dict[tuple[int, int], tuple[int, weakref.ref]] = {}
+        """(id(dataset), id(sampler)) -> the number of the loader first built over them: a
+        framework that builds a new DataLoader over the same sampler each epoch (DeepSpeed's
+        DeepSpeedDataLoader) runs one loader's passes, not a new loader each."""
         self.passes: list[_Pass] = []
         self.active: dict[int, _Pass] = {}
         self.sites: dict[int, str] = {}
@@ -224,7 +230,7 @@ class LoaderWatch:
         watcher = self
 
         def iterate(loader):
-            number = watcher.loaders.setdefault(id(loader), len(watcher.loaders))
+            number = watcher.number(loader)
             key = (number, watcher.pass_counts.get(number, 0))
             watcher.pass_counts[number] = key[1] + 1
             current = _Pass(loader, number, _length(watcher._length, loader))
@@ -243,6 +249,23 @@ class LoaderWatch:
             return watcher._batches(current, key, batches)
 
         return iterate
+
+    def number(self, loader) -> int:
+        """The loader's number: its own, else that of an earlier loader over the same dataset and
+        sampler objects (the samplers a DataLoader makes itself are new objects each time)."""
+        if id(loader) not in self.loaders:
+            sampler = getattr(loader, "sampler", None)
+            lineage = (id(loader.dataset), id(sampler))
+            number, earlier = self.lineage.get(lineage, (-1, None))
+            # (the same sampler object still alive, not another one at a freed one's address)
+            if earlier is None or earlier() is not sampler:
+                number = max(self.loaders.values(), default=-1) + 1
+                try:
+                    self.lineage[lineage] = (number, weakref.ref(sampler))
+                except TypeError:  # (a sampler without weak references: no lineage)
+                    pass
+            self.loaders[id(loader)] = number
+        return self.loaders[id(loader)]
 
     def _loader_len(self, original):
         watcher = self

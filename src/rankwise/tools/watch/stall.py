@@ -26,6 +26,7 @@ import contextlib
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -107,6 +108,10 @@ def _watch_the_run(handle, seconds: float, heartbeat: Path, stop: threading.Even
     pushed back to that much after it."""
     seen = 0.0
     while not stop.wait(min(1.0, seconds / 4)):
+        if building():
+            # (compiling is progress: the other ranks, waiting on this one's build, see it too)
+            with contextlib.suppress(OSError):
+                heartbeat.touch()
         try:
             last = heartbeat.stat().st_mtime
         except OSError:
@@ -116,6 +121,21 @@ def _watch_the_run(handle, seconds: float, heartbeat: Path, stop: threading.Even
             left = seconds - (time.time() - last)
             if left > 0 and _state["file"] is handle:
                 faulthandler.dump_traceback_later(left, exit=True, file=handle)
+
+
+BUILDING = ("torch/utils/cpp_extension.py", "torch/utils/file_baton.py")
+"""Where a process builds a C++ extension, or waits for another process's build of it: DeepSpeed
+compiles its ops (CPU Adam) on first use, minutes on a machine without the build cached."""
+
+
+def building() -> bool:
+    """Whether the main thread is building a torch C++ extension or waiting for one's build."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code.co_filename.replace(os.sep, "/").endswith(BUILDING):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def pause() -> None:
