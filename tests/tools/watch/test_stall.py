@@ -145,3 +145,23 @@ def test_building_a_cpp_extension_counts_as_progress():
     scope = {"building": building}
     exec(code, scope)
     assert scope["found"]
+    # (waiting on the build's lock is not: a lock a stopped build left would wait for ever)
+    baton = compile("found = building()", "/site-packages/torch/utils/file_baton.py", "exec")
+    scope = {"building": lambda: exec(baton, inner) or inner["found"]}
+    inner = {"building": building}
+    exec(code, scope)
+    assert not scope["found"]
+
+
+@pytest.mark.unit
+def test_a_rank_stopped_on_a_build_lock_is_told_where_the_lock_is():
+    from rankwise.launch.stacks import Dump, Frame
+
+    frames = [
+        Frame("/site-packages/torch/utils/file_baton.py", 50, "wait"),
+        Frame("/work/train.py", 341, "main"),
+    ]
+    dump = Dump("rank0", 120.0, True, "0x1", {"0x1": frames})
+    said = describe([dump], "/work/train.py")
+    assert "made no progress for 120 s" in said and "train.py:341" in said
+    assert "~/.cache/torch_extensions" in said

@@ -123,19 +123,22 @@ def _watch_the_run(handle, seconds: float, heartbeat: Path, stop: threading.Even
                 faulthandler.dump_traceback_later(left, exit=True, file=handle)
 
 
-BUILDING = ("torch/utils/cpp_extension.py", "torch/utils/file_baton.py")
-"""Where a process builds a C++ extension, or waits for another process's build of it: DeepSpeed
-compiles its ops (CPU Adam) on first use, minutes on a machine without the build cached."""
+BUILDING, BATON = "torch/utils/cpp_extension.py", "torch/utils/file_baton.py"
+"""Where a process builds a torch C++ extension (DeepSpeed compiles its ops, CPU Adam, on first
+use: minutes on a machine without the build cached), and where one waits for another process's
+build of it."""
 
 
 def building() -> bool:
-    """Whether the main thread is building a torch C++ extension or waiting for one's build."""
+    """Whether the main thread is building a torch C++ extension.  Not while it waits on the
+    build's lock: the process that builds shows the run's progress, and a lock no process holds any
+    more (a build stopped half-way) would wait for ever."""
     frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    files = []
     while frame is not None:
-        if frame.f_code.co_filename.replace(os.sep, "/").endswith(BUILDING):
-            return True
+        files.append(frame.f_code.co_filename.replace(os.sep, "/"))
         frame = frame.f_back
-    return False
+    return any(f.endswith(BUILDING) for f in files) and not any(f.endswith(BATON) for f in files)
 
 
 def pause() -> None:
@@ -206,6 +209,12 @@ def describe(dumps: list[Dump], script: str | Path | None = None) -> str | None:
         where = f"at {ours}" if ours else "outside the script"
         if innermost is not None and innermost != ours:
             where += f" ({innermost})"
+        if innermost is not None and innermost.file.replace(os.sep, "/").endswith(BATON):
+            where += (
+                ", on the lock of a torch C++ extension's build (DeepSpeed's ops): if no build "
+                "is running, a stopped one left it; remove the `lock` file under "
+                "~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR)"
+            )
         if dump.timed_out:
             lines.append(
                 f"{who} made no progress for {dump.seconds:g} s and was stopped; it waited {where}"
