@@ -149,6 +149,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "pass cut short) or `as-written` (`verify --as-written`).",
     ),
     EnvVar(
+        "RANKWISE_WATCH_ORIGIN",
+        "`tools/watch/runs.py`",
+        "`tools/watch/workdir.py`",
+        "The user's directory a watched run's scratch mirrors: a write through one of the "
+        "mirror's links into it replaces the link first.",
+    ),
+    EnvVar(
         "RANKWISE_WATCH_STALL",
         "`verify --stall-timeout`",
         "`tools/watch/settings.py`",

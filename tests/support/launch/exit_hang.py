@@ -43,11 +43,13 @@ def main():
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    world, rank = dist.get_world_size(), dist.get_rank()
     for _ in range(3):
         optimizer.zero_grad()
-        model(torch.randn(8, 4)).pow(2).mean().backward()
+        # the global batch, drawn alike everywhere; each rank trains on its share of it
+        batch = torch.randn(8 * 2, 4).chunk(world)[rank]
+        model(batch).pow(2).mean().backward()
         optimizer.step()
-    rank = dist.get_rank()
     hangs = args.ranks == "all" or int(args.ranks) == rank
     dist.destroy_process_group()
     started = time.monotonic()

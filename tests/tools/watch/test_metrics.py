@@ -34,3 +34,22 @@ def test_a_print_showing_the_unreduced_loss_is_counted_by_line_and_other_prints_
     print(f"Loss: {loss.item():.6f}")
     assert watch.records()["loss_prints"] == {"train.py:121": 1}
     assert "Loss: 0.123457" in capsys.readouterr().out
+
+
+def test_the_scan_for_metrics_built_earlier_passes_over_dead_weak_proxies(monkeypatch):
+    """gc.get_objects() holds weakref proxies whose object is gone; isinstance on one raises."""
+    import weakref
+
+    torchmetrics = pytest.importorskip("torchmetrics")
+    # (put back after the test: the watch replaces it)
+    monkeypatch.setattr(torchmetrics.Metric, "__init__", torchmetrics.Metric.__init__)
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    proxy = weakref.proxy(gone)
+    del gone
+    monkeypatch.setattr(builtins, "print", builtins.print)
+    monkeypatch.setattr(metrics.gc, "get_objects", lambda: [proxy])
+    metrics.MetricWatch().patch_frameworks()  # (no ReferenceError)

@@ -96,8 +96,11 @@ class MetricWatch:
             patch(metric.Metric, "__init__", self._metric_built)
             # (and those built before: a LightningModule's, a script's built before its model ran)
             for found in gc.get_objects():
-                if isinstance(found, metric.Metric):
-                    self.metric_seen(found)
+                try:
+                    if isinstance(found, metric.Metric):
+                        self.metric_seen(found)
+                except ReferenceError:  # (a weakref.proxy whose object is gone)
+                    continue
 
     def _log(self, original):
         watch = self
