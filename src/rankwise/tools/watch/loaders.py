@@ -166,6 +166,11 @@ class LoaderWatch:
         current.record["trained_batches"] = current.record.get("trained_batches", 0) + 1
         return digests, tokens
 
+    def batch_waiting(self) -> bool:
+        """Whether a yielded batch waits for the backward that consumes it (its digests are the
+        step's samples: the model's inputs need no digest of their own)."""
+        return any(p.pending for p in self.active.values())
+
     def take_wait_seconds(self) -> float:
         """The seconds waited for batches since the last call (one step's)."""
         waited, self.waited = self.waited, 0.0

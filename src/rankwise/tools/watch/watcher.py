@@ -147,7 +147,8 @@ class Watcher:
         self.window.begin("forward")
         if self.models.new(module):
             self.model_seen(module)
-        if self.tracing and torch.is_grad_enabled():
+        if self.tracing and torch.is_grad_enabled() and not self.data.batch_waiting():
+            # (a batch no DataLoader yielded: the model's inputs are what its data is known by)
             self.steps.forward_inputs(args)
         if not self.settings.trace and not self.step and torch.is_grad_enabled():
             self.window.flops.start(module, self.facts["device"])
