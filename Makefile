@@ -1,5 +1,6 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
 # make test   - same set-up, then ruff (lint and format), mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make test-long - same set-up, then the real-rank tests make test leaves out for time (tests/support/long.py says why each)
 # make test-docs - same set-up, then every command block of README.md and docs/, run as written at a smoke size
 # make zoo    - rankwise verify, bench --script and plan on public training scripts (zoo/): docs/reference/zoo.md
 # make docs   - build the docs site into site/ (strict: a broken link or reference fails); make docs-serve: serve it locally
@@ -16,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 export DISABLE_MKDOCS_2_WARNING := true
 
-.PHONY: install demo test test-fast test-docs docs docs-serve browser bench zoo gpu-wheels gpu-check clean
+.PHONY: install demo test test-fast test-long test-docs docs docs-serve browser bench zoo gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -42,7 +43,13 @@ test: $(STAMP) browser
 	$(VENV)/bin/ruff format --check src tests examples scripts
 	$(PY) -m mypy  # src/rankwise, configured in pyproject.toml ([tool.mypy])
 	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict mode counts
-	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
+	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not long" tests
+
+# The long tier: real-rank tests whose behaviour a shorter test in make test already runs, or a second strategy or
+# precision of one (tests/support/long.py names each and why); about 40 minutes on 2 cores.  Run it before a change
+# to what they cover lands.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m long tests
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples scripts

@@ -59,3 +59,18 @@ def test_this_test_runs_in_the_unit_tier_under_the_guard(request):
     assert request.node.get_closest_marker("unit")
     with pytest.raises(StartedAProcess):
         subprocess.run(["true"])
+
+
+def test_every_long_test_names_a_test_that_exists_and_says_why():
+    """A renamed test would silently return to make test's time: each key must still name one."""
+    from pathlib import Path
+
+    from tests.support.long import LONG, is_long
+
+    root = Path(__file__).parents[1]
+    for nodeid, why in LONG.items():
+        path, name = nodeid.split("::", 1)
+        source = (root / path).read_text()
+        assert f"def {name.split('[', 1)[0]}(" in source, nodeid
+        assert why.startswith(("covered by: ", "only here: ")), nodeid
+    assert is_long(next(iter(LONG)) + "[a-case]") and not is_long("tests/x.py::test_y")
