@@ -1,5 +1,5 @@
 # make demo   - create .venv if missing, install, run the main job (rankwise bench, quick preset)
-# make test   - same set-up, then ruff (lint and format), mypy, the docs build and the whole test suite (make test-fast: the unit tier, about a minute)
+# make test   - same set-up, then ruff (lint and format), mypy, the docs build and the test suite but its long tier (make test-fast: the unit tier, about a minute)
 # make test-long - same set-up, then the real-rank tests make test leaves out for time (tests/support/long.py says why each)
 # make test-docs - same set-up, then every command block of README.md and docs/, run as written at a smoke size
 # make zoo    - rankwise verify, bench --script and plan on public training scripts (zoo/): docs/reference/zoo.md
@@ -46,8 +46,8 @@ test: $(STAMP) browser
 	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not long" tests
 
 # The long tier: real-rank tests whose behaviour a shorter test in make test already runs, or a second strategy or
-# precision of one (tests/support/long.py names each and why); about 40 minutes on 2 cores.  Run it before a change
-# to what they cover lands.
+# precision of one (tests/support/long.py names each and why): 82 worker-minutes measured on a slow day, about 45
+# minutes on 2 cores.  Run it before a change to what they cover lands.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m long tests
 

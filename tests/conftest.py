@@ -8,7 +8,13 @@ import pytest
 import torch.distributed as torch_dist
 
 from tests.support.long import is_long
-from tests.support.tiers import TIERS, no_process_started, starts_processes, tier_of
+from tests.support.tiers import (
+    TIERS,
+    no_process_started,
+    shares_a_started_fixture,
+    starts_processes,
+    tier_of,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _DIST_VARS = (
@@ -108,7 +114,7 @@ def pytest_collection_modifyitems(config, items):
             # Under pytest-xdist (`--dist loadgroup`), one worker runs every test that builds the
             # two hosts: their network namespaces and veth pair have fixed names.
             item.add_marker(pytest.mark.xdist_group("two-hosts"))
-        elif _shares_a_started_fixture(item):
+        elif shares_a_started_fixture(item):
             # A module's fixture that starts ranks runs once per worker that runs one of its tests:
             # its tests go to one worker, so it runs once (the bench summary: 253 s, not twice).
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
@@ -122,16 +128,6 @@ def pytest_collection_modifyitems(config, items):
         items.sort(
             key=lambda item: min(rank[tier] for tier in TIERS if item.get_closest_marker(tier))
         )
-
-
-def _shares_a_started_fixture(item) -> bool:
-    """Whether ``item`` uses a module-scoped fixture that starts processes."""
-    fixtureinfo = getattr(item, "_fixtureinfo", None)
-    for name in getattr(item, "fixturenames", ()):
-        for definition in fixtureinfo.name2fixturedefs.get(name, ()) if fixtureinfo else ():
-            if definition.scope == "module" and getattr(definition.func, "__rankwise_tier__", None):
-                return True
-    return False
 
 
 def _unit_only(item):

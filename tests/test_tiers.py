@@ -8,13 +8,24 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support.tiers import StartedAProcess, no_process_started, starts_processes, tier_of
+from tests.support.tiers import (
+    StartedAProcess,
+    no_process_started,
+    shares_a_started_fixture,
+    starts_processes,
+    tier_of,
+)
 
 
 def _item(markers=(), fixtures=()):
     """What tier_of reads from a collected test: its closest markers and its fixtures'
     definitions."""
-    definitions = {function.__name__: [SimpleNamespace(func=function)] for function in fixtures}
+    definitions = {
+        function.__name__: [
+            SimpleNamespace(func=function, scope=getattr(function, "scope", "function"))
+        ]
+        for function in fixtures
+    }
     return SimpleNamespace(
         get_closest_marker=lambda name: name if name in markers else None,
         fixturenames=list(definitions),
@@ -74,3 +85,20 @@ def test_every_long_test_names_a_test_that_exists_and_says_why():
         assert f"def {name.split('[', 1)[0]}(" in source, nodeid
         assert why.startswith(("covered by: ", "only here: ")), nodeid
     assert is_long(next(iter(LONG)) + "[a-case]") and not is_long("tests/x.py::test_y")
+
+
+def test_only_a_module_fixture_that_starts_processes_keeps_its_tests_on_one_worker():
+    @starts_processes()
+    def per_test_run():
+        pass
+
+    @starts_processes()
+    def module_run():
+        pass
+
+    def module_data():
+        pass
+
+    module_run.scope = module_data.scope = "module"  # type: ignore[attr-defined]
+    assert shares_a_started_fixture(_item(fixtures=[per_test_run, module_run]))
+    assert not shares_a_started_fixture(_item(fixtures=[per_test_run, module_data]))

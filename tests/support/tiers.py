@@ -54,17 +54,31 @@ def starts_processes(tier: str = "multiproc") -> Callable[[F], F]:
     return declare
 
 
+def fixture_definitions(item: pytest.Item) -> Iterator:
+    """The definitions of every fixture ``item`` uses (each has ``func`` and ``scope``)."""
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        yield from fixtureinfo.name2fixturedefs.get(name, ()) if fixtureinfo else ()
+
+
 def tier_of(item: pytest.Item) -> str:
     """The tier ``item`` runs in (see the module docstring)."""
     explicit = [tier for tier in TIERS if item.get_closest_marker(tier)]
     if explicit:
         return max(explicit, key=ORDER.__getitem__)
     declared = ["unit"]
-    fixtureinfo = getattr(item, "_fixtureinfo", None)
-    for name in getattr(item, "fixturenames", ()):
-        for definition in fixtureinfo.name2fixturedefs.get(name, ()) if fixtureinfo else ():
-            declared.append(getattr(definition.func, "__rankwise_tier__", "unit"))
+    for definition in fixture_definitions(item):
+        declared.append(getattr(definition.func, "__rankwise_tier__", "unit"))
     return max(declared, key=ORDER.__getitem__)
+
+
+def shares_a_started_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a module-scoped fixture that starts processes (its tests then share one
+    pytest-xdist worker, so it runs once)."""
+    return any(
+        definition.scope == "module" and hasattr(definition.func, "__rankwise_tier__")
+        for definition in fixture_definitions(item)
+    )
 
 
 class StartedAProcess(AssertionError):
