@@ -206,6 +206,12 @@ GATHER_FOR_METRICS = Patch(
     "whether an evaluation's repeated samples were dropped",
     ("1.15",),
 )
+GATHER = Patch(
+    "accelerate.accelerator.Accelerator.gather",
+    "accelerate",
+    "the rows a script cuts off what it gathered (an evaluation's repeats, dropped by hand)",
+    ("1.15",),
+)
 EXACT_GATHER = Patch(
     "rankwise.dist.gather_exact",
     "rankwise",
@@ -291,6 +297,7 @@ PATCHES: dict[str, Patch] = {
         HOROVOD_STEP,
         HOROVOD_BROADCAST_STATE,
         GATHER_FOR_METRICS,
+        GATHER,
         EXACT_GATHER,
         LIGHTNING_LOG,
         PL_LOG,

@@ -292,3 +292,25 @@ def test_a_loss_every_rank_prints_from_its_shard_is_an_error_and_rank_0_s_alone_
     (finding,) = findings(alone, 2)
     assert finding.kind == "per-rank-metric" and finding.level == "warning"
     assert "rank 0 alone" in finding.text
+
+
+def test_repeats_a_script_cuts_off_what_it_gathered_are_not_counted_twice():
+    # Accelerate's multi_process_metrics example: 408 samples, even_batches pads each rank to 224;
+    # gather returns all 448 and the script cuts the last gathered batch by the 40 repeats.
+    def records(trimmed):
+        return [
+            _record(r, [_pass(loader=1, samples=224, size=408) | {"trimmed_after": trimmed}])
+            for r in (0, 1)
+        ]
+
+    assert findings(records(40), 2) == []
+    (partly,) = findings(records(8), 2)  # some cut, not all of the repeats: still counted twice
+    assert partly.kind == "counted-more" and "448 predictions" in partly.text
+
+
+def test_a_loss_summed_over_the_batch_is_named_at_several_ranks_only():
+    summed = ".sum() of a (8, 2) tensor, its first dimension the batch"
+    (finding,) = findings([_record(r, [], summed_loss=summed) for r in (0, 1)], 2)
+    assert finding.kind == "loss-mean" and "1/2 of the one process's" in finding.text
+    assert summed in finding.text
+    assert findings([_record(0, [], world=1, summed_loss=summed)], 1) == []

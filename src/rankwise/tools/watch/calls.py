@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rankwise.compat.watch_patches import HOROVOD_COLLECTIVE_NAMES
+from rankwise.tools.watch.gathered import GatherWatch
 from rankwise.tools.watch.metrics import MetricWatch
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
 
@@ -56,6 +57,9 @@ class CallWatch:
         self.deduplicated = 0
         """Calls of ``accelerate.Accelerator.gather_for_metrics`` (it drops the samples a sampler
         repeated)."""
+        self.gathered = GatherWatch()
+        """Accelerate's ``gather`` results, and the rows the script cut off them (the repeats of an
+        evaluation's last batch, dropped by hand)."""
         self._frameworks_patched = False
         self.destroyed_group = False
         """Whether the script closed its process group itself (``dist.destroy_process_group``)."""
@@ -148,9 +152,10 @@ class CallWatch:
 
     def patch_frameworks(self) -> None:
         """Once the script imported its framework (at its model's first forward): the gathers that
-        drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and rankwise's
-        own exact gather (``rt.eval_gatherer(...).result()``); Horovod's collectives; Lightning's
-        and torchmetrics' metrics (:mod:`rankwise.tools.watch.metrics`)."""
+        drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and
+        rankwise's own exact gather (``rt.eval_gatherer(...).result()``); Accelerate's ``gather``,
+        whose repeats a script may cut itself (:mod:`rankwise.tools.watch.gathered`); Horovod's
+        collectives; Lightning's and torchmetrics' metrics (:mod:`rankwise.tools.watch.metrics`)."""
         if self._frameworks_patched:
             return
         self._frameworks_patched = True
@@ -158,6 +163,7 @@ class CallWatch:
         accelerator = sys.modules.get("accelerate.accelerator")
         if accelerator is not None:
             patch(accelerator.Accelerator, "gather_for_metrics", self._deduplicating)
+            patch(accelerator.Accelerator, "gather", self.gathered.patched)
         ours = sys.modules.get("rankwise.dist")
         if ours is not None:
             patch(ours, "gather_exact", self._deduplicating)

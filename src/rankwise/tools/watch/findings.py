@@ -48,6 +48,7 @@ def findings(records: list[RankRecord], processes: int) -> list[Finding]:
         *_epochs(records),
         *_evaluation(records),
         *_replicas(records),
+        *_summed_loss(records),
         *_per_rank_metrics(records),
         *_saves(records),
         *_sync_points(records),
@@ -197,6 +198,8 @@ def _counted_more(records: list[RankRecord]) -> list[Finding]:
         size, seen = passes[0]["dataset_size"], sum(p["samples"] for p in passes)
         if size is None or seen <= size or any(p.get("deduplicated_after") for p in passes):
             continue  # (gather_for_metrics, or rankwise's exact gather, dropped the repeats)
+        if any(seen - (p.get("trimmed_after") or 0) == size for p in passes):
+            continue  # (the script cut them off what it gathered, as many as there were)
         whole = all(p["samples"] == size for p in passes) and len(records) > 1
         if not _combined(passes[0]):  # each rank's result stays its own: nothing was counted twice
             if whole:
@@ -241,6 +244,24 @@ def _combined(evaluation: PassRecord) -> bool:
     assumed so)."""
     after = evaluation.get("collectives_after")
     return after is None or after > 0
+
+
+def _summed_loss(records: list[RankRecord]) -> list[Finding]:
+    summed = next((r.get("summed_loss") for r in records if r.get("summed_loss")), None)
+    world = max(r["world_size"] for r in records)
+    if not summed or world < 2:
+        return []
+    return [
+        Finding(
+            "error",
+            "loss-mean",
+            f"the loss each rank gave backward is a sum over its batch ({summed}), not a mean: "
+            f"the {world} ranks' gradients are averaged, so each step is 1/{world} of the one "
+            "process's, which sums over the same global batch. Average over the batch (the "
+            'criterion\'s default reduction="mean", or .mean()), or divide the sum by the '
+            "samples (or tokens) of the global batch and multiply by the world size",
+        )
+    ]
 
 
 def _replicas(records: list[RankRecord]) -> list[Finding]:

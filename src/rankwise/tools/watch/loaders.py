@@ -73,9 +73,10 @@ class _Pass:
             "cut_after": None,
             "batches": length,
             "dataset": _described(loader.dataset),
-            "collectives_at_start": (0, 0),
+            "collectives_at_start": (0, 0, 0),
             "collectives_after": None,
             "deduplicated_after": None,
+            "trimmed_after": None,
             "sample_indices": [],
         }
         self.pending: deque[tuple[list[str], int | None]] = deque()
@@ -138,9 +139,10 @@ class LoaderWatch:
         self.waited = 0.0
         """Seconds the script waited for a batch since :meth:`take_wait_seconds` (the loader's
         fetch: its dataset, collate, workers), for a benchmark's every timed step."""
-        self.collectives: Callable[[], tuple[int, int]] = lambda: (0, 0)
-        """The data-carrying collectives and ``gather_for_metrics`` calls so far (each pass notes
-        them at its start: was an evaluation combined after it, were its repeats dropped?)."""
+        self.collectives: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        """The data-carrying collectives, ``gather_for_metrics`` calls and rows cut off gathered
+        tensors so far (each pass notes them at its start: was an evaluation combined after it,
+        were its repeats dropped?)."""
 
     def install(self) -> None:
         patch(DataLoader, "__init__", self._loader_init)
@@ -197,6 +199,7 @@ class LoaderWatch:
             end = after["collectives_at_start"] if after else self.collectives()
             this["collectives_after"] = end[0] - this["collectives_at_start"][0]
             this["deduplicated_after"] = end[1] - this["collectives_at_start"][1]
+            this["trimmed_after"] = end[2] - this["collectives_at_start"][2]
         return passes
 
     def _loader_init(self, original):

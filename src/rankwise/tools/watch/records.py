@@ -108,13 +108,16 @@ class PassRecord(TypedDict):
     """The loader's length in batches (None: it has none)."""
     dataset: DatasetDescription
     """The dataset's class and where it is defined."""
-    collectives_at_start: tuple[int, int]
-    """The data-carrying collectives and ``gather_for_metrics`` calls so far when the pass began
-    (JSON: a list)."""
+    collectives_at_start: tuple[int, int, int]
+    """The data-carrying collectives, ``gather_for_metrics`` calls and rows cut off gathered tensors
+    so far when the pass began (JSON: a list)."""
     collectives_after: int | None
     """Data-carrying collectives from its start to the next training pass (or the end)."""
     deduplicated_after: int | None
     """``gather_for_metrics`` calls (which drop a padded shard's repeats) in that span."""
+    trimmed_after: NotRequired[int | None]
+    """Rows the script cut off what Accelerate's ``gather`` returned in that span (the repeats,
+    dropped by hand: :mod:`rankwise.tools.watch.gathered`)."""
     sample_indices: list[tuple[int, str]]
     """(dataset index, digest) of its first 8 samples (map-style datasets; JSON: lists)."""
     trained_batches: NotRequired[int]
@@ -165,6 +168,9 @@ class RankRecord(TypedDict):
     """The script's ``torch.save`` calls (what, where, on which rank and step)."""
     replicas_differ: list[int]
     """Steps after which the ranks' replicas held different weights."""
+    summed_loss: NotRequired[str | None]
+    """How the first training loss summed over its batch (None: a mean, or normalised by the
+    script: :mod:`rankwise.tools.watch.reduction`)."""
     unscaled: list[str]
     """Loaders a reference could not scale to the global batch (their own batch sampler), by
     site."""

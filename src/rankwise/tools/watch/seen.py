@@ -28,6 +28,7 @@ def of(watcher) -> RankRecord:
         "device": watcher.facts["device"],
         "saves": watcher.saves.saves,
         "replicas_differ": watcher.steps.replicas_differ,
+        "summed_loss": watcher.steps.summed_loss,
         "unscaled": watcher.data.unscaled,
         "step_seconds": [round(s, 6) for s in watcher.window.step_seconds],
         "step_collective_seconds": [round(s, 6) for s in watcher.window.step_collective_seconds],

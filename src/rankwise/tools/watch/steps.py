@@ -18,6 +18,7 @@ from rankwise.sampling.samples import sample_digests
 from rankwise.tools.trace import RandomOps, StepRecord, generator_state, learning_rates
 from rankwise.tools.watch.hyperparameters import hyperparameters, schedulers
 from rankwise.tools.watch.ranks import gather, rank_and_world
+from rankwise.tools.watch.reduction import summed_over_batch
 
 
 class StepWatch:
@@ -34,6 +35,9 @@ class StepWatch:
         self.runtime_loss = False
         """The Runtime reported the loss of the backward about to run (``rt.backward``: a strategy
         may scale it)."""
+        self.summed_loss: str | None = None
+        """How the first loss summed over its batch was summed (None: none was; a Runtime's
+        ``rt.backward`` loss is the strategy's to scale, and not judged)."""
         self.first_inputs: list[str] = []
         """The first training forward's input digests (its first 8 rows) where no DataLoader batch
         fed it: the sharding check of a script that makes its own batches."""
@@ -79,6 +83,8 @@ class StepWatch:
     ) -> None:
         """A backward on ``loss``, of the batch it ``consumed`` (its digests and tokens);
         ``tracing``: its loss read back (a device sync) and its random draws."""
+        if self.summed_loss is None and not self.runtime_loss and loss.grad_fn is not None:
+            self.summed_loss = summed_over_batch(loss, len(consumed[0]) if consumed else None)
         if consumed:
             digests, tokens = consumed
             self.record.samples += digests

@@ -86,7 +86,11 @@ class Watcher:
             digest_all=settings.trace,
         )
         self.calls = CallWatch(lambda: self.steps.step)
-        self.data.collectives = lambda: (self.calls.calls, self.calls.deduplicated)
+        self.data.collectives = lambda: (
+            self.calls.calls,
+            self.calls.deduplicated,
+            self.calls.gathered.trimmed,
+        )
         self.saves = SaveWatch(lambda: self.steps.step)
         self.lockstep = Lockstep(settings.directory, settings.follow)
         self.window = Window(settings)
