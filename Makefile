@@ -46,8 +46,8 @@ test: $(STAMP) browser
 	RANKWISE_TEST_INSTALL=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not long" tests
 
 # The long tier: real-rank tests whose behaviour a shorter test in make test already runs, or a second strategy or
-# precision of one (tests/support/long.py names each and why): 82 worker-minutes measured on a slow day, about 45
-# minutes on 2 cores.  Run it before a change to what they cover lands.
+# precision of one (tests/support/long.py names each and why): about 100 worker-minutes on a slow day, 55 minutes
+# on 2 cores.  Run it before a change to what they cover lands.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m long tests
 
@@ -57,13 +57,15 @@ test-fast: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m unit tests
 
-# The documentation tier: every ```bash / ```python block of README.md and docs/, exactly as written, page by
-# page in one copy of the repository (the checkout is left as it was), each `rankwise` command at a smoke size
-# (RANKWISE_SMOKE=1); a block that cannot run here says why in an HTML comment above it
-# (tests/support/docs/codeblocks.py, with pytest-codeblocks).  In order, so no pytest-xdist.
+# The documentation tier: every ```bash / ```python block of README.md and docs/, exactly as written, each
+# `rankwise` command at a smoke size (RANKWISE_SMOKE=1); a block that cannot run here says why in an HTML comment
+# above it (tests/support/docs/codeblocks.py, with pytest-codeblocks).  A page's blocks run in order on one
+# pytest-xdist worker (--dist loadfile), in that worker's copy of the repository (the checkout is left as it was);
+# TEST_WORKERS pages at once: a command's start-up and its single-process parts leave a core to the other page
+# (43.5 minutes one page at a time in the last CI run).
 test-docs: $(STAMP)
-	$(PY) -m pytest -q -p tests.support.docs.codeblocks --codeblocks -p no:xdist -p no:cacheprovider \
-	  --durations=0 README.md docs
+	$(PY) -m pytest -q -p tests.support.docs.codeblocks --codeblocks -n $(TEST_WORKERS) --dist loadfile \
+	  -p no:cacheprovider --durations=0 README.md docs
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict

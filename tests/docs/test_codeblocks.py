@@ -87,7 +87,13 @@ def test_ci_runs_the_documentation_tier_and_the_readme_s_demo_at_the_smoke_prese
     target = re.search(r"^test-docs: \$\(STAMP\)\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert target, "make test-docs: its set-up (the $(STAMP) prerequisite) and its recipe"
     recipe = target.group(1).replace("\\\n", " ")
-    parts = ("-p tests.support.docs.codeblocks", "--codeblocks", "-p no:xdist", "README.md docs")
+    # (a page's blocks in order on one worker: --dist loadfile)
+    parts = (
+        "-p tests.support.docs.codeblocks",
+        "--codeblocks",
+        "--dist loadfile",
+        "README.md docs",
+    )
     for part in parts:
         assert part in recipe, part
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")

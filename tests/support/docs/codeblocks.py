@@ -6,12 +6,13 @@ pytest-codeblocks (pinned in the ``dev`` extra) collects the ```` ```bash ```` a
 comment on the line above a block (``<!-- pytest.mark.skip(reason="Slurm cluster") -->``).  This
 plugin, loaded with ``-p tests.support.docs.codeblocks``, adds what documented commands need:
 
-* **Where.** Every block runs at the root of one copy of the repository (git's tracked and
-  unignored files, the ``.venv`` linked), page after page and block after block, so that a later
-  command finds what an earlier one on the page wrote (a run directory, a checkpoint), as it would
-  for a user.  The user's own files the pages name (``train.py``, ``my.csv``, ...) are put there
-  from ``tests/support/docs/yours/`` (:data:`STAND_INS`).  The copy is removed at the end: the
-  checkout is left as it was.
+* **Where.** Every block runs at the root of a copy of the repository (git's tracked and
+  unignored files, the ``.venv`` linked), a page's blocks in order, so that a later command finds
+  what an earlier one on the page wrote (a run directory, a checkpoint), as it would for a user.
+  Under pytest-xdist (``make test-docs``: ``--dist loadfile``) a page's blocks all run on one
+  worker, and each worker has its own copy: no page depends on another's.  The user's own files
+  the pages name (``train.py``, ``my.csv``, ...) are put there from ``tests/support/docs/yours/``
+  (:data:`STAND_INS`).  The copy is removed at the end: the checkout is left as it was.
 * **How big.** ``RANKWISE_SMOKE=1`` (``src/rankwise/cli/smoke.py``) caps what each ``rankwise``
   command does; the interpreter's ``bin/`` comes first on ``PATH`` (``rankwise``, ``python``).
 * **What counts.** A block runs under ``set -e -o pipefail``: any line that fails fails the block
@@ -46,8 +47,9 @@ STAND_INS = {
     "run.toml": "run.toml",
 }
 """The files the pages name as the user's own -> the stand-in in ``tests/support/docs/yours/``."""
-TIMEOUT_S = 900
-"""A block's time limit unless its page marks another (``pytest.mark.timeout(S)``)."""
+TIMEOUT_S = 1800
+"""A block's time limit unless its page marks another (``pytest.mark.timeout(S)``): a hang's guard.
+(The longest block, bench.md's two built-in benches, took 900 s beside another page's commands.)"""
 TAIL = 4000
 """Characters of a failed block's stdout and stderr shown."""
 PREAMBLE = "set -e -o pipefail\n"
@@ -79,7 +81,8 @@ def repository_copy(root: Path, into: Path) -> Path:
 
 
 class Workspace:
-    """The copy every block runs in: made at the first block, removed at the session's end."""
+    """The copy every block of this process runs in: made at its first block, removed at the
+    session's end."""
 
     def __init__(self) -> None:
         self.path: Path | None = None
