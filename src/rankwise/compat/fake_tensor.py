@@ -24,7 +24,7 @@ device.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 
 from rankwise.compat.versions import Patch
 
@@ -57,6 +57,11 @@ PATCHES = (REGISTER_PARAMETER, APPLY, ITEM)
 """What ``rankwise plan`` replaces in torch while it captures a script."""
 
 
+READ = torch.ops.aten._local_scalar_dense.default
+"""The op every value read goes through (``item``, ``bool(tensor)``, ``torch.equal``): a fake tensor
+raises :class:`DataDependentOutputException` there (it has no values)."""
+
+
 def is_fake(tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
@@ -72,4 +77,13 @@ def move_in_place(param: torch.Tensor, converted: torch.Tensor) -> None:
         param.fake_device = converted.fake_device
 
 
-__all__ = ["PATCHES", "SEEN_ON", "FakeTensor", "FakeTensorMode", "is_fake", "move_in_place"]
+__all__ = [
+    "PATCHES",
+    "READ",
+    "SEEN_ON",
+    "DataDependentOutputException",
+    "FakeTensor",
+    "FakeTensorMode",
+    "is_fake",
+    "move_in_place",
+]

@@ -32,6 +32,7 @@ from rankwise.strategies.fsdp import rebind_optimizer
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import fake_copy
 from rankwise.tools.plan.memory import KINDS, Memory
+from rankwise.tools.plan.reads import DataDependentOutputException, ValueReads
 from rankwise.tools.plan.trace import resized
 
 KIND_OF = {
@@ -94,24 +95,45 @@ def fsdp(
     says (``gloo``: with gloo's own copies added)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    model, optimizer = fake_copy(capture.model, capture.optimizer)
-    if checkpointing and not is_checkpointed(model):
-        checkpoint_blocks(model)
-    model.train()
-    args, kwargs = resized(capture, rows)
     use_autocast = autocast is not None and capture.autocast
-    blocks = transformer_blocks(model)
-    largest = max(
-        (sum(p.numel() * p.element_size() for p in block.parameters()) for block in blocks),
-        default=0,
-    )
-    with fake_ranks(world_size):
-        # (its rank table is real: outside the fake mode)
-        mesh = init_device_mesh("cpu", (world_size,))
-        with capture.mode:
-            memory = _sharded(
-                model, optimizer, mesh, args, kwargs, grad_accum, autocast if use_autocast else None
-            )
+
+    def measured(reads: ValueReads | None) -> tuple[Memory, int]:
+        model, optimizer = fake_copy(capture.model, capture.optimizer)
+        if checkpointing and not is_checkpointed(model):
+            checkpoint_blocks(model)
+        model.train()
+        args, kwargs = resized(capture, rows)
+        blocks = transformer_blocks(model)
+        largest = max(
+            (sum(p.numel() * p.element_size() for p in block.parameters()) for block in blocks),
+            default=0,
+        )
+        with fake_ranks(world_size):
+            # (its rank table is real: outside the fake mode)
+            mesh = init_device_mesh("cpu", (world_size,))
+            with capture.mode, reads if reads is not None else contextlib.nullcontext():
+                memory = _sharded(
+                    model,
+                    optimizer,
+                    mesh,
+                    args,
+                    kwargs,
+                    grad_accum,
+                    autocast if use_autocast else None,
+                )
+        return memory, largest
+
+    try:
+        memory, largest = measured(None)
+    except DataDependentOutputException:
+        # (a model that reads a value its fake tensors lack: again, each read answered 0)
+        reads = ValueReads()
+        memory, largest = measured(reads)
+        memory.notes.append(
+            f"the model read {reads.answered} value(s) of its fake tensors (torch's nn.Transformer "
+            "does, to check that its mask is causal): each was answered 0 (False), so a branch on "
+            "one took its false side"
+        )
     if gloo and world_size > 1:
         memory.at_peak["buffers"] += (grad_accum + 1) * largest
         memory.source += (

@@ -1,8 +1,10 @@
 """Plain torch scripts rankwise plan cannot run, each for a reason of its own, for its one-line
 error: ``--fail value`` checks a parameter's values before training (``if
 torch.isnan(weight).any()``: a fake parameter has none; a ``.item()`` there would read 0);
-``--fail replay`` trains a model whose forward reads an activation's value (``.item()``), which the
-capture never runs (it stops before the forward) and the replay on fake tensors cannot."""
+``--fail replay`` trains a model whose forward keeps the rows of an activation that pass a test
+(``x[keep]``: a shape that depends on values), which the capture never runs (it stops before the
+forward) and the replay on fake tensors cannot.  (A value the forward only reads, ``if
+x.max().item() > 100``, is answered 0 in the replay: ``rankwise.tools.plan.reads``.)"""
 
 import argparse
 
@@ -16,8 +18,7 @@ class Gated(nn.Module):
         self.layer = nn.Linear(8, 2)
 
     def forward(self, x):
-        if x.abs().max().item() > 100:  # FAILS IN THE REPLAY
-            x = x / 100
+        x = x[x.abs().amax(dim=1) < 100]  # FAILS IN THE REPLAY
         return self.layer(x)
 
 
