@@ -15,9 +15,9 @@ class _MaskedDecoder(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed = nn.Embedding(50, 16)
-        self.transformer = nn.Transformer(16, 2, 1, 1, 32, dropout=0.1, batch_first=True)
-        self.out = nn.Linear(16, 50)
+        self.embed = nn.Embedding(50, 512)
+        self.transformer = nn.Transformer(batch_first=True)  # torch's defaults (batch first: ids')
+        self.out = nn.Linear(512, 50)
 
     def forward(self, ids):
         t = ids.shape[1]
