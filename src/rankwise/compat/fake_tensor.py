@@ -70,11 +70,26 @@ def move_in_place(param: torch.Tensor, converted: torch.Tensor) -> None:
     """Give the fake tensor ``param`` the shape, dtype and device of ``converted`` (a fake tensor of
     the same mode: what ``fn(param)`` returned in ``Module._apply``), keeping the object, as torch's
     ``_apply`` does for a real parameter (see the module's docstring)."""
+    if not (isinstance(param, FakeTensor) and isinstance(converted, FakeTensor)):
+        with torch.no_grad():
+            param.data = converted
+        return
+    if param.device.type == "meta" and converted.device.type != "meta":
+        # (materialised from the meta device, ``to_empty``: torch's set_data refuses a meta
+        # tensor's dispatch keys for another device's; a fake tensor's operations go through its
+        # mode, which reads the device it reports)
+        if converted.dtype != param.dtype or converted.shape != param.shape:
+            raise TypeError(
+                f"cannot move a fake parameter off the meta device and change its dtype or shape "
+                f"at once ({param.dtype} {tuple(param.shape)} -> {converted.dtype} "
+                f"{tuple(converted.shape)})"
+            )
+        param.fake_device = converted.fake_device
+        return
     with torch.no_grad():
         # (set_data: the storage, sizes, dtype and dispatch keys; a leaf stays a leaf)
         param.data = converted
-    if isinstance(param, FakeTensor) and isinstance(converted, FakeTensor):
-        param.fake_device = converted.fake_device
+    param.fake_device = converted.fake_device
 
 
 __all__ = [

@@ -89,3 +89,29 @@ def test_a_fake_parameter_keeps_its_object_and_gradient_through_a_move():
     copied, rebuilt = fake_copy(model, optimizer)
     assert rebuilt is not None
     assert [p.dtype for p in rebuilt.param_groups[0]["params"]] == [torch.float64] * 2
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+def test_deepspeeds_fused_adam_is_stepped_as_torchs_adam_on_fake_tensors(adam_w_mode):
+    """DeepSpeedExamples' CIFAR-10 script names Adam in its config and DeepSpeed builds its
+    FusedAdam, whose compiled kernel given fake tensors (no memory) crashed the plan with a
+    segfault. Its copy steps as torch's AdamW (adam_w_mode, DeepSpeed's default) or Adam, with the
+    groups' settings. (The instance is made without FusedAdam's __init__, which compiles the
+    kernel.)"""
+    from deepspeed.ops.adam import FusedAdam
+
+    with FakeParameters(fake_mode()):
+        model = nn.Linear(4, 2)
+    fused = object.__new__(FusedAdam)
+    fused.param_groups = [{"params": list(model.parameters()), "lr": 0.1, "weight_decay": 0.01}]
+    fused.defaults = {"lr": 0.1, "weight_decay": 0.01}
+    fused.adam_w_mode = adam_w_mode
+    copy, optimizer = fake_copy(model, fused)
+    assert type(optimizer) is (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == {
+        id(p) for p in copy.parameters()
+    }
+    copy(torch.ones(3, 4)).sum().backward()
+    optimizer.step()  # (on fake tensors: shapes only)
+    assert {len(state) for state in optimizer.state.values()} == {3}  # step, two moments

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rankwise.compat.deepspeed_zero import skip_shm_comm_build
 from rankwise.compat.fake_tensor import ITEM, FakeTensorMode
 from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
@@ -164,6 +165,7 @@ class _Catcher:
         self.captured: tuple | None = None
         self.autocast_called = False
         self.values_read = 0
+        self.groups: dict[int, list[list[torch.Tensor]]] = {}
 
     @contextlib.contextmanager
     def watching(self):
@@ -185,11 +187,15 @@ class _Catcher:
             init(optimizer, *args, **kwargs)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(is_fake(p) for p in params):
+                catcher.groups[id(optimizer)] = [list(g["params"]) for g in optimizer.param_groups]
                 model = _root(params)
                 if model is not None and has_training_step(unwrapped(model)):
                     catcher.watch_training_step(unwrapped(model), optimizer)
                 elif model is not None:
-                    model.register_forward_pre_hook(catcher.hook(optimizer), with_kwargs=True)
+                    # (on the script's own model: a DeepSpeed engine's forward calls it)
+                    unwrapped(model).register_forward_pre_hook(
+                        catcher.hook(optimizer), with_kwargs=True
+                    )
 
         def precision_autocast(precision):
             catcher.autocast_called = True
@@ -211,6 +217,15 @@ class _Catcher:
             torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda") if _autocast_known(kind)
         )
         return on or self.autocast_called
+
+    def own_parameters(self, optimizer) -> None:
+        """Give ``optimizer``'s groups back the model's parameters they were built over: DeepSpeed's
+        ZeRO-1/2 hands the optimizer it wraps a flat partition of each group in their place
+        (``stage_1_and_2.py``), which the plan's copy of the model does not have."""
+        groups = self.groups.get(id(optimizer))
+        if groups is not None and len(groups) == len(optimizer.param_groups):
+            for group, params in zip(optimizer.param_groups, groups, strict=True):
+                group["params"] = params
 
     def hook(self, optimizer):
         def first_training_forward(module, args, kwargs):
@@ -292,6 +307,10 @@ def from_script(
 
     if not script.is_file():
         raise ConfigError(f"{script}: no such script")
+    if "deepspeed" in script.read_text(encoding="utf-8", errors="replace"):
+        # (before the script's deepspeed.init_distributed, as verify does: the CPU shared-memory
+        # kernel it compiles, 1-2 minutes on a new virtualenv, serves inference alone)
+        skip_shm_comm_build()
     mode = fake_mode()
     watch = _Watch()
     saved_argv, saved_path = list(sys.argv), list(sys.path)
@@ -336,6 +355,7 @@ def from_script(
             "tensors before its first training step (.item(), an evaluation first): each read 0"
         )
     model, optimizer, args, kwargs, autocast = catcher.captured
+    catcher.own_parameters(optimizer)
     model = unwrapped(model)
     if isinstance(model, TrainingStep):
         model.detach()

@@ -122,14 +122,37 @@ def fake_copy(
     model_copy = copy.deepcopy(model, memo)
     if optimizer is None:
         return model_copy, None
-    return model_copy, rebuilt_optimizer(optimizer, mapping)
+    return model_copy, rebuilt_optimizer(optimizer, mapping, traceable_class(optimizer))
+
+
+NATIVE_ADAM = {
+    ("deepspeed.ops.adam.fused_adam", "FusedAdam"),
+    ("deepspeed.ops.adam.cpu_adam", "DeepSpeedCPUAdam"),
+    ("apex.optimizers.fused_adam", "FusedAdam"),
+}
+"""Adam optimizers whose step runs a compiled kernel on the tensors' memory (DeepSpeed's, Apex's):
+given fake tensors, which have none, the kernel crashes the process (DeepSpeed's FusedAdam
+segfaults).  Their state is torch's Adam's, two moments per element."""
+
+
+def traceable_class(optimizer: torch.optim.Optimizer) -> type[torch.optim.Optimizer]:
+    """The class that steps ``optimizer``'s parameters on fake tensors: its own, or for a native
+    Adam (:data:`NATIVE_ADAM`) torch's ``AdamW`` (``adam_w_mode``, their default) or ``Adam``, which
+    keep the same state."""
+    kind = type(optimizer)
+    if (kind.__module__, kind.__qualname__) not in NATIVE_ADAM:
+        return kind
+    return torch.optim.AdamW if getattr(optimizer, "adam_w_mode", True) else torch.optim.Adam
 
 
 def rebuilt_optimizer(
-    optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]
+    optimizer: torch.optim.Optimizer,
+    mapping: dict[int, nn.Parameter],
+    cls: type[torch.optim.Optimizer] | None = None,
 ) -> torch.optim.Optimizer:
-    """A fresh optimizer of ``optimizer``'s class with its parameter groups and settings, over the
-    parameters ``mapping`` gives for each of its parameters (by ``id``)."""
+    """A fresh optimizer of ``optimizer``'s class (or ``cls``) with its parameter groups and
+    settings, over the parameters ``mapping`` gives for each of its parameters (by ``id``)."""
+    cls = cls or type(optimizer)
     groups = []
     for group in optimizer.param_groups:
         settings = {key: value for key, value in group.items() if key != "params"}
@@ -137,9 +160,9 @@ def rebuilt_optimizer(
     try:
         # ignore[call-arg]: torch.optim.Optimizer's own __init__ takes defaults; its subclasses'
         # take the groups alone
-        return type(optimizer)(groups)  # type: ignore[call-arg]  # every group carries all its settings
+        return cls(groups)  # type: ignore[call-arg]  # every group carries all its settings
     except TypeError:  # an optimizer whose constructor insists on a setting by keyword
-        return type(optimizer)(groups, **optimizer.defaults)
+        return cls(groups, **optimizer.defaults)
 
 
 def real_copy(model: nn.Module, optimizer: torch.optim.Optimizer, std: float = 0.02):
@@ -153,4 +176,6 @@ def real_copy(model: nn.Module, optimizer: torch.optim.Optimizer, std: float = 0
                 real.normal_(0.0, std) if real.is_floating_point() else real.zero_()
             memo[id(p)] = nn.Parameter(real, requires_grad=p.requires_grad)
     copied = copy.deepcopy(model, dict(memo))
-    return copied, rebuilt_optimizer(optimizer, memo)
+    # (a native Adam as torch's: the step is timed through the Runtime, whose zero_grad(set_to_none)
+    # DeepSpeed's FusedAdam does not take)
+    return copied, rebuilt_optimizer(optimizer, memo, traceable_class(optimizer))

@@ -10,8 +10,9 @@ script builds it.  While :func:`one_rank` is active:
 - ``init_process_group`` starts a one-process group (rank 0 of 1, gloo where CUDA is absent, on a
   free local port) whatever world size, rank or rendezvous the script passes; the script's
   ``DistributedSampler`` then gives this rank the whole dataset, as at world size 1;
-- ``DistributedDataParallel``, FSDP's wrapper class and ``fully_shard`` return the model itself, or
-  a thin wrapper that forwards to it and keeps ``.module`` and ``no_sync()``;
+- ``DistributedDataParallel`` and FSDP's wrapper class return a thin wrapper that forwards to the
+  model and keeps ``.module`` and ``no_sync()``; ``fully_shard`` leaves the model's parameters
+  whole, as they are at one rank (:class:`OneRankShards`);
 - ``mp.spawn(fn, args, nprocs)`` calls ``fn(0, *args)`` here, once;
 - torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...) describe that one rank.
 
@@ -66,11 +67,118 @@ class StandAside(nn.Module):
         return contextlib.nullcontext()
 
 
+class OneRankShards:
+    """What ``fully_shard(module)`` does during a capture: at one rank FSDP2's shard of each
+    parameter is the whole parameter, so the module keeps its parameters and only looks sharded to
+    the script that checks (PyTorch's FSDP2 example asserts ``isinstance(model, FSDPModule)`` and
+    each parameter's ``placements``):
+
+    - the module's class becomes ``FSDP<Class>``, a subclass of ``FSDPModule`` and of its own class,
+      as ``fully_shard`` makes it, with every ``FSDPModule`` method (``unshard``, ``reshard``,
+      ``set_*``) doing nothing, which is what each does at one rank with nothing to gather;
+    - each parameter says ``placements == (Shard(0),)``, and ``to_local()`` and ``full_tensor()``
+      give the parameter, as a one-rank DTensor's do.
+
+    :meth:`undo` puts every class back and removes the attributes (the plan copies the model)."""
+
+    def __init__(self) -> None:
+        self.modules: list[tuple[nn.Module, type]] = []
+        self.params: list[torch.Tensor] = []
+        self.classes: dict[type, type] = {}
+
+    def __call__(self, module, *args, **kwargs):
+        from torch.distributed.tensor import Shard
+
+        modules = module if isinstance(module, list | tuple) else [module]
+        for one in modules:
+            if not isinstance(one, self._mixin()):
+                self.modules.append((one, type(one)))
+                one.__class__ = self._class_for(type(one))
+            for param in one.parameters():
+                if "placements" not in param.__dict__:
+                    param.placements = (Shard(0),)
+                    param.to_local = param.full_tensor = _returns(param)
+                    self.params.append(param)
+        return module
+
+    @staticmethod
+    def _mixin() -> type:
+        return _one_rank_fsdp_module()
+
+    def _class_for(self, cls: type) -> type:
+        if cls not in self.classes:
+            self.classes[cls] = type(f"FSDP{cls.__name__}", (self._mixin(), cls), {})
+        return self.classes[cls]
+
+    def undo(self) -> None:
+        for module, cls in self.modules:
+            module.__class__ = cls
+        for param in self.params:
+            for name in ("placements", "to_local", "full_tensor"):
+                param.__dict__.pop(name, None)
+
+
+def _returns(value):
+    return lambda *args, **kwargs: value
+
+
+_MIXIN: list[type] = []
+
+
+def _one_rank_fsdp_module() -> type:
+    """``FSDPModule`` with each of its methods a no-op (built once, when a script first calls
+    ``fully_shard``)."""
+    if not _MIXIN:
+        from torch.distributed.fsdp import FSDPModule
+
+        def nothing(self, *args, **kwargs):
+            return None
+
+        methods: dict[str, Any] = {
+            name: nothing
+            for name, value in vars(FSDPModule).items()
+            if callable(value) and not name.startswith("_")
+        }
+
+        def _apply(self, *args, **kwargs):
+            # (FSDPModule's re-registers its sharded parameters after the move: there are none)
+            return super(FSDPModule, self)._apply(*args, **kwargs)
+
+        methods["_apply"] = _apply
+        # (FSDP<Class>, this, FSDPModule, Class: FSDPModule.__new__ builds the class at index 3)
+        methods["_orig_cls_mro_index"] = 3
+        _MIXIN.append(type("OneRankFSDPModule", (FSDPModule,), methods))
+    return _MIXIN[0]
+
+
 def unwrapped(model: nn.Module) -> nn.Module:
-    """The script's own model inside a :class:`StandAside`."""
-    while isinstance(model, StandAside):
-        model = model.module
+    """The script's own model inside a :class:`StandAside`, or inside the engine
+    ``deepspeed.initialize`` returned: the engine's forward calls its ``.module`` as DDP's does, and
+    it holds the run's process groups, which the plan's copy of the model cannot take along."""
+    engine = _deepspeed_engine()
+    while isinstance(model, StandAside) or engine is not None and isinstance(model, engine):
+        inner = model.module
+        assert isinstance(inner, nn.Module)
+        model = inner
     return model
+
+
+def _deepspeed_engine() -> type | None:
+    """``deepspeed.DeepSpeedEngine`` where the script imported DeepSpeed (never imported here)."""
+    deepspeed = sys.modules.get("deepspeed")
+    return getattr(deepspeed, "DeepSpeedEngine", None) if deepspeed is not None else None
+
+
+def _destroy_world() -> None:
+    """End the script's one-rank group.  Where the script started DeepSpeed on it, through
+    DeepSpeed: its groups module keeps the groups it made (its world's clone), which a later
+    ``deepspeed.initialize`` in this process (the plan timing ZeRO's step) would use after torch
+    destroyed them."""
+    deepspeed = sys.modules.get("deepspeed")
+    if deepspeed is not None and deepspeed.comm.is_initialized():
+        deepspeed.comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -127,6 +235,7 @@ def one_rank() -> Iterator[None]:
     )
     init = dist.init_process_group
     started = []
+    shards = OneRankShards()
 
     def init_process_group(backend=None, *args, **kwargs):
         if dist.is_initialized():
@@ -147,7 +256,7 @@ def one_rank() -> Iterator[None]:
         (parallel, "DistributedDataParallel", StandAside),
         (ddp_module, "DistributedDataParallel", StandAside),
         (fsdp_module, "FullyShardedDataParallel", StandAside),
-        (fsdp_module, "fully_shard", lambda module, *a, **k: module),
+        (fsdp_module, "fully_shard", shards),
     ]
     patched = [p for p in patched if hasattr(p[0], p[1])]
     patched += _bound_elsewhere({id(getattr(owner, name)): value for owner, name, value in patched})
@@ -159,8 +268,9 @@ def one_rank() -> Iterator[None]:
     finally:
         for owner, name, value in originals:
             setattr(owner, name, value)
+        shards.undo()
         if started and dist.is_initialized():
-            dist.destroy_process_group()
+            _destroy_world()
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
