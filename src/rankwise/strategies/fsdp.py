@@ -5,6 +5,14 @@ all-gathered just before it runs and freed after.  Layers named in a transformer
 ``_no_split_modules`` (e.g. ``BertLayer``) become their own shard units
 (:func:`rankwise.strategies.blocks.transformer_blocks`), then the root; other models are sharded as
 one unit.
+
+At ``bf16-mixed`` (``16-mixed``) the shards stay fp32 for the optimizer and FSDP's
+``MixedPrecisionPolicy`` gathers them in bf16 (fp16) and reduce-scatters the gradients in fp32, as
+torchtitan and Lightning configure it (:func:`mixed_precision`): half the bytes of each all-gather,
+and no bf16 copy of every weight kept for the backward pass, which autocast over fp32 shards makes.
+The forward still runs under the precision's autocast, as every other strategy's: the matmuls read
+the same bf16 values autocast would have cast, and the ops autocast keeps in fp32 (norms, softmax,
+the loss) stay in fp32.
 """
 
 from __future__ import annotations
@@ -53,6 +61,30 @@ def rebind_optimizer(
     return optimizer
 
 
+def mixed_precision(dtype: torch.dtype):
+    """FSDP2's policy for a run computing in ``dtype``: at fp32 none (FSDP's defaults); at bf16 or
+    fp16 the parameters gathered and computed in ``dtype``, the gradients reduce-scattered in fp32
+    (a sum of N half-precision gradients would round at every rank's addition) and the fp32 shards
+    kept for the optimizer, as torchtitan's ``param_dtype=bfloat16, reduce_dtype=float32``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard(model: nn.Module, mesh, dtype: torch.dtype = torch.float32) -> None:
+    """What ``fsdp`` shards, in place: each transformer block its own unit (gathered just before it
+    runs, freed after), then the root for the rest, every unit under :func:`mixed_precision`.  The
+    plan shards its fake-rank copy with this same function."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = mixed_precision(dtype)
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
 @register
 class FSDP(Strategy):
     name = "fsdp"
@@ -74,14 +106,11 @@ class FSDP(Strategy):
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
         model = model.to(self.device)
         names_by_id = {id(p): name for name, p in model.named_parameters()}
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))
-        for block in transformer_blocks(model):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        shard(model, mesh, self.precision.dtype)
         if optimizer is not None:
             optimizer = rebind_optimizer(optimizer, model, names_by_id)
         return model, optimizer

@@ -148,6 +148,22 @@ def test_zero3_keeps_small_parameters_whole(fp32):
     assert kept.parameters == 4 * (sum(math.ceil(n / 4) for n in fp32.numels) + fp32.numel)
 
 
+def test_fsdp_at_bf16_gathers_bf16_on_fake_ranks_and_keeps_fp32_shards():
+    """The plan shards its copy as the strategy does (rankwise.strategies.fsdp.shard), with the
+    mixed-precision policy: the same fp32 shards and state, and the unsharded parameters bf16."""
+    autocast = from_factory(build, (torch.randn(ROWS, WIDTH),), autocast=True)
+    # (the first measurement of a process peaks at the optimizer step, every later one in the
+    # backward pass: found here, not yet explained; the pair compared is measured after it)
+    fsdp(autocast, ROWS, 4)
+    full, mixed = fsdp(autocast, ROWS, 4), fsdp(autocast, ROWS, 4, autocast=torch.bfloat16)
+    assert (mixed.parameters, mixed.gradients) == (full.parameters, full.gradients)
+    assert mixed.optimizer == full.optimizer
+    # measured: activations 209,200 -> 81,820 B and buffers 400,176 -> 266,264 B (before the
+    # policy, autocast over fp32 shards: 209,200 and 400,176 at bf16 too)
+    assert mixed.at_peak["activations"] < 0.6 * full.at_peak["activations"]
+    assert mixed.at_peak["buffers"] < full.at_peak["buffers"]
+
+
 @pytest.mark.parametrize("world", [1, 4])
 def test_fsdp_on_fake_ranks_shards_parameters_gradients_and_state(capture, world):
     m = fsdp(capture, ROWS, world)
@@ -168,6 +184,10 @@ def test_collectives_per_step(fp32):
     calls = {(c.op, c.what): c.nbytes for c in collectives("fsdp", fp32, 8, 2)}
     assert calls[("all_gather", "parameters, forward")] == 2 * params  # every micro-batch
     assert calls[("reduce_scatter", "gradients")] == grads  # once a step (no_sync)
+    # at a mixed precision FSDP's policy gathers bf16, and reduce-scatters fp32
+    half = {(c.op, c.what): c.nbytes for c in collectives("fsdp", fp32, 8, 2, half=True)}
+    assert half[("all_gather", "parameters, forward")] == params
+    assert half[("reduce_scatter", "gradients")] == grads
     assert {c.op for c in collectives("deepspeed-zero2", fp32, 8, 1)} == {
         "reduce_scatter",
         "all_gather",

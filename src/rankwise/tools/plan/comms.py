@@ -9,8 +9,9 @@ gradient for an all-reduce, the gathered output for an all-gather, the input for
 - ``horovod``: the same volume, all-reduced through its fusion buffer, overlapping the backward
   pass.
 - ``fsdp``: each unit's parameters all-gathered before its forward and again before its backward
-  (the root unit is not resharded after forward), every micro-batch; the gradients reduce-scattered
-  once per step.  FSDP2 prefetches the next unit's all-gather, so they overlap computation.
+  (the root unit is not resharded after forward), every micro-batch, in the half dtype at a mixed
+  precision (``half``); the gradients reduce-scattered once per step, in fp32.  FSDP2 prefetches
+  the next unit's all-gather, so they overlap computation.
 - ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and,
   after the optimizer step, the updated 16/32-bit parameters all-gathered; ``overlap_comm`` is false
   below stage 3, so neither overlaps.
@@ -79,6 +80,7 @@ def collectives(
     *,
     bucket_mb: float = 25.0,
     zero_bucket: int = 5_000_000,
+    half: bool = False,
 ) -> list[Collective]:
     """What ``strategy`` communicates per optimizer step at ``world`` ranks (see the module's
     docstring)."""
@@ -94,7 +96,11 @@ def collectives(
         ]
     if strategy == "fsdp":
         units = _units(trace)
-        blocks = trace.itemsize * sum(trace.block_param_numels)
+        # (at a mixed precision FSDP's policy gathers the fp32 shards in the half dtype and
+        # reduce-scatters the gradients in fp32: rankwise.strategies.fsdp.mixed_precision)
+        itemsize = 2 if half else trace.itemsize
+        params = 2 * trace.numel if half else params
+        blocks = itemsize * sum(trace.block_param_numels)
         calls = [
             Collective(
                 "all_gather",

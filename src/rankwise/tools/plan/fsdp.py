@@ -28,7 +28,7 @@ import torch
 import torch.distributed as torch_dist
 
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
-from rankwise.strategies.fsdp import rebind_optimizer
+from rankwise.strategies.fsdp import rebind_optimizer, shard
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import fake_copy
 from rankwise.tools.plan.memory import KINDS, Memory
@@ -135,7 +135,9 @@ def fsdp(
             "one took its false side"
         )
     if gloo and world_size > 1:
-        memory.at_peak["buffers"] += (grad_accum + 1) * largest
+        # (the gradients reduce in fp32; the parameters gather in the policy's dtype)
+        gathered = largest * autocast.itemsize // 4 if use_autocast and autocast else largest
+        memory.at_peak["buffers"] += largest + grad_accum * gathered
         memory.source += (
             f"; + gloo's reduce-scatter clone and {grad_accum} kept backward-prefetch gather(s) of "
             "the largest layer (measured on gloo)"
@@ -147,12 +149,10 @@ def _sharded(
     model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: torch.dtype | None
 ) -> Memory:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.fsdp import fully_shard
 
     names = {id(p): name for name, p in model.named_parameters()}
-    for block in transformer_blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    # (as rankwise's fsdp shards it: gathered in the autocast dtype, the mixed-precision policy)
+    shard(model, mesh, autocast or torch.float32)
     optimizer = rebind_optimizer(optimizer, model, names)
     tracker = FSDPMemTracker(model, optimizer)
     tracker.track_inputs((args, kwargs))

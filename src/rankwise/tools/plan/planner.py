@@ -214,6 +214,7 @@ class Planner:
             self.capture.grad_accum,
             bucket_mb=self.ddp.bucket_cap_mb,
             zero_bucket=self.zero.bucket_size,
+            half=precision in HALF,
         )
         timed = self.timed_for(strategy, trace, world, precision)
         time = step_time(
