@@ -17,3 +17,17 @@ def test_a_short_window_runs_on_to_the_step_that_makes_it_last_at_the_pace_so_fa
 def test_the_extension_is_capped():
     assert window_end(20, 1, 1e-9) == 1 + MAX_WINDOW_STEPS
     assert window_end(1 + MAX_WINDOW_STEPS, 1, 0.5) == 1 + MAX_WINDOW_STEPS
+
+
+def test_the_warm_up_is_timed_apart_from_the_steady_rates(monkeypatch):
+    """A compiled model's first steps (the compile) are the warm-up's seconds, not the rate's."""
+    from rankwise.measure import throughput
+
+    now = iter([0.0, 30.0, 31.0, 32.0, 33.0])  # start, then the end of each of four steps
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(now))
+    meter = throughput.SteadyThroughput(warmup_steps=1)
+    for _ in range(4):
+        meter.step(samples=8, tokens=0)
+    rates = meter.rates()
+    assert (rates["warmup_steps"], rates["warmup_s"]) == (1, 30.0)
+    assert (rates["steady_steps"], rates["steady_samples_per_s"]) == (3, 8.0)

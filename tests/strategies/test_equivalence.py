@@ -12,7 +12,13 @@ from rankwise.data.prepare import PreparedData
 from rankwise.measure.tolerance import COMM_HOOK, max_param_diff
 from rankwise.train.config import build_config
 from tests.support.multiproc import run_ranks
-from tests.support.strategies import CASES, case_weights, strategies_for, train_case
+from tests.support.strategies import (
+    CASE_DEFAULTS,
+    CASES,
+    case_weights,
+    strategies_for,
+    train_case,
+)
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
@@ -184,15 +190,14 @@ def test_model_split_across_two_devices_inside_ddp(single_run, datasets, tmp_pat
     assert max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path / "split")) < TOLERANCE
 
 
-def _train_compiled(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int, int]:
-    """``train_case`` compiled; also how many graphs Dynamo captured in this rank."""
-    from torch._dynamo.utils import counters
+def _train_compiled(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int, dict]:
+    """``train_case`` compiled: (steps, world size, the summary's compile section)."""
+    from rankwise.train.loop import run_training
 
-    counters.clear()
-    return (
-        *train_case(run_dir, data_dir, [*overrides, "compile=true"]),
-        counters["stats"]["unique_graphs"],
-    )
+    cfg = build_config(overrides=[*CASE_DEFAULTS, *overrides, "compile=true"])
+    summary = run_training(cfg, PreparedData.load(data_dir), run_dir)
+    compiled = {**summary["compile"], "warmup_s": summary["warmup_s"]}
+    return summary["steps"], summary["library_world_size"], compiled
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -206,8 +211,13 @@ def test_compiled_ranks_match_the_eager_single_process(strategy, datasets, singl
         [*model, "batch_size=16", f"strategy={strategy}"],
     )
     assert [(steps, world) for steps, world, _ in results] == [(6, 2)] * 2
-    # Dynamo really compiled, in every rank
-    assert all(graphs >= 1 for _, _, graphs in results), results
+    # Dynamo really compiled, in every rank, and the summary says what it cost and why it
+    # recompiled (each reason a failed guard; the shape choice stated)
+    for _, _, compiled in results:
+        assert compiled["graphs"] >= 1 and 0 < compiled["compile_s"], compiled
+        assert compiled["recompiles"] == sum(compiled["recompile_reasons"].values()), compiled
+        assert "automatic dynamic shapes" in compiled["dynamic_shapes"]
+        assert compiled["warmup_s"] > 0
     difference = max_param_diff(single_run("toy-mlp", 16), case_weights(tmp_path))
     print(f"toy-mlp: max |single (eager) - {strategy} (compiled)| = {difference:.2e}")
     assert difference < TOLERANCE

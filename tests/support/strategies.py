@@ -121,22 +121,23 @@ def strategies_for(tests: str) -> list[str]:
 # -- the equivalence runs: one small model per case, 6 steps at seed 7 -----------------------------
 
 
+CASE_DEFAULTS = (
+    "seed=7",
+    "max_steps=6",
+    "log_every=2",
+    "eval_batch_size=64",
+    "progress=false",
+    "model.dropout=0.0",
+)
+"""What every strategy case trains with, before its own overrides."""
+
+
 def train_case(run_dir: str, data_dir: str, overrides: list[str]) -> tuple[int, int]:
     """Train on this rank; returns (optimizer steps, world size as the strategy's own library sees
     it)."""
     from rankwise.train.loop import run_training
 
-    cfg = build_config(
-        overrides=[
-            "seed=7",
-            "max_steps=6",
-            "log_every=2",
-            "eval_batch_size=64",
-            "progress=false",
-            "model.dropout=0.0",
-            *overrides,
-        ]
-    )
+    cfg = build_config(overrides=[*CASE_DEFAULTS, *overrides])
     summary = run_training(cfg, PreparedData.load(data_dir), run_dir)
     return summary["steps"], summary["library_world_size"]
 

@@ -28,6 +28,9 @@ class SteadyThroughput:
         self.steps_seen = 0
         self.steps = 0
         self.seconds = 0.0
+        self.warmup_seconds = 0.0
+        """The warm-up steps' own time (a compiled model's compile included), apart from the
+        rates."""
         self.samples = 0
         self.tokens = 0
         self.shapes: Counter = Counter()
@@ -47,9 +50,9 @@ class SteadyThroughput:
         count), in micro-batches of ``shapes``."""
         now = time.perf_counter()
         self.steps_seen += 1
-        if self.steps_seen > self.warmup_steps and (
-            self.timed is None or self.steps_seen <= self.timed
-        ):
+        if self.steps_seen <= self.warmup_steps:
+            self.warmup_seconds += now - self._since
+        elif self.timed is None or self.steps_seen <= self.timed:
             self.steps += 1
             self.seconds += now - self._since
             self.samples += samples
@@ -61,9 +64,19 @@ class SteadyThroughput:
         """``steady_samples_per_s`` and ``tokens_per_s`` (``all_tokens``: every rank's count
         summed), None when no step came after the warm-up."""
         tokens = self.tokens if all_tokens is None else all_tokens
+        warmup: dict[str, float] = {
+            "warmup_steps": min(self.steps_seen, self.warmup_steps),
+            "warmup_s": round(self.warmup_seconds, 3),
+        }
         if not self.steps or self.seconds <= 0:
-            return {"steady_steps": 0, "steady_samples_per_s": None, "tokens_per_s": None}
+            return {
+                **warmup,
+                "steady_steps": 0,
+                "steady_samples_per_s": None,
+                "tokens_per_s": None,
+            }
         return {
+            **warmup,
             "steady_steps": self.steps,
             "steady_samples_per_s": round(self.samples / self.seconds, 2),
             "tokens_per_s": round(tokens / self.seconds, 1) if tokens else None,

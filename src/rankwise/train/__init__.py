@@ -12,7 +12,9 @@ alone.
   predict.py     classify texts with a checkpoint
   artifacts.py   what a checkpoint carries for predict/export, and the export file
   rundir.py      the run directory's layout
-  preemption.py  SIGTERM / SIGINT become a stop at a step boundary every rank agrees on
+  preemption.py  SIGTERM / SIGINT become a stop at a step boundary every rank agrees on, or at the
+                 end of a grace where none comes
+  compiling.py   what compile=true cost: graphs, compile seconds, each recompile named
 
 The datasets and models it trains live beside it in :mod:`rankwise.data` and :mod:`rankwise.models`.
 """

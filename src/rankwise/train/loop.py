@@ -31,6 +31,7 @@ from rankwise.process import restart_count
 from rankwise.runtime import Runtime, setup
 from rankwise.sampling.batching import iterate_steps
 from rankwise.train import artifacts, continuity
+from rankwise.train.compiling import CompileWatch
 from rankwise.train.config import TrainConfig
 from rankwise.train.evaluate import evaluate, forward_logits, write_results
 from rankwise.train.metrics import LossWindow, MetricsLog
@@ -281,6 +282,7 @@ class Trainer:
         self.throughput = SteadyThroughput(
             cfg.throughput_warmup_steps, timed=self.total_steps - start_step - profiled
         )
+        self.compiles = CompileWatch(cfg.compile)
         finished = False
         try:
             train_time, stopped_by = self.train(bar, stop)
@@ -456,6 +458,7 @@ class Trainer:
             "peak_rss_mb": peak_rss_mb,
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             **self.throughput.rates(tokens),
+            **self.compiles.summary(),
             **flops,
             "breakdown": breakdown,
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,

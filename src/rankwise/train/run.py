@@ -21,7 +21,7 @@ from rankwise.errors import Stopped
 from rankwise.launch import Entry, launch
 from rankwise.logs import get_logger
 from rankwise.strategies import get_strategy
-from rankwise.train import preflight
+from rankwise.train import compiling, preflight
 from rankwise.train.config import TrainConfig
 from rankwise.train.rundir import LAUNCH_ID, RunDir
 from rankwise.train.worker import train_from_run_dir
@@ -162,5 +162,8 @@ def report_run(cfg: TrainConfig, run_dir: RunDir, wall_s: float, as_json: bool) 
             f"({summary['tflops_per_s_per_rank']:.4g} per rank); MFU {summary['mfu']:.1%} of the "
             f"{summary['peak_tflops_per_s']:.4g} TFLOP/s matrix-product peak measured here{sheet}"
         )
+    compiled = compiling.line(summary)
+    if compiled:
+        print(compiled)
     print(f"report: {run_dir.report_md}\ncheckpoint: {summary['checkpoint']}")
     return 0
