@@ -16,6 +16,8 @@ class TokenizedTextDataset(Dataset):
         labels: list[int],
         pad_id: int = 0,
         ngrams: tuple[torch.Tensor, torch.Tensor] | None = None,
+        pad_multiple: int = 1,
+        pad_limit: int | None = None,
     ):
         if len(ids) != len(labels):
             raise ValueError(f"{len(ids)} texts but {len(labels)} labels")
@@ -25,6 +27,12 @@ class TokenizedTextDataset(Dataset):
         self.labels = labels
         self.pad_id = pad_id
         self.ngrams = ngrams
+        self.pad_multiple = pad_multiple
+        """Batches are padded to a multiple of this many tokens (1: to the longest text), and
+        their n-gram rows, where it is above 1, to a power of two: a few shapes for a compiled
+        model (see ``data.pad_to_multiple_of``)."""
+        self.pad_limit = pad_limit
+        """Rounding up never pads past this many tokens (the model's positions: ``max_length``)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -38,8 +46,11 @@ class TokenizedTextDataset(Dataset):
         return [len(ids) for ids in self.ids]
 
     def collate(self, items) -> dict[str, torch.Tensor]:
-        """Pad to the longest sequence of the batch (not to max_length): less work per step."""
+        """Pad to the longest sequence of the batch (not to max_length: less work per step),
+        rounded up to :attr:`pad_multiple`."""
         longest = max(len(ids) for ids, _, _ in items)
+        rounded = _round_up(longest, self.pad_multiple)
+        longest = max(longest, min(rounded, self.pad_limit or rounded))
         input_ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(items), longest), dtype=torch.long)
         for row, (ids, _, _) in enumerate(items):
@@ -58,7 +69,10 @@ class TokenizedTextDataset(Dataset):
         assert self.ngrams is not None  # collate calls this only for a dataset with n-grams
         flat, offsets = self.ngrams
         rows = [flat[offsets[i] : offsets[i + 1]] for i in indices]
-        out = torch.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=torch.long)
+        width = max(1, max(len(r) for r in rows))
+        if self.pad_multiple > 1:  # (n-gram counts spread widely: powers of two, a few shapes)
+            width = max(self.pad_multiple, 1 << (width - 1).bit_length())
+        out = torch.zeros((len(rows), width), dtype=torch.long)
         for row, ids in enumerate(rows):
             out[row, : len(ids)] = ids
         return out
@@ -78,3 +92,7 @@ class FeatureDataset(Dataset):
         return {"features": self.features[i], "labels": self.labels[i], "index": torch.tensor(i)}
 
     collate = None  # the default collate stacks the dicts
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -71,9 +71,12 @@ class PreparedData:
     def size(self, split: str) -> int:
         return len(self.splits[split]["labels"])
 
-    def dataset(self, split: str, ngrams: bool = False):
+    def dataset(
+        self, split: str, ngrams: bool = False, pad_multiple: int = 1, pad_limit: int | None = None
+    ):
         """The split as a torch dataset; ``ngrams`` adds each text's character n-grams to its
-        batches."""
+        batches; a text's batches are padded to a multiple of ``pad_multiple`` tokens, never past
+        ``pad_limit``."""
         part = self.splits[split]
         if self.kind == "features":
             return FeatureDataset(part["features"], part["labels"])
@@ -83,7 +86,12 @@ class PreparedData:
             )
         assert self.encoder is not None  # text data (not features) is tokenized: it has an encoder
         return TokenizedTextDataset(
-            part["ids"], part["labels"], self.encoder.pad_id, part["ngrams"] if ngrams else None
+            part["ids"],
+            part["labels"],
+            self.encoder.pad_id,
+            part["ngrams"] if ngrams else None,
+            pad_multiple,
+            pad_limit,
         )
 
     def digest(self, split: str) -> str:

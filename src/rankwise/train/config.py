@@ -87,6 +87,11 @@ class DataConfig(_Section):
     group_by_length: bool = True
     """Put training texts of similar length into the same global batch (less padding, about 2x
     faster on `sentiment`); the shuffle stays seeded and identical at every world size."""
+    pad_to_multiple_of: int | None = Field(None, ge=1)
+    """Pad each text batch to a multiple of this many tokens (its n-gram rows to a power of two),
+    so a compiled model meets a few shapes, each compiled once with static kernels, and a GPU's
+    matrix units get whole tiles. Default: 16 where the model runs on CUDA or compiles, else 1 (to
+    the batch's longest text: least work on a CPU)."""
     toy_samples: int = Field(4096, ge=8)
     """Number of samples in the `toy` dataset."""
     toy_features: int = Field(10, ge=1)

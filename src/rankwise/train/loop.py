@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -73,10 +74,12 @@ class Trainer:
             ngrams=data.ngrams.to_dict() if data.ngrams else None,
         )
         ngrams = reads_ngrams(self.model_spec)
-        self.train_set = data.dataset("train", ngrams)
-        self.eval_sets = {
-            name: data.dataset(name, ngrams) for name in ("dev", "test") if data.size(name)
-        }
+        pad = cfg.data.pad_to_multiple_of or (16 if rt.device.type == "cuda" or cfg.compile else 1)
+        split = partial(
+            data.dataset, ngrams=ngrams, pad_multiple=pad, pad_limit=cfg.data.max_length
+        )
+        self.train_set = split("train")
+        self.eval_sets = {name: split(name) for name in ("dev", "test") if data.size(name)}
         if cfg.model.init_weights:
             model.load_state_dict(artifacts.load_checkpoint(cfg.model.init_weights).weights)
         self.num_parameters = sum(p.numel() for p in model.parameters())
