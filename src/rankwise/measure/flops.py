@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rankwise.compat.flop_formulas import cpu_attention
 from rankwise.compat.torch_dispatch import TorchDispatchMode
 from rankwise.logs import get_logger
 
@@ -88,7 +89,9 @@ class FlopCounter:
                 k: self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
                 for k, v in batch.items()
             }
-            with FlopCounterMode(display=False) as counter, MatmulDtypes() as seen:
+            # (the CPU's fused attention counted as torch counts the GPU's: compat.flop_formulas)
+            counter = FlopCounterMode(display=False, custom_mapping=cpu_attention())
+            with counter, MatmulDtypes() as seen:
                 with self.autocast():
                     loss = self.forward(self.model, fake).float().sum()
                 # The gradients the backward pass computes, without writing any .grad.

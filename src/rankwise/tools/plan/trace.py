@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from rankwise.compat.flop_formulas import cpu_attention
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.tools.plan.capture import Capture, loss_of, map_tensors, tensors
 from rankwise.tools.plan.fake import fake_copy
@@ -256,7 +257,9 @@ def trace(
     tracker = StepTracker()
     tracker.known([*params, *model.buffers(), *state, *inputs])
     hooks = [p.register_post_accumulate_grad_hook(tracker.gradient) for p in trainable]
-    counter = FlopCounterMode(display=False)
+    # (attention on the CPU's fake tensors is its fused kernel, which torch counts as 0 FLOPs:
+    # counted as torch counts the GPU's, compat.flop_formulas)
+    counter = FlopCounterMode(display=False, custom_mapping=cpu_attention())
     try:
         with tracker:
             with counter:
