@@ -13,8 +13,8 @@ gradient for an all-reduce, the gathered output for an all-gather, the input for
   precision (``half``); the gradients reduce-scattered once per step, in fp32.  FSDP2 prefetches
   the next unit's all-gather, so they overlap computation.
 - ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and,
-  after the optimizer step, the updated 16/32-bit parameters all-gathered; ``overlap_comm`` is false
-  below stage 3, so neither overlaps.
+  after the optimizer step, the updated 16/32-bit parameters all-gathered, one call per parameter
+  group; ``overlap_comm`` is false below stage 3, so neither overlaps.
 - ``deepspeed-zero3``: partitioned parameters all-gathered before the forward and the backward of
   each module, every micro-batch; the gradients reduce-scattered; ``overlap_comm`` and prefetching
   overlap both with computation.
@@ -124,7 +124,11 @@ def collectives(
         count = max(1, math.ceil(trace.numel / zero_bucket))
         return [
             Collective("reduce_scatter", grads, count, "", "gradients (reduced to their owners)"),
-            Collective("all_gather", params, count, "", "updated parameters, after the step"),
+            # (one all_gather_into_tensor per parameter group's flat buffer: DeepSpeed 0.19's
+            # all_gather_dp_groups, wherever torch has all_gather_into_tensor)
+            Collective(
+                "all_gather", params, trace.param_groups, "", "updated parameters, after the step"
+            ),
         ]
     if strategy == "deepspeed-zero3":
         gathered = trace.itemsize * sum(n for n in trace.numels if n >= 100_000)

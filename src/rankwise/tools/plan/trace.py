@@ -87,6 +87,9 @@ class Trace:
     block_param_numels: list[int] = field(default_factory=list)
     """Elements of each transformer layer's parameters (FSDP's and ZeRO-3's units), in model
     order."""
+    param_groups: int = 1
+    """The optimizer's parameter groups that hold parameters (ZeRO-1/2 flatten each into one
+    buffer, all-gathered in one call)."""
 
     @property
     def numel(self) -> int:
@@ -292,4 +295,5 @@ def trace(
         forward_flops=forward_flops,
         samples=tracker.samples,
         block_param_numels=[sum(p.numel() for p in block.parameters()) for block in blocks],
+        param_groups=max(1, sum(1 for group in optimizer.param_groups if group["params"])),
     )
