@@ -15,6 +15,7 @@ path, which is plain matrix products.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,7 +46,8 @@ def cpu_attention() -> dict[object, Callable[..., int]]:
     """``custom_mapping`` for ``FlopCounterMode``: the CPU's fused attention and its backward, as
     raw formulas (given the tensors; the ops that this torch lacks are left out)."""
     mapping: dict[object, Callable[..., int]] = {}
-    for name, formula in ((FORWARD, _forward), (BACKWARD, _backward)):
+    formulas: tuple[tuple[str, Any], ...] = ((FORWARD, _forward), (BACKWARD, _backward))
+    for name, formula in formulas:
         op = getattr(torch.ops.aten, name, None)
         if op is not None:
             # (FlopCounterMode calls a formula marked raw with the tensors, not their shapes)
