@@ -152,9 +152,6 @@ def test_fsdp_at_bf16_gathers_bf16_on_fake_ranks_and_keeps_fp32_shards():
     """The plan shards its copy as the strategy does (rankwise.strategies.fsdp.shard), with the
     mixed-precision policy: the same fp32 shards and state, and the unsharded parameters bf16."""
     autocast = from_factory(build, (torch.randn(ROWS, WIDTH),), autocast=True)
-    # (the first measurement of a process peaks at the optimizer step, every later one in the
-    # backward pass: found here, not yet explained; the pair compared is measured after it)
-    fsdp(autocast, ROWS, 4)
     full, mixed = fsdp(autocast, ROWS, 4), fsdp(autocast, ROWS, 4, autocast=torch.bfloat16)
     assert (mixed.parameters, mixed.gradients) == (full.parameters, full.gradients)
     assert mixed.optimizer == full.optimizer
@@ -162,6 +159,16 @@ def test_fsdp_at_bf16_gathers_bf16_on_fake_ranks_and_keeps_fp32_shards():
     # policy, autocast over fp32 shards: 209,200 and 400,176 at bf16 too)
     assert mixed.at_peak["activations"] < 0.6 * full.at_peak["activations"]
     assert mixed.at_peak["buffers"] < full.at_peak["buffers"]
+
+
+def test_the_first_fsdp_measurement_of_a_shape_is_the_same_as_the_next():
+    """Was: the first measurement of a shape in a process counted DTensor's sharding propagation
+    (its own fake tensors, computed once and cached) as the step's memory: a peak at the optimizer
+    step of 1.5 MB of "optimizer" against 0.2 MB, and 2 KB of activations against 160 KB."""
+    fresh = from_factory(build, (torch.randn(ROWS + 3, WIDTH),))
+    first, second = fsdp(fresh, ROWS + 3, 3), fsdp(fresh, ROWS + 3, 3)
+    assert first.at_peak == second.at_peak and first.peak == second.peak
+    assert first.at_peak["optimizer"] == first.optimizer
 
 
 @pytest.mark.parametrize("world", [1, 4])

@@ -156,21 +156,31 @@ def _sharded(
     optimizer = rebind_optimizer(optimizer, model, names)
     tracker = FSDPMemTracker(model, optimizer)
     tracker.track_inputs((args, kwargs))
+
+    def step() -> None:
+        for micro in range(grad_accum):
+            # (as rankwise's fsdp no_sync: the reduce-scatter only on a step's last micro-batch)
+            model.set_requires_gradient_sync(micro == grad_accum - 1)
+            # (its per-module records allow one forward each; the peak is kept)
+            tracker.reset_mod_stats()
+            with torch.autocast(
+                "cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None
+            ):
+                loss = loss_of(model(*args, **kwargs))
+            loss.backward()
+            del loss
+        optimizer.step()
+
+    # Untracked first: DTensor computes each sharded op's output spec once per process and shapes,
+    # under the plan's own fake mode, which the tracker cannot tell from the step's own tensors; so
+    # the first measurement of a shape counted those (measured: a peak at the optimizer step of 15
+    # times the shards' bytes, the activations missed).  Cached from here on.
+    step()
+    optimizer.zero_grad(set_to_none=True)
     with tracker:
-        for step in range(2):
-            for micro in range(grad_accum):
-                # (as rankwise's fsdp no_sync: the reduce-scatter only on a step's last micro-batch)
-                model.set_requires_gradient_sync(micro == grad_accum - 1)
-                # (its per-module records allow one forward each; the peak is kept)
-                tracker.reset_mod_stats()
-                with torch.autocast(
-                    "cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None
-                ):
-                    loss = loss_of(model(*args, **kwargs))
-                loss.backward()
-                del loss
-            optimizer.step()
-            if step == 0:
+        for number in range(2):
+            step()
+            if number == 0:
                 optimizer.zero_grad(set_to_none=True)
         held = _by_kind(tracker.get_tracker_snapshot("current"))
         at_peak = _by_kind(tracker.get_tracker_snapshot("peak"))
