@@ -160,3 +160,40 @@ def test_devices_from_their_datasheets_and_refusals():
     assert devices.lookup("a100", 8).peak_fp32 == pytest.approx(19.5e12)
     with pytest.raises(ConfigError, match="--device"):
         devices.lookup("tpu", 8)
+
+
+def test_a_timed_step_carries_its_spread_as_noise_and_ties_rows_within_it():
+    """Two plans of one script once gave 39.1 and 89.7 ms for one row and "fastest" flipped: a
+    timed step's spread is its noise, and rows within it of the shortest are ties, of which the
+    smallest memory is named."""
+    from types import SimpleNamespace
+
+    from rankwise.tools.plan.planner import Plan
+
+    timed = step_time("ddp", fake_trace(), 2, 1, H100, False, [], LINK, Timed(0.1, "t", 0.2))
+    assert timed.noise == pytest.approx(0.2)
+
+    def row(name, seconds, noise, peak):
+        time = SimpleNamespace(total_s=seconds, noise=noise)
+        return SimpleNamespace(
+            strategy=name, world_size=2, fits=True, time=time, memory=SimpleNamespace(peak=peak)
+        )
+
+    quiet = SimpleNamespace(rows=[row("ddp", 0.100, 0.0, 9), row("zero2", 0.104, 0.0, 5)])
+    assert [r.strategy for r in Plan.ties(quiet, 2)] == ["ddp"]
+    noisy = SimpleNamespace(rows=[row("ddp", 0.100, 0.0, 9), row("zero2", 0.104, 0.08, 5)])
+    assert [r.strategy for r in Plan.ties(noisy, 2)] == ["ddp", "zero2"]
+    noisy.ties = lambda world: Plan.ties(noisy, world)
+    assert Plan.fastest(noisy, 2).strategy == "zero2"  # tied: the smaller memory
+
+
+def test_timing_goes_on_until_the_steps_are_stable_or_the_budget_is_spent():
+    from rankwise.tools.plan.calibrate import MAX_REPEATS, MAX_TIMING_S, REPEATS, enough, spread
+
+    steady = [0.100, 0.101, 0.099, 0.100, 0.100]
+    assert spread(steady) < 0.05 and enough(steady, 1.0)
+    assert not enough(steady[:4], 1.0)  # (too few)
+    jumpy = [0.039, 0.090, 0.041, 0.088, 0.060]
+    assert spread(jumpy) > 0.5 and not enough(jumpy, 1.0)
+    assert enough(jumpy, MAX_TIMING_S) and enough(jumpy * MAX_REPEATS, 1.0)
+    assert REPEATS == len(steady)

@@ -9,8 +9,9 @@ builds a real copy (random weights, :func:`~rankwise.tools.plan.fake.real_copy`)
 process under the strategy itself, at one rank (``rankwise.Runtime`` with a one-process group: the
 same ``prepare`` / ``backward`` / ``step`` / ``zero_grad`` a script calls), on the micro-batch a
 rank gets at the planned world size and with the threads it gets there (cores / ranks per node): the
-median optimizer step of :data:`REPEATS` after :data:`WARMUP`.  What more ranks add, the
-communication, is the bandwidth model's (:mod:`~rankwise.tools.plan.comms`).
+median optimizer step after :data:`WARMUP`, over at least :data:`REPEATS` steps and more until their
+spread is within :data:`STABLE` (or the budget is spent; the spread is reported).  What more ranks
+add, the communication, is the bandwidth model's (:mod:`~rankwise.tools.plan.comms`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ MAX_SHARE = 0.25
 """The largest share of this machine's memory a model the plan times for real may need."""
 WARMUP = 2
 REPEATS = 5
+"""Steps timed at least, after the warm-up."""
+STABLE = 0.05
+"""Timings are stable when their interquartile range is within this share of their median: until
+then more steps are timed (two identical plans of one script gave 39.1 and 89.7 ms for one row on a
+busy machine, five steps each)."""
+MAX_REPEATS = 25
+MAX_TIMING_S = 20.0
+"""...but no more than these steps and seconds a strategy; the spread left is reported, and rows
+within it are ties (:meth:`~rankwise.tools.plan.planner.Plan.fastest`)."""
+
+
+def spread(seconds: list[float]) -> float:
+    """The interquartile range of ``seconds`` over their median."""
+    if len(seconds) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(seconds, n=4, method="inclusive")
+    median = statistics.median(seconds)
+    return (high - low) / median if median > 0 else 0.0
+
+
+def enough(seconds: list[float], elapsed_s: float) -> bool:
+    """Whether the timed steps (after the warm-up) are enough: stable, or the budget spent."""
+    if len(seconds) < REPEATS:
+        return False
+    return spread(seconds) <= STABLE or len(seconds) >= MAX_REPEATS or elapsed_s >= MAX_TIMING_S
 
 
 def allocate_as_a_rank_does(gathers_layers: bool) -> None:
@@ -66,7 +92,7 @@ def timed_step(
     # (init_process_group wraps the hook every time)
     before, hook = torch.get_num_threads(), sys.excepthook
     torch.set_num_threads(threads)
-    seconds = []
+    seconds: list[float] = []
     try:
         # (DeepSpeed calls torch's deprecated collectives on every step: one FutureWarning each,
         # nothing to act on)
@@ -85,7 +111,8 @@ def timed_step(
                 activation_checkpointing=checkpointing,
             )
             model.train()
-            for _ in range(WARMUP + REPEATS):
+            began = time.perf_counter()
+            while not enough(seconds[WARMUP:], time.perf_counter() - began):
                 start = time.perf_counter()
                 for micro in range(accumulation):
                     with rt.no_sync(model, enabled=micro < accumulation - 1):
@@ -103,7 +130,11 @@ def timed_step(
     finally:
         torch.set_num_threads(before)
         sys.excepthook = hook
+    timed = seconds[WARMUP:]
+    noise = spread(timed)
     return Timed(
-        statistics.median(seconds[WARMUP:]),
-        f"{strategy}'s step timed here at one rank ({rows} rows, {threads} thread(s))",
+        statistics.median(timed),
+        f"{strategy}'s step timed here at one rank ({rows} rows, {threads} thread(s)): the median "
+        f"of {len(timed)} steps, interquartile spread {noise:.0%}",
+        noise,
     )

@@ -92,14 +92,24 @@ class Plan:
         return int(self.device.memory_bytes * (1 - self.config.headroom))
 
     def fastest(self, world: int) -> Row | None:
-        """The fitting row with the shortest step; of steps within :data:`SAME_TIME` of it (which
-        the model cannot tell apart), the one that needs the least memory."""
+        """The fitting row with the shortest step; of steps tied with it (:meth:`ties`), the one
+        that needs the least memory."""
+        tied = self.ties(world)
+        return min(tied, key=lambda row: (row.memory.peak, row.time.total_s)) if tied else None
+
+    def ties(self, world: int) -> list[Row]:
+        """The fitting rows whose steps cannot be told from the shortest: within :data:`SAME_TIME`
+        of it, or within either step's timing noise (a CPU step timed here)."""
         fitting = [row for row in self.rows if row.world_size == world and row.fits]
         if not fitting:
-            return None
-        shortest = min(row.time.total_s for row in fitting)
-        tied = [row for row in fitting if row.time.total_s <= shortest * (1 + SAME_TIME)]
-        return min(tied, key=lambda row: (row.memory.peak, row.time.total_s))
+            return []
+        best = min(fitting, key=lambda row: row.time.total_s)
+        shortest = best.time.total_s
+        return [
+            row
+            for row in fitting
+            if row.time.total_s <= shortest * (1 + max(SAME_TIME, best.time.noise, row.time.noise))
+        ]
 
 
 class Planner:

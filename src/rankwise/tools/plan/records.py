@@ -66,6 +66,8 @@ class StepTimeJSON(TypedDict):
     """Which collectives hide behind which pass, in words."""
     total_s: float
     """The step: ``compute_s + optimizer_s + exposed_comm_s``."""
+    noise: float
+    """The share of ``total_s`` its timing's spread could move it by (0 where it was not timed)."""
 
 
 class PlanRowJSON(TypedDict):

@@ -99,9 +99,18 @@ def summary(plan: Plan) -> list[str]:
         ]
     for world in plan.config.world_sizes:
         best = plan.fastest(world)
+        others = [row for row in plan.ties(world) if row is not best]
+        tied = (
+            "; tied within the timing noise: "
+            + ", ".join(
+                f"{row.strategy} ({ms(row.time.total_s)} ±{row.time.noise:.0%})" for row in others
+            )
+            if others
+            else ""
+        )
         lines.append(
             f"{world} ranks: fastest that fits: {best.strategy} ({ms(best.time.total_s)} a step, "
-            f"{size(best.memory.peak)} a rank)"
+            f"{size(best.memory.peak)} a rank){tied}"
             if best
             else f"{world} ranks: nothing planned fits"
         )
@@ -136,6 +145,10 @@ def as_json(plan: Plan) -> dict:
         "rows": [row_json(row) for row in plan.rows],
         "fastest": {
             str(world): (best.strategy if (best := plan.fastest(world)) else None)
+            for world in plan.config.world_sizes
+        },
+        "ties": {
+            str(world): [row.strategy for row in plan.ties(world)]
             for world in plan.config.world_sizes
         },
         "notes": plan.notes,
@@ -184,6 +197,7 @@ def row_json(row: Row) -> PlanRowJSON:
             "efficiency": time.efficiency,
             "overlap": time.overlap,
             "total_s": time.total_s,
+            "noise": time.noise,
         },
     }
 

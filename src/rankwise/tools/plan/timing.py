@@ -40,6 +40,8 @@ class Timed:
     work."""
     how: str
     """What was timed, in words."""
+    spread: float = 0.0
+    """The timed steps' interquartile range over their median: the timing's own noise."""
 
 
 @dataclass
@@ -58,6 +60,9 @@ class StepTime:
     """The step's FLOPs over the peak, over the compute time."""
     overlap: str
     """What hides what, in words."""
+    noise: float = 0.0
+    """The share of the step a repeat of its timing could move it by (the timed steps' spread;
+    0 for a step from FLOPs and the bandwidth model)."""
 
     @property
     def total_s(self) -> float:
@@ -134,4 +139,5 @@ def step_time(
     else:
         overlap = "none: " + ", ".join(call.what for call in calls) + " after the backward pass"
     efficiency = flops / (peak * compute) if compute > 0 else 0.0
-    return StepTime(compute, optimizer, total_comm, exposed, flops, efficiency, overlap)
+    noise = timed.spread * compute / (compute + optimizer + exposed) if timed and compute else 0.0
+    return StepTime(compute, optimizer, total_comm, exposed, flops, efficiency, overlap, noise)
