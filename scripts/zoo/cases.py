@@ -139,6 +139,13 @@ def problems(directory: Path) -> list[str]:
             for kind in case.expect.get(key, [])
             if kind not in KINDS
         ]
+    if "bench" in case.expect and (
+        case.expect["bench"] != "could not run" or not str(case.expect.get("bench_why", "")).strip()
+    ):
+        found.append(
+            f'{where}: [expect] bench may only be "could not run", with bench_why saying why no '
+            "timed run can measure the script"
+        )
     if not str(case.expect["why"]).strip():
         found.append(
             f"{where}: [expect] why is empty: what in the script makes the verdict and each defect"

@@ -130,6 +130,11 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
     if command in ("plan", "plain"):
         return {"outcome": "ok" if code == 0 else "crash"}
     verdict = said.get("verdict")
+    if command == "bench" and expect.get("bench") == "could not run":
+        # (a script no timed run can measure, as the manifest's bench_why says: refusing it, with
+        # its reason, is right)
+        refused = verdict == "could not run" and code == 4
+        return {"outcome": "ok" if refused else "wrong", "verdict": verdict, "expected": []}
     if command == "verify" and code == 1 and verdict in ("equivalent", "not comparable"):
         # (the verdict verify's exit code states: a finding in the rest of the script fails an
         # equivalent or not comparable comparison, as bench's row says:
@@ -145,7 +150,7 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         named=sorted(named),
         missed=sorted(expected - named),
         false=sorted(named - expected - allowed - INFORMATIONAL),
-        verdict_right=verdict == expect["verdict"],
+        verdict_right=verdict == expected_verdict(command, expect),
         verdict=verdict,
     )
     # bench names one reason per row: judged on its verdict and on naming nothing false
@@ -157,6 +162,15 @@ def score(command: str, code: int, said: dict, expect: dict, framework: str) -> 
         wrong = True
     result["outcome"] = "wrong" if wrong else "ok"
     return result
+
+
+def expected_verdict(command: str, expect: dict) -> str:
+    """The verdict ``command`` must say.  verify: the manifest's, of the compared steps.  bench: a
+    row's verdict is verify's exit code's (one verdict everywhere), so a vacuous comparison of a
+    script with a defect that changes its results is "not equivalent", as verify exits 1 for it."""
+    if command == "bench" and expect["verdict"] == "vacuous" and expect["defects"]:
+        return "not equivalent"
+    return expect["verdict"]
 
 
 SCORED = ("outcome", "expected", "named", "missed", "false", "verdict_right", "framework_right")

@@ -36,8 +36,10 @@ each command in a fresh copy:
   `fabric run`, `horovodrun --gloo`), the reference for the wall times.
 
 A cell's outcome: **ok** (verify: the verdict, the framework and every defect as the manifest
-says, nothing more; bench, which gives one reason per row: its verdict, no false cause, and the exit
-code verify gives the same script;
+says, nothing more; bench, which gives one reason per row: its verdict, which is verify's exit
+code's (a vacuous comparison of a script with a defect is "not equivalent", as verify exits 1), no
+false cause, and the exit code verify gives the same script; or, where the manifest says no timed
+run can measure the script (`bench = "could not run"`, with `bench_why`), bench refusing it;
 plan and the plain run: exit 0), **wrong** (a verdict, a framework or a defect not as the manifest
 says: the missed and false kinds follow), **crash** (rankwise could not run the script, or exited
 with a code it does not document), **timeout**. Times are wall seconds, with the ratio to the plain
@@ -67,6 +69,7 @@ verdict = "vacuous"     # equivalent | not equivalent | not comparable | vacuous
 defects = ["samples"]   # every real distributed defect, as kinds
 allowed = []            # optional: kinds that are true but no defect (a tool may name them)
 why = "line by line: what in the script makes the verdict and each defect"
+# optional: bench = "could not run", bench_why = "why no timed run can measure it"
 ```
 
 Kinds: the comparison's causes (`samples`, `batch-dependent`, `random`, `half`, `loss-scaled`,

@@ -107,3 +107,29 @@ def test_verify_is_judged_on_the_verdict_its_exit_code_states_and_warnings_never
     result = score.score("verify", 1, said, EXPECT, "torch")
     assert (result["outcome"], result["false"]) == ("ok", [])
     assert score.score("verify", 0, said, EXPECT, "torch")["verdict_right"] is False
+
+
+def test_bench_on_a_vacuous_comparison_of_a_defective_script_says_what_verify_exits():
+    """The DDP tutorials: every process draws its own data (samples), so the compared steps are
+    vacuous, and verify exits 1 for the finding; bench's row states that exit code's verdict."""
+    vacuous = {"verdict": "vacuous", "defects": ["samples"]}
+    said = {"verdict": "not equivalent", "kinds": ["samples"]}
+    assert score.score("bench", 1, said, vacuous, "spawn")["outcome"] == "ok"
+    verified = score.score("verify", 1, dict(said, verdict="vacuous"), vacuous, "spawn")
+    assert verified["outcome"] == "ok"
+    assert score.score("bench", 5, dict(said, verdict="vacuous"), vacuous, "spawn")["outcome"] == (
+        "wrong"
+    )
+
+
+def test_bench_refusing_a_script_no_timed_run_can_measure_is_right_where_the_manifest_says_so():
+    refused = dict(EXPECT, bench="could not run", bench_why="one step in all")
+    assert (
+        score.score("bench", 4, {"verdict": "could not run"}, refused, "torch")["outcome"] == "ok"
+    )
+    assert score.score("bench", 1, {"verdict": "not equivalent"}, refused, "torch")["outcome"] == (
+        "wrong"
+    )
+    assert score.score("bench", 4, {"verdict": "could not run"}, EXPECT, "torch")["outcome"] == (
+        "crash"
+    )

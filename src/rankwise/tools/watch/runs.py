@@ -158,10 +158,16 @@ def watched_run(
         result["spawn"] = started
     if result.get("no_result"):
         records = load_records(run_dir)
-        ran = f" after {records[0]['steps']} optimizer steps" if records else ""
+        trained = records[0]["steps"] if records else None
+        ran = f" after {trained} optimizer step{'s' * (trained != 1)}" if records else ""
+        advice = (
+            "pass fewer steps, or script arguments that train longer"
+            if trained is None or trained >= 2
+            else f"verify it with --steps {trained}; a timed run needs 2, a warm-up and a measured "
+            "one: script arguments that train longer"
+        )
         return {
-            "error": f"the script ended{ran}, before the {steps} asked (pass fewer steps, or "
-            "script arguments that train longer)",
+            "error": f"the script ended{ran}, before the {steps} asked ({advice})",
             "wall_s": result["wall_s"],
             "ended_early": True,
             **({"spawn": started} if started else {}),
