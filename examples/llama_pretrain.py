@@ -14,6 +14,9 @@ which builds the model with fake parameters (no memory) and replays one step on 
 
     python examples/llama_pretrain.py                                   # tiny, one process
     rankwise launch --nproc-per-node 2 --strategy fsdp examples/llama_pretrain.py
+    # one GPU, as scripts/gpu_llama.py times it:
+    rankwise launch --precision bf16-mixed examples/llama_pretrain.py --size 1b --length 2048 \
+        --batch-size 4 --compile
 """
 
 import argparse
@@ -63,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="global batch per micro-step")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (rt.prepare(compile=True))"
+    )
     args = parser.parse_args(argv)
 
     config = LlamaConfig(max_position_embeddings=max(args.length, 128), **SIZES[args.size])
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     with rankwise.setup(seed=0) as rt:
         model = LlamaForCausalLM(config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-        model, optimizer = rt.prepare(model, optimizer)
+        model, optimizer = rt.prepare(model, optimizer, compile=args.compile)
         loader = rt.loader(TensorDataset(tokens), batch_size=args.batch_size, shuffle=True)
         step, epoch = 0, 0
         while step < args.steps:

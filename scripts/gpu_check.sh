@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU pass (docs/gpu.md): rankwise on a machine with a CUDA GPU, in one command.
 #
-#   scripts/gpu_check.sh [STEP ...]      steps: smoke tests speed scaling (default: smoke tests speed)
+#   scripts/gpu_check.sh [STEP ...]      steps: smoke tests speed llama scaling shapes
+#                                        (default: smoke tests speed llama)
 #
 #   smoke    nvidia-smi, versions, imports, one tiny `rankwise train --strategy single` on the GPU
 #   tests    pytest tests/gpu (every strategy at world size 1 over NCCL, every precision, resume, tools)
 #   speed    scripts/gpu_speed.py: --model base, bf16, seq 128: samples/s, TFLOP/s, MFU, rankwise/plain pairs
+#   llama    scripts/gpu_llama.py: Llama 3.2 1B's shape, bf16, 2048 tokens, compiled: MFU, rankwise/plain pairs
 #   scaling  `rankwise bench --strategies single-1t,ddp,fsdp,deepspeed-zero2` on N CPU cores with N
 #            processes, N in SCALING_NPROCS (default "2 4 8"): scaling efficiency against single-1t
 #   shapes   scripts/gpu_shapes.py: the cost of a new sequence length every step
@@ -22,7 +24,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(smoke tests speed)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(smoke tests speed llama)
 FAILED=()
 
 say() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
@@ -82,6 +84,12 @@ step_speed() {
 
 step_shapes() {
     "$PY" scripts/gpu_shapes.py
+}
+
+step_llama() {
+    # issue 53's goals: MFU >= 40 % of the datasheet at 1B, rankwise / plain >= 0.98 over 3 pairs
+    "$PY" scripts/gpu_llama.py --size 1b --length 2048 --batch-size 4 --steps 15 --warmup 3 --pairs 3 \
+        --json-out "$OUT/llama.json"
 }
 
 step_scaling() {
