@@ -181,6 +181,13 @@ ENGINE_FORWARD = Patch(
     "weights",
     ("0.19",),
 )
+ENGINE_BACKWARD = Patch(
+    "deepspeed.runtime.engine.DeepSpeedEngine.backward",
+    "deepspeed",
+    "the loss the script passed: DeepSpeed back-propagates a scaled copy of it, so the script's "
+    "reads of its loss (a per-rank metric) are told by this one",
+    ("0.19",),
+)
 ENGINE_STEP = Patch(
     "deepspeed.runtime.engine.DeepSpeedEngine.step",
     "deepspeed",
@@ -293,6 +300,7 @@ PATCHES: dict[str, Patch] = {
         START_PROCESSES,
         START_PROCESSES_EXPORTED,
         ENGINE_FORWARD,
+        ENGINE_BACKWARD,
         ENGINE_STEP,
         HOROVOD_STEP,
         HOROVOD_BROADCAST_STATE,

@@ -37,7 +37,8 @@ def test_zero3_unseeded_bf16_is_followed_from_step_0_and_its_bf16_gradients_are_
     """ZeRO-3's partitioned parameters are gathered, and the one process writes the N-rank run's
     weights into its own partition and fp32 master at every step (the weights match although the
     runs built different models); the bf16 config's gradients, reduced in bf16, are what differs,
-    and the fix is in the DeepSpeed config."""
+    and the fix is in the DeepSpeed config.  Rank 0's print of its own loss is a per-rank metric
+    (was missed: DeepSpeed back-propagates a scaled copy of the loss the script reads)."""
     proc, report = _verify(
         tmp_path / "zero3", SCRIPT, "--stage", "3", "--bf16", "--unseeded", steps=3
     )
@@ -53,6 +54,12 @@ def test_zero3_unseeded_bf16_is_followed_from_step_0_and_its_bf16_gradients_are_
     assert any(
         "two runs of this script start from different weights" in text for text in _warnings(report)
     )
+    # rank 0 reads its own loss for its print (engine.backward back-propagated a scaled copy: the
+    # loss the script passed is the one watched)
+    assert any(
+        "rank 0 alone reads the training loss at .item() at deepspeed_engine.py:54" in text
+        for text in _warnings(report)
+    ), _warnings(report)
 
 
 def test_bench_rows_by_world_size_with_lockstep_equivalence(tmp_path):

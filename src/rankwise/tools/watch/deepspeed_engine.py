@@ -36,7 +36,19 @@ def watch(watcher) -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     patch(DeepSpeedEngine, "forward", lambda original: _forward(watcher, original))
+    patch(DeepSpeedEngine, "backward", lambda original: _backward(watcher, original))
     patch(DeepSpeedEngine, "step", lambda original: _step(watcher, original))
+
+
+def _backward(watcher, original):
+    def backward(engine, loss, *args, **kwargs):
+        result = original(engine, loss, *args, **kwargs)
+        # (DeepSpeed back-propagated a copy of the loss, divided by the accumulation steps and
+        # scaled: the script reads the one it passed, as a per-rank metric where it prints it)
+        watcher.calls.metrics.loss_seen(loss)
+        return result
+
+    return backward
 
 
 def _named(engine) -> list[tuple[str, torch.nn.Parameter]]:
