@@ -451,3 +451,47 @@ def test_plan_validate_on_one_gpu(tmp_path):
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert plan["device"]["name"] != "cpu"  # planned for the GPU present
     assert all(row["measured_bytes"] > 0 and row["measured_s"] > 0 for row in rows)
+
+
+def test_the_built_in_loop_syncs_the_host_with_the_device_at_no_steady_step(tmp_path, data_cache):
+    """Issue 53: no host sync per step. From step 4 to step 10 of a bf16 run (no log, evaluation or
+    checkpoint between them) torch's sync debug mode warns of every operation that waits for the
+    device; the steady steps make none."""
+    import warnings
+
+    from rankwise.data.prepare import prepare_data
+    from rankwise.train.config import build_config
+    from rankwise.train.loop import run_training
+
+    cfg = build_config(
+        overrides=[
+            "strategy=single",
+            "precision=bf16-mixed",
+            "model.name=tiny",
+            "data.source=sentiment",
+            "data.limit=600",
+            "data.max_length=48",
+            "data.tokenizer=char",
+            f"data.cache_dir={json.dumps(str(data_cache))}",
+            "batch_size=16",
+            "max_steps=12",
+            "log_every=1000",
+            "dev_each_epoch=false",
+            "progress=false",
+        ]
+    )
+
+    def watch_syncs(rank: int, step: int) -> None:
+        if step == 4:
+            torch.cuda.set_sync_debug_mode("warn")
+        elif step == 10:
+            torch.cuda.set_sync_debug_mode("default")
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_training(cfg, prepare_data(cfg.data), tmp_path, step_end_hooks=[watch_syncs])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    synced = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert not synced, synced[:5]
