@@ -133,3 +133,9 @@ def test_bench_refusing_a_script_no_timed_run_can_measure_is_right_where_the_man
     assert score.score("bench", 4, {"verdict": "could not run"}, EXPECT, "torch")["outcome"] == (
         "crash"
     )
+    # (its exit code is not held to verify's: no timed run of it has a verdict)
+    verify = {"name": "verify", "exit": 3, "verdict": "not comparable", "kinds": []}
+    bench = {"name": "bench", "exit": 4, "verdict": "could not run", "kinds": []}
+    refused_nothing = dict(refused, verdict="not comparable", defects=[])
+    score.judge(verify, refused_nothing, "torch", None)
+    assert score.judge(bench, refused_nothing, "torch", verify)["outcome"] == "ok"

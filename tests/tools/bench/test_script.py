@@ -424,6 +424,21 @@ def test_bench_exits_as_verify_does_for_its_gravest_row(verdicts, code):
     assert exit_code(rows) == code
 
 
+def test_a_row_without_a_figure_never_passes_and_a_not_comparable_one_stays_so():
+    """nanoGPT makes its own batches, so no row has samples/s: bench exited 1 where verify exits 3
+    (not comparable); a row that would pass without a figure still fails."""
+    from rankwise.tools.bench.script import exit_code
+
+    def rows(verdict):
+        return [
+            {"row": "x1", "status": "ok", "samples_per_s": None, "verdict": "reference"},
+            {"row": "x2", "status": "ok", "samples_per_s": None, "verdict": verdict},
+        ]
+
+    assert exit_code(rows("not comparable")) == 3
+    assert exit_code(rows("equivalent")) == 1
+
+
 def test_a_row_failed_by_a_finding_says_so_in_the_progress_line_the_table_and_the_exit_code():
     """A Lightning bench printed "equivalent" in its progress line and FAIL in its table."""
     from rankwise.tools.bench.equivalence import lockstep_columns

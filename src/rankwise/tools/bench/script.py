@@ -464,12 +464,17 @@ compared steps trained nothing, one whose random draws no rank count reproduces.
 
 def exit_code(rows: list[dict]) -> int:
     """The gravest of the rows' verdicts, each as ``rankwise verify`` exits for it (so bench and
-    verify exit alike on the same script); a row measured without a figure fails too."""
+    verify exit alike on the same script); a row that would pass without a figure fails: it is
+    never a pass unseen (a row that is not comparable stays what verify says of it)."""
     failed = [
         line["row"]
         for line in rows
         if line.get("verdict") in ("not equivalent", "unchecked")
-        or (line["status"] == "ok" and line["samples_per_s"] is None)
+        or (
+            line["status"] == "ok"
+            and line["samples_per_s"] is None
+            and line.get("verdict") == "equivalent"
+        )
     ]
     crashed_rows = [
         line["row"] for line in rows if "could not run" in (line["status"], line.get("verdict"))
