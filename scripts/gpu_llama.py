@@ -66,7 +66,6 @@ def run_rankwise(args, batches: list[torch.Tensor], device: torch.device) -> flo
         model, _ = build(args.size, args.length)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
         model, optimizer = rt.prepare(model, optimizer, compile=not args.no_compile)
-        seconds = 0.0
         for number, batch in enumerate(batches):
             if number == args.warmup:
                 synchronize(rt.device)
