@@ -1,3 +1,6 @@
+import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -159,3 +162,73 @@ def test_every_strategy_a_test_leaves_out_is_registered_and_says_why():
         "deepspeed-zero3",
         "fsdp",
     ]
+
+
+THROWAWAY = '''"""A new strategy file: DDP under a name no tool spells, and nothing else edited."""
+
+from rankwise.strategies import register
+from rankwise.strategies.ddp import DDP
+
+
+@register
+class Throwaway(DDP):
+    name = "throwaway"
+    description = "DDP under a name no tool spells"
+'''
+
+
+@pytest.mark.multiproc
+def test_a_new_strategy_file_is_planned_and_benched_with_no_other_file_edited(tmp_path):
+    """A copy of the package with one file added, src/rankwise/strategies/throwaway.py: plan's
+    default set plans it (as the DDP it subclasses, from the facts DDP's file declares), and bench
+    runs it and checks it against single, as a user runs both."""
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "src" / "rankwise", src / "rankwise", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (src / "rankwise" / "strategies" / "throwaway.py").write_text(THROWAWAY, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+
+    def rankwise(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "rankwise.cli", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+
+    script = ROOT / "tests/support/tools/watch/scripts/tutorial_ddp.py"
+    planned = rankwise(
+        "plan", str(script), "--nproc-per-node", "2", "--device", "h100", "--out", "plan"
+    )
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    rows = {
+        row["strategy"]: row
+        for row in json.loads((tmp_path / "plan" / "plan.json").read_text())["rows"]
+    }
+    assert "throwaway" in rows, sorted(rows)
+    for key in ("memory", "collectives"):
+        assert rows["throwaway"][key] == rows["ddp"][key], key
+
+    benched = rankwise(
+        "bench",
+        "--preset",
+        "smoke",
+        "--strategies",
+        "throwaway",
+        "--out",
+        "bench",
+        *(f"--set={setting}" for setting in TINY_TASK),
+    )
+    assert benched.returncode == 0, benched.stdout[-3000:] + benched.stderr[-3000:]
+    report = json.loads((tmp_path / "bench" / "report.json").read_text())
+    row = next(row for row in report["rows"] if row["row"] == "throwaway")
+    assert row["equivalent"] is True and row["samples_per_s"] > 0, row
+    assert row["about"] == "DDP under a name no tool spells"  # its own line, not DDP's
+
+
+TINY_TASK = ("data.limit=1000", "data.tokenizer=char", "data.max_length=32")
+"""The built-in task at a size a test runs in a minute (the smoke preset's 30 steps: fewer move the
+accuracy check's 1 point by chance)."""

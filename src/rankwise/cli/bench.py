@@ -42,7 +42,7 @@ from rankwise.cli import paths, smoke
 from rankwise.errors import ConfigError
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.bench import script, suite, why
-from rankwise.tools.bench.rows import ROWS
+from rankwise.tools.bench.rows import all_rows
 from rankwise.tools.bench.settings import Output, ScriptSettings, SuiteSettings
 from rankwise.tools.bench.suite import PRESETS
 from rankwise.tools.watch.frameworks import FRAMEWORKS
@@ -55,6 +55,7 @@ def add_parser(commands) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    rows = all_rows()
     p.add_argument(
         "--preset",
         choices=list(PRESETS),
@@ -63,16 +64,16 @@ def add_parser(commands) -> None:
             f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
             for name, values in PRESETS.items()
         )
-        + f" (smoke runs {', '.join(row.name for row in ROWS if row.smoke)} unless --strategies "
+        + f" (smoke runs {', '.join(row.name for row in rows if row.smoke)} unless --strategies "
         "names others; default quick)",
     )
     p.add_argument(
         "--strategies",
         metavar="ROW,ROW",
         help="rows to run (single is always added as the reference): "
-        f"{', '.join(row.name for row in ROWS if not row.opt_in)}; the quick preset leaves out "
-        f"{', '.join(row.name for row in ROWS if row.full_only)} unless named; only when named: "
-        f"{', '.join(row.name for row in ROWS if row.opt_in)}. With --script: rankwise strategies "
+        f"{', '.join(row.name for row in rows if not row.opt_in)}; the quick preset leaves out "
+        f"{', '.join(row.name for row in rows if row.full_only)} unless named; only when named: "
+        f"{', '.join(row.name for row in rows if row.opt_in)}. With --script: rankwise strategies "
         "for a script on rankwise.setup(); the launcher's own strategy names for a Lightning "
         "Fabric script (fabric run --strategy: ddp, fsdp, deepspeed, ...) or an Accelerate one "
         "(ddp, fsdp, deepspeed), each a row at the largest --nproc-per-node",

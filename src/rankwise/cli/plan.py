@@ -8,7 +8,7 @@ import time
 from rankwise.cli import paths, script_args
 from rankwise.precision import PRECISIONS
 from rankwise.tools.plan import command, devices
-from rankwise.tools.plan.config import KNOWN, PlanConfig, parse_sizes
+from rankwise.tools.plan.config import PlanConfig, known, parse_sizes, planned
 
 DESCRIPTION = """\
 Plan SCRIPT's training at other world sizes and on other devices, without running it there: per
@@ -52,8 +52,8 @@ def _options(p: argparse.ArgumentParser) -> None:
         "--strategies",
         default="",
         metavar="NAME,NAME",
-        help=f"strategies to plan (default: every installed one of single, ddp, fsdp, "
-        f"deepspeed-zero1..3); known: {', '.join(KNOWN)}",
+        help=f"strategies to plan (default: every installed one of {', '.join(planned())}); "
+        f"known: {', '.join(known())}",
     )
     p.add_argument(
         "--precision", choices=PRECISIONS, default="32-true", help="the precision (default 32-true)"

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from rankwise.errors import CheckpointError, ConfigError
 from rankwise.strategies.base import LoopFacts, Strategy
+from rankwise.strategies.facts import Facts
 from rankwise.strategies.options import Options
 
 
@@ -38,10 +39,26 @@ class Variant:
     settings: dict[str, Any] = field(default_factory=dict)
     """Dotted config keys the variant fixes, e.g. ``{"deepspeed.zero_stage": 3}``."""
     description: str = ""
+    own_facts: Facts | None = None
+    """Facts the variant declares where its settings change them (else its class's)."""
 
     @property
     def cls(self) -> type[Strategy]:
         return _REGISTRY[self.strategy]
+
+    @property
+    def facts(self) -> Facts | None:
+        """What ``rankwise plan`` and ``rankwise bench`` know of it (:mod:`.facts`)."""
+        return self.own_facts or self.cls.strategy_facts
+
+    @property
+    def about(self) -> str:
+        """One line for bench's table: the one its facts give where it declared them, else its
+        description (a subclass inherits its parent's facts, not its parent's line)."""
+        declared = self.own_facts or (
+            self.cls.strategy_facts if "strategy_facts" in vars(self.cls) else None
+        )
+        return declared.about if declared and declared.about else self.description
 
     def options_for(self, section: str | None) -> dict[str, Any]:
         """The variant's settings inside one config section, keys relative to it."""
@@ -67,11 +84,18 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
-def register_variant(name: str, strategy: str, settings: dict[str, Any], description: str) -> None:
-    """Register ``name`` as ``strategy`` with ``settings`` (dotted config keys) fixed."""
+def register_variant(
+    name: str,
+    strategy: str,
+    settings: dict[str, Any],
+    description: str,
+    facts: Facts | None = None,
+) -> None:
+    """Register ``name`` as ``strategy`` with ``settings`` (dotted config keys) fixed, and the facts
+    those settings give it (``None``: its strategy's)."""
     if name in _VARIANTS and _VARIANTS[name].settings != settings:
         raise ValueError(f"strategy name {name!r} registered twice")
-    _VARIANTS[name] = Variant(name, strategy, dict(settings), description)
+    _VARIANTS[name] = Variant(name, strategy, dict(settings), description, facts)
 
 
 _discovered = False
@@ -84,7 +108,7 @@ def _discover() -> None:
     if _discovered:
         return
     for module in pkgutil.iter_modules(__path__):
-        if module.name not in ("base", "options"):
+        if module.name not in ("base", "facts", "options"):
             importlib.import_module(f"{__name__}.{module.name}")
     _discovered = True
 
@@ -103,6 +127,17 @@ def lookup(name: str) -> Variant:
         raise ValueError(
             f"unknown strategy {name!r}; choose one of {', '.join(sorted(_VARIANTS))}"
         ) from None
+
+
+def with_facts() -> list[Variant]:
+    """Every registered name ``rankwise plan`` and ``rankwise bench`` have facts for, the least
+    sharded first (one-process strategies before the rest), then by name."""
+    _discover()
+    known = [variant for variant in _VARIANTS.values() if variant.facts is not None]
+    return sorted(
+        known,
+        key=lambda v: (v.cls.multiprocess, len(v.facts.shards) if v.facts else 0, v.name),
+    )
 
 
 def unavailable(name: str) -> str | None:
@@ -217,6 +252,7 @@ def get_strategy(name: str) -> type[Strategy]:
 
 
 __all__ = [
+    "Facts",
     "LoopFacts",
     "Strategy",
     "Variant",
@@ -228,4 +264,5 @@ __all__ = [
     "register_variant",
     "resolve_options",
     "strategy_names",
+    "with_facts",
 ]

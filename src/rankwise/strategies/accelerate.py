@@ -24,6 +24,8 @@ from rankwise.compat.accelerate_state import reset_accelerate_state
 from rankwise.precision import Precision
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy, ready
+from rankwise.strategies.ddp import ALL_REDUCE
+from rankwise.strategies.facts import Facts
 from rankwise.strategies.options import DDPOptions
 
 INSTALL = "pip install 'rankwise[accelerate]'"
@@ -105,6 +107,13 @@ class Accelerate(Strategy):
     options_section = "ddp"
     options_cls = DDPOptions
     options: DDPOptions
+    # Accelerator.prepare wraps the model in DDP: its step and memory are DDP's; planned when named
+    strategy_facts = Facts(
+        step=(ALL_REDUCE,),
+        layout="reducer-buckets",
+        planned=False,
+        about="rankwise on Hugging Face Accelerate",
+    )
 
     def __init__(self, *args, **kwargs):
         self.accelerator: Any = None

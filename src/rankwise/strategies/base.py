@@ -35,6 +35,7 @@ from rankwise.precision import Precision
 from rankwise.process import ProcessEnv
 from rankwise.sampling.batching import OrderedShardSampler
 from rankwise.strategies.blocks import checkpoint_blocks
+from rankwise.strategies.facts import Facts
 from rankwise.strategies.options import Options
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -95,6 +96,10 @@ class Strategy(abc.ABC):
     reshards: ClassVar[bool] = False
     """Whether its per-rank shards load at another world size (the library regroups them on
     load)."""
+    strategy_facts: ClassVar[Facts | None] = None
+    """What it shards, the collectives a step makes, its memory layout and its bench rows
+    (:mod:`rankwise.strategies.facts`), read by ``rankwise plan`` and ``rankwise bench``; ``None``:
+    neither has a model of it (a variant may declare its own)."""
 
     @property
     def gathers_layers(self) -> bool:

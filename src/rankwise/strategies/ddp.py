@@ -7,6 +7,7 @@ variant under ``torch.multiprocessing`` spawn (``mp.spawn``, a Python function p
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -18,7 +19,42 @@ from typing_extensions import override
 from rankwise import dist
 from rankwise.strategies import register, register_variant
 from rankwise.strategies.base import Strategy
+from rankwise.strategies.facts import BenchRow, Facts, StepCall
 from rankwise.strategies.options import DDPOptions
+
+ALL_REDUCE = StepCall(
+    "all_reduce",
+    "gradients",
+    "buckets",
+    "backward",
+    "gradients",
+    # each bucket's all-reduce starts when its gradients are ready (reducer.cpp), so they overlap
+    # the backward pass; once a step (no_sync on the other micro-batches)
+    bucket=int(DDPOptions().bucket_cap_mb * 2**20),
+)
+FACTS = Facts(
+    step=(ALL_REDUCE,),
+    layout="reducer-buckets",
+    bench="smoke",
+    about="DistributedDataParallel under torchrun's agent",
+    bench_rows=(
+        BenchRow("+bf16", ("precision=bf16-mixed",), "DDP with bf16 autocast", "quick"),
+        BenchRow("+fp16-hook", ("ddp.comm_hook=fp16_compress",), "DDP averaging gradients in fp16"),
+        BenchRow(
+            "+bf16-hook",
+            ("ddp.comm_hook=bf16_compress",),
+            "DDP averaging gradients in bf16",
+            "opt-in",
+        ),
+        BenchRow(
+            "+powersgd",
+            ("ddp.comm_hook=powersgd", "ddp.powersgd_start_step=2"),
+            "DDP sending a rank-1 PowerSGD approximation of the gradients",
+            "opt-in",
+        ),
+        BenchRow("+compile", ("compile=true",), "DDP with torch.compile (inductor) after the wrap"),
+    ),
+)
 
 
 @register
@@ -28,6 +64,7 @@ class DDP(Strategy):
     options_section = "ddp"
     options_cls = DDPOptions
     options: DDPOptions
+    strategy_facts = FACTS
 
     @override
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -143,4 +180,12 @@ register_variant(
     "ddp",
     {"launch.launcher": "spawn"},
     "DistributedDataParallel started by torch.multiprocessing spawn (mp.spawn)",
+    # the same step as ddp's: planned when named; benched to compare the two launchers
+    replace(
+        FACTS,
+        planned=False,
+        about="the same started by torch.multiprocessing spawn",
+        bench="quick",
+        bench_rows=(),
+    ),
 )

@@ -46,6 +46,7 @@ from rankwise.process import backend_for
 from rankwise.strategies import register, register_variant
 from rankwise.strategies.base import LoopFacts, Strategy, ready, retie
 from rankwise.strategies.deepspeed_config import generated_config, read_user_config
+from rankwise.strategies.deepspeed_stages import STAGE_FACTS
 from rankwise.strategies.options import DeepSpeedOptions, Options
 
 INSTALL = "pip install 'rankwise[deepspeed]'"
@@ -468,4 +469,5 @@ for _stage in range(4):
         "deepspeed",
         {"deepspeed.zero_stage": _stage},
         f"DeepSpeed at ZeRO stage {_stage}",
+        STAGE_FACTS[_stage],
     )

@@ -14,6 +14,7 @@ from torch import nn
 from typing_extensions import override
 
 from rankwise.strategies import register
+from rankwise.strategies.facts import Facts
 from rankwise.strategies.single import SingleDevice
 
 
@@ -24,6 +25,11 @@ class DataParallel(SingleDevice):
     name = "dp"
     description = (
         "nn.DataParallel over the visible GPUs of one process (CPU: plain module, with a notice)"
+    )
+    # One process replicating over its GPUs: bench measures it; the plan (one process per device)
+    # has no model of it.
+    strategy_facts = Facts(
+        layout=None, planned=False, about="DataParallel: one process, one replica per device"
     )
     cannot_compile = (
         "DataParallel copies the module onto every GPU again at each forward, and torch.compile "

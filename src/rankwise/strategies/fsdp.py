@@ -30,6 +30,7 @@ from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy, retie
 from rankwise.strategies.blocks import transformer_blocks
+from rankwise.strategies.facts import BenchRow, Facts, StepCall
 
 SHARDS = "sharded"
 """Where each rank writes its shards (torch.distributed.checkpoint) inside a checkpoint."""
@@ -95,6 +96,41 @@ class FSDP(Strategy):
     # torch.distributed.checkpoint records each shard's place in the whole tensor: any world size
     reshards = True
     shards_optimizer_state = True
+    strategy_facts = Facts(
+        shards=frozenset({"optimizer", "gradients", "parameters"}),
+        step=(
+            # Each unit (every transformer block, then the root) gathers its parameters before its
+            # forward, every micro-batch, in the policy's param_dtype (mixed_precision); FSDP2
+            # prefetches the next unit's, so they overlap the computation.
+            StepCall(
+                "all_gather",
+                "parameters",
+                "units",
+                "forward",
+                "parameters, forward",
+                every_micro_batch=True,
+                half_at_mixed=True,
+            ),
+            # ...and again before its backward (the root is not resharded after its forward).
+            StepCall(
+                "all_gather",
+                "layer-parameters",
+                "layer-units",
+                "backward",
+                "parameters, backward",
+                every_micro_batch=True,
+                half_at_mixed=True,
+            ),
+            # The gradients are reduce-scattered once a step, in fp32 (reduce_dtype).
+            StepCall("reduce_scatter", "gradients", "units", "backward", "gradients"),
+        ),
+        layout="measured",  # fake tensors reach FSDP2: the plan measures it on fake ranks
+        bench="smoke",
+        about="FullyShardedDataParallel",
+        bench_rows=(
+            BenchRow("+compile", ("compile=true",), "FSDP with torch.compile after sharding"),
+        ),
+    )
 
     @property
     @override

@@ -17,12 +17,16 @@ from typing_extensions import override
 
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy, ready
+from rankwise.strategies.facts import Facts, StepCall
 from rankwise.strategies.options import HorovodOptions
 
 INSTALL = (
     "pip install 'rankwise[horovod]' (Horovod 0.28.1 must be built for torch 2.x: "
     "scripts/build_horovod.sh)"
 )
+
+FUSION_BYTES = 128 * 2**20
+"""Horovod's fusion buffer, ``HOROVOD_FUSION_THRESHOLD``'s default."""
 
 
 def import_horovod():
@@ -43,6 +47,23 @@ class Horovod(Strategy):
     options_section = "horovod"
     options_cls = HorovodOptions
     options: HorovodOptions
+    strategy_facts = Facts(
+        step=(
+            StepCall(
+                "all_reduce",
+                "gradients",
+                "buckets",
+                "backward",
+                "gradients",
+                # DistributedOptimizer's hooks start each gradient's all-reduce as it is ready;
+                # the background thread fuses them up to HOROVOD_FUSION_THRESHOLD (128 MiB)
+                bucket=FUSION_BYTES,
+            ),
+        ),
+        layout="fusion-buffer",
+        planned=False,  # its fusion buffer is outside torch: planned when named
+        about="Horovod under horovodrun",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

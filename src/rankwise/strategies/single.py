@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from rankwise.strategies import register
 from rankwise.strategies.base import Strategy
+from rankwise.strategies.facts import BenchRow, Facts
 
 
 @register
@@ -17,6 +18,21 @@ class SingleDevice(Strategy):
     name = "single"
     multiprocess = False
     description = "one process on one device (the reference run)"
+    strategy_facts = Facts(
+        layout="whole",  # no collective: the trace of one process is its memory
+        bench="smoke",
+        about="one process, all cores",
+        bench_rows=(
+            BenchRow("+compile", ("compile=true",), "one process with torch.compile", "opt-in"),
+            BenchRow(
+                "-1t",
+                (),
+                "one process, one thread: the base of DDP's scaling efficiency",
+                "opt-in",
+                threads=1,
+            ),
+        ),
+    )
 
     @override
     def setup_environment(self) -> None:

@@ -77,8 +77,10 @@ def test_an_8b_model_too_large_for_this_machine_is_planned_without_allocating_it
     ).read_text()
     rows = {(r["strategy"], r["world_size"]): r for r in plan["rows"]}
     ddp = rows[("ddp", 8)]
-    # 128 GB of model states alone: shard them
-    assert not ddp["fits"] and "deepspeed-zero3" in ddp["change"]
+    # 128 GB of model states alone: shard them.  The cheapest change is the least sharding that
+    # fits: ZeRO-1 holds 2 + 2 + 12/8 bytes a parameter (44 GB of the 72 usable) and exchanges
+    # less than ZeRO-3, which gathers every layer twice a step.
+    assert not ddp["fits"] and ddp["change"].startswith("deepspeed-zero1 at 8 ranks")
     numels = [p for p in _llama_8b_numels()]
     shards = sum(math.ceil(n / 64) for n in numels)
     zero3 = rows[("deepspeed-zero3", 64)]["memory"]

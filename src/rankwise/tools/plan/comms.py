@@ -1,23 +1,10 @@
 """What a strategy communicates in one optimizer step, and how long a collective takes.
 
-Collectives per step (message sizes in the nccl-tests convention: the larger buffer, the whole
-gradient for an all-reduce, the gathered output for an all-gather, the input for a reduce-scatter):
-
-- ``ddp`` / ``accelerate``: the gradients all-reduced once per optimizer step (``no_sync`` on the
-  other micro-batches), in buckets of ``bucket_cap_mb``, each started as soon as its gradients are
-  ready (overlapping the backward pass).
-- ``horovod``: the same volume, all-reduced through its fusion buffer, overlapping the backward
-  pass.
-- ``fsdp``: each unit's parameters all-gathered before its forward and again before its backward
-  (the root unit is not resharded after forward), every micro-batch, in the half dtype at a mixed
-  precision (``half``); the gradients reduce-scattered once per step, in fp32.  FSDP2 prefetches
-  the next unit's all-gather, so they overlap computation.
-- ``deepspeed-zero1/2``: the gradients reduced to their owners (a reduce-scatter's volume) and,
-  after the optimizer step, the updated 16/32-bit parameters all-gathered, one call per parameter
-  group; ``overlap_comm`` is false below stage 3, so neither overlaps.
-- ``deepspeed-zero3``: partitioned parameters all-gathered before the forward and the backward of
-  each module, every micro-batch; the gradients reduce-scattered; ``overlap_comm`` and prefetching
-  overlap both with computation.
+Collectives per step: what each strategy's own file declares
+(:class:`rankwise.strategies.facts.StepCall`: the operation, what it carries, how many calls, the
+pass it overlaps), sized here from the trace.  Message sizes follow the nccl-tests convention: the
+larger buffer, the whole gradient for an all-reduce, the gathered output for an all-gather, the
+input for a reduce-scatter.
 
 A collective's time is the alpha-beta model nccl-tests' bus bandwidth defines: ``latency + size x
 factor / busbw``, factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter; the
@@ -40,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankwise.errors import ConfigError
+from rankwise.strategies import lookup
+from rankwise.strategies.facts import StepCall
 from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
 from rankwise.tools.plan.trace import Trace
@@ -72,85 +61,59 @@ def _units(trace: Trace) -> int:
     return len(trace.block_param_numels) + 1
 
 
+def _carried(call: StepCall, trace: Trace, half: bool, persistence: int) -> tuple[int, int]:
+    """(bytes, elements) one micro-batch's ``call`` moves over all its calls."""
+    if call.carries == "gradients":
+        return trace.gradient_bytes, trace.numel
+    if call.carries == "parameters":
+        numel = trace.numel
+    elif call.carries == "layer-parameters":
+        numel = sum(trace.block_param_numels)
+    else:  # partitioned-parameters: the smaller ones stay whole on every rank
+        numel = sum(n for n in trace.numels if n >= persistence)
+    itemsize = 2 if half and call.half_at_mixed else trace.itemsize
+    return itemsize * numel, numel
+
+
+def _calls(call: StepCall, trace: Trace, nbytes: int, numel: int) -> int:
+    if call.count == "buckets":
+        return max(1, math.ceil(nbytes / call.bucket))
+    if call.count == "element-buckets":
+        return max(1, math.ceil(numel / call.bucket))
+    if call.count == "units":
+        return _units(trace)
+    if call.count == "layer-units":
+        return _units(trace) - 1
+    return trace.param_groups
+
+
 def collectives(
     strategy: str,
     trace: Trace,
     world: int,
     grad_accum: int,
     *,
-    bucket_mb: float = 25.0,
-    zero_bucket: int = 5_000_000,
     half: bool = False,
+    persistence: int = 100_000,
 ) -> list[Collective]:
-    """What ``strategy`` communicates per optimizer step at ``world`` ranks (see the module's
-    docstring)."""
-    if world == 1 or strategy == "single":
+    """What ``strategy`` communicates per optimizer step at ``world`` ranks, from the collectives
+    its file declares (``half``: a mixed precision; ``persistence``: ZeRO-3's threshold below which
+    a parameter stays whole)."""
+    facts = lookup(strategy).facts
+    if facts is None or facts.layout is None:
+        raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
+    if world == 1:
         return []
-    grads, params = trace.gradient_bytes, trace.param_bytes
-    if strategy in ("ddp", "accelerate", "horovod"):
-        bucket = (128 * 2**20) if strategy == "horovod" else bucket_mb * 2**20
-        return [
-            Collective(
-                "all_reduce", grads, max(1, math.ceil(grads / bucket)), "backward", "gradients"
+    made = []
+    for call in facts.step:
+        nbytes, numel = _carried(call, trace, half, persistence)
+        calls = _calls(call, trace, nbytes, numel)
+        repeats = grad_accum if call.every_micro_batch else 1
+        if calls:  # (one unit, the root: nothing gathered again for the backward pass)
+            made.append(
+                Collective(call.op, nbytes * repeats, calls * repeats, call.beside, call.what)
             )
-        ]
-    if strategy == "fsdp":
-        units = _units(trace)
-        # (at a mixed precision FSDP's policy gathers the fp32 shards in the half dtype and
-        # reduce-scatters the gradients in fp32: rankwise.strategies.fsdp.mixed_precision)
-        itemsize = 2 if half else trace.itemsize
-        params = 2 * trace.numel if half else params
-        blocks = itemsize * sum(trace.block_param_numels)
-        calls = [
-            Collective(
-                "all_gather",
-                params * grad_accum,
-                units * grad_accum,
-                "forward",
-                "parameters, forward",
-            ),
-            Collective(
-                "all_gather",
-                blocks * grad_accum,
-                (units - 1) * grad_accum,
-                "backward",
-                "parameters, backward",
-            ),
-            Collective("reduce_scatter", grads, units, "backward", "gradients"),
-        ]
-        # (one unit, the root: not gathered again for backward)
-        return [call for call in calls if call.calls]
-    if strategy in ("deepspeed-zero1", "deepspeed-zero2"):
-        count = max(1, math.ceil(trace.numel / zero_bucket))
-        return [
-            Collective("reduce_scatter", grads, count, "", "gradients (reduced to their owners)"),
-            # (one all_gather_into_tensor per parameter group's flat buffer: DeepSpeed 0.19's
-            # all_gather_dp_groups, wherever torch has all_gather_into_tensor)
-            Collective(
-                "all_gather", params, trace.param_groups, "", "updated parameters, after the step"
-            ),
-        ]
-    if strategy == "deepspeed-zero3":
-        gathered = trace.itemsize * sum(n for n in trace.numels if n >= 100_000)
-        count = max(1, math.ceil(trace.numel / zero_bucket))
-        return [
-            Collective(
-                "all_gather",
-                gathered * grad_accum,
-                _units(trace) * grad_accum,
-                "forward",
-                "parameters, forward",
-            ),
-            Collective(
-                "all_gather",
-                gathered * grad_accum,
-                _units(trace) * grad_accum,
-                "backward",
-                "parameters, backward",
-            ),
-            Collective("reduce_scatter", grads, count, "backward", "gradients"),
-        ]
-    raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
+    return made
 
 
 @dataclass

@@ -7,25 +7,34 @@ from pathlib import Path
 
 from rankwise.errors import ConfigError
 from rankwise.precision import PRECISIONS
+from rankwise.strategies import lookup, with_facts
+from rankwise.strategies.facts import Facts
 
-PLANNED = ("single", "ddp", "fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
-"""The strategies planned by default (``single`` at one rank only; DeepSpeed's where it is
-installed)."""
-KNOWN = (*PLANNED, "accelerate", "horovod")
-"""Every strategy the plan has a model of: Accelerate is DDP underneath; Horovod's fusion buffer is
-outside torch."""
-UPGRADES = {
-    "single": ("ddp", "fsdp", "deepspeed-zero3"),
-    "ddp": ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "fsdp"),
-    "accelerate": ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "fsdp"),
-    "horovod": ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "fsdp"),
-    "deepspeed-zero1": ("deepspeed-zero2", "deepspeed-zero3"),
-    "deepspeed-zero2": ("deepspeed-zero3",),
-    "deepspeed-zero3": (),
-    "fsdp": (),
-}
-"""The strategies that shard more than each one does (a candidate change for a row that does not
-fit)."""
+
+def known() -> list[str]:
+    """Every strategy the plan has a model of: those whose facts give a memory layout
+    (:mod:`rankwise.strategies.facts`), the least sharded first."""
+    return [v.name for v in with_facts() if v.facts is not None and v.facts.layout is not None]
+
+
+def planned() -> list[str]:
+    """The strategies planned by default (``single`` at one rank only; DeepSpeed's where it is
+    installed): those the facts do not keep for when named (Accelerate, DDP underneath; Horovod,
+    whose buffer is outside torch)."""
+    return [name for name in known() if _facts(name).planned]
+
+
+def upgrades(strategy: str) -> list[str]:
+    """The known strategies that shard strictly more than ``strategy`` (a candidate change for a
+    row that does not fit)."""
+    mine = _facts(strategy)
+    return [name for name in known() if _facts(name).shards_more_than(mine)]
+
+
+def _facts(name: str) -> Facts:
+    facts = lookup(name).facts
+    assert facts is not None, name  # known() lists only strategies with facts
+    return facts
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -52,7 +61,7 @@ class PlanConfig:
     nnodes: int = 1
     """Nodes; the world size is nnodes x nproc-per-node."""
     strategies: list[str] = field(default_factory=list)
-    """Strategies to plan; empty: every one of :data:`PLANNED` that is installed (``single`` at
+    """Strategies to plan; empty: every one of :func:`planned` that is installed (``single`` at
     world size 1)."""
     precision: str = "32-true"
     """``32-true``, ``bf16-mixed`` or ``16-mixed``, as ``rankwise launch --precision``."""
@@ -101,14 +110,14 @@ class PlanConfig:
             raise ConfigError(
                 f"--comm {self.comm}: no such file (run rankwise comm bench --out DIR first)"
             )
-        unknown = [name for name in self.strategies if name not in KNOWN]
+        unknown = [name for name in self.strategies if name not in known()]
         if unknown:
             raise ConfigError(
                 f"--strategies: rankwise plan has no model of {', '.join(unknown)}; choose from "
-                f"{', '.join(KNOWN)}"
+                f"{', '.join(known())}"
             )
         if not self.strategies:
-            self.strategies = [name for name in PLANNED if _installed(name)]
+            self.strategies = [name for name in planned() if _installed(name)]
         else:
             missing = [name for name in self.strategies if not _installed(name)]
             if missing:
@@ -121,11 +130,11 @@ class PlanConfig:
         return sorted({n * self.nnodes for n in self.nproc_per_node})
 
     def strategies_at(self, world: int) -> list[str]:
-        """The planned strategies that run at ``world`` ranks (``single`` only at one)."""
-        return [name for name in self.strategies if name != "single" or world == 1]
+        """The planned strategies that run at ``world`` ranks (one-process ones only at one)."""
+        return [name for name in self.strategies if lookup(name).cls.multiprocess or world == 1]
 
     def sharding_upgrades(self, strategy: str) -> list[str]:
-        return [name for name in UPGRADES.get(strategy, ()) if _installed(name)]
+        return [name for name in upgrades(strategy) if _installed(name)]
 
 
 def _installed(name: str) -> bool:

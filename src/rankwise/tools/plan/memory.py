@@ -2,10 +2,11 @@
 (:mod:`~rankwise.tools.plan.trace`).
 
 The trace is one rank training alone: its parameters P, gradients G, optimizer state and, over the
-step, the live activations and temporaries.  Each strategy here says which of these a rank holds at
-world size N, what it allocates besides (buckets, flat copies, gathered parameters), and when; the
-peak is the largest total over the step's samples.  Every formula names its source.  FSDP is not
-here: fake tensors reach it, and :mod:`rankwise.tools.plan.fsdp` measures it with torch's
+step, the live activations and temporaries.  Each memory layout a strategy's file declares
+(:attr:`rankwise.strategies.facts.Facts.layout`) says here which of these a rank holds at world size
+N, what it allocates besides (buckets, flat copies, gathered parameters), and when; the peak is the
+largest total over the step's samples.  Every formula names its source.  FSDP is not here: fake
+tensors reach it, and :mod:`rankwise.tools.plan.fsdp` measures it with torch's
 ``FSDPMemTracker`` on N fake ranks.
 
 Notation: Φ trainable parameter elements, d bytes per parameter element in the strategy's model copy
@@ -18,6 +19,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rankwise.errors import ConfigError
+from rankwise.strategies import lookup
 from rankwise.tools.plan.trace import Sample, Trace
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers")
@@ -315,13 +318,19 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
     )
 
 
-FORMULAS: dict[str, Callable[[Trace, Setting], Memory]] = {
-    "single": single,
-    "ddp": ddp,
-    "accelerate": ddp,
-    "horovod": horovod,
-    "deepspeed-zero1": zero12(1),
-    "deepspeed-zero2": zero12(2),
-    "deepspeed-zero3": zero3,
-}
-"""The strategies whose memory is a formula over the trace (FSDP's is measured on fake ranks)."""
+def formula(strategy: str) -> Callable[[Trace, Setting], Memory] | None:
+    """The formula of the memory layout ``strategy``'s file declares
+    (:attr:`rankwise.strategies.facts.Facts.layout`); ``None`` for a layout measured on fake ranks
+    (FSDP2: :mod:`rankwise.tools.plan.fsdp`)."""
+    facts = lookup(strategy).facts
+    if facts is None or facts.layout is None:
+        raise ConfigError(f"rankwise plan knows no memory model for strategy {strategy!r}")
+    if facts.layout == "flat-partitions":
+        return zero12(2 if "gradients" in facts.shards else 1)
+    return {
+        "whole": single,
+        "reducer-buckets": ddp,
+        "fusion-buffer": horovod,
+        "parameter-partitions": zero3,
+        "measured": None,
+    }[facts.layout]

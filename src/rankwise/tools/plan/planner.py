@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rankwise.logs import get_logger
+from rankwise.strategies import lookup
 from rankwise.strategies.options import DDPOptions, DeepSpeedOptions
 from rankwise.tools.plan.calibrate import MAX_SHARE, timed_step
 from rankwise.tools.plan.capture import Capture
@@ -23,7 +24,7 @@ from rankwise.tools.plan.comms import Bandwidth, Collective, collectives
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.devices import Device
 from rankwise.tools.plan.fsdp import fsdp
-from rankwise.tools.plan.memory import FORMULAS, Memory, Setting
+from rankwise.tools.plan.memory import Memory, Setting, formula
 from rankwise.tools.plan.timing import StepTime, Timed, step_time
 from rankwise.tools.plan.trace import Trace, trace
 
@@ -34,8 +35,6 @@ SAME_TIME = 0.01
 """Planned steps closer than this share are the same time: the fastest of them is the one needing
 least memory (a tiny model's steps differ by nanoseconds of sharded optimizer work, and ZeRO-3's 19
 MiB buffers then lost to nothing against DDP's 3 KiB)."""
-ENGINE = ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3")
-"""Strategies whose engine casts the model to 16 bits under a mixed precision (no autocast)."""
 
 
 @dataclass
@@ -143,7 +142,9 @@ class Planner:
         half = HALF.get(precision)
         if half is None:
             return None, None
-        return (half, None) if strategy in ENGINE else (None, half)
+        facts = lookup(strategy).facts
+        # an engine that casts the model to 16 bits runs no autocast (its file says which)
+        return (half, None) if facts is not None and facts.casts_model else (None, half)
 
     def trace_for(self, rows: int, param_dtype, autocast, checkpointing: bool) -> Trace:
         key = (rows, param_dtype, autocast, checkpointing)
@@ -191,7 +192,8 @@ class Planner:
     ) -> tuple[Memory, Trace]:
         param_dtype, autocast = self.dtypes(strategy, precision)
         trace = self.trace_for(rows, param_dtype, autocast, checkpointing)
-        if strategy == "fsdp":
+        model = formula(strategy)
+        if model is None:  # FSDP2's units, which fake tensors reach: measured on fake ranks
             key = (world, rows, autocast, checkpointing)
             if key not in self.fsdp_cache:
                 log.info(f"rankwise plan: fsdp on {world} fake ranks ({rows} rows a rank)")
@@ -212,7 +214,7 @@ class Planner:
             zero_bucket=self.zero.bucket_size,
             zero_max_live=self.zero.max_live_parameters,
         )
-        return FORMULAS[strategy](trace, setting), trace
+        return model(trace, setting), trace
 
     def row(self, strategy: str, world: int, precision: str, checkpointing: bool) -> Row:
         rows = self.rows_per_rank(world)
@@ -222,8 +224,6 @@ class Planner:
             trace,
             world,
             self.capture.grad_accum,
-            bucket_mb=self.ddp.bucket_cap_mb,
-            zero_bucket=self.zero.bucket_size,
             half=precision in HALF,
         )
         timed = self.timed_for(strategy, trace, world, precision)

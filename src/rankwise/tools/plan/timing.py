@@ -22,12 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankwise.strategies import lookup
 from rankwise.tools.plan.comms import Bandwidth, Collective
 from rankwise.tools.plan.devices import Device
 from rankwise.tools.plan.trace import Trace
-
-SHARDED_STATE = {"fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"}
-"""Strategies whose optimizer steps only the rank's 1/N of the state."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,9 @@ def step_time(
     else:
         compute = flops / (peak * device.efficiency)
         optimizer = optimizer_bytes(trace) / device.memory_bandwidth
-        if strategy in SHARDED_STATE:
-            optimizer /= world
+        facts = lookup(strategy).facts
+        if facts is not None and "optimizer" in facts.shards:
+            optimizer /= world  # the rank steps its 1/N of the state
     forward_share = trace.forward_flops / trace.flops if trace.flops else 1 / 3
     hiding = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
     total_comm, exposed, beside = 0.0, 0.0, {"forward": 0.0, "backward": 0.0}

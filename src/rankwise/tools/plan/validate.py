@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.process import usable_cores
+from rankwise.strategies import lookup
 from rankwise.tools.harness import run_measured
 from rankwise.tools.plan import report
 from rankwise.tools.plan.between import FILE as BETWEEN
@@ -41,7 +42,6 @@ MEMORY_BOUND = 0.10
 """The stated bound on the planned peak memory's error."""
 TIME_BOUND = 0.25
 """The stated bound on the planned step time's error."""
-NOT_LAUNCHED = {"horovod": "started by horovodrun, not rankwise launch"}
 
 
 @dataclass
@@ -283,8 +283,8 @@ def run(config: PlanConfig, *, as_json: bool = False) -> int:
     plan = make_plan(config, capture)
     checked = []
     for row in plan.rows:
-        if row.strategy in NOT_LAUNCHED:
-            continue
+        if lookup(row.strategy).cls.launcher is not None:
+            continue  # started by its own launcher (horovodrun), not rankwise launch
         print(
             f"measuring {row.strategy} at {row.world_size} rank(s) ...", file=sys.stderr, flush=True
         )
