@@ -17,6 +17,15 @@ _REDUCE = StepCall(
     "gradients (reduced to their owners)",
     bucket=_BUCKET,
 )
+_NORM = StepCall(
+    "all_reduce",
+    "norm",
+    "one",
+    "",
+    # every step, clipped or not: the overflow check and the norm DeepSpeed logs and clips by
+    # (counted on gloo at 2 ranks: one call at each stage)
+    "the gradients' norm (overflow check, clipping)",
+)
 _GATHER_UPDATED = StepCall(
     "all_gather",
     "parameters",
@@ -29,7 +38,7 @@ STAGE_FACTS = {
     0: Facts(layout=None, planned=False, bench="opt-in", about="DeepSpeed's engine, no sharding"),
     1: Facts(
         shards=frozenset({"optimizer"}),
-        step=(_REDUCE, _GATHER_UPDATED),
+        step=(_REDUCE, _NORM, _GATHER_UPDATED),
         layout="flat-partitions",
         casts_model=True,
         bench="full",
@@ -37,7 +46,7 @@ STAGE_FACTS = {
     ),
     2: Facts(
         shards=frozenset({"optimizer", "gradients"}),
-        step=(_REDUCE, _GATHER_UPDATED),
+        step=(_REDUCE, _NORM, _GATHER_UPDATED),
         layout="flat-partitions",
         casts_model=True,
         about="ZeRO-2: also gradients",
@@ -70,6 +79,16 @@ STAGE_FACTS = {
                 "backward",
                 "gradients",
                 bucket=_BUCKET,
+            ),
+            _NORM,
+            # the parameters kept whole (below stage3_param_persistence_threshold) are stepped in
+            # their partition and gathered again after the step, one call each
+            StepCall(
+                "all_gather",
+                "persistent-parameters",
+                "each",
+                "",
+                "parameters kept whole, after the step",
             ),
         ),
         layout="parameter-partitions",

@@ -18,15 +18,25 @@ from typing import Literal
 Kind = Literal["optimizer", "gradients", "parameters"]
 """The training state a strategy may split over its ranks."""
 
-Carries = Literal["gradients", "parameters", "layer-parameters", "partitioned-parameters"]
+Carries = Literal[
+    "gradients",
+    "parameters",
+    "layer-parameters",
+    "partitioned-parameters",
+    "persistent-parameters",
+    "norm",
+]
 """What a collective moves: every gradient, every parameter, the parameters of the wrapped layers
-(not the root's), or the parameters partitioned away (ZeRO-3: those above its persistence
-threshold)."""
+(not the root's), the parameters partitioned away (ZeRO-3: those above its persistence threshold),
+those kept whole on every rank (below it), or one fp32 number (a norm)."""
 
-Count = Literal["buckets", "units", "layer-units", "parameter-groups", "element-buckets"]
+Count = Literal[
+    "buckets", "units", "layer-units", "parameter-groups", "element-buckets", "each", "one"
+]
 """How many calls it makes: one per bucket of :attr:`StepCall.bucket` bytes of what it carries, one
 per wrapped unit (the layers and the root), one per wrapped layer, one per optimizer parameter
-group, or one per bucket of :attr:`StepCall.bucket` parameter elements."""
+group, one per bucket of :attr:`StepCall.bucket` parameter elements, one per tensor it carries, or
+one."""
 
 Layout = Literal[
     "whole",
@@ -64,6 +74,8 @@ class StepCall:
     """At a mixed precision it moves the 16-bit copy (FSDP2's ``param_dtype``), not the fp32 one."""
     bucket: int = 0
     """Bytes (``buckets``) or elements (``element-buckets``) a call moves at most."""
+    when_clipping: bool = False
+    """Made only in a step that clips the gradients' norm."""
 
 
 @dataclass(frozen=True)

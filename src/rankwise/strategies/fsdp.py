@@ -123,6 +123,16 @@ class FSDP(Strategy):
             ),
             # The gradients are reduce-scattered once a step, in fp32 (reduce_dtype).
             StepCall("reduce_scatter", "gradients", "units", "backward", "gradients"),
+            # Clipping: each rank's shards give a partial norm (a DTensor, Partial placement),
+            # all-reduced once when clip_grad_norm_ reads the total (counted on gloo: one call).
+            StepCall(
+                "all_reduce",
+                "norm",
+                "one",
+                "",
+                "the gradients' norm, to clip them",
+                when_clipping=True,
+            ),
         ),
         layout="measured",  # fake tensors reach FSDP2: the plan measures it on fake ranks
         bench="smoke",

@@ -197,6 +197,7 @@ def test_collectives_per_step(fp32):
     assert half[("reduce_scatter", "gradients")] == grads
     assert {c.op for c in collectives("deepspeed-zero2", fp32, 8, 1)} == {
         "reduce_scatter",
+        "all_reduce",  # the norm, every step
         "all_gather",
     }
     assert collectives("ddp", fp32, 1, 1) == []

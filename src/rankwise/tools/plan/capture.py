@@ -80,6 +80,9 @@ class Capture:
     checkpointed: bool = field(default=False)
     """Whether the script itself checkpoints the model's layers (``rt.prepare(...,
     activation_checkpointing=True)``)."""
+    clips_at: int | None = None
+    """The script's line that clips the gradients' norm (:mod:`~rankwise.tools.plan.clipping`), or
+    ``None``: a sharded strategy's step then all-reduces no norm."""
     on_rankwise: bool = False
     """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies
     ``rankwise launch`` chooses run it unchanged, so ``--validate`` can measure them."""

@@ -12,6 +12,7 @@ from rankwise.logs import get_logger
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.tools.plan import comms, devices, report
 from rankwise.tools.plan.capture import Capture, from_script
+from rankwise.tools.plan.clipping import clipping_line
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.failure import not_run
 from rankwise.tools.plan.planner import Plan, Planner
@@ -36,7 +37,9 @@ def capture_script(config: PlanConfig) -> Capture:
     log.info(
         f"rankwise plan: capturing {config.script}'s first training step (parameters fake) ..."
     )
-    return from_script(config.script, config.script_args, config.out / TRACEBACK)
+    capture = from_script(config.script, config.script_args, config.out / TRACEBACK)
+    capture.clips_at = clipping_line(config.script)
+    return capture
 
 
 def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
@@ -71,6 +74,12 @@ def make_plan(config: PlanConfig, capture: Capture | None = None) -> Plan:
             traceback_file=config.out / TRACEBACK,
         ) from e
     plan.notes += bandwidth.notes
+    plan.notes.append(
+        f"the script clips the gradients' norm (line {capture.clips_at}): a sharded strategy "
+        "all-reduces it"
+        if capture.clips_at
+        else "no clipping of the gradients' norm found in the script's text"
+    )
     plan.elapsed_s, plan.peak_rss_mb = time.perf_counter() - started, peak_rss_megabytes()
     plan.notes.append(
         f"planned in {plan.elapsed_s:.1f} s; this process's peak resident memory "

@@ -61,29 +61,37 @@ def _units(trace: Trace) -> int:
     return len(trace.block_param_numels) + 1
 
 
-def _carried(call: StepCall, trace: Trace, half: bool, persistence: int) -> tuple[int, int]:
-    """(bytes, elements) one micro-batch's ``call`` moves over all its calls."""
+def _carried(call: StepCall, trace: Trace, half: bool, persistence: int) -> tuple[int, list[int]]:
+    """(bytes, the tensors' elements) one micro-batch's ``call`` moves over all its calls."""
+    if call.carries == "norm":
+        return 4, [1]
     if call.carries == "gradients":
-        return trace.gradient_bytes, trace.numel
+        return trace.gradient_bytes, trace.numels
     if call.carries == "parameters":
-        numel = trace.numel
+        numels = trace.numels
     elif call.carries == "layer-parameters":
-        numel = sum(trace.block_param_numels)
-    else:  # partitioned-parameters: the smaller ones stay whole on every rank
-        numel = sum(n for n in trace.numels if n >= persistence)
+        numels = trace.block_param_numels
+    elif call.carries == "partitioned-parameters":
+        numels = [n for n in trace.numels if n >= persistence]
+    else:  # persistent-parameters: the smaller ones, whole on every rank
+        numels = [n for n in trace.numels if n < persistence]
     itemsize = 2 if half and call.half_at_mixed else trace.itemsize
-    return itemsize * numel, numel
+    return itemsize * sum(numels), numels
 
 
-def _calls(call: StepCall, trace: Trace, nbytes: int, numel: int) -> int:
+def _calls(call: StepCall, trace: Trace, nbytes: int, numels: list[int]) -> int:
     if call.count == "buckets":
         return max(1, math.ceil(nbytes / call.bucket))
     if call.count == "element-buckets":
-        return max(1, math.ceil(numel / call.bucket))
+        return max(1, math.ceil(sum(numels) / call.bucket))
     if call.count == "units":
         return _units(trace)
     if call.count == "layer-units":
         return _units(trace) - 1
+    if call.count == "each":
+        return len(numels)
+    if call.count == "one":
+        return 1
     return trace.param_groups
 
 
@@ -94,11 +102,12 @@ def collectives(
     grad_accum: int,
     *,
     half: bool = False,
+    clips: bool = False,
     persistence: int = 100_000,
 ) -> list[Collective]:
     """What ``strategy`` communicates per optimizer step at ``world`` ranks, from the collectives
-    its file declares (``half``: a mixed precision; ``persistence``: ZeRO-3's threshold below which
-    a parameter stays whole)."""
+    its file declares (``half``: a mixed precision; ``clips``: the step clips the gradients' norm;
+    ``persistence``: ZeRO-3's threshold below which a parameter stays whole)."""
     facts = lookup(strategy).facts
     if facts is None or facts.layout is None:
         raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
@@ -106,10 +115,14 @@ def collectives(
         return []
     made = []
     for call in facts.step:
-        nbytes, numel = _carried(call, trace, half, persistence)
-        calls = _calls(call, trace, nbytes, numel)
+        if call.when_clipping and not clips:
+            continue
+        nbytes, numels = _carried(call, trace, half, persistence)
+        calls = _calls(call, trace, nbytes, numels)
         repeats = grad_accum if call.every_micro_batch else 1
-        if calls:  # (one unit, the root: nothing gathered again for the backward pass)
+        # (no call where there is nothing to move: the root is not gathered again for its backward
+        # pass; ZeRO-3 gathers no layer whose parameters all stay whole)
+        if calls and nbytes:
             made.append(
                 Collective(call.op, nbytes * repeats, calls * repeats, call.beside, call.what)
             )

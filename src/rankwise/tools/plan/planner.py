@@ -225,6 +225,7 @@ class Planner:
             world,
             self.capture.grad_accum,
             half=precision in HALF,
+            clips=self.capture.clips_at is not None,
         )
         timed = self.timed_for(strategy, trace, world, precision)
         time = step_time(

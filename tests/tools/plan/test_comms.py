@@ -1,0 +1,64 @@
+"""The collectives the plan counts for a step, against the calls real ranks make on gloo."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from rankwise.tools.plan.capture import from_factory
+from rankwise.tools.plan.comms import collectives
+from rankwise.tools.plan.trace import trace
+from tests.tools.plan.test_accounting import ROWS, WIDTH, build
+
+CASES = {
+    "fsdp": ("fsdp", None, None),
+    "fsdp, clipped": ("fsdp", None, 1.0),
+    "deepspeed-zero2": ("deepspeed", {"zero_stage": "2"}, None),
+    "deepspeed-zero3": ("deepspeed", {"zero_stage": "3"}, None),
+}
+
+
+def _counted(strategy: str, options: dict | None, max_norm: float | None) -> dict[str, int]:
+    """One rank: the second step (forward, backward, optimizer step), its gloo calls counted by
+    torch's profiler (every collective shows there, DTensor's functional ones too)."""
+    import rankwise
+
+    with rankwise.setup(strategy, options=options, seed=0) as rt:
+        model, optimizer = rt.prepare(*build())
+        for _ in range(2):
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]
+            ) as profile:
+                loss = model(torch.randn(ROWS, WIDTH)).float().square().mean()
+                rt.backward(loss, model)
+                rt.step(optimizer, model, max_norm=max_norm)
+            optimizer.zero_grad()
+    names = Counter(event.name for event in profile.events())
+    return {name.removeprefix("gloo:"): n for name, n in names.items() if name.startswith("gloo:")}
+
+
+@pytest.mark.multiproc
+def test_each_strategys_planned_collectives_are_the_calls_its_ranks_make():
+    """FSDP2: a gather per unit before its forward and before its backward (not the root's), a
+    reduce-scatter per unit, and with clipping one all-reduce of the norm. ZeRO-2: one reduction
+    bucket, the norm every step, one gather per parameter group. ZeRO-3 on a model whose parameters
+    are all below the persistence threshold: no layer gathered, and each parameter gathered after
+    the step. (gloo has no reduce-scatter: each shows as an all_reduce.)"""
+    from tests.support.multiproc import run_ranks
+
+    # (a fresh pair of processes each: DeepSpeed keeps state from one engine to the next)
+    real = {
+        case: run_ranks(_counted, 2, *settings, timeout=120, fresh=True)[0]
+        for case, settings in CASES.items()
+    }
+    fp32 = trace(from_factory(build, (torch.randn(ROWS, WIDTH),)), ROWS)
+    for case, (strategy, options, max_norm) in CASES.items():
+        name = strategy if options is None else f"deepspeed-zero{options['zero_stage']}"
+        planned: Counter[str] = Counter()
+        for call in collectives(name, fp32, 2, 1, clips=max_norm is not None):
+            planned["all_reduce" if call.op == "reduce_scatter" else call.op] += call.calls
+        made = {op: n for op, n in real[case].items() if op != "broadcast"}
+        assert made == dict(planned), case
+    assert real["fsdp, clipped"]["all_reduce"] == real["fsdp"]["all_reduce"] + 1
