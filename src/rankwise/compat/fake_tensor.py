@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 
-from rankwise.compat.versions import Patch
+from rankwise.compat.versions import Patch, Private
 
 SEEN_ON = ("2.13",)
 """torch release series it was checked on."""
@@ -57,6 +57,13 @@ PATCHES = (REGISTER_PARAMETER, APPLY, ITEM)
 """What ``rankwise plan`` replaces in torch while it captures a script."""
 
 
+LOCAL_SCALAR = Private(
+    "torch.ops.aten._local_scalar_dense",
+    "torch",
+    "the op every read of a tensor's value (.item(), bool(), int()) dispatches to: a fake tensor "
+    "raises there, and the plan answers the read",
+    SEEN_ON,
+)
 READ = torch.ops.aten._local_scalar_dense.default
 """The op every value read goes through (``item``, ``bool(tensor)``, ``torch.equal``): a fake tensor
 raises :class:`DataDependentOutputException` there (it has no values)."""

@@ -10,8 +10,25 @@ that a subclass sees a fake pass's ``mm`` at autocast's dtype.
 from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from rankwise.compat.versions import Private
 
 SEEN_ON = ("2.11", "2.13")
 """torch release series it was used on (the CPU machines' 2.13, the GPU pass's 2.11)."""
 
-__all__ = ["SEEN_ON", "TorchDispatchMode"]
+DISPATCH_MODE = Private(
+    "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch",
+    "every aten op a pass runs, with its dtypes and its tensors (FLOP dtypes, the plan's memory "
+    "trace); no public module exports it",
+    SEEN_ON,
+)
+TREE_FLATTEN = Private(
+    "torch.utils._pytree.tree_flatten",
+    "torch",
+    "the tensors in an op's nested arguments, as torch's own modes find them",
+    SEEN_ON,
+)
+
+__all__ = ["SEEN_ON", "TorchDispatchMode", "tree_flatten"]

@@ -119,3 +119,40 @@ class Patch:
                 f"{', '.join(self.seen_on)}); run tests/compat to see whether it still holds",
                 stacklevel=3,
             )
+
+
+@dataclass(frozen=True)
+class Private:
+    """One private module, class, function or attribute of another library that rankwise reads or
+    calls (not replaces): no public API gives what it needs, so the use is recorded and
+    version-checked like a patch.  ``tests/compat/test_private_apis.py`` resolves every record on
+    the installed releases and scans the code for a private use without one."""
+
+    target: str
+    """What is used, as ``module.Class.attribute``, ``module.function`` or ``module`` (the longest
+    importable module, then attributes); an attribute only an instance has is named on its class
+    with :attr:`on_instance`."""
+    library: str
+    """The distribution it belongs to (``torch``, ``deepspeed``, ``accelerate``, ``horovod``)."""
+    why: str
+    """What rankwise needs from it, and why no public API gives it."""
+    seen_on: tuple[str, ...]
+    """Release series (``major.minor``) on which it was checked."""
+    on_instance: bool = False
+    """The last part is set on instances (in ``__init__``), not on the class."""
+
+    @property
+    def name(self) -> str:
+        """The private name code touches (the target's last part)."""
+        return self.target.rsplit(".", 1)[-1]
+
+    def check(self) -> None:
+        """On a release series it was not checked on: one warning per process."""
+        version = installed(self.library)
+        if version is not None and series(version) not in self.seen_on:
+            warn_once(
+                self.target,
+                f"rankwise uses {self.target} (private: {self.why}) on {self.library} {version}, "
+                f"a release it was not checked on (checked: {', '.join(self.seen_on)}); run "
+                "tests/compat to see whether it still holds",
+            )

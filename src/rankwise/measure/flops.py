@@ -56,7 +56,7 @@ class FlopCounter:
         shapes); ``forward(model, batch)``: the logits the training loop computes; ``autocast``:
         the context the loop runs its forward in (the precision's), so the counted pass computes at
         the dtypes the real one does."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from rankwise.compat.fake_tensor import FakeTensorMode
 
         self.mode = FakeTensorMode()
         self.forward = forward

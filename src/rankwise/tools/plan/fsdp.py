@@ -27,6 +27,7 @@ import sys
 import torch
 import torch.distributed as torch_dist
 
+from rankwise.compat.fsdp_tools import fake_store, mem_tracker
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.strategies.fsdp import rebind_optimizer, shard
 from rankwise.tools.plan.capture import Capture, loss_of
@@ -55,15 +56,13 @@ KIND_OF = {
 def fake_ranks(world_size: int):
     """A process group of ``world_size`` fake ranks in this process (this process is rank 0), closed
     after."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     if torch_dist.is_initialized():
         raise RuntimeError(
             "rankwise plan measures FSDP on fake ranks: this process already has a process group"
         )
     # (each init_process_group wraps it to prefix "[rank0]:", once more every time)
     hook = sys.excepthook
-    torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    torch_dist.init_process_group("fake", store=fake_store()(), rank=0, world_size=world_size)
     try:
         yield
     finally:
@@ -148,13 +147,11 @@ def fsdp(
 def _sharded(
     model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: torch.dtype | None
 ) -> Memory:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
     names = {id(p): name for name, p in model.named_parameters()}
     # (as rankwise's fsdp shards it: gathered in the autocast dtype, the mixed-precision policy)
     shard(model, mesh, autocast or torch.float32)
     optimizer = rebind_optimizer(optimizer, model, names)
-    tracker = FSDPMemTracker(model, optimizer)
+    tracker = mem_tracker()(model, optimizer)
     tracker.track_inputs((args, kwargs))
 
     def step() -> None:

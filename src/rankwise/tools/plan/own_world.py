@@ -34,6 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from rankwise.compat.plan_patches import checked
+
 
 class StandAside(nn.Module):
     """What ``DistributedDataParallel(model)`` returns during a capture: the model, unchanged, as
@@ -258,7 +260,8 @@ def one_rank() -> Iterator[None]:
         (fsdp_module, "FullyShardedDataParallel", StandAside),
         (fsdp_module, "fully_shard", shards),
     ]
-    patched = [p for p in patched if hasattr(p[0], p[1])]
+    # (each replacement's record checked against the installed torch: compat/plan_patches.py)
+    patched = [p for p in patched if hasattr(p[0], p[1]) and checked(p[0], p[1])]
     patched += _bound_elsewhere({id(getattr(owner, name)): value for owner, name, value in patched})
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     for owner, name, value in patched:

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from rankwise.compat.flop_formulas import cpu_attention
+from rankwise.compat.torch_dispatch import TorchDispatchMode, tree_flatten
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.tools.plan.capture import Capture, loss_of, map_tensors, tensors
 from rankwise.tools.plan.fake import fake_copy
