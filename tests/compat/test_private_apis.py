@@ -18,6 +18,7 @@ import pytest
 import rankwise.compat
 from rankwise.compat import plan_patches
 from rankwise.compat.versions import Patch, Private, Workaround
+from tests.support.records import installed, resolve
 
 SRC = Path(rankwise.compat.__file__).parents[1]
 LIBRARIES = (
@@ -207,46 +208,25 @@ def test_the_scan_finds_what_it_is_for(tmp_path):
     assert names == ["module", "_get_default_store", "_secret_state", "_hidden_flag"]
 
 
-def _installed(library: str) -> bool:
-    try:
-        importlib.metadata.version(library)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _resolve(dotted: str) -> object:
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            found: object = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            found = getattr(found, name)
-        return found
-    raise ImportError(dotted)
-
-
 @pytest.mark.parametrize(
     "record",
     [record for record in records() if isinstance(record, Private)],
     ids=lambda record: record.target,
 )
 def test_each_private_record_is_there_on_the_installed_release(record):
-    if not _installed(record.library):
+    if not installed(record.library):
         pytest.skip(f"{record.library} is not installed")
     if record.on_instance:
-        owner = _resolve(record.target.rsplit(".", 1)[0])
+        owner = resolve(record.target.rsplit(".", 1)[0])
         module = owner if isinstance(owner, ModuleType) else sys.modules[owner.__module__]
         source = Path(str(module.__file__)).read_text(encoding="utf-8")
         assert record.name in source, f"{record.target}: no longer in {module.__name__}"
     else:
-        _resolve(record.target)
+        resolve(record.target)
 
 
 @pytest.mark.parametrize(
     "record", list(plan_patches.PATCHES.values()), ids=lambda record: record.target
 )
 def test_what_the_plan_replaces_is_there_on_the_installed_torch(record):
-    _resolve(record.target)
+    resolve(record.target)

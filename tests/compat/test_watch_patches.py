@@ -2,8 +2,6 @@
 target is there on the installed releases, the private one still does what the watcher relies on,
 and the version check warns once."""
 
-import importlib
-import importlib.metadata
 import warnings
 
 import pytest
@@ -14,30 +12,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from rankwise.compat import versions, watch_patches
 from rankwise.compat.versions import Patch
 from rankwise.compat.watch_patches import NEXT_INDEX, PATCHES, checked, target
-
-
-def _resolve(dotted: str):
-    """The object a record's target names: the longest importable module, then attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            found = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            found = getattr(found, name)
-        return found
-    raise ImportError(dotted)
-
-
-def _installed(library: str) -> bool:
-    if library == "python":
-        return True
-    try:
-        importlib.metadata.version(library)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+from tests.support.records import installed, resolve
 
 
 @pytest.mark.parametrize(
@@ -46,11 +21,11 @@ def _installed(library: str) -> bool:
 def test_every_target_is_there_on_the_installed_release(record):
     """When this fails, the library moved or removed what the watcher replaces: update the watcher
     and the record."""
-    if not _installed(record.library):
+    if not installed(record.library):
         pytest.skip(f"{record.library} is not installed")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the frameworks' own import-time warnings)
-        assert callable(_resolve(record.target)), record.target
+        assert callable(resolve(record.target)), record.target
     assert record.why and record.seen_on
 
 
