@@ -24,7 +24,7 @@ from functools import partial
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from rankwise.compat.flop_formulas import cpu_attention
+from rankwise.compat.flop_formulas import total_counter
 from rankwise.compat.torch_dispatch import TorchDispatchMode, tree_flatten
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
 from rankwise.tools.plan.capture import Capture, loss_of, map_tensors, tensors
@@ -233,8 +233,6 @@ def trace(
     ``param_dtype``: the parameters cast to it (a 16-bit engine's model); ``autocast``: the forward
     under autocast at that dtype (only where the script's own forward ran under ``rt.autocast()``);
     ``checkpointing``: layers recompute activations."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model, optimizer = fake_copy(capture.model, capture.optimizer, dtype=param_dtype)
     if checkpointing and not is_checkpointed(model):
         checkpoint_blocks(model)
@@ -260,8 +258,9 @@ def trace(
     tracker.known([*params, *model.buffers(), *state, *inputs])
     hooks = [p.register_post_accumulate_grad_hook(tracker.gradient) for p in trainable]
     # (attention on the CPU's fake tensors is its fused kernel, which torch counts as 0 FLOPs:
-    # counted as torch counts the GPU's, compat.flop_formulas)
-    counter = FlopCounterMode(display=False, custom_mapping=cpu_attention())
+    # counted as torch counts the GPU's; and no module breakdown, whose hooks kept checkpointed
+    # layers' recomputed outputs alive: compat.flop_formulas)
+    counter = total_counter()
     try:
         with tracker:
             with counter:
