@@ -276,7 +276,9 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
       sub-group (``sub_group_size`` elements at most, 4 bytes each).  During the forward and
       backward passes, the gathered parameters of the layers in use: at most
       ``stage3_max_live_parameters`` elements (and at least the largest partitioned parameter), d
-      bytes each.
+      bytes each; during the backward pass also the largest parameter's whole gradient, before its
+      reduce-scatter (DeepSpeed's ``estimate_zero3_model_states_mem_needs``: 4 bytes of the largest
+      layer's parameters, its 16-bit parameter and gradient).
     - Activations: the trace's; the optimizer's temporaries scale with the partition."""
     n, d = setting.world_size, trace.itemsize
     partitioned = [numel for numel in trace.numels if numel >= setting.zero_persistence]
@@ -296,12 +298,18 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
     }
     if n > 1 and partitioned:
         gathered = d * min(sum(partitioned), max(setting.zero_max_live, max(partitioned)))
+        # a parameter's gradient is computed whole, then reduce-scattered into its partition: the
+        # largest one's, beside its gathered parameter (DeepSpeed's own estimator: 4 x the largest
+        # layer's parameters, 2 bytes each of parameter and gradient)
+        whole_gradient = d * max(partitioned)
     else:
-        gathered = 0  # one rank: nothing is partitioned away
+        gathered = whole_gradient = 0  # one rank: nothing is partitioned away
 
     def during(s: Sample) -> dict[str, int]:
-        if s.phase < 2:
+        if s.phase == 0:
             return {"activations": s.activations, "buffers": gathered}
+        if s.phase == 1:
+            return {"activations": s.activations, "buffers": gathered + whole_gradient}
         return {
             "activations": s.activations
             + round(s.optimizer_temporaries * part / max(trace.numel, 1))
