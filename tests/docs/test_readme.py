@@ -36,6 +36,22 @@ def test_the_readme_shows_make_demo_and_make_test_first():
     assert commands(README)[:2] == [["make", "demo"], ["make", "test"]]
 
 
+def test_the_readme_points_to_the_architecture_page_before_its_first_section():
+    """A contributor finds the map of the code at the top, not at line 177 of 182."""
+    top = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert "(docs/architecture.md)" in top and "(docs/contributing.md)" in top
+
+
+def test_contributing_says_which_configuration_idiom_serves_which_job():
+    """User config (pydantic), a tool's settings (frozen dataclasses), a value that crosses a
+    process (a registered RANKWISE_* variable): one paragraph each."""
+    text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = text.split("- Configuration, three idioms, one job each:", 1)[1].split("\n- ", 1)[0]
+    section = " ".join(section.split())
+    for idiom in ("pydantic", "frozen dataclasses", "`RANKWISE_*` environment variable"):
+        assert idiom in section, idiom
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_rankwise_command_on_the_page_parses(page):
     shown = rankwise_commands(page)
