@@ -80,9 +80,6 @@ class Capture:
     checkpointed: bool = field(default=False)
     """Whether the script itself checkpoints the model's layers (``rt.prepare(...,
     activation_checkpointing=True)``)."""
-    clips_at: int | None = None
-    """The script's line that clips the gradients' norm (:mod:`~rankwise.tools.plan.clipping`), or
-    ``None``: a sharded strategy's step then all-reduces no norm."""
     on_rankwise: bool = False
     """Whether the script runs on ``rankwise.setup()`` (its ``rt.prepare`` was seen): the strategies
     ``rankwise launch`` chooses run it unchanged, so ``--validate`` can measure them."""
@@ -90,6 +87,9 @@ class Capture:
     """The script's line that made the captured call (its ``model(...)``, its ``trainer.fit``):
     what a failure of the replay names where its traceback passes through no line of the script
     (:mod:`~rankwise.tools.plan.failure`)."""
+    clips_at: int | None = None
+    """The script's line that clips the gradients' norm (:mod:`~rankwise.tools.plan.clipping`), or
+    ``None``: a sharded strategy's step then all-reduces no norm."""
 
     @property
     def rows(self) -> int:
@@ -375,9 +375,9 @@ def from_script(
         watch.grad_accum,
         watch.global_batch,
         source,
-        is_checkpointed(model),
-        watch.prepared_seen,
-        catcher.line,
+        checkpointed=is_checkpointed(model),
+        on_rankwise=watch.prepared_seen,
+        line=catcher.line,
     )
 
 
