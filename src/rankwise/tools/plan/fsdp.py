@@ -171,14 +171,12 @@ def _sharded(
     # Untracked first: DTensor computes each sharded op's output spec once per process and shapes,
     # under the plan's own fake mode, which the tracker cannot tell from the step's own tensors; so
     # the first measurement of a shape counted those (measured: a peak at the optimizer step of 15
-    # times the shards' bytes, the activations missed).  Cached from here on.
+    # times the shards' bytes, the activations missed).  Cached from here on, and the optimizer's
+    # state made: one tracked step is a steady one (two gave the same peaks to the byte).
     step()
     optimizer.zero_grad(set_to_none=True)
     with tracker:
-        for number in range(2):
-            step()
-            if number == 0:
-                optimizer.zero_grad(set_to_none=True)
+        step()
         held = _by_kind(tracker.get_tracker_snapshot("current"))
         at_peak = _by_kind(tracker.get_tracker_snapshot("peak"))
         optimizer.zero_grad(set_to_none=True)

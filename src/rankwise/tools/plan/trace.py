@@ -244,11 +244,16 @@ def trace(
         with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=use_autocast):
             return loss_of(model(*args, **kwargs))
 
-    loss = forward()  # the first step: the optimizer's state appears
-    loss.backward()
+    # The first step, unmeasured: the forward makes what a model makes once (lazy parameters,
+    # cached tables), and a step on zero gradients makes the optimizer's state; no backward pass,
+    # the most costly part of a replay, is needed for either.
+    with torch.no_grad():
+        forward()
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    del loss
 
     params = _unique(model.parameters())
     trainable = [p for p in params if p.requires_grad]
