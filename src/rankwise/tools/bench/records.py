@@ -151,3 +151,46 @@ class BenchRow(EquivalenceColumns, BreakdownColumns):
     """Whether every run evaluated exactly ``eval_expected``."""
     accuracy_ok: NotRequired[bool]
     """Whether the accuracy is within one point of ``single``'s."""
+
+
+class PairedRatio(TypedDict):
+    """One row's throughput over another's, over the repeats (a repeat's two runs are neighbours:
+    a pair)."""
+
+    median: float
+    """The median of the pairs' ratios."""
+    pairs: list[float]
+    """Each pair's ratio, in repeat order."""
+
+
+class Reading(TypedDict):
+    """What the report concludes (``report.json``'s ``reading``), and what the exit code reads."""
+
+    fastest_passing: str | None
+    """The fastest row that passes every check."""
+    fastest_passing_speedup: float | None
+    """Its throughput over ``single``'s."""
+    ddp_vs_plain_ddp: PairedRatio | None
+    """rankwise's ``ddp`` over the hand-written DDP loop."""
+    ddp_vs_plain_accelerate: PairedRatio | None
+    """rankwise's ``ddp`` over Accelerate as its documentation shows it."""
+    plain_ddp_vs_per_step_sync: PairedRatio | None
+    """The hand-written loop over the same with a synchronisation every step."""
+    scaling_efficiency: dict[str, float]
+    """Each multi-process row's throughput over the cores it used times one thread's."""
+    failing: list[str]
+    """Rows whose check ran and failed (equivalence, the evaluation count, accuracy)."""
+    not_run: list[str]
+    """Rows the report cannot vouch for: not measured, or a check that could not run or judge."""
+    unchecked: dict[str, str]
+    """Each measured row without a verdict, and why."""
+
+
+class BenchSummary(TypedDict):
+    """``report.json``: the table, the reading, what the run was, and every run measured."""
+
+    rows: list[BenchRow]
+    reading: Reading
+    meta: dict[str, Any]
+    """The preset, data, model, steps, processes, libraries and machine."""
+    runs: list[RowRecord]

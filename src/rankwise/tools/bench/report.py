@@ -7,11 +7,19 @@ import json
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.bench import why
 from rankwise.tools.bench.equivalence import UNDECIDED, VERDICT_CELLS
-from rankwise.tools.bench.records import BenchRow, RowRecord
+from rankwise.tools.bench.records import (
+    BenchRow,
+    BenchSummary,
+    PairedRatio,
+    Reading,
+    RowRecord,
+    RunResult,
+)
 
 ACCURACY_POINTS = 0.01
 """A row's test accuracy may differ from ``single``'s by this much (one point)."""
@@ -22,7 +30,7 @@ EXIT_COULD_NOT_RUN = 4
 (which exits 1)."""
 
 
-def median(runs: list[dict], key: str, digits: int = 2) -> float | None:
+def median(runs: list[RunResult], key: str, digits: int = 2) -> float | None:
     """The median of ``key`` over the runs that have it (rounded), or None."""
     values = [run[key] for run in runs if run.get(key) is not None]
     return round(statistics.median(values), digits) if values else None
@@ -46,7 +54,7 @@ def run_line(row: str, repeat: int, repeats: int, run: dict) -> str:
     return f"{row} (repeat {repeat + 1}/{repeats}): {run['wall_s']} s, {outcome}"
 
 
-def summarize(records: list[RowRecord], meta: dict) -> dict:
+def summarize(records: list[RowRecord], meta: dict[str, Any]) -> BenchSummary:
     """One line per row (medians over repeats), the reading, and everything measured."""
     ok = {r["row"]: [run for run in r["runs"] if "error" not in run] for r in records}
     reference = median(ok.get("single", []), "steady_samples_per_s")
@@ -104,7 +112,7 @@ def summarize(records: list[RowRecord], meta: dict) -> dict:
     return {"rows": lines, "reading": reading(lines, ok), "meta": meta, "runs": records}
 
 
-def _paired_ratio(ok: dict, a: str, b: str) -> dict | None:
+def _paired_ratio(ok: dict[str, list[RunResult]], a: str, b: str) -> PairedRatio | None:
     """Median over repeats of a's throughput / b's (runs of one repeat are neighbours: a pair)."""
     pairs = [
         (x["steady_samples_per_s"], y["steady_samples_per_s"])
@@ -119,7 +127,7 @@ def _paired_ratio(ok: dict, a: str, b: str) -> dict | None:
     }
 
 
-def reading(lines: list[BenchRow], ok: dict) -> dict:
+def reading(lines: list[BenchRow], ok: dict[str, list[RunResult]]) -> Reading:
     measured = [line for line in lines if line["status"] == "ok"]
     passing = [
         line
@@ -158,7 +166,7 @@ def reading(lines: list[BenchRow], ok: dict) -> dict:
     }
 
 
-def exit_code(reading: dict) -> int:
+def exit_code(reading: Reading) -> int:
     """``rankwise bench``'s exit status from what its reading says: 1 when a row failed a check,
     else 4 when a row, or a row's check, could not run (or could not judge), else 0."""
     if reading["failing"]:
@@ -187,7 +195,7 @@ def _check(value: bool | None) -> str:
     return "—" if value is None else ("pass" if value else "FAIL")
 
 
-def table(summary: dict) -> str:
+def table(summary: BenchSummary) -> str:
     """The Markdown table (also what the terminal shows)."""
     head = (
         "| row | procs × threads | wall s | samples/s | tokens/s | TFLOP/s | MFU | speedup | peak "
@@ -214,7 +222,8 @@ def table(summary: dict) -> str:
             f"{why.step_cell(line.get('steps'))} | {line['accuracy']:.4f} | {line['macro_f1']:.4f} "
             f"| {count} | {_difference(line, 'max_gradient_diff', 'gradient_tolerance')} | "
             f"{_difference(line, 'max_param_diff', 'tolerance')} | "
-            f"{CELLS.get(line['verdict'], '—')} | {CRITERIA.get(line['criterion'], '—')} |"
+            f"{CELLS.get(line['verdict'] or '', '—')} | "
+            f"{CRITERIA.get(line['criterion'] or '', '—')} |"
         )
     notes = [f"- {line['row']}: {line['reason']}" for line in summary["rows"] if line.get("reason")]
     notes += [
@@ -264,7 +273,7 @@ def mfu_cell(line: BenchRow) -> str:
     return f"{mfu:.1%}{sheet}"
 
 
-def reading_text(summary: dict) -> str:
+def reading_text(summary: BenchSummary) -> str:
     r, meta = summary["reading"], summary["meta"]
     said = []
     if r["fastest_passing"]:
@@ -272,21 +281,21 @@ def reading_text(summary: dict) -> str:
             f"Fastest row that passes every check: **{r['fastest_passing']}** "
             f"({r['fastest_passing_speedup']:.2f}× `single` at {meta['cores']} cores)."
         )
-    for key, text in (
-        ("ddp_vs_plain_ddp", "rankwise `ddp` / hand-written DDP loop"),
-        ("ddp_vs_plain_accelerate", "rankwise `ddp` / plain Accelerate"),
-        ("plain_ddp_vs_per_step_sync", "hand-written DDP / per-step-sync loop"),
+    for ratio, text in (
+        (r["ddp_vs_plain_ddp"], "rankwise `ddp` / hand-written DDP loop"),
+        (r["ddp_vs_plain_accelerate"], "rankwise `ddp` / plain Accelerate"),
+        (r["plain_ddp_vs_per_step_sync"], "hand-written DDP / per-step-sync loop"),
     ):
-        if r[key] and len(r[key]["pairs"]) == 1:
+        if ratio and len(ratio["pairs"]) == 1:
             said.append(
-                f"{text}: {r[key]['median']:.3f} from one pair only: run to run noise is about ±15 "
+                f"{text}: {ratio['median']:.3f} from one pair only: run to run noise is about ±15 "
                 "% on 2 cores, so this says little; `make bench` (alternating repeats) gives the "
                 "real figure."
             )
-        elif r[key]:
+        elif ratio:
             said.append(
-                f"{text}: {r[key]['median']:.3f} (median of {len(r[key]['pairs'])} alternating "
-                f"pair(s): {', '.join(str(p) for p in r[key]['pairs'])})."
+                f"{text}: {ratio['median']:.3f} (median of {len(ratio['pairs'])} alternating "
+                f"pair(s): {', '.join(str(p) for p in ratio['pairs'])})."
             )
     if r.get("scaling_efficiency"):
         said.append(
@@ -315,7 +324,7 @@ def reading_text(summary: dict) -> str:
     return "\n".join(f"- {line}" for line in said)
 
 
-def markdown(summary: dict) -> str:
+def markdown(summary: BenchSummary) -> str:
     meta = summary["meta"]
     return "\n".join(
         [
@@ -353,7 +362,7 @@ def markdown(summary: dict) -> str:
     )
 
 
-def plot(summary: dict, path: Path) -> None:
+def plot(summary: BenchSummary, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -373,8 +382,9 @@ def plot(summary: dict, path: Path) -> None:
         ("peak_rss_mb", "peak RSS MB (largest rank; every rank's)"),
     )
     for axis, (key, title) in zip(axes, panels):
+        columns: list[Mapping[str, Any]] = list(lines)
         values = [
-            max(line[key]) if key == "peak_rss_mb" and line[key] else line[key] for line in lines
+            max(line[key]) if key == "peak_rss_mb" and line[key] else line[key] for line in columns
         ]
         axis.barh(names, [value or 0 for value in values], color=colour)
         axis.set_title(title)
@@ -407,7 +417,7 @@ def _bar_label(key: str, value: float | None, line: BenchRow) -> str:
     return f"{value:.0f}" if key == "samples_per_s" else f"{value:.2f}"
 
 
-def write(summary: dict, out: Path) -> dict[str, Path]:
+def write(summary: BenchSummary, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "report.md", "json": out / "report.json", "png": out / "report.png"}
     write_text_atomic(paths["json"], json.dumps(summary, indent=2, default=str))

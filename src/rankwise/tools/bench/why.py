@@ -10,7 +10,9 @@ more than they do before it arrives.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rankwise.errors import ConfigError
 from rankwise.measure.breakdown import LABELS, PARTS, PROFILED_STEPS
@@ -324,17 +326,19 @@ def plot(axis, rows: list[dict]) -> None:
     axis.set_title("where each rank's step goes")
 
 
-def plot_rows(axis, rows: list[dict]) -> None:
+def plot_rows(axis, rows: Sequence[Mapping[str, Any]]) -> None:
     """A stacked bar per row (its ranks' mean; the axis shared with the table's other panels, in its
     order)."""
-    means = [
-        {part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
-        if (ranks := (line.get("breakdown") or {}).get("ranks"))
-        else dict.fromkeys(PARTS, 0.0)
-        for line in rows
-    ]
-    _stack(axis, [line["row"] for line in rows], means)
+    _stack(axis, [line["row"] for line in rows], [_mean_parts(line) for line in rows])
     axis.set_title("step ms, mean over ranks (profiled steps)")
+
+
+def _mean_parts(line: Mapping[str, Any]) -> dict[str, float]:
+    """A row's step parts, the mean over its ranks (0 where nothing was profiled)."""
+    ranks = (line.get("breakdown") or {}).get("ranks")
+    if not ranks:
+        return dict.fromkeys(PARTS, 0.0)
+    return {part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
 
 
 def _stack(axis, labels: list[str], bars: list[dict]) -> None:
