@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as torch_dist
@@ -37,6 +37,7 @@ import torch.distributed as torch_dist
 from rankwise.errors import ConfigError
 from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import all_gather_tensor, reduce_scatter_tensor
+from rankwise.tools.comm.records import CommResult, CommRow, Harness, Sweep
 
 if TYPE_CHECKING:
     from rankwise.tools.harness import NodeLayout
@@ -269,7 +270,7 @@ def _slowest(times: list[float]) -> list[float]:
 
 def measure(
     op: BenchOp, size: int, dtype: torch.dtype, device: torch.device, iters: int, warmup: int
-) -> dict:
+) -> CommRow:
     """Time ``op`` at ``size`` bytes on every rank (collective: every rank calls it); the row rank 0
     reports."""
     from rankwise import dist
@@ -304,7 +305,7 @@ def measure(
     }
 
 
-def harness_overhead(device: torch.device) -> dict:
+def harness_overhead(device: torch.device) -> Harness:
     """The harness's cost on a 4-byte all_reduce: its loop against a bare one in alternating rounds.
 
     Small-message latency on a busy machine drifts by tens of percent from one second to
@@ -342,8 +343,8 @@ class Settings:
 
 
 def sweep(
-    settings: Settings, device: torch.device, emit: Callable[[dict], None] | None = None
-) -> dict:
+    settings: Settings, device: torch.device, emit: Callable[[CommRow], None] | None = None
+) -> Sweep:
     """Every operation at every size on this rank (all ranks call it together); rank 0's dict has
     the results."""
     from tqdm import tqdm
@@ -358,7 +359,7 @@ def sweep(
         for name in settings.ops
         for size in dict.fromkeys(elements(name, s, n, itemsize) * itemsize for s in settings.sizes)
     ]
-    rows = []
+    rows: list[CommRow] = []
     with tqdm(
         total=len(pairs),
         desc="comm bench",
@@ -384,7 +385,7 @@ def sweep(
     }
 
 
-def on_rank(env, device: torch.device, settings: Settings) -> dict:
+def on_rank(env, device: torch.device, settings: Settings) -> Sweep:
     """One rank of ``rankwise comm bench`` (:func:`~rankwise.tools.harness.run_on_ranks`); rank 0's
     measurements reach the command."""
     measured = sweep(settings, device)
@@ -479,7 +480,12 @@ def run(
             every_rank=True,
         )
         return 0
-    result = {**measured, "settings": asdict(settings), "ceilings": limits, "machine": machine()}
+    result: CommResult = {
+        **cast(Sweep, measured),
+        "settings": asdict(settings),
+        "ceilings": limits,
+        "machine": machine(),
+    }
     result["analysis"] = report.analyse(result)
     paths = report.write(result, out_dir)
     # The command's output (the table, the files, the JSON): printed whatever the logging level.

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
+from rankwise.tools.comm.records import Analysis, BucketAdvice, CommResult, CommRow
 
 LARGE = 16 * 2**20
 """From this size a collective is bandwidth-bound; the goal compares its busbw with the ceilings."""
@@ -41,26 +42,26 @@ def _mib(nbytes: float) -> str:
     )
 
 
-def analyse(result: dict) -> dict:
+def analyse(result: CommResult) -> Analysis:
     """Peak and large-message busbw per operation, the ratio to the ceilings, the DDP bucket advice,
     the harness."""
     rows = result["results"]
     limits = result.get("ceilings") or {}
     ops = list(dict.fromkeys(row["op"] for row in rows))
-    reading: dict = {"ops": {}}
+    reading: Analysis = {"ops": {}}
     for op in ops:
         mine = [row for row in rows if row["op"] == op]
         large = [row["busbw_GBps"] for row in mine if row["bytes"] >= LARGE]
-        entry = {
+        large_busbw = statistics.median(large) if large else None
+        reading["ops"][op] = {
             "peak_busbw_GBps": max(row["busbw_GBps"] for row in mine),
-            "large_busbw_GBps": statistics.median(large) if large else None,
+            "large_busbw_GBps": large_busbw,
+            "large_vs_ceilings": {
+                name: large_busbw / ceiling
+                for name, ceiling in limits.items()
+                if large_busbw is not None and ceiling
+            },
         }
-        entry["large_vs_ceilings"] = {
-            name: entry["large_busbw_GBps"] / ceiling
-            for name, ceiling in limits.items()
-            if large and ceiling
-        }
-        reading["ops"][op] = entry
     if "all_reduce" in ops:
         reading["bucket"] = bucket_advice([row for row in rows if row["op"] == "all_reduce"])
     if result.get("harness"):
@@ -68,7 +69,7 @@ def analyse(result: dict) -> dict:
     return reading
 
 
-def bucket_advice(rows: list[dict]) -> dict:
+def bucket_advice(rows: list[CommRow]) -> BucketAdvice:
     """Which DDP ``bucket_cap_mb`` the all_reduce curve suggests: the smallest size near peak
     bandwidth.
 
@@ -87,7 +88,7 @@ def bucket_advice(rows: list[dict]) -> dict:
         below = [row for row in rows if row["bytes"] <= mb * 2**20]
         return max(below, key=lambda r: r["bytes"])["busbw_GBps"] / peak if below and peak else None
 
-    advice = {
+    advice: BucketAdvice = {
         "peak_busbw_GBps": peak,
         "knee_bytes": knee["bytes"] if knee else None,
         "default_fraction_of_peak": at(DDP_BUCKET_MB),
@@ -130,7 +131,7 @@ def bucket_advice(rows: list[dict]) -> dict:
     return advice
 
 
-def reading_lines(result: dict) -> list[str]:
+def reading_lines(result: CommResult) -> list[str]:
     reading, limits = result["analysis"], result.get("ceilings") or {}
     lines = []
     if limits:
@@ -164,7 +165,7 @@ def reading_lines(result: dict) -> list[str]:
     return lines
 
 
-def table(result: dict) -> str:
+def table(result: CommResult) -> str:
     s = result["settings"]
     lines = [
         f"# rankwise comm bench: {result['world_size']} ranks ({result['nnodes']} node(s)) on "
@@ -182,7 +183,7 @@ def table(result: dict) -> str:
     return "\n".join(lines + [""] + [f"# {line}" for line in reading_lines(result)])
 
 
-def markdown(result: dict) -> str:
+def markdown(result: CommResult) -> str:
     m, s = result["machine"], result["settings"]
     lines = (
         [
@@ -215,11 +216,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _factor(result: dict, op: str) -> float:
+def _factor(result: CommResult, op: str) -> float:
     return next(row["factor"] for row in result["results"] if row["op"] == op)
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: CommResult, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -260,7 +261,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def write(result: dict, out: Path) -> list[Path]:
+def write(result: CommResult, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "comm.json", out / "comm.md", out / "comm.png"]
     write_text_atomic(paths[0], json.dumps(result, indent=2))
