@@ -14,20 +14,53 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from rankwise import checkpoint as ckpt
 from rankwise.checkpoint import loading
+from rankwise.checkpoint.position import ResumableLoader
 from rankwise.logs import get_logger
-from rankwise.strategies import format_owner, portable
+from rankwise.strategies import Strategy, format_owner, portable
 
 log = get_logger(__name__)
 
 
+class Host(Protocol):
+    """What :func:`save_state` and :func:`load_state` use of the ``rankwise.Runtime`` that calls
+    them (the runtime sits above this module, so it is described here, not imported)."""
+
+    steps: int
+    """Optimizer steps taken through ``rt.step``."""
+    strategy: Strategy
+    strategy_name: str
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]: ...
+
+    def all_gather_object(self, obj: Any) -> list: ...
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...
+
+    def barrier(self) -> None: ...
+
+    def loaders(self) -> list[ResumableLoader]: ...
+
+    def resume_loaders(self, positions: list[dict]) -> None: ...
+
+
 def save_state(
-    rt,
+    rt: Host,
     directory: str | os.PathLike,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -119,7 +152,7 @@ def save_state(
 
 
 def load_state(
-    rt,
+    rt: Host,
     path: str | os.PathLike,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
