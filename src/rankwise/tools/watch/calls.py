@@ -91,6 +91,26 @@ class CallWatch:
 
         patch(DistributedDataParallel, "register_comm_hook", self._comm_hook)
 
+    def name_exchange(self, name: str) -> None:
+        """How the gradients are exchanged, where a framework says it (Horovod's compression): the
+        report names the exchange by it."""
+        self.comm_hook = name
+
+    def in_group(self, rank: int, world: int) -> None:
+        """The script's process group as a step saw it open."""
+        self.joined = (rank, world)
+
+    def mark_reads_with(self, region: Callable[[str], contextlib.AbstractContextManager]) -> None:
+        """Put each ``.item()`` of the script's in ``region(site)`` (a benchmark's profiled steps
+        mark them)."""
+        self.region = region
+
+    def joined_alone(self, rank: int) -> None:
+        """A rank that never joined a process group (an ``mp.spawn`` child that ran alone): its
+        record is its own, as rank ``rank`` of 1."""
+        if self.joined is None:
+            self.joined = (rank, 1)
+
     def take_collective_seconds(self) -> float:
         """The seconds in the script's own collectives since the last optimizer step (each step
         takes them)."""

@@ -117,7 +117,7 @@ def _step(watcher, original):
 
         named = _named(engine)
         # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
-        watcher.steps.in_runtime_step = True
+        watcher.steps.runtime_step_begins()
         watcher.step_begins(engine.optimizer, [])
         if watcher.tracing:
             scale = _scale(engine)
@@ -141,11 +141,11 @@ def _step(watcher, original):
                             parameter,
                             (applied[name] * scale).reshape(_shape(parameter)).to(parameter.device),
                         )
-                watcher.steps.record.followed = True
+                watcher.steps.mark_followed()
         try:
             result = original(engine, *args, **kwargs)
         finally:
-            watcher.steps.in_runtime_step = False
+            watcher.steps.runtime_step_ends()
 
         def weights() -> dict[str, torch.Tensor]:
             # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO

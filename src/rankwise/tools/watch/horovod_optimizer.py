@@ -54,11 +54,8 @@ def _not_a_step(watcher, original):
     alike)."""
 
     def broadcast(*args, **kwargs):
-        watcher.steps.in_runtime_step = True
-        try:
+        with watcher.steps.runtime_step():
             return original(*args, **kwargs)
-        finally:
-            watcher.steps.in_runtime_step = False
 
     return broadcast
 
@@ -80,7 +77,7 @@ def _step(watcher, original):
             with profile.mark("exchange") if profile is not None else contextlib.nullcontext():
                 # what Horovod's step does first: the averaged gradients are in .grad now
                 optimizer.synchronize()
-        watcher.calls.comm_hook = _compression(optimizer)  # (what the report names the exchange by)
+        watcher.calls.name_exchange(_compression(optimizer))
         optimizer._rankwise_watch_now = True
         try:
             watcher._before_step(optimizer, (), {})

@@ -102,6 +102,7 @@ class LoaderWatch:
         follow: Path | None = None,
         on_batch: Callable[[], None] = lambda: None,
         digest_all: bool = True,
+        collectives: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
     ):
         self.scale, self.on_batch, self.digest_all = scale, on_batch, digest_all
         self.loaders: dict[int, int] = {}
@@ -139,7 +140,7 @@ class LoaderWatch:
         self.waited = 0.0
         """Seconds the script waited for a batch since :meth:`take_wait_seconds` (the loader's
         fetch: its dataset, collate, workers), for a benchmark's every timed step."""
-        self.collectives: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        self.collectives = collectives
         """The data-carrying collectives, ``gather_for_metrics`` calls and rows cut off gathered
         tensors so far (each pass notes them at its start: was an evaluation combined after it,
         were its repeats dropped?)."""
@@ -177,6 +178,16 @@ class LoaderWatch:
         """The seconds waited for batches since the last call (one step's)."""
         waited, self.waited = self.waited, 0.0
         return waited
+
+    def digest_first_only(self) -> None:
+        """From here on, each pass digests its first batches only (the traced window is over: the
+        findings read each pass's first samples and its counts)."""
+        self.digest_all = False
+
+    def batches_from_runtime(self) -> None:
+        """A Runtime's loaders give one process the N ranks' global batches themselves: nothing to
+        hand them from the N-rank run."""
+        self.given = {}
 
     def shorten(self, keep: int) -> None:
         """From now on each pass that trains yields at most ``keep`` more batches, then ends.  Every

@@ -35,7 +35,7 @@ class RuntimeSteps(observers.Observer):
         watcher = self.watcher
         watcher.runtime = rt
         # the Runtime's loaders give one process the N ranks' global batches themselves
-        watcher.data.given = {}
+        watcher.data.batches_from_runtime()
         watcher.model_seen(model)
         watcher.facts.update(
             {
@@ -51,12 +51,11 @@ class RuntimeSteps(observers.Observer):
 
     def backward(self, rt, loss: torch.Tensor) -> None:
         if self.watcher.settings.trace:
-            self.watcher.steps.record.losses.append(float(loss.detach().float().sum()))
-            self.watcher.steps.runtime_loss = True
+            self.watcher.steps.runtime_backward(float(loss.detach().float().sum()))
 
     def before_step(self, rt, model: nn.Module, optimizer) -> None:
         watcher = self.watcher
-        watcher.steps.in_runtime_step = True
+        watcher.steps.runtime_step_begins()
         no_grad = [
             name
             for name, p in rt.strategy.unwrap(model).named_parameters()
@@ -81,10 +80,10 @@ class RuntimeSteps(observers.Observer):
                 if grad is None
                 else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
             )
-        watcher.steps.record.followed = True
+        watcher.steps.mark_followed()
 
     def stepped(self, rt, model: nn.Module) -> None:
-        self.watcher.steps.in_runtime_step = False
+        self.watcher.steps.runtime_step_ends()
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
             # a collective if sharded

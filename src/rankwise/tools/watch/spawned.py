@@ -132,9 +132,9 @@ class SpawnedRank:
         watcher.install()
 
         def ended() -> None:
-            if watcher.calls.joined is None and not (dist.is_available() and dist.is_initialized()):
+            if not (dist.is_available() and dist.is_initialized()):
                 # never joined a group: its record is still this rank's, not rank 0's
-                watcher.calls.joined = (index, 1)
+                watcher.calls.joined_alone(index)
             write_text_atomic(
                 settings.directory / CHILD_RECORD.format(index=index),
                 json.dumps(seen.record, indent=2),

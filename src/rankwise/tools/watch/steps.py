@@ -9,7 +9,9 @@ a Runtime's ``rt.step`` (:mod:`rankwise.tools.watch.runtime`), a framework's own
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -45,6 +47,40 @@ class StepWatch:
         self._random: RandomOps | None = None
         self._state: list[torch.Tensor] | None = None
         self._depth = 0
+
+    # -- what the parts that see a step report ---------------------------------------------------
+
+    def count_step(self) -> int:
+        """An optimizer step ended: the steps taken so far."""
+        self.step += 1
+        return self.step
+
+    def runtime_step_begins(self) -> None:
+        """A step another part reports begins (``rt.step``, a framework's): torch's hooks will see
+        its inner optimizer, which is not the script's step."""
+        self.in_runtime_step = True
+
+    def runtime_step_ends(self) -> None:
+        self.in_runtime_step = False
+
+    @contextlib.contextmanager
+    def runtime_step(self) -> Iterator[None]:
+        """Around a step another part takes (``with watcher.steps.runtime_step():``)."""
+        self.runtime_step_begins()
+        try:
+            yield
+        finally:
+            self.runtime_step_ends()
+
+    def runtime_backward(self, loss: float) -> None:
+        """The Runtime reports the loss of the backward about to run (a strategy may scale it):
+        recorded as the step's loss, and not judged as the script's own."""
+        self.record.losses.append(loss)
+        self.runtime_loss = True
+
+    def mark_followed(self) -> None:
+        """The step applied the N-rank run's gradient (a following reference)."""
+        self.record.followed = True
 
     # -- forward, backward -------------------------------------------------------------------------
 

@@ -79,17 +79,17 @@ class Watcher:
         adapter says."""
         self.models = ModelWatch(self.facts, settings.keep_dropout)
         self.steps = StepWatch()
+        self.calls = CallWatch(lambda: self.steps.step)
         self.data = LoaderWatch(
             scale=settings.scale,
             follow=settings.follow,
             on_batch=self._batch_yielded,
             digest_all=settings.trace,
-        )
-        self.calls = CallWatch(lambda: self.steps.step)
-        self.data.collectives = lambda: (
-            self.calls.calls,
-            self.calls.deduplicated,
-            self.calls.gathered.trimmed,
+            collectives=lambda: (
+                self.calls.calls,
+                self.calls.deduplicated,
+                self.calls.gathered.trimmed,
+            ),
         )
         self.saves = SaveWatch(lambda: self.steps.step)
         self.lockstep = Lockstep(settings.directory, settings.follow)
@@ -131,7 +131,7 @@ class Watcher:
         hyperparameters.install()
         profile = self.window.profile
         if profile is not None:
-            self.calls.region = lambda site: profile.mark(f"sync {site}")
+            self.calls.mark_reads_with(lambda site: profile.mark(f"sync {site}"))
         # (it drives this watcher: imported here, not at the top)
         from rankwise.tools.watch.runtime import RuntimeSteps
 
@@ -243,7 +243,7 @@ class Watcher:
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 assign(parameter.grad, applied[name])
-        self.steps.record.followed = True
+        self.steps.mark_followed()
 
     def step_begins(self, optimizer, no_grad: list[str]) -> None:
         """Between a step's last backward and its optimizer step: ``no_grad``, the trainable
@@ -281,9 +281,9 @@ class Watcher:
         the next step from the N-rank run's weights."""
         stall.progress()
         steps, settings = self.steps, self.settings
-        steps.step += 1
+        steps.count_step()
         if rank_and_world()[1] > 1:
-            self.calls.joined = rank_and_world()
+            self.calls.in_group(*rank_and_world())
         now = self.window.stepped(
             steps.step,
             len(steps.record.samples),
@@ -316,7 +316,7 @@ class Watcher:
         if settings.trace and settings.after != "stop":
             self.window_over = True  # the script goes on, untraced, through the rest of its work
             # (the findings read each pass's first samples and its counts)
-            self.data.digest_all = False
+            self.data.digest_first_only()
             if settings.after == "shorten":
                 self.data.shorten(
                     STEPS_KEPT * max(1, round(self.data.consumed_batches / steps.step))
