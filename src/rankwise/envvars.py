@@ -74,33 +74,11 @@ VARIABLES: tuple[EnvVar, ...] = (
         "RANKWISE_WATCH",
         "`verify`, `bench --script` (`tools/watch/runs.py`)",
         "`tools/watch/settings.py`",
-        "Directory the watcher in each rank of the script writes its trace, record and "
-        "measurements to.",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_STEPS",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "Optimizer steps watched (default 20).",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_WARMUP",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "Steps left out of the timed window (default 1).",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_PROFILE",
-        "`bench --script` (`tools/bench/script.py`)",
-        "`tools/watch/settings.py`",
-        "Steps profiled after a benchmark's timed window for its step-time breakdown (default 0: "
-        "none).",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_MIN_WINDOW",
-        "`bench --script --min-window`",
-        "`tools/watch/settings.py`",
-        "The least seconds a timed window lasts (default 2).",
+        "The watcher's settings, whole, as JSON (`WatchSettings.to_environment()`): the directory "
+        "each rank of the script writes its trace, record and measurements to, the steps watched "
+        "and the warm-up, whether to trace, the run it follows and its batch scale, dropout, the "
+        "timed window's least seconds, what to do after the window, the steps profiled, the "
+        "stall timeout and an `mp.spawn` script's role; their defaults are the dataclass's.",
     ),
     EnvVar(
         "RANKWISE_EXIT_GRACE_S",
@@ -116,58 +94,11 @@ VARIABLES: tuple[EnvVar, ...] = (
         "Where each rank's exit guard writes its stacks for the launcher to read back.",
     ),
     EnvVar(
-        "RANKWISE_WATCH_TRACE",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "`1`: record every step for verify's comparison.",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_DROPOUT",
-        "`verify --keep-dropout`",
-        "`tools/watch/settings.py`",
-        "`keep`: leave dropout modules on.",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_FOLLOW",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "The watched N-rank run's directory: the one-process reference takes the same samples "
-        "step by step.",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_SCALE",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "Factor by which the one-process reference scales each training loader's batch (the world "
-        "size).",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_AFTER",
-        "`verify` (`tools/verify/watched.py`)",
-        "`tools/watch/settings.py`",
-        "After the last traced step: `stop` (end the script), `shorten` (go on, each training "
-        "pass cut short) or `as-written` (`verify --as-written`).",
-    ),
-    EnvVar(
         "RANKWISE_WATCH_ORIGIN",
         "`tools/watch/runs.py`",
         "`tools/watch/workdir.py`",
         "The user's directory a watched run's scratch mirrors: a write through one of the "
         "mirror's links into it replaces the link first.",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_STALL",
-        "`verify --stall-timeout`",
-        "`tools/watch/settings.py`",
-        "Seconds a watched rank may make no progress before it is stopped with its stack (0: "
-        "never).",
-    ),
-    EnvVar(
-        "RANKWISE_WATCH_SPAWN",
-        "`tools/watch/runs.py`",
-        "`tools/watch/settings.py`",
-        "Set for an `mp.spawn` script: the bootstrap runs it as the process that starts its own "
-        "ranks (`one`: the one-process reference).",
     ),
     EnvVar(
         "RANKWISE_WATCH_DEEPSPEED",

@@ -45,6 +45,7 @@ from rankwise.tools.verify.command import EXIT, verify_runs, verify_watched
 from rankwise.tools.verify.records import VerifyReport
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework
 from rankwise.tools.watch.runs import watched_run
+from rankwise.tools.watch.settings import WatchSettings
 
 log = get_logger(__name__)
 
@@ -150,20 +151,23 @@ def run_bench(
                     else run_dir.with_name(f"{run_dir.name}-again{len(measured)}")
                 )
                 started_as = row.framework or rankwise_framework(row.strategy, precision)
+                settings = WatchSettings(
+                    part,
+                    steps=steps,
+                    warmup=warmup,
+                    trace=False,
+                    keep_dropout=True,
+                    min_window_s=min_window_s,
+                    profile_steps=PROFILED_STEPS,
+                )
                 measured.append(
                     watched_run(
                         script,
                         script_args,
                         started_as,
                         row.processes,
-                        part,
-                        steps=steps,
-                        warmup=warmup,
-                        trace=False,
-                        keep_dropout=True,
+                        settings,
                         timeout_s=timeout_s,
-                        min_window_s=min_window_s,
-                        profile_steps=PROFILED_STEPS,
                     )
                 )
             result = _pooled(measured)

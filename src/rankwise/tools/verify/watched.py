@@ -22,6 +22,7 @@ from rankwise.tools.watch.coverage import checks, parts_ran
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework
 from rankwise.tools.watch.runs import watched_run
+from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.stall import STALL_TIMEOUT_S
 
 
@@ -60,15 +61,10 @@ def watched_runs(
         reference = name == "reference"
         own_args = reference_args if reference and reference_args is not None else script_args
         scaled = reference and reference_args is None and reference_framework is None
-        results[name] = watched_run(
-            script,
-            own_args,
-            run_framework,
-            count,
+        settings = WatchSettings(
             run_dir,
             steps=steps,
             keep_dropout=keep_dropout,
-            timeout_s=timeout_s,
             follow=candidate_dir if reference else None,
             scale=processes if scaled else 1,
             after="stop"
@@ -77,6 +73,9 @@ def watched_runs(
             if as_written
             else "shorten",
             stall_s=stall_s,
+        )
+        results[name] = watched_run(
+            script, own_args, run_framework, count, settings, timeout_s=timeout_s
         )
         started = results[name].get("spawn")
         if started:  # a script that starts its own ranks ran as many as it passes mp.spawn

@@ -5,7 +5,7 @@ rank with the watcher's settings in the environment; it installs the
 :class:`~rankwise.tools.watch.watcher.Watcher` before the script imports anything, runs the script
 as ``__main__`` (:func:`rankwise.launch.script.run_as_main`), and after it (or after the watcher's
 last step) writes this rank's record and closes the process group the script left open.  A rank that
-makes no progress for ``RANKWISE_WATCH_STALL`` seconds is stopped, with where it waited
+makes no progress for ``WatchSettings.stall_s`` seconds is stopped, with where it waited
 (:mod:`rankwise.tools.watch.stall`).  An ``mp.spawn`` script runs as one such process that starts
 its own ranks (:mod:`rankwise.tools.watch.spawned`).
 """
@@ -20,16 +20,17 @@ from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, workdir
 from rankwise.tools.watch.rank import arm_stall, watched
-from rankwise.tools.watch.settings import DIRECTORY, WatchSettings
+from rankwise.tools.watch.settings import VARIABLE, WatchSettings
 from rankwise.tools.watch.spawned import launcher_main
 from rankwise.tools.watch.watcher import Watcher
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or DIRECTORY not in os.environ:
+    if not argv or VARIABLE not in os.environ:
         print(
-            f"usage: {DIRECTORY}=DIR python -m rankwise.tools.watch.bootstrap SCRIPT.py [ARGS]",
+            f"usage: {VARIABLE}=SETTINGS.json python -m rankwise.tools.watch.bootstrap SCRIPT.py "
+            "[ARGS] (SETTINGS: WatchSettings.to_environment())",
             file=sys.stderr,
         )
         return 2

@@ -5,28 +5,15 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.process import threads_per_process
 from rankwise.tools.harness import run_measured
 from rankwise.tools.watch import spawned, stall, window, workdir
 from rankwise.tools.watch.findings import load_records
 from rankwise.tools.watch.frameworks import Framework
-from rankwise.tools.watch.settings import (
-    AFTER,
-    DIRECTORY,
-    DROPOUT,
-    FOLLOW,
-    MIN_WINDOW,
-    PROFILE,
-    SCALE,
-    SPAWN,
-    STALL,
-    STEPS,
-    TRACE,
-    WARMUP,
-)
+from rankwise.tools.watch.settings import WatchSettings
 
 
 def _output_tree(origin: Path, run_dir: Path) -> tuple[Path, ...]:
@@ -43,33 +30,21 @@ def watched_run(
     script_args: list[str],
     framework: Framework,
     processes: int,
-    run_dir: Path,
+    settings: WatchSettings,
     *,
-    steps: int,
-    warmup: int = 1,
-    trace: bool = True,
-    follow: Path | None = None,
-    scale: int = 1,
-    keep_dropout: bool = False,
     timeout_s: float = 900.0,
-    min_window_s: float = MIN_WINDOW_S,
-    after: str = "stop",
-    stall_s: float = 0.0,
-    profile_steps: int = 0,
 ) -> dict:
     """``rankwise launch --nproc-per-node PROCESSES`` (with the framework's launch flags: a script
-    on ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, in
-    ``RUN_DIR/scratch`` (the script's own outputs land there): ``probe.json`` with ``wall_s``, or
-    ``{"error": ...}`` (``ended_early`` when the script finished before ``steps`` optimizer steps).
-    ``after``: what the run does after its last traced step
-    (:data:`~rankwise.tools.watch.settings.AFTER_WINDOW`).  ``stall_s``: a rank that makes no
-    progress for that long is stopped, and the error says where each rank waited (0: never).
-    ``profile_steps``: a benchmark profiles that many steps after its window, for its step-time
-    breakdown.
+    on ``rankwise.setup()``, its strategy's) of the watcher's bootstrap around ``script``, watched
+    as ``settings`` say (built once by the tool, handed to every process whole), in
+    ``settings.directory/scratch`` (the script's own outputs land there): ``probe.json`` with
+    ``wall_s``, or ``{"error": ...}`` (``ended_early`` when the script finished before
+    ``settings.steps`` optimizer steps).
 
     An ``mp.spawn`` script starts its own ranks: the bootstrap runs it as one ``python script.py``,
     its ``nprocs`` as it passes them (PROCESSES 1: one process, the reference), and ``spawn`` says
     what it passed (:func:`rankwise.tools.watch.spawned.read_records`)."""
+    run_dir = settings.directory
     scratch = run_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     # (the script's relative paths read the user's files; its writes stay in the scratch)
@@ -78,20 +53,11 @@ def watched_run(
     # (an earlier run in the same directory)
     for stale in run_dir.glob(window.RANK_PEAKS.format(rank="*")):
         stale.unlink()
+    if framework.name == "spawn":
+        settings = replace(settings, spawn=spawned.ONE if processes == 1 else "as written")
     env = {
         **framework.environment_for(processes),
-        DIRECTORY: str(run_dir.resolve()),
-        STEPS: str(steps),
-        WARMUP: str(warmup),
-        TRACE: "1" if trace else "0",
-        DROPOUT: "keep" if keep_dropout else "off",
-        SCALE: str(scale),
-        FOLLOW: str(follow.resolve()) if follow else "",
-        MIN_WINDOW: str(min_window_s),
-        STALL: str(stall_s),
-        SPAWN: "",
-        AFTER: after,
-        PROFILE: str(profile_steps),
+        **settings.to_environment(),
         workdir.ORIGIN: str(origin),
     }
     bootstrap = ["-m", "rankwise.tools.watch.bootstrap", str(script.resolve()), *script_args]
@@ -112,7 +78,6 @@ def watched_run(
             os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(processes)),
         )
     elif framework.name == "spawn":
-        env[SPAWN] = spawned.ONE if processes == 1 else "as written"
         # (what `rankwise launch` would set for its workers; the script's children inherit it)
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
             threads_per_process(processes)
@@ -167,7 +132,7 @@ def watched_run(
             "one: script arguments that train longer"
         )
         return {
-            "error": f"the script ended{ran}, before the {steps} asked ({advice})",
+            "error": f"the script ended{ran}, before the {settings.steps} asked ({advice})",
             "wall_s": result["wall_s"],
             "ended_early": True,
             **({"spawn": started} if started else {}),

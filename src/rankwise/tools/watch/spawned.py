@@ -14,11 +14,11 @@ What the script passes is recorded (``RUN_DIR/spawn.json``: ``nprocs``; each chi
 ``spawn-rank{i}.json``: what its ``init_process_group`` got, and where its port came from), for the
 report; nothing in the script is changed.
 
-The one-process reference (``RANKWISE_WATCH_SPAWN=one``) runs the same command with ``nprocs=1``; in
-its child ``init_process_group`` takes ``rank=0, world_size=1`` (the rest as the script passed it)
-and a ``DistributedSampler`` built with an explicit ``num_replicas`` takes ``num_replicas=1,
-rank=0`` while the group holds one process.  The watcher's reference machinery then does the rest
-(each training loader takes N times its batch and the N ranks' samples).
+The one-process reference (``WatchSettings.spawn == "one"``) runs the same command with
+``nprocs=1``; in its child ``init_process_group`` takes ``rank=0, world_size=1`` (the rest as the
+script passed it) and a ``DistributedSampler`` built with an explicit ``num_replicas`` takes
+``num_replicas=1, rank=0`` while the group holds one process.  The watcher's reference machinery
+then does the rest (each training loader takes N times its batch and the N ranks' samples).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from rankwise.tools.watch.watcher import Watcher
 
 SPAWN_RECORD, CHILD_RECORD = "spawn.json", "spawn-rank{index}.json"
 ONE = "one"
-"""``RANKWISE_WATCH_SPAWN``'s value for the one-process reference (any other non-empty value: the
+"""``WatchSettings.spawn`` for the one-process reference (any other non-empty value: the
 script's ranks)."""
 
 
