@@ -19,9 +19,9 @@ from rankwise.launch import exits
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, workdir
-from rankwise.tools.watch.rank import arm_stall, watched
 from rankwise.tools.watch.settings import VARIABLE, WatchSettings
 from rankwise.tools.watch.spawned import launcher_main
+from rankwise.tools.watch.watched_rank import arm_stall, watched
 from rankwise.tools.watch.watcher import Watcher
 
 

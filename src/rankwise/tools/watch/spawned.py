@@ -41,9 +41,9 @@ from rankwise.launch.ports import port_in_use
 from rankwise.launch.script import run_as_main
 from rankwise.logs import to_terminal
 from rankwise.tools.watch import stall
-from rankwise.tools.watch.rank import arm_stall, watched
 from rankwise.tools.watch.ranks import patch
 from rankwise.tools.watch.settings import WatchSettings
+from rankwise.tools.watch.watched_rank import arm_stall, watched
 from rankwise.tools.watch.watcher import Watcher
 
 SPAWN_RECORD, CHILD_RECORD = "spawn.json", "spawn-rank{index}.json"

@@ -1,4 +1,4 @@
-"""One watched rank: its watcher and stall deadline (on the settings parsed from the environment,
+"""One watched rank: its watcher and stall deadline (on the settings the tool handed it whole,
 :mod:`rankwise.tools.watch.settings`), the script run under them and the teardown after it.
 
 Shared by the two ways a watched rank starts: :mod:`rankwise.tools.watch.bootstrap` (a rank torchrun
