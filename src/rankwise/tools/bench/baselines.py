@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -201,7 +202,7 @@ def _save_weights(model: nn.Module, out_dir: str, step: int, rank: int) -> None:
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, data, cfg, device: torch.device, ngrams: bool) -> dict:
+def _evaluate(model: nn.Module, data: Any, cfg: Any, device: torch.device, ngrams: bool) -> dict:
     """Test accuracy and macro-F1 of ``model`` on this process alone (rank 0)."""
     from sklearn.metrics import accuracy_score, f1_score
 

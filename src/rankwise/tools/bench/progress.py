@@ -44,5 +44,5 @@ class Phase:
     def __enter__(self) -> Phase:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankwise.checkpoint import read_weights
 from rankwise.errors import ConfigError
@@ -44,6 +45,9 @@ from rankwise.tools.bench.rows import Row, select
 from rankwise.tools.bench.settings import SuiteSettings
 from rankwise.tools.harness import run_measured, run_train
 from rankwise.train.config import TrainConfig, build_config
+
+if TYPE_CHECKING:
+    import torch
 
 log = get_logger(__name__)
 
@@ -211,7 +215,7 @@ def _last_step(metrics: Path) -> int:
         return 0
 
 
-def _weights_at(run: RunResult, step: int):
+def _weights_at(run: RunResult, step: int) -> dict[str, torch.Tensor]:
     from rankwise.tools.bench.baselines import weights_file
 
     run_dir = Path(run["run_dir"])

@@ -314,7 +314,7 @@ COLOURS = {
 }
 
 
-def plot(axis, rows: list[dict]) -> None:
+def plot(axis: Any, rows: list[dict]) -> None:
     """A stacked bar per rank of each row: where its profiled step went."""
     bars = [
         (f"{line['row']} r{r['rank']}", r["parts_ms"])
@@ -326,7 +326,7 @@ def plot(axis, rows: list[dict]) -> None:
     axis.set_title("where each rank's step goes")
 
 
-def plot_rows(axis, rows: Sequence[Mapping[str, Any]]) -> None:
+def plot_rows(axis: Any, rows: Sequence[Mapping[str, Any]]) -> None:
     """A stacked bar per row (its ranks' mean; the axis shared with the table's other panels, in its
     order)."""
     _stack(axis, [line["row"] for line in rows], [_mean_parts(line) for line in rows])
@@ -341,7 +341,7 @@ def _mean_parts(line: Mapping[str, Any]) -> dict[str, float]:
     return {part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
 
 
-def _stack(axis, labels: list[str], bars: list[dict]) -> None:
+def _stack(axis: Any, labels: list[str], bars: list[dict]) -> None:
     left = [0.0] * len(bars)
     for part in PARTS:
         widths = [max(0.0, parts[part]) for parts in bars]

@@ -168,7 +168,7 @@ def update(
     one, many = learning_rates(reference, step), learning_rates(candidate, step)
     if one and many and one != many:
 
-        def rates(values):
+        def rates(values: list) -> str:
             return ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:4])
 
         return (

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
@@ -117,7 +118,7 @@ def verify_runs(
     timeout_s: float = 600.0,
     keep_weights: bool = False,
     as_written: bool = False,
-    log=None,
+    log: Callable[[str], None] | None = None,
     stall_s: float = STALL_TIMEOUT_S,
     compared_only: bool = False,
 ) -> VerifyReport:
@@ -165,7 +166,7 @@ def verify_watched(
     keep_weights: bool = False,
     reference_args: list[str] | None = None,
     as_written: bool = False,
-    log=None,
+    log: Callable[[str], None] | None = None,
     stall_s: float = STALL_TIMEOUT_S,
 ) -> VerifyReport:
     """A script as its user wrote it: the two watched runs, compared like :func:`verify_runs`'s,

@@ -77,7 +77,7 @@ class TracedRun:
             if weights_file(self.directory, step).exists()
         ]
 
-    def weights(self, step: int):
+    def weights(self, step: int) -> dict[str, torch.Tensor]:
         return read_weights(weights_file(self.directory, step))
 
     def loss(self, step: int) -> float | None:

@@ -22,7 +22,7 @@ change the rate at a later step, that step differs.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 from rankwise.tools.verify.records import SettingDifference, StepLine, TracedStep
 
@@ -42,7 +42,7 @@ SCHEDULER_STEPS = frozenset({"last_epoch", "_step_count"})
 LEARNING_RATE = frozenset({"lr", "initial_lr", "base_lrs", "_last_lr"})
 
 
-def same(one, other) -> bool:
+def same(one: Any, other: Any) -> bool:
     """Exact equality of two recorded values, NaN equal to NaN (a plateau scheduler's ``best``
     before any metric), 2 equal to 2.0 (JSON), a flag equal only to a flag."""
     if isinstance(one, bool) or isinstance(other, bool):
@@ -107,7 +107,7 @@ def differences(one: TracedStep, many: TracedStep) -> list[SettingDifference]:
     )
 
 
-def _value(value) -> str:
+def _value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, list) and len(value) == 1:

@@ -14,6 +14,7 @@ own record gives the findings that need no reference (:mod:`rankwise.tools.watch
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from rankwise.tools.harness import crashed
@@ -36,10 +37,10 @@ def watched_runs(
     steps: int,
     keep_dropout: bool = False,
     timeout_s: float = 600.0,
-    reference_args=None,
+    reference_args: list[str] | None = None,
     reference_framework: Framework | None = None,
     as_written: bool = False,
-    log=None,
+    log: Callable[[str], None] | None = None,
     stall_s: float = STALL_TIMEOUT_S,
     compared_only: bool = False,
 ) -> tuple[dict, ReportExtra]:
