@@ -40,6 +40,7 @@ from rankwise.tools.comm.ops import all_gather_tensor, reduce_scatter_tensor
 from rankwise.tools.comm.records import CommResult, CommRow, Harness, Sweep
 
 if TYPE_CHECKING:
+    from rankwise.process import ProcessEnv
     from rankwise.tools.harness import NodeLayout
 
 log = get_logger(__name__)
@@ -93,15 +94,21 @@ def summed(
     return (index % PATTERN * n + n * (n + 1) // 2).to(dtype)
 
 
-def _case(run, output, inputs, expected, fill_with) -> Case:
-    def fill():
+def _case(
+    run: Callable[[], object],
+    output: torch.Tensor,
+    inputs: list[torch.Tensor],
+    expected: Callable[[], torch.Tensor | None],
+    fill_with: Callable[[], list[torch.Tensor]],
+) -> Case:
+    def fill() -> None:
         for tensor, values in zip(inputs, fill_with()):
             tensor.copy_(values)
 
     return Case(run, output, inputs, expected, fill)
 
 
-def _all_reduce(count, rank, n, dtype, device) -> Case:
+def _all_reduce(count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
     return _case(
         lambda: torch_dist.all_reduce(buf),
@@ -112,7 +119,7 @@ def _all_reduce(count, rank, n, dtype, device) -> Case:
     )
 
 
-def _reduce(count, rank, n, dtype, device) -> Case:
+def _reduce(count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
     return _case(
         lambda: torch_dist.reduce(buf, dst=0),
@@ -123,7 +130,7 @@ def _reduce(count, rank, n, dtype, device) -> Case:
     )
 
 
-def _broadcast(count, rank, n, dtype, device) -> Case:
+def _broadcast(count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device) -> Case:
     buf = torch.zeros(count, dtype=dtype, device=device)
     return _case(
         lambda: torch_dist.broadcast(buf, src=0),
@@ -134,7 +141,7 @@ def _broadcast(count, rank, n, dtype, device) -> Case:
     )
 
 
-def _all_gather(count, rank, n, dtype, device) -> Case:
+def _all_gather(count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device) -> Case:
     per_rank = count // n
     mine = torch.zeros(per_rank, dtype=dtype, device=device)
     out = torch.zeros(per_rank * n, dtype=dtype, device=device)
@@ -147,7 +154,9 @@ def _all_gather(count, rank, n, dtype, device) -> Case:
     )
 
 
-def _reduce_scatter(count, rank, n, dtype, device) -> Case:
+def _reduce_scatter(
+    count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device
+) -> Case:
     per_rank = count // n
     whole = torch.zeros(per_rank * n, dtype=dtype, device=device)
     out = torch.zeros(per_rank, dtype=dtype, device=device)
@@ -160,7 +169,7 @@ def _reduce_scatter(count, rank, n, dtype, device) -> Case:
     )
 
 
-def _all_to_all(count, rank, n, dtype, device) -> Case:
+def _all_to_all(count: int, rank: int, n: int, dtype: torch.dtype, device: torch.device) -> Case:
     per_rank = count // n
     source = torch.zeros(per_rank * n, dtype=dtype, device=device)
     out = torch.zeros(per_rank * n, dtype=dtype, device=device)
@@ -385,7 +394,7 @@ def sweep(
     }
 
 
-def on_rank(env, device: torch.device, settings: Settings) -> Sweep:
+def on_rank(env: ProcessEnv, device: torch.device, settings: Settings) -> Sweep:
     """One rank of ``rankwise comm bench`` (:func:`~rankwise.tools.harness.run_on_ranks`); rank 0's
     measurements reach the command."""
     measured = sweep(settings, device)

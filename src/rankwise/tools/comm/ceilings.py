@@ -17,6 +17,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 TCP_BYTES = 256 * 2**20
 """Bytes each direction carries per measurement."""
@@ -78,7 +79,13 @@ def tcp_loopback_GBps(both_directions: bool, total: int = TCP_BYTES) -> float:
     return speed
 
 
-def _at_once(conn: socket.socket, total: int, both_directions: bool, mine, theirs) -> None:
+def _at_once(
+    conn: socket.socket,
+    total: int,
+    both_directions: bool,
+    mine: Callable[[socket.socket, int], object],
+    theirs: Callable[[socket.socket, int], object],
+) -> None:
     """``mine(conn, total)``; with ``both_directions``, ``theirs`` in a thread at the same time."""
     other = threading.Thread(target=theirs, args=(conn, total)) if both_directions else None
     if other:
@@ -162,7 +169,7 @@ def memcpy_GBps(nbytes: int = 64 * 2**20) -> float:
     return nbytes / best / 1e9
 
 
-def _timed(fn) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started

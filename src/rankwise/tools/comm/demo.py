@@ -17,6 +17,7 @@ from rankwise.logs import get_logger
 from rankwise.tools.comm.ops import LACKING, UNSUPPORTED, Ctx, Op
 
 if TYPE_CHECKING:
+    from rankwise.process import ProcessEnv
     from rankwise.tools.harness import NodeLayout
 
 log = get_logger(__name__)
@@ -173,7 +174,7 @@ def summary(results: list[OpResult]) -> str:
 
 
 def on_rank(
-    env, device: torch.device, names: list[str] | None, composed: bool, backend: str
+    env: ProcessEnv, device: torch.device, names: list[str] | None, composed: bool, backend: str
 ) -> list[dict]:
     """One rank of ``rankwise comm demo`` (:func:`~rankwise.tools.harness.run_on_ranks`): rank 0
     prints every block as it completes; returns the results (rank 0's reach the command)."""

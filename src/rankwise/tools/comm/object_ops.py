@@ -23,7 +23,7 @@ def barrier(c: Ctx) -> Outcome:
     time.sleep(0.05 * c.rank)
     arrived = store.add(key, 1)
 
-    def composed():
+    def composed() -> None:
         torch_dist.all_reduce(torch.zeros(1, device=c.device))
 
     c.call(torch_dist.barrier, composed, "an all_reduce of one value")

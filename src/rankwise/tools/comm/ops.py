@@ -94,7 +94,7 @@ def _broadcast(c: Ctx) -> Outcome:
     before = c.value(c.rank)
     tensor = c.on_device(before)
 
-    def composed():
+    def composed() -> None:
         if c.rank == ROOT:
             for peer in range(c.world_size):
                 if peer != ROOT:
@@ -124,7 +124,7 @@ def _scatter(c: Ctx, uneven: bool = False) -> Outcome:
     padded = [c.on_device(torch.nn.functional.pad(p, (0, longest - len(p)))) for p in parts]
     length = torch.zeros(1, dtype=torch.int64, device=c.device)
 
-    def native():
+    def native() -> None:
         # scatter needs equal shapes: send each rank its length, then the parts padded to the
         # longest
         if uneven:
@@ -132,7 +132,7 @@ def _scatter(c: Ctx, uneven: bool = False) -> Outcome:
             torch_dist.scatter(length, lengths if c.rank == ROOT else None, src=ROOT)
         torch_dist.scatter(received, padded if c.rank == ROOT else None, src=ROOT)
 
-    def composed():
+    def composed() -> None:
         if c.rank == ROOT:
             for peer in range(c.world_size):
                 if peer != ROOT:
@@ -158,7 +158,7 @@ def _gather(c: Ctx, uneven: bool = False) -> Outcome:
     slots = [torch.zeros(longest, device=c.device) for _ in range(c.world_size)]
     root = c.rank == ROOT
 
-    def native():
+    def native() -> None:
         # gather needs equal shapes: gather the lengths, then the parts padded to the longest
         if uneven:
             torch_dist.gather(
@@ -166,7 +166,7 @@ def _gather(c: Ctx, uneven: bool = False) -> Outcome:
             )
         torch_dist.gather(padded, slots if root else None, dst=ROOT)
 
-    def composed():
+    def composed() -> None:
         if root:
             for peer in range(c.world_size):
                 if peer == ROOT:
@@ -196,7 +196,7 @@ def _reduce(op: str) -> Callable[[Ctx], Outcome]:
         before = c.value(c.rank, dtype=dtype)
         tensor = c.on_device(before)
 
-        def composed():
+        def composed() -> None:
             reduced = reference_reduce(op, all_gather_list(c, tensor))
             if c.rank == ROOT:
                 tensor.copy_(reduced)
@@ -269,7 +269,7 @@ def _all_gather_into_tensor(c: Ctx) -> Outcome:
     mine = c.on_device(c.value(c.rank))
     output = torch.zeros(VALUES * c.world_size, device=c.device)
 
-    def composed():
+    def composed() -> None:
         slots = list(output.chunk(c.world_size))
         _all_gather_each_broadcasts(c, mine, slots)
 
@@ -291,7 +291,7 @@ def _reduce_scatter(c: Ctx, single: bool = False) -> Outcome:
     whole = torch.cat(chunks)
     output = torch.zeros(2, device=c.device)
 
-    def composed():
+    def composed() -> None:
         summed = whole.clone()
         torch_dist.all_reduce(summed)
         output.copy_(summed.chunk(c.world_size)[c.rank])
