@@ -178,6 +178,7 @@ class Throwaway(DDP):
 
 
 @pytest.mark.multiproc
+@pytest.mark.timeout(1200)  # a plan and a 2-row bench with its check: 100 s alone, 300+ under load
 def test_a_new_strategy_file_is_planned_and_benched_with_no_other_file_edited(tmp_path):
     """A copy of the package with one file added, src/rankwise/strategies/throwaway.py: plan's
     default set plans it (as the DDP it subclasses, from the facts DDP's file declares), and bench
@@ -196,7 +197,7 @@ def test_a_new_strategy_file_is_planned_and_benched_with_no_other_file_edited(tm
             env=env,
             capture_output=True,
             text=True,
-            timeout=400,
+            timeout=900,
         )
 
     script = ROOT / "tests/support/tools/watch/scripts/tutorial_ddp.py"

@@ -269,7 +269,9 @@ def test_zero2_all_gathers_once_per_parameter_group_as_planned(capture):
     each group's flat buffer in one all_gather_into_tensor (all_gather_dp_groups)."""
     from tests.support.multiproc import run_ranks
 
-    counted, groups = run_ranks(_zero2_all_gathers, 2, timeout=120)[0]
+    # (a fresh pair of processes: DeepSpeed binds torch's collectives once per process, so a pool
+    # rank that ran DeepSpeed before would not see the counting function)
+    counted, groups = run_ranks(_zero2_all_gathers, 2, timeout=120, fresh=True)[0]
     assert counted == groups == 2
     built = from_factory(
         lambda: (
