@@ -387,6 +387,7 @@ def test_bench_script_breaks_a_cuda_scripts_step_down(tmp_path):
     from rankwise.tools.bench.why import detail
     from rankwise.tools.watch.frameworks import rankwise_framework
     from rankwise.tools.watch.runs import watched_run
+    from rankwise.tools.watch.settings import WatchSettings
 
     script = (
         Path(__file__).resolve().parents[2]
@@ -401,13 +402,15 @@ def test_bench_script_breaks_a_cuda_scripts_step_down(tmp_path):
         ["--epochs", "2"],
         rankwise_framework("single"),
         1,
-        tmp_path,
-        steps=12,
-        warmup=2,
-        trace=False,
-        keep_dropout=True,
-        min_window_s=0.5,
-        profile_steps=3,
+        WatchSettings(
+            tmp_path,
+            steps=12,
+            warmup=2,
+            trace=False,
+            keep_dropout=True,
+            min_window_s=0.5,
+            profile_steps=3,
+        ),
     )
     assert "error" not in result, result
     assert result["breakdown"]["device"] == "cuda" and len(result["breakdown"]["ranks"]) == 1, (

@@ -10,6 +10,7 @@ from rankwise.measure.breakdown import PARTS, PROFILED_STEPS
 from rankwise.tools.bench.why import explain
 from rankwise.tools.watch.frameworks import framework
 from rankwise.tools.watch.runs import watched_run
+from rankwise.tools.watch.settings import WatchSettings
 from tests.support.tiers import starts_processes
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
@@ -42,19 +43,22 @@ def breakdowns(tmp_path_factory):
     found = {}
     for name, args in CASES.items():
         run_dir = tmp_path_factory.mktemp(name.replace(" ", "-"))
-        result = watched_run(
-            SCRIPT,
-            ["--sleep-ms", str(SLEEP_MS), *args],
-            framework("torch"),
-            2,
+        settings = WatchSettings(
             run_dir,
             steps=12,
             warmup=3,
             trace=False,
             keep_dropout=True,
             min_window_s=0.5,
-            timeout_s=240,
             profile_steps=PROFILED_STEPS,
+        )
+        result = watched_run(
+            SCRIPT,
+            ["--sleep-ms", str(SLEEP_MS), *args],
+            framework("torch"),
+            2,
+            settings,
+            timeout_s=240,
         )
         assert "error" not in result, result
         found[name] = result["breakdown"]

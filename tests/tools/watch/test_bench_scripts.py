@@ -228,17 +228,15 @@ def test_a_script_that_ends_during_its_profiled_steps_ends_cleanly(tmp_path):
     was short."""
     from rankwise.tools.watch.frameworks import framework
     from rankwise.tools.watch.runs import watched_run
+    from rankwise.tools.watch.settings import WatchSettings
 
     result = watched_run(
         SCRIPTS / "accelerate_tour.py",
         [],
         framework("accelerate"),
         2,
-        tmp_path,
-        steps=12,
-        warmup=5,
-        trace=False,
-        keep_dropout=True,
-        profile_steps=5,
+        WatchSettings(
+            tmp_path, steps=12, warmup=5, trace=False, keep_dropout=True, profile_steps=5
+        ),
     )
     assert result.get("ended_early") and "ended after 8 optimizer steps" in result["error"], result

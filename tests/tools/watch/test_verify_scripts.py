@@ -427,15 +427,14 @@ def test_a_batching_the_reference_cannot_scale_is_named_and_reference_args_fix_i
 def test_more_steps_than_the_script_trains_says_how_many_it_ran(tmp_path):
     from rankwise.tools.watch.frameworks import framework
     from rankwise.tools.watch.runs import watched_run
+    from rankwise.tools.watch.settings import WatchSettings
 
     result = watched_run(
         SCRIPTS / "plain_ddp.py",
         ["--epochs", "1"],
         framework("torch"),
         2,
-        tmp_path / "run",
-        steps=6,
-        trace=False,
+        WatchSettings(tmp_path / "run", steps=6, trace=False),
         timeout_s=120,
     )
     assert (
