@@ -16,36 +16,7 @@ from rankwise.tools.plan.fake import is_fake
 from rankwise.tools.plan.fsdp import fsdp
 from rankwise.tools.plan.memory import KINDS, Setting, zero_partition
 from rankwise.tools.plan.trace import trace
-
-WIDTH, LAYERS, ROWS = 64, 3, 8
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Net(nn.Module):
-    _no_split_modules = ["Block"]
-
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.head = nn.Linear(WIDTH, 10)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-def build():
-    model = Net()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+from tests.support.tools.plan.accounting_model import LAYERS, ROWS, WIDTH, Net, build
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from rankwise.tools.plan.capture import from_factory
 from rankwise.tools.plan.comms import collectives
 from rankwise.tools.plan.trace import trace
-from tests.tools.plan.test_accounting import ROWS, WIDTH, build
+from tests.support.tools.plan.accounting_model import ROWS, WIDTH, build
 
 CASES = {
     "fsdp": ("fsdp", None, None),
