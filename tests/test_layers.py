@@ -240,7 +240,7 @@ NAMESPACE_ALLOWED = {
     "extends",
     "rankwise.tools.bench.memory": "a `python -m` benchmark with its own main()",
     "rankwise.tools.bench.sentiment": "a `python -m` benchmark with its own main()",
-    "rankwise.tools.comm.bench": "its size parser is an argparse type (ArgumentTypeError is "
+    "rankwise.tools.comm.sizes": "its size parser is an argparse type (ArgumentTypeError is "
     "argparse's message)",
 }
 """Modules outside ``cli/`` that may use argparse, each with the reason."""

@@ -18,7 +18,7 @@ import argparse
 
 from rankwise.cli import paths, smoke
 from rankwise.cli.node_flags import add_node_flags, node_layout
-from rankwise.tools.comm import bench, demo
+from rankwise.tools.comm import bench, demo, sizes
 from rankwise.tools.harness import check_layout, resolve_backend
 
 
@@ -68,15 +68,15 @@ def add_parser(commands) -> None:
     )
     b.add_argument(
         "--min-bytes",
-        type=bench.parse_size,
+        type=sizes.parse_size,
         default=4,
         metavar="SIZE",
         help="smallest message (default 4)",
     )
     b.add_argument(
         "--max-bytes",
-        type=bench.parse_size,
-        default=bench.parse_size("256M"),
+        type=sizes.parse_size,
+        default=sizes.parse_size("256M"),
         metavar="SIZE",
         help="largest message (default 256M); sizes double from the smallest",
     )

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rankwise.tools.comm import bench, ceilings, report
+from rankwise.tools.comm import bench, ceilings, report, sizes
 from tests.support.multiproc import run_ranks
 from tests.support.tools.comm.patching import corrupting, replaced
 
@@ -66,7 +66,7 @@ def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path
     # Sizes that round to the same element count are measured once (on 3 ranks all_gather's 4 and 8
     # B are 12 B).
     assert len(rows) == sum(
-        len({bench.elements(op, size, n, 4) for size in SIZES}) for op in bench.OPS
+        len({sizes.elements(op, size, n, 4) for size in SIZES}) for op in bench.OPS
     )
     assert len({(r["op"], r["bytes"]) for r in rows}) == len(rows)
     factors = {
@@ -84,7 +84,7 @@ def test_every_operation_is_measured_correct_and_consistent(world_size, tmp_path
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
         assert row["p90_us"] >= row["time_us"] > 0
         assert row["bytes"] == row["count"] * 4
-        if row["op"] in bench.SPLIT_OPS:
+        if row["op"] in sizes.SPLIT_OPS:
             assert row["count"] % n == 0
     assert (
         written["harness"]["bare_us"] > 0
@@ -105,16 +105,16 @@ def test_a_corrupted_result_is_counted_wrong():
 
 def test_sizes_and_elements():
     assert (
-        bench.parse_size("256M") == 256 * 2**20
-        and bench.parse_size("4") == 4
-        and bench.parse_size("1KiB") == 1024
+        sizes.parse_size("256M") == 256 * 2**20
+        and sizes.parse_size("4") == 4
+        and sizes.parse_size("1KiB") == 1024
     )
     with pytest.raises(Exception, match="not a size"):
-        bench.parse_size("lots")
-    assert bench.sizes_between(4, 64) == [4, 8, 16, 32, 64]
-    assert bench.elements("all_reduce", 4, 3, 4) == 1
-    assert bench.elements("all_gather", 4, 3, 4) == 3  # at least one element per rank
-    assert bench.elements("all_gather", 4096, 3, 4) == 1023
+        sizes.parse_size("lots")
+    assert sizes.sizes_between(4, 64) == [4, 8, 16, 32, 64]
+    assert sizes.elements("all_reduce", 4, 3, 4) == 1
+    assert sizes.elements("all_gather", 4, 3, 4) == 3  # at least one element per rank
+    assert sizes.elements("all_gather", 4096, 3, 4) == 1023
 
 
 def test_bucket_advice_finds_the_knee():
