@@ -8,6 +8,7 @@ CLIPS = [
     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
     "accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)",
     "fabric.clip_gradients(model, optimizer, max_norm=2.0)",
+    "fabric.clip_gradients(model, optimizer, None, 2.0)",
     "norm = rt.step(optimizer, model, max_norm=1.0)",
     "trainer = L.Trainer(max_epochs=1, gradient_clip_val=0.5)",
     "TrainingArguments(output_dir='out', max_grad_norm=args.clip)",
@@ -19,6 +20,8 @@ NOT = [
     "trainer = L.Trainer(gradient_clip_val=None)",
     "config = {'gradient_clipping': 0.0}",
     "# torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+    # Fabric's language-model example (the zoo): clip_val clips each value, no norm is reduced
+    "fabric.clip_gradients(model, optimizer, clip_val=0.25)",
 ]
 
 

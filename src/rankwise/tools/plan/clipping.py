@@ -1,10 +1,11 @@
 """Whether a training script clips its gradients' norm, read from its source.
 
 The plan captures a script at its first training forward, before any clipping could be seen, so
-the script's text answers instead: a call of ``clip_grad_norm_`` (torch, Accelerate),
-``clip_grad_norm`` (``rt.clip_grad_norm``) or ``clip_gradients`` (Fabric), or a step given a norm to
-clip to (``rt.step(..., max_norm=1.0)``; Lightning's ``gradient_clip_val``; Transformers'
-``max_grad_norm``; DeepSpeed's ``gradient_clipping``), with a value that is not ``None`` or 0.
+the script's text answers instead: a call of ``clip_grad_norm_`` (torch, Accelerate) or
+``clip_grad_norm`` (``rt.clip_grad_norm``), or a call or setting given a norm to clip to
+(``rt.step(..., max_norm=1.0)``; Fabric's ``clip_gradients(..., max_norm=)``, not its ``clip_val``,
+which clips each value; Lightning's ``gradient_clip_val``; Transformers' ``max_grad_norm``;
+DeepSpeed's ``gradient_clipping``), with a value that is not ``None`` or 0.
 A sharded strategy then all-reduces the norm (:attr:`rankwise.strategies.facts.StepCall
 .when_clipping`).  Clipping chosen only at run time (a flag's default, a config file) is not seen:
 the reading says which line it found, or that it found none.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-CALLS = ("clip_grad_norm_", "clip_grad_norm", "clip_gradients")
+CALLS = ("clip_grad_norm_", "clip_grad_norm")
 KEYWORDS = ("max_norm", "gradient_clip_val", "max_grad_norm", "gradient_clipping")
 
 
@@ -38,6 +39,8 @@ def _clips(call: ast.Call) -> bool:
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
     if name in CALLS:
         return True
+    if name == "clip_gradients" and len(call.args) >= 4:  # Fabric's (module, optimizer, clip_val,
+        return _set(call.args[3])  # max_norm): clip_val clips each value, with no norm to reduce
     return any(kw.arg in KEYWORDS and _set(kw.value) for kw in call.keywords)
 
 
