@@ -238,8 +238,8 @@ NAMESPACE_ALLOWED = {
     "argparse namespace",
     "rankwise.launch.torchrun": "torchrun's own parser and namespace, which rankwise launch "
     "extends",
-    "rankwise.tools.bench.memory": "a `python -m` benchmark with its own main()",
-    "rankwise.tools.bench.sentiment": "a `python -m` benchmark with its own main()",
+    "rankwise.tools.bench.sharded_memory": "a `python -m` benchmark with its own main()",
+    "rankwise.tools.bench.sentiment_baseline": "a `python -m` benchmark with its own main()",
     "rankwise.tools.comm.sizes": "its size parser is an argparse type (ArgumentTypeError is "
     "argparse's message)",
 }
@@ -282,3 +282,27 @@ def test_flags_become_typed_settings_at_the_edge():
         )
     )
     assert not readers, readers
+
+
+ROLE_NAMES = {"records", "report", "settings", "config", "command"}
+"""Module names that repeat on purpose: the same role in each package that has it (its typed
+records, its report, its settings, its config, its command's run), so a reader knows where to
+look."""
+
+
+def test_module_names_say_their_job():
+    """Two modules of the same name are two places a reader (and a traceback) confuses: beyond the
+    role names, and ``cli/``'s modules named after the command they parse, a module's name is its
+    own."""
+    by_name: dict[str, list[str]] = {}
+    for name in MODULES:
+        leaf = name.rpartition(".")[2]
+        if (
+            name.startswith("rankwise.cli.")
+            or leaf in ROLE_NAMES
+            or MODULES[name].stem == "__init__"
+        ):
+            continue
+        by_name.setdefault(leaf, []).append(name)
+    repeated = {leaf: names for leaf, names in by_name.items() if len(names) > 1}
+    assert not repeated, f"module names that collide (name each by its job): {repeated}"

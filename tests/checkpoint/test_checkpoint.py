@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rankwise import checkpoint as ckpt
-from rankwise.models.toy import ToyMLP
+from rankwise.models.toy_nets import ToyMLP
 from rankwise.train import artifacts
 
 
@@ -133,4 +133,4 @@ def test_weights_and_checkpoints_get_the_mode_the_umask_gives_every_other_file(t
         for path in [weights, report, *(p for p in checkpoint.rglob("*") if p.is_file())]
     }
     assert set(modes.values()) == {oct(expected)}, modes
-    assert ckpt.files.user_file_mode() == 0o666 & ~previous
+    assert ckpt.atomic_files.user_file_mode() == 0o666 & ~previous

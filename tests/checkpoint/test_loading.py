@@ -68,7 +68,7 @@ def test_resuming_from_a_checkpoint_with_a_planted_training_state_is_refused(tmp
     manifest = ckpt.protocol._read_manifest(Path(saved))  # the attacker rewrites the checksums too
     manifest["files"][ckpt.STATE] = {
         "size": (Path(saved) / ckpt.STATE).stat().st_size,
-        "sha256": ckpt.files.sha256_of(Path(saved) / ckpt.STATE),
+        "sha256": ckpt.atomic_files.sha256_of(Path(saved) / ckpt.STATE),
     }
     (Path(saved) / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with rankwise.setup("single", seed=0) as rt:

@@ -74,12 +74,14 @@ def test_train_resolves_flags_set_and_the_config_file(elsewhere):
 
 def test_bench_verify_and_plan_settings_hold_absolute_paths(elsewhere, monkeypatch):
     from rankwise.cli import bench, plan, verify
-    from rankwise.tools.bench import script, suite
+    from rankwise.tools.bench import suite, user_script
 
     (elsewhere / "s.py").write_text("", encoding="utf-8")
     seen: dict[str, object] = {}
     monkeypatch.setattr(suite, "bench", lambda config: seen.setdefault("suite", config) and 0)
-    monkeypatch.setattr(script, "bench", lambda config: seen.setdefault("script", config) and 0)
+    monkeypatch.setattr(
+        user_script, "bench", lambda config: seen.setdefault("script", config) and 0
+    )
     parser = build_parser()
     bench.run(parser.parse_args(["bench", "--out", "b", "--data", "data.csv", "--set", "out=o"]))
     suite_settings = seen["suite"]

@@ -15,7 +15,7 @@ from rankwise.cli import main, smoke
 def received(monkeypatch) -> dict[str, object]:
     """What each command's run gets, instead of running it."""
     from rankwise.cli import comm, verify
-    from rankwise.tools.bench import script, suite
+    from rankwise.tools.bench import suite, user_script
     from rankwise.train import run
 
     seen: dict[str, object] = {}
@@ -29,7 +29,7 @@ def received(monkeypatch) -> dict[str, object]:
 
     monkeypatch.setattr(run, "train", keep("train"))
     monkeypatch.setattr(suite, "bench", keep("suite"))
-    monkeypatch.setattr(script, "bench", keep("script"))
+    monkeypatch.setattr(user_script, "bench", keep("script"))
     monkeypatch.setattr(verify.command, "run", keep("verify"))
     monkeypatch.setattr(comm.bench, "run", keep("comm"))
     return seen

@@ -2,7 +2,7 @@
 0.1, accumulation, clipping, a warm-up + cosine schedule — are proven equivalent by `rankwise
 verify` under every strategy `rankwise launch` starts, at 2 ranks over gloo; over 50 steps too,
 where rounding would have compounded. (The LM under every strategy, through `rankwise bench
---script`: tests/tools/bench/test_script.py.)"""
+--script`: tests/tools/bench/test_user_script.py.)"""
 
 from __future__ import annotations
 

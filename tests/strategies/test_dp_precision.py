@@ -13,7 +13,7 @@ from tests.support.tiers import starts_processes
 
 def test_dp_on_cpu_runs_the_plain_module_and_says_so(monkeypatch):
     import rankwise
-    from rankwise.models.toy import ToyMLP
+    from rankwise.models.toy_nets import ToyMLP
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with rankwise.setup("dp") as rt, warnings.catch_warnings(record=True) as caught:

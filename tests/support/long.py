@@ -14,19 +14,19 @@ A key is a test's node id, with its parameters (``[...]``) for one case or witho
 from __future__ import annotations
 
 LONG: dict[str, str] = {
-    # rankwise bench --script (tests/tools/bench/test_script.py: 1,214 s of 1,269 on a slow day)
-    "tests/tools/bench/test_script.py::test_a_stock_language_model_passes_every_rows_equivalence_and_"
+    # rankwise bench --script (tests/tools/bench/test_user_script.py: 1,214 s of 1,269 on a slow day)
+    "tests/tools/bench/test_user_script.py::test_a_stock_language_model_passes_every_rows_equivalence_and_"
     "the_row_says_how_it_was_compared": "covered by: test_verify_scripts' FSDP2 global token mean "
     "(a language model, verify) and test_bench_scripts' plain DDP rows (bench --script)",
-    "tests/tools/bench/test_script.py::test_a_script_shorter_than_the_window_runs_again_and_its_"
+    "tests/tools/bench/test_user_script.py::test_a_script_shorter_than_the_window_runs_again_and_its_"
     "windows_are_pooled": "only here: pooled windows of a script shorter than the window",
-    "tests/tools/bench/test_script.py::test_a_fast_script_is_timed_over_a_window_of_seconds_with_"
+    "tests/tools/bench/test_user_script.py::test_a_fast_script_is_timed_over_a_window_of_seconds_with_"
     "the_spread_over_repeats": "only here: the least window, the repeats' spread, --explain",
-    "tests/tools/bench/test_script.py::test_batch_norm_under_ddp_is_not_equivalent_and_the_row_says_"
+    "tests/tools/bench/test_user_script.py::test_batch_norm_under_ddp_is_not_equivalent_and_the_row_says_"
     "why": "covered by: test_verify's batch-norm case (the row's reason is verify's)",
-    "tests/tools/bench/test_script.py::test_a_plain_data_loader_is_counted_from_what_reached_the_"
+    "tests/tools/bench/test_user_script.py::test_a_plain_data_loader_is_counted_from_what_reached_the_"
     "model_and_never_passes": "covered by: test_verify's plain-loader case",
-    "tests/tools/bench/test_script.py::test_steps_past_the_scripts_length_say_how_many_it_ran": (
+    "tests/tools/bench/test_user_script.py::test_steps_past_the_scripts_length_say_how_many_it_ran": (
         "covered by: test_verify_scripts' more steps than the script trains"
     ),
     # framework scripts under bench --script and verify
@@ -165,7 +165,7 @@ LONG: dict[str, str] = {
         "covered by: test_faults' killed rank restarting to bitwise-equal weights and "
         "test_position's resume to the uninterrupted weights (a run's weights reproduced)"
     ),
-    "tests/tools/bench/test_memory.py::test_memory_benchmark_tabulates_the_runs_with_and_without_"
+    "tests/tools/bench/test_sharded_memory.py::test_memory_benchmark_tabulates_the_runs_with_and_without_"
     "checkpointing": "only here: the memory benchmark's table (activation checkpointing on, off)",
 }
 """Node id -> why ``make test`` can leave it to ``make test-long``."""

@@ -100,7 +100,7 @@ COVERAGE = {
             "broadcast the ddp case checks",
         },
     ),
-    # tests/examples/test_own_scripts.py (rankwise verify) and tests/tools/bench/test_script.py
+    # tests/examples/test_own_scripts.py (rankwise verify) and tests/tools/bench/test_user_script.py
     # (rankwise bench --script): the example scripts under every strategy `rankwise launch` starts.
     "scripts": Coverage(
         as_variants={"deepspeed": ("deepspeed-zero2", "deepspeed-zero3")},

@@ -437,7 +437,7 @@ def test_only_a_strategy_that_shards_the_optimizer_is_told_its_sharded_step_diff
 def test_instance_norm_depends_on_the_batch_only_through_running_statistics():
     from torch import nn
 
-    from rankwise.tools.trace import model_facts
+    from rankwise.tools.step_trace import model_facts
 
     assert model_facts(nn.InstanceNorm1d(4))["batch_dependent"] == []
     assert model_facts(nn.InstanceNorm1d(4, track_running_stats=True))["batch_dependent"] == [

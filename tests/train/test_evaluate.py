@@ -3,7 +3,7 @@ import torch
 from sklearn.metrics import classification_report
 
 from rankwise.data.datasets import FeatureDataset
-from rankwise.models.toy import LinearClassifier
+from rankwise.models.toy_nets import LinearClassifier
 from rankwise.train.evaluate import evaluate
 from tests.support.multiproc import run_ranks
 

@@ -7,8 +7,8 @@ bottom:
    so this package does not import it.
 2. :mod:`rankwise.checkpoint.protocol` — the layout of a checkpoint, how it is staged, committed,
    verified and found again, and the RNG state it carries.
-3. :mod:`rankwise.checkpoint.files` — files that are replaced whole or not at all; safetensors
-   weights.
+3. :mod:`rankwise.checkpoint.atomic_files` — files that are replaced whole or not at all;
+   safetensors weights.
 4. :mod:`rankwise.checkpoint.loading` — every ``.pt`` read weights-only.
 5. :mod:`rankwise.checkpoint.convert` — the whole optimizer state keyed by index and by parameter
    name.
@@ -21,7 +21,7 @@ Each strategy's own share is in its file: ``save_state``, ``load_state``, ``read
 ``strategies/fsdp.py``.
 """
 
-from rankwise.checkpoint.files import (
+from rankwise.checkpoint.atomic_files import (
     atomic_path,
     strip_module_prefix,
     write_text_atomic,

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rankwise.checkpoint.files import (
+from rankwise.checkpoint.atomic_files import (
     fsync_dir,
     fsync_file,
     load_weights_file,

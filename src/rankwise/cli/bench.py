@@ -41,7 +41,7 @@ from pathlib import Path
 from rankwise.cli import paths, smoke
 from rankwise.errors import ConfigError
 from rankwise.measure.throughput import MIN_WINDOW_S
-from rankwise.tools.bench import script, suite, why
+from rankwise.tools.bench import suite, user_script, why
 from rankwise.tools.bench.rows import all_rows
 from rankwise.tools.bench.settings import Output, ScriptSettings, SuiteSettings
 from rankwise.tools.bench.suite import PRESETS
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         _smoke_size(args)
     if args.script:
         script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-        return script.bench(
+        return user_script.bench(
             ScriptSettings(
                 script=paths.absolute(args.script),
                 script_args=paths.script_arguments(script_args),

@@ -20,13 +20,13 @@ import torch
 
 from rankwise.checkpoint import atomic_path, loading, write_text_atomic
 from rankwise.data.datasets import FeatureDataset, TokenizedTextDataset
-from rankwise.data.files import read_file
 from rankwise.data.ngrams import CharNgrams
 from rankwise.data.records import DataError, Record
 from rankwise.data.sentiment import load_sentiment
 from rankwise.data.split import SPLITS, assign_splits, audit, clean, hash_bucket, hash_split
 from rankwise.data.tokenizer import TextEncoder
 from rankwise.data.toy import make_toy
+from rankwise.data.user_files import read_file
 from rankwise.train.config import DataConfig
 
 PREPARED_FILE, STATS_FILE, TOKENIZER_FILE = "prepared.pt", "stats.json", "tokenizer.json"

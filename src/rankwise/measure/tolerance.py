@@ -11,7 +11,7 @@ Two judgements use them.
   relative to its size.  The optimizer then steps from the same weights with that same gradient, so
   each tensor's update must be one process's update of it to :data:`UPDATE` of that update's size
   (:func:`update_difference`), and the optimizer's settings must be equal (compared by
-  :mod:`rankwise.tools.verify.hyperparameters`); the loss agrees to :func:`tolerance`.  Not the
+  :mod:`rankwise.tools.verify.hyperparameter_diff`); the loss agrees to :func:`tolerance`.  Not the
   weights to an absolute tolerance: a whole Adam step at lr 2e-7 moves a weight by about 2e-7, so a
   learning rate twice one process's stayed under it.  An optimizer that amplifies rounding
   (Adam's update ``m / (sqrt(v) + eps)`` is nearly a sign for a gradient near ``eps``: the last bit
@@ -157,7 +157,7 @@ runs reach 4.0e-05 (an update a few ulps of its weight, rounded the other way): 
 what keeps the floor 60x below the tolerance. The smallest real difference it must catch is a
 learning rate changed by a factor: every update moves by that factor, so a rate 1e-4 of itself away
 fails on the update alone (any change a parameter group shows fails on the settings, compared
-exactly: :mod:`rankwise.tools.verify.hyperparameters`)."""
+exactly: :mod:`rankwise.tools.verify.hyperparameter_diff`)."""
 
 
 def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

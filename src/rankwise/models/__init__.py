@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from rankwise.models.bert import BERT_PRESETS, bert_from_spec, build_bert
-from rankwise.models.toy import TOY_MODELS, build_toy, toy_from_spec
+from rankwise.models.toy_nets import TOY_MODELS, build_toy, toy_from_spec
 
 
 def build_model(

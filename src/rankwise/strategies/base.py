@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from rankwise import dist, process
 from rankwise.checkpoint import WEIGHTS, CheckpointError, loading, read_weights
+from rankwise.checkpoint.atomic_files import cpu_copies
 from rankwise.checkpoint.convert import by_index, by_name, parameter_names
-from rankwise.checkpoint.files import cpu_copies
 from rankwise.compat.torch_compile import compile_forward
 from rankwise.errors import ConfigError
 from rankwise.precision import Precision

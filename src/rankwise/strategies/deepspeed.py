@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from rankwise import process
 from rankwise.checkpoint import loading
+from rankwise.checkpoint.atomic_files import cpu_copies
 from rankwise.checkpoint.convert import by_index, parameter_names
 from rankwise.checkpoint.deepspeed_format import (
     FOLDER,
@@ -33,7 +34,6 @@ from rankwise.checkpoint.deepspeed_format import (
     partitions_fit,
     read_whole,
 )
-from rankwise.checkpoint.files import cpu_copies
 from rankwise.compat.deepspeed_zero import (
     alias_fp32_masters,
     clipping_for_one_step,

@@ -46,7 +46,7 @@ Layout = Literal[
     "parameter-partitions",
     "measured",
 ]
-"""How a rank's memory is laid out, for the plan's formula of it (``tools/plan/memory.py``):
+"""How a rank's memory is laid out, for the plan's formula of it (``tools/plan/rank_memory.py``):
 everything whole as one process has it; whole with the gradients in DDP's reducer buckets; whole
 with a fusion buffer outside torch; one flat buffer partitioned over the ranks (ZeRO-1/2); each
 parameter partitioned on its own (ZeRO-3); or measured on fake ranks (FSDP2, which fake tensors

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rankwise.checkpoint import STATE, WEIGHTS, atomic_path, loading, read_weights, resolve, verify
-from rankwise.checkpoint.files import save_weights_file
+from rankwise.checkpoint.atomic_files import save_weights_file
 from rankwise.errors import CheckpointError
 
 CONFIG = "config.json"

@@ -4,8 +4,8 @@ row is named fastest in its place."""
 from __future__ import annotations
 
 from rankwise.tools.bench import disturbed
-from rankwise.tools.bench.script import ScriptRow, summarize
 from rankwise.tools.bench.script_report import table
+from rankwise.tools.bench.user_script import ScriptRow, summarize
 
 
 def _run(samples_per_s: float, peaks: list[float], load: float = 0.4) -> dict:

@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from rankwise.tools.plan import memory
+from rankwise.tools.plan import rank_memory
 from rankwise.tools.plan.capture import from_factory
 from rankwise.tools.plan.comms import Bandwidth, collectives
 from rankwise.tools.plan.fake import is_fake
-from rankwise.tools.plan.fsdp import fsdp
-from rankwise.tools.plan.memory import KINDS, Setting, zero_partition
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
+from rankwise.tools.plan.fsdp_fake_ranks import fsdp
+from rankwise.tools.plan.rank_memory import KINDS, Setting, zero_partition
 from tests.support.tools.plan.accounting_model import LAYERS, ROWS, WIDTH, Net, build
 
 
@@ -72,7 +72,7 @@ def test_activations_scale_with_the_rows(capture, fp32):
 
 
 def test_ddp_holds_everything_and_its_buckets_are_the_gradients(fp32):
-    m = memory.ddp(fp32, Setting(world_size=8))
+    m = rank_memory.ddp(fp32, Setting(world_size=8))
     assert (m.parameters, m.gradients, m.optimizer) == (
         fp32.param_bytes,
         fp32.gradient_bytes,
@@ -80,7 +80,7 @@ def test_ddp_holds_everything_and_its_buckets_are_the_gradients(fp32):
     )
     assert m.at_peak["gradients"] == fp32.gradient_bytes and m.at_peak["buffers"] == 0
     assert m.peak == sum(m.at_peak[kind] for kind in KINDS)
-    separate = memory.ddp(fp32, Setting(world_size=8, ddp_bucket_view=False))
+    separate = rank_memory.ddp(fp32, Setting(world_size=8, ddp_bucket_view=False))
     assert separate.at_peak["buffers"] == fp32.gradient_bytes  # buckets besides the gradients
     assert separate.peak > m.peak
 
@@ -92,15 +92,15 @@ def test_zero_model_states_in_mixed_precision_are_the_paper_s_closed_forms(captu
     bf16 = trace(capture, ROWS, param_dtype=torch.bfloat16)
     n = phi()
     part = zero_partition(n, world)
-    one = memory.zero12(1)(bf16, Setting(world_size=world))
+    one = rank_memory.zero12(1)(bf16, Setting(world_size=world))
     assert (one.parameters, one.gradients, one.optimizer) == (
         2 * part * world,
         2 * part * world,
         12 * part,
     )
-    two = memory.zero12(2)(bf16, Setting(world_size=world))
+    two = rank_memory.zero12(2)(bf16, Setting(world_size=world))
     assert (two.parameters, two.gradients, two.optimizer) == (2 * part * world, 2 * part, 12 * part)
-    three = memory.zero3(bf16, Setting(world_size=world, zero_persistence=0))
+    three = rank_memory.zero3(bf16, Setting(world_size=world, zero_persistence=0))
     shards = sum(math.ceil(p.numel() / world) for p in Net().parameters())
     assert (three.parameters, three.gradients, three.optimizer) == (
         2 * shards,
@@ -121,7 +121,7 @@ def test_zero3_holds_the_largest_layer_whole_with_its_gradient_in_the_backward_p
     bf16 = trace(capture, ROWS, param_dtype=torch.bfloat16)
     setting = Setting(world_size=4, zero_persistence=0, zero_max_live=1, zero_bucket=1)
     largest = max(bf16.numels)
-    three = memory.zero3(bf16, setting)
+    three = rank_memory.zero3(bf16, setting)
     kept = 2 * setting.zero_bucket + 4 * min(setting.zero_bucket, three.gradients // 2)
     backward = [s for s in bf16.samples if s.phase == 1]
     assert backward and three.at_peak["buffers"] >= kept + 4 * largest
@@ -130,7 +130,7 @@ def test_zero3_holds_the_largest_layer_whole_with_its_gradient_in_the_backward_p
 
 def test_zero3_keeps_small_parameters_whole(fp32):
     # every parameter here is under 100,000 elements
-    kept = memory.zero3(fp32, Setting(world_size=4))
+    kept = rank_memory.zero3(fp32, Setting(world_size=4))
     assert kept.parameters == 4 * (sum(math.ceil(n / 4) for n in fp32.numels) + fp32.numel)
 
 

@@ -9,7 +9,7 @@ from rankwise.errors import ConfigError
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.tools.plan.capture import from_script
 from rankwise.tools.plan.fake import is_fake
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
 from tests.support.cli import ROOT
 
 PLAIN = ROOT / "tests/support/tools/plan/plain_script.py"

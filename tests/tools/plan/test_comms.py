@@ -9,7 +9,7 @@ import torch
 
 from rankwise.tools.plan.capture import from_factory
 from rankwise.tools.plan.comms import collectives
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
 from tests.support.tools.plan.accounting_model import ROWS, WIDTH, build
 
 CASES = {

@@ -11,7 +11,7 @@ from torch import nn
 from rankwise import cli
 from rankwise.tools.plan.capture import from_script
 from rankwise.tools.plan.fake import FakeParameters, fake_copy, fake_mode, is_fake
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
 from tests.support.cli import ROOT
 from tests.support.tools.plan.fake_cuda import fake_cuda
 

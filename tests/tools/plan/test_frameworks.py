@@ -10,8 +10,8 @@ import torch
 
 from rankwise.tools.plan.capture import from_script
 from rankwise.tools.plan.fake import is_fake
-from rankwise.tools.plan.steps import TrainingStep
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
+from rankwise.tools.plan.lightning_steps import TrainingStep
 from tests.support.cli import ROOT
 
 ACCELERATE_CPU = ROOT / "tests/support/tools/plan/accelerate_cpu.py"

@@ -11,8 +11,8 @@ import pytest
 from rankwise.errors import ConfigError
 from rankwise.tools.plan import devices
 from rankwise.tools.plan.comms import Bandwidth, Collective, from_comm_bench, from_device
+from rankwise.tools.plan.fake_step import Trace
 from rankwise.tools.plan.timing import Timed, step_time
-from rankwise.tools.plan.trace import Trace
 
 H100 = devices.GPUS["h100"]
 LINK = Bandwidth(

@@ -9,7 +9,7 @@ import torch
 
 from rankwise.checkpoint import write_weights
 from rankwise.measure.tolerance import EXACT
-from rankwise.tools.trace import weights_file
+from rankwise.tools.step_trace import weights_file
 from rankwise.tools.verify.compare import TracedRun, compare
 
 GROUP = {"lr": 2e-7, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "foreach": None}

@@ -192,7 +192,7 @@ def test_accelerate_strategies_on_a_machine_without_a_gpu_are_rows_that_say_why_
 ):
     import torch
 
-    from rankwise.tools.bench.script import summarize, watched_rows
+    from rankwise.tools.bench.user_script import summarize, watched_rows
     from rankwise.tools.watch.frameworks import framework
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -25,8 +25,8 @@ import torch
 
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import real_copy
+from rankwise.tools.plan.fake_step import resized
 from rankwise.tools.plan.timing import Timed
-from rankwise.tools.plan.trace import resized
 
 MAX_SHARE = 0.25
 """The largest share of this machine's memory a model the plan times for real may need."""

@@ -41,8 +41,8 @@ from rankwise.runtime import observers
 from rankwise.strategies.blocks import is_checkpointed
 from rankwise.tools.plan.failure import called_at, not_run
 from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
+from rankwise.tools.plan.lightning_steps import TrainingStep, has_training_step
 from rankwise.tools.plan.own_world import one_rank, unwrapped
-from rankwise.tools.plan.steps import TrainingStep, has_training_step
 
 log = get_logger(__name__)
 
@@ -243,8 +243,8 @@ class _Catcher:
 
     def watch_training_step(self, model: Any, optimizer) -> None:
         """Capture the first ``model.training_step(...)`` with gradients on
-        (:mod:`~rankwise.tools.plan.steps`): the call is watched on the instance, which Lightning's
-        forward redirection and its plain call both look the method up on."""
+        (:mod:`~rankwise.tools.plan.lightning_steps`): the call is watched on the instance, which
+        Lightning's forward redirection and its plain call both look the method up on."""
         original = model.training_step
 
         def training_step(*args, **kwargs):

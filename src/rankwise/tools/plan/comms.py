@@ -31,7 +31,7 @@ from rankwise.strategies import lookup
 from rankwise.strategies.facts import StepCall
 from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
-from rankwise.tools.plan.trace import Trace
+from rankwise.tools.plan.fake_step import Trace
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 LARGE = 4 * 2**20

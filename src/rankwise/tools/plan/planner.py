@@ -4,8 +4,8 @@ that makes it fit.
 
 Traces are replayed once per distinct (micro-batch rows, parameter dtype, autocast, checkpointing)
 and shared by every strategy that needs them; FSDP is measured on fake ranks at each world size
-(:mod:`~rankwise.tools.plan.fsdp`), every other strategy is a formula over a trace
-(:mod:`~rankwise.tools.plan.memory`).
+(:mod:`~rankwise.tools.plan.fsdp_fake_ranks`), every other strategy is a formula over a trace
+(:mod:`~rankwise.tools.plan.rank_memory`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from rankwise.tools.plan.capture import Capture
 from rankwise.tools.plan.comms import Bandwidth, Collective, collectives
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.devices import Device
-from rankwise.tools.plan.fsdp import fsdp
-from rankwise.tools.plan.memory import Memory, Setting, formula
+from rankwise.tools.plan.fake_step import Trace, trace
+from rankwise.tools.plan.fsdp_fake_ranks import fsdp
+from rankwise.tools.plan.rank_memory import Memory, Setting, formula
 from rankwise.tools.plan.timing import StepTime, Timed, step_time
-from rankwise.tools.plan.trace import Trace, trace
 
 log = get_logger(__name__)
 

@@ -4,11 +4,11 @@ with a stand-in.
 A fake tensor has shapes and no values, so a forward that reads one fails on fake tensors: torch's
 ``nn.Transformer`` compares the mask it is given with a causal one (``_detect_is_causal_mask``:
 ``torch.equal``), and under the fake mode of FSDP's memory measurement
-(:mod:`rankwise.tools.plan.fsdp`) a mask the model builds is fake too (Lightning's demo Transformer,
-Fabric's language-model example).  The measurement first runs as it is; only where a value read
-fails (``DataDependentOutputException``) does it run again under :class:`ValueReads`, a dispatch
-mode that answers each read with 0 (``False``, ``0``, ``0.0`` by dtype): a branch on such a value
-takes its false side, and the plan says how many it answered.
+(:mod:`rankwise.tools.plan.fsdp_fake_ranks`) a mask the model builds is fake too (Lightning's demo
+Transformer, Fabric's language-model example).  The measurement first runs as it is; only where a
+value read fails (``DataDependentOutputException``) does it run again under :class:`ValueReads`, a
+dispatch mode that answers each read with 0 (``False``, ``0``, ``0.0`` by dtype): a branch on such a
+value takes its false side, and the plan says how many it answered.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import TypedDict
 
 
 class MemoryJSON(TypedDict):
-    """One rank's memory, in bytes (:class:`rankwise.tools.plan.memory.Memory`)."""
+    """One rank's memory, in bytes (:class:`rankwise.tools.plan.rank_memory.Memory`)."""
 
     parameters: int
     """Parameters the rank keeps (its shard, or all of them)."""
@@ -24,7 +24,7 @@ class MemoryJSON(TypedDict):
     peak: int
     """The step's peak: the sum of ``at_peak``."""
     at_peak: dict[str, int]
-    """Every kind of memory at the peak (:data:`rankwise.tools.plan.memory.KINDS`)."""
+    """Every kind of memory at the peak (:data:`rankwise.tools.plan.rank_memory.KINDS`)."""
     source: str
     """How the numbers were obtained (a formula and its source, or a measurement)."""
     notes: list[str]

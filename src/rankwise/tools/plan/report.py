@@ -7,8 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rankwise.checkpoint import write_text_atomic
-from rankwise.tools.plan.memory import KINDS
 from rankwise.tools.plan.planner import Plan, Row
+from rankwise.tools.plan.rank_memory import KINDS
 from rankwise.tools.plan.records import PlanRowJSON
 
 COLUMNS = (
@@ -230,7 +230,7 @@ def markdown(plan: Plan) -> str:
 
 
 def write(plan: Plan, out: Path) -> list[Path]:
-    from rankwise.tools.plan.plot import plot
+    from rankwise.tools.plan.memory_plot import plot
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "plan.md", out / "plan.json", out / "plan.png"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from rankwise.strategies import lookup
 from rankwise.tools.plan.comms import Bandwidth, Collective
 from rankwise.tools.plan.devices import Device
-from rankwise.tools.plan.trace import Trace
+from rankwise.tools.plan.fake_step import Trace
 
 
 @dataclass(frozen=True)

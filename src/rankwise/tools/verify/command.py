@@ -37,11 +37,11 @@ from rankwise.tools.verify.compare import (
     start_differs,
 )
 from rankwise.tools.verify.diagnose import diagnose
-from rankwise.tools.verify.plot import plot
 from rankwise.tools.verify.records import ReportExtra, VerifyReport
 from rankwise.tools.verify.report import render
-from rankwise.tools.verify.samples import unmatched_samples
+from rankwise.tools.verify.sample_diff import unmatched_samples
 from rankwise.tools.verify.settings import VerifySettings
+from rankwise.tools.verify.step_plot import plot
 from rankwise.tools.verify.watched import watched_runs
 from rankwise.tools.watch.findings import findings, load_records
 from rankwise.tools.watch.frameworks import Framework, detect, framework, rankwise_framework

@@ -1,4 +1,4 @@
-"""Two traced runs of one script (:mod:`rankwise.tools.trace`), compared step by step.
+"""Two traced runs of one script (:mod:`rankwise.tools.step_trace`), compared step by step.
 
 The one-process run followed the N-rank run in lockstep: each step started from the N-rank run's
 weights and applied the N-rank gradient.  For every step both runs reached: the samples (the N ranks
@@ -7,8 +7,8 @@ losses against the one process's sum: both are the global batch's loss when the 
 it), the gradient the N-rank optimizer received against the one process's at the same weights
 (:func:`rankwise.measure.tolerance.gradient_difference`), the optimizer's settings before the step
 (every group's hyper-parameters and every scheduler's state, exactly:
-:mod:`rankwise.tools.verify.hyperparameters`), and each tensor's update, the weights after the step
-less the weights it started from, against one process's update of it, relative to that update's
+:mod:`rankwise.tools.verify.hyperparameter_diff`), and each tensor's update, the weights after the
+step less the weights it started from, against one process's update of it, relative to that update's
 size (:func:`rankwise.measure.tolerance.update_difference`).  A step is equivalent when its samples
 match, its loss is within the tolerance (relative above 1), its gradient within the gradient
 tolerance, its settings equal and every tensor's update within the update tolerance.  Step 0 (the
@@ -28,9 +28,9 @@ import torch
 
 from rankwise.checkpoint import read_weights
 from rankwise.measure.tolerance import UPDATE, tensor_differences, update_difference
-from rankwise.tools.trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
-from rankwise.tools.verify.hyperparameters import changes_training
-from rankwise.tools.verify.hyperparameters import differences as setting_differences
+from rankwise.tools.step_trace import FACTS_FILE, TRACE_FILE, gradients_file, weights_file
+from rankwise.tools.verify.hyperparameter_diff import changes_training
+from rankwise.tools.verify.hyperparameter_diff import differences as setting_differences
 from rankwise.tools.verify.records import StepLine, TracedStep
 
 TOP_TENSORS = 3

@@ -1,9 +1,9 @@
 """Why N ranks computed something else than one process, from what the two traced runs show.
 
-Each rule looks at evidence the runs recorded (:mod:`rankwise.tools.trace`) and, when it applies,
-says what it saw and what to change.  The rules run most specific first; the first that applies is
-the likeliest cause, the others are listed after it.  ``rankwise bench --script`` words its reasons
-with the same functions.
+Each rule looks at evidence the runs recorded (:mod:`rankwise.tools.step_trace`) and, when it
+applies, says what it saw and what to change.  The rules run most specific first; the first that
+applies is the likeliest cause, the others are listed after it.  ``rankwise bench --script`` words
+its reasons with the same functions.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rankwise.tools.verify.causes import (
 )
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.compare import random_ops as located_random_ops
-from rankwise.tools.verify.hyperparameters import causes as setting_causes
+from rankwise.tools.verify.hyperparameter_diff import causes as setting_causes
 from rankwise.tools.verify.records import CauseRecord, StepLine, TracedStep
 from rankwise.tools.watch.records import FindingRecord
 
@@ -113,8 +113,8 @@ def diagnose(
     equivalent): the causes of the first step that differs and those that only a later differing
     step shows, each with the step it first shows in.  ``framework``: the script's, when it is not
     on rankwise.setup() (the fixes are then worded for it); ``samples``: what differs in the data,
-    where the runs' records tell (:mod:`rankwise.tools.verify.samples`); ``run_findings``: what the
-    N-rank run showed by itself, of which :data:`PROMOTED` are causes of a differing step."""
+    where the runs' records tell (:mod:`rankwise.tools.verify.sample_diff`); ``run_findings``: what
+    the N-rank run showed by itself, of which :data:`PROMOTED` are causes of a differing step."""
     shorter = None if failure else _steps_missing(reference, candidate, steps_asked, world_size)
     if first is None and failure is None and not shorter:
         return []

@@ -106,7 +106,7 @@ class StepLine(TypedDict):
     """The update agrees within the update tolerance (step 0: the weights within the tolerance)."""
     settings_ok: NotRequired[bool]
     """No setting that changes what the optimizer does differs (a scheduler's position alone does
-    not: :func:`rankwise.tools.verify.hyperparameters.changes_training`)."""
+    not: :func:`rankwise.tools.verify.hyperparameter_diff.changes_training`)."""
     loss_ok: NotRequired[bool]
     """The losses agree within the tolerance (relative above 1), or one is missing."""
     params_ok: NotRequired[bool]
@@ -121,8 +121,8 @@ class StepLine(TypedDict):
 
 class TracedStep(TypedDict):
     """One rank's line of one step in ``trace.jsonl``, as the watcher writes it (its
-    :class:`~rankwise.tools.trace.StepRecord`, whose docstrings say more, and the weights' digest)
-    and :class:`~rankwise.tools.verify.compare.TracedRun` reads it back."""
+    :class:`~rankwise.tools.step_trace.StepRecord`, whose docstrings say more, and the weights'
+    digest) and :class:`~rankwise.tools.verify.compare.TracedRun` reads it back."""
 
     samples: list[str]
     """One digest per sample the step trained on."""

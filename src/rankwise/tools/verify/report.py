@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from rankwise.measure.tolerance import UPDATE
-from rankwise.tools.verify.hyperparameters import changes_training, listed
+from rankwise.tools.verify.hyperparameter_diff import changes_training, listed
 from rankwise.tools.verify.records import StepLine, VerifyReport
 
 

@@ -5,7 +5,7 @@
 :class:`~rankwise.tools.watch.watcher.Watcher` (hooks on torch's optimizers, DataLoaders, samplers,
 autograd, collectives and ``torch.save``), runs the script as ``__main__`` and tears the process
 group down after it.  The watcher writes the step-by-step trace ``rankwise verify`` compares
-(:mod:`rankwise.tools.trace`) and one record per rank that :mod:`rankwise.tools.watch.findings`
+(:mod:`rankwise.tools.step_trace`) and one record per rank that :mod:`rankwise.tools.watch.findings`
 reads for the mistakes that need no reference run. :mod:`rankwise.tools.watch.frameworks` says how
 each framework's scripts start.
 """

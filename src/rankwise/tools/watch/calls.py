@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from rankwise.compat.watch_patches import HOROVOD_COLLECTIVE_NAMES
 from rankwise.tools.watch.gathered import GatherWatch
-from rankwise.tools.watch.metrics import MetricWatch
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
+from rankwise.tools.watch.shard_metrics import MetricWatch
 
 COLLECTIVES = (
     "all_reduce",
@@ -175,7 +175,8 @@ class CallWatch:
         drop a padded shard's repeats, counted -- Accelerate's ``gather_for_metrics`` and
         rankwise's own exact gather (``rt.eval_gatherer(...).result()``); Accelerate's ``gather``,
         whose repeats a script may cut itself (:mod:`rankwise.tools.watch.gathered`); Horovod's
-        collectives; Lightning's and torchmetrics' metrics (:mod:`rankwise.tools.watch.metrics`)."""
+        collectives; Lightning's and torchmetrics' metrics
+        (:mod:`rankwise.tools.watch.shard_metrics`)."""
         if self._frameworks_patched:
             return
         self._frameworks_patched = True

@@ -280,7 +280,7 @@ def _replicas(records: list[RankRecord]) -> list[Finding]:
 
 
 def _per_rank_metrics(records: list[RankRecord]) -> list[Finding]:
-    """Metrics one rank reported from its own shard (:mod:`rankwise.tools.watch.metrics`)."""
+    """Metrics one rank reported from its own shard (:mod:`rankwise.tools.watch.shard_metrics`)."""
     if len(records) < 2:
         return []
     out = []

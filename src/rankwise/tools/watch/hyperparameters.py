@@ -2,9 +2,9 @@
 state of every learning-rate scheduler that drives it, recorded before each optimizer step.
 
 ``rankwise verify`` compares them exactly, step by step, between the N-rank run and the one process
-(:mod:`rankwise.tools.verify.hyperparameters`): a learning rate, a beta or a scheduler's step count
-that differs is a cause of its own, however small the weights' difference it makes (a whole Adam
-step at lr 2e-7 moves a weight by about 2e-7).
+(:mod:`rankwise.tools.verify.hyperparameter_diff`): a learning rate, a beta or a scheduler's step
+count that differs is a cause of its own, however small the weights' difference it makes (a whole
+Adam step at lr 2e-7 moves a weight by about 2e-7).
 
 Schedulers are found as torch builds them: every ``torch.optim.lr_scheduler.LRScheduler`` (and
 ``ReduceLROnPlateau``, which does not call its base's ``__init__``) registers itself when it is

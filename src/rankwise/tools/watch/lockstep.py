@@ -17,7 +17,7 @@ import torch
 
 from rankwise.checkpoint import read_weights, write_text_atomic, write_weights
 from rankwise.measure.tolerance import gradient_difference
-from rankwise.tools.trace import (
+from rankwise.tools.step_trace import (
     FACTS_FILE,
     TRACE_FILE,
     StepRecord,

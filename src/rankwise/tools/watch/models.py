@@ -9,7 +9,7 @@ import weakref
 import torch
 from torch import nn
 
-from rankwise.tools.trace import model_facts, switch_off_dropout, uses_tf32
+from rankwise.tools.step_trace import model_facts, switch_off_dropout, uses_tf32
 from rankwise.tools.watch.records import WatchedFacts
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_module.")

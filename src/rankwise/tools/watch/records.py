@@ -17,7 +17,7 @@ from typing_extensions import NotRequired
 
 class DropoutModule(TypedDict):
     """A dropout module with p > 0 the watcher found in a model
-    (:func:`rankwise.tools.trace.switch_off_dropout`)."""
+    (:func:`rankwise.tools.step_trace.switch_off_dropout`)."""
 
     module: str
     """Its qualified name in the model."""
@@ -128,7 +128,7 @@ class PassRecord(TypedDict):
 
 
 class MetricsRecord(TypedDict):
-    """What a rank reported from its own shard (:mod:`rankwise.tools.watch.metrics`)."""
+    """What a rank reported from its own shard (:mod:`rankwise.tools.watch.shard_metrics`)."""
 
     unsynced_logs: dict[str, str]
     """Lightning ``self.log`` names at epoch level without ``sync_dist``, with their call site."""

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rankwise.runtime import observers
-from rankwise.tools.trace import uses_tf32
+from rankwise.tools.step_trace import uses_tf32
 
 
 class RuntimeSteps(observers.Observer):

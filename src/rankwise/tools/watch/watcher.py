@@ -20,7 +20,7 @@ them. A ``follow`` directory makes a one-process reference follow the N-rank run
 
 Each concern is a part with its own state: the models and their facts
 (:mod:`~rankwise.tools.watch.models`), the data (:mod:`~rankwise.tools.watch.loaders`), the step and
-its gradients (:mod:`~rankwise.tools.watch.steps`), the script's collectives and sync points
+its gradients (:mod:`~rankwise.tools.watch.step_watch`), the script's collectives and sync points
 (:mod:`~rankwise.tools.watch.calls`), its saves (:mod:`~rankwise.tools.watch.saves`), the trace
 written and followed (:mod:`~rankwise.tools.watch.lockstep`) and the timed window
 (:mod:`~rankwise.tools.watch.window`); the watcher installs the hooks and tells each part what
@@ -53,7 +53,7 @@ from rankwise.tools.watch.models import ModelWatch, new_facts
 from rankwise.tools.watch.ranks import assign, patch, rank_and_world, whole
 from rankwise.tools.watch.saves import SaveWatch
 from rankwise.tools.watch.settings import WatchSettings
-from rankwise.tools.watch.steps import StepWatch
+from rankwise.tools.watch.step_watch import StepWatch
 from rankwise.tools.watch.window import Window, report
 
 STEPS_KEPT = 2

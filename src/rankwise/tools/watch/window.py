@@ -7,7 +7,7 @@ its warm-up steps (and the steps it profiles for its step-time breakdown,
 breakdown is checked against its every step (:mod:`rankwise.measure.window_steps`).
 :func:`report`: samples per second over the window, every rank's peak memory, and the first step's
 FLOPs against the matrix-product peak every rank measures at the end
-(:mod:`rankwise.tools.watch.flops`).
+(:mod:`rankwise.tools.watch.watched_mfu`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from rankwise.measure.breakdown import StepProfile, combine, model_facts
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.measure.throughput import window_end
 from rankwise.measure.window_steps import summary as window_summary
-from rankwise.tools.watch.flops import StepFlops, utilisation
 from rankwise.tools.watch.ranks import gather, rank_and_world
 from rankwise.tools.watch.settings import WatchSettings
+from rankwise.tools.watch.watched_mfu import StepFlops, utilisation
 
 RANK_PEAKS = "window-peaks-rank{rank}.json"
 """A rank's peak memory, written by every rank where the script left its group before the window's

@@ -124,8 +124,8 @@ def test_a_plain_data_loader_is_counted_from_what_reached_the_model_and_never_pa
 
 
 def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neither_pass_nor_fail():
-    from rankwise.tools.bench.script import ScriptRow, summarize
     from rankwise.tools.bench.script_report import table
+    from rankwise.tools.bench.user_script import ScriptRow, summarize
 
     run = {
         "steady_samples_per_s": 10.0,
@@ -159,8 +159,8 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
 
 
 def test_a_row_whose_rank_hung_at_exit_keeps_its_numbers_and_says_so_under_the_table():
-    from rankwise.tools.bench.script import ScriptRow, summarize
     from rankwise.tools.bench.script_report import table
+    from rankwise.tools.bench.user_script import ScriptRow, summarize
 
     run = {
         "steady_samples_per_s": 10.0,
@@ -205,7 +205,7 @@ def test_bad_script_flags_fail_before_anything_runs(argv, message, capsys, monke
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(
-        "rankwise.tools.bench.script.run_bench", lambda *a, **k: pytest.fail("something ran")
+        "rankwise.tools.bench.user_script.run_bench", lambda *a, **k: pytest.fail("something ran")
     )
     assert cli.main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -415,7 +415,7 @@ def test_a_script_shorter_than_the_window_runs_again_and_its_windows_are_pooled(
     ],
 )
 def test_bench_exits_as_verify_does_for_its_gravest_row(verdicts, code):
-    from rankwise.tools.bench.script import exit_code
+    from rankwise.tools.bench.user_script import exit_code
 
     rows = [
         {"row": f"row {i}", "status": "ok", "samples_per_s": 10.0, "verdict": verdict}
@@ -427,7 +427,7 @@ def test_bench_exits_as_verify_does_for_its_gravest_row(verdicts, code):
 def test_a_row_without_a_figure_never_passes_and_a_not_comparable_one_stays_so():
     """nanoGPT makes its own batches, so no row has samples/s: bench exited 1 where verify exits 3
     (not comparable); a row that would pass without a figure still fails."""
-    from rankwise.tools.bench.script import exit_code
+    from rankwise.tools.bench.user_script import exit_code
 
     def rows(verdict):
         return [

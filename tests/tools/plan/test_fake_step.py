@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rankwise.strategies.blocks import checkpoint_blocks
 from rankwise.tools.plan.capture import from_factory
-from rankwise.tools.plan.trace import trace
+from rankwise.tools.plan.fake_step import trace
 
 SHAPE = dict(
     hidden_size=256,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankwise.tools.trace import RandomOps
+from rankwise.tools.step_trace import RandomOps
 
 
 class Block(nn.Module):

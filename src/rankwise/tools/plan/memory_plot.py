@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankwise.tools.plan.memory import KINDS
 from rankwise.tools.plan.planner import Plan
+from rankwise.tools.plan.rank_memory import KINDS
 
 COLOURS = {
     "parameters": "#4c72b0",

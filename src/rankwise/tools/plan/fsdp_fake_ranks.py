@@ -32,9 +32,9 @@ from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, trans
 from rankwise.strategies.fsdp import rebind_optimizer, shard
 from rankwise.tools.plan.capture import Capture, loss_of
 from rankwise.tools.plan.fake import fake_copy
-from rankwise.tools.plan.memory import KINDS, Memory
+from rankwise.tools.plan.fake_step import resized
+from rankwise.tools.plan.rank_memory import KINDS, Memory
 from rankwise.tools.plan.reads import DataDependentOutputException, ValueReads
-from rankwise.tools.plan.trace import resized
 
 KIND_OF = {
     "Sharded Param": "parameters",

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rankwise.sampling.samples import sample_digests
-from rankwise.tools.trace import RandomOps, StepRecord, generator_state, learning_rates
+from rankwise.tools.step_trace import RandomOps, StepRecord, generator_state, learning_rates
 from rankwise.tools.watch.hyperparameters import hyperparameters, schedulers
 from rankwise.tools.watch.ranks import gather, rank_and_world
 from rankwise.tools.watch.reduction import summed_over_batch

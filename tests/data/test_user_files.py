@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rankwise.data.files import read_file
 from rankwise.data.records import DataError
+from rankwise.data.user_files import read_file
 
 
 def write(path, content: str | bytes):

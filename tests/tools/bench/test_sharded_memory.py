@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rankwise.tools.bench import memory
+from rankwise.tools.bench import sharded_memory
 
 pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or commands)
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.multiproc  # every test here starts processes (ranks or
 def test_memory_benchmark_tabulates_the_runs_with_and_without_checkpointing(capsys):
     # ddp alone: fsdp and ZeRO-3 run the same code path (and every strategy checkpoints layers in
     # tests/strategies/test_equivalence.py); each run here costs two fresh processes.
-    memory.main(
+    sharded_memory.main(
         [
             "--model",
             "tiny",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rankwise.tools.verify.compare import TracedRun
 from rankwise.tools.verify.diagnose import diagnose
-from rankwise.tools.verify.hyperparameters import changes_training, differences, same
+from rankwise.tools.verify.hyperparameter_diff import changes_training, differences, same
 
 GROUP = {"lr": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
 

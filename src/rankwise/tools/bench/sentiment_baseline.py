@@ -5,7 +5,7 @@ extra arguments are passed on) for each seed, end to end, and prints test accura
 macro-F1, wall time (data preparation and process start included) and training
 throughput.  The baseline is a character 1-3-gram TF-IDF logistic regression::
 
-    python -m rankwise.tools.bench.sentiment --seeds 0 1
+    python -m rankwise.tools.bench.sentiment_baseline --seeds 0 1
 """
 
 from __future__ import annotations

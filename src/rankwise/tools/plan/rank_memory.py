@@ -1,12 +1,12 @@
 """One rank's memory under a strategy at a world size, from the measured step
-(:mod:`~rankwise.tools.plan.trace`).
+(:mod:`~rankwise.tools.plan.fake_step`).
 
 The trace is one rank training alone: its parameters P, gradients G, optimizer state and, over the
 step, the live activations and temporaries.  Each memory layout a strategy's file declares
 (:attr:`rankwise.strategies.facts.Facts.layout`) says here which of these a rank holds at world size
 N, what it allocates besides (buckets, flat copies, gathered parameters), and when; the peak is the
 largest total over the step's samples.  Every formula names its source.  FSDP is not here: fake
-tensors reach it, and :mod:`rankwise.tools.plan.fsdp` measures it with torch's
+tensors reach it, and :mod:`rankwise.tools.plan.fsdp_fake_ranks` measures it with torch's
 ``FSDPMemTracker`` on N fake ranks.
 
 Notation: Φ trainable parameter elements, d bytes per parameter element in the strategy's model copy
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from rankwise.errors import ConfigError
 from rankwise.strategies import lookup
-from rankwise.tools.plan.trace import Sample, Trace
+from rankwise.tools.plan.fake_step import Sample, Trace
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers")
 """What a rank's memory is made of, in the order the report stacks them."""
@@ -329,7 +329,7 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
 def formula(strategy: str) -> Callable[[Trace, Setting], Memory] | None:
     """The formula of the memory layout ``strategy``'s file declares
     (:attr:`rankwise.strategies.facts.Facts.layout`); ``None`` for a layout measured on fake ranks
-    (FSDP2: :mod:`rankwise.tools.plan.fsdp`)."""
+    (FSDP2: :mod:`rankwise.tools.plan.fsdp_fake_ranks`)."""
     facts = lookup(strategy).facts
     if facts is None or facts.layout is None:
         raise ConfigError(f"rankwise plan knows no memory model for strategy {strategy!r}")

@@ -6,9 +6,9 @@ rank's peak resident memory during training (model construction included; the fi
 evaluation and checkpoint excluded) and its ratio to DDP's, then the overall peak with the
 checkpoint (full weights are gathered onto rank 0 for it, a bucket at a time)::
 
-    python -m rankwise.tools.bench.memory                          # large, 2 ranks
-    python -m rankwise.tools.bench.memory --model base --nproc 4   # ~90M parameters, 4 ranks
-    python -m rankwise.tools.bench.memory --model base --activation-checkpointing   # 512 tokens
+    python -m rankwise.tools.bench.sharded_memory                         # large, 2 ranks
+    python -m rankwise.tools.bench.sharded_memory --model base --nproc 4  # ~90M, 4 ranks
+    python -m rankwise.tools.bench.sharded_memory --model base --activation-checkpointing
 
 With ``--activation-checkpointing`` each strategy also runs with
 ``model.activation_checkpointing=true``, on long texts (``--max-length``, default 512 then: the

@@ -7,7 +7,7 @@ import builtins
 import pytest
 import torch
 
-from rankwise.tools.watch import metrics
+from rankwise.tools.watch import shard_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -16,10 +16,10 @@ def test_a_print_showing_the_unreduced_loss_is_counted_by_line_and_other_prints_
     monkeypatch, capsys
 ):
     monkeypatch.setattr(builtins, "print", builtins.print)  # (restored after the test)
-    monkeypatch.setattr(metrics, "rank_and_world", lambda: (0, 2))
-    monkeypatch.setattr(metrics, "outside_the_script", lambda filename: False)
-    monkeypatch.setattr(metrics, "call_site", lambda: "train.py:121")
-    watch = metrics.MetricWatch()
+    monkeypatch.setattr(shard_metrics, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(shard_metrics, "outside_the_script", lambda filename: False)
+    monkeypatch.setattr(shard_metrics, "call_site", lambda: "train.py:121")
+    watch = shard_metrics.MetricWatch()
     watch.patch_frameworks()
     loss = torch.tensor(0.123456789)
     watch.loss_seen(loss)
@@ -51,5 +51,5 @@ def test_the_scan_for_metrics_built_earlier_passes_over_dead_weak_proxies(monkey
     proxy = weakref.proxy(gone)
     del gone
     monkeypatch.setattr(builtins, "print", builtins.print)
-    monkeypatch.setattr(metrics.gc, "get_objects", lambda: [proxy])
-    metrics.MetricWatch().patch_frameworks()  # (no ReferenceError)
+    monkeypatch.setattr(shard_metrics.gc, "get_objects", lambda: [proxy])
+    shard_metrics.MetricWatch().patch_frameworks()  # (no ReferenceError)
