@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from rankwise.measure.tolerance import update_difference
-from rankwise.tools.trace import weights_file
+from rankwise.tools.step_trace import weights_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "support" / "tools" / "watch" / "scripts"
