@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
+    from rankwise.process import ProcessEnv
     from rankwise.tools.comm.records import CommRow
     from rankwise.tools.harness import NodeLayout
 
@@ -217,7 +220,7 @@ def check_nodes(report: Report, layout: NodeLayout) -> object | None:
     return store
 
 
-def measure_all_reduce(env, device, size_bytes: int) -> CommRow:
+def measure_all_reduce(env: ProcessEnv, device: torch.device, size_bytes: int) -> CommRow:
     """On every rank (:func:`~rankwise.tools.harness.run_on_ranks`): ``rankwise comm bench``'s
     all_reduce measurement at ``size_bytes`` fp32, correctness included; rank 0's row reaches the
     report."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from rankwise.errors import ConfigError, Stopped
 from rankwise.launch.exits import HUNG_AT_EXIT
 from rankwise.launch.hosts import layout_from_slurm
 from rankwise.tools.stopping import ignored_stop_signals, stop_signals, stop_tree
+
+if TYPE_CHECKING:
+    from rankwise.process import ProcessEnv
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_NPROC = 2
@@ -109,7 +112,7 @@ def resolve_backend(backend: str, nproc_per_node: int = 1) -> str:
     return backend
 
 
-def join(local_rank: int, backend: str, timeout_s: float):
+def join(local_rank: int, backend: str, timeout_s: float) -> tuple[ProcessEnv, torch.device]:
     """In a rank: join the job's process group on ``backend``; returns ``(ProcessEnv, device)``."""
     from rankwise.process import ProcessEnv, device_for, init_process_group
 
@@ -187,7 +190,7 @@ def train_command(train_args: list[str], out: Path) -> list[str]:
     ]
 
 
-def run_train(train_args: list[str], out: Path, **kwargs) -> dict:
+def run_train(train_args: list[str], out: Path, **kwargs: Any) -> dict:
     """``rankwise train TRAIN_ARGS --out OUT --json`` in fresh processes (see
     :func:`run_measured`)."""
     return run_measured(train_command(train_args, out), out, **kwargs)

@@ -29,8 +29,10 @@ one-process run also records which random operations its forward ran, and in whi
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,7 +55,7 @@ def _batch_dependent(module: nn.Module) -> bool:
     return isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats
 
 
-def model_facts(model: nn.Module) -> dict:
+def model_facts(model: nn.Module) -> dict[str, list[str]]:
     """What a model holds that can make N ranks compute something else than one process."""
     batch_dependent = sorted({type(m).__name__ for m in model.modules() if _batch_dependent(m)})
     dropout = sorted(
@@ -146,13 +148,13 @@ class RandomOps(TorchFunctionMode):
         self.found: dict[str, int] = {}
         self.hooks: list[RemovableHandle] = []
 
-    def __enter__(self):
+    def __enter__(self) -> RandomOps:
         from torch.nn.modules import module as modules
 
-        def enter(module, args):
+        def enter(module: nn.Module, args: tuple[Any, ...]) -> None:
             self.stack.append(self.names.get(id(module), ""))
 
-        def leave(module, args, output):
+        def leave(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if self.stack:
                 self.stack.pop()
 
@@ -162,7 +164,7 @@ class RandomOps(TorchFunctionMode):
         ]
         return super().__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks, self.stack = [], []
@@ -174,7 +176,13 @@ class RandomOps(TorchFunctionMode):
             torch._dynamo.reset()
         return result
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
         name = getattr(func, "__name__", "")
         if name not in RANDOM_FUNCTIONS:
             return func(*args, **(kwargs or {}))
@@ -190,7 +198,7 @@ class RandomOps(TorchFunctionMode):
         return result
 
 
-def _on_cuda(args) -> bool:
+def _on_cuda(args: Iterable[object]) -> bool:
     """Whether a random function ran on a GPU (whose generator the CPU's state does not show)."""
     return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
@@ -209,7 +217,7 @@ def exchange_gradients(
     return read_weights(theirs) if theirs.exists() else None
 
 
-def learning_rates(optimizer) -> list[float | None]:
+def learning_rates(optimizer: object) -> list[float | None]:
     """Each parameter group's learning rate (``None`` where a group has none)."""
     return [
         float(group["lr"]) if isinstance(group.get("lr"), (float, int, torch.Tensor)) else None

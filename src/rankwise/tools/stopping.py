@@ -16,6 +16,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import NoReturn
 
 import psutil
 
@@ -25,9 +28,12 @@ STOP_GRACE_S = 15.0
 """How long a launcher has, once asked, to stop its ranks before everything left is killed."""
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+Handler = Callable[[int, FrameType | None], object] | signal.Handlers
+"""What :func:`signal.signal` takes: a function of the signal and the frame, or SIG_IGN/SIG_DFL."""
+
 
 @contextlib.contextmanager
-def _handled(handler):
+def _handled(handler: Handler) -> Iterator[None]:
     """SIGTERM and SIGINT handled by ``handler`` while the block runs (where signals can be handled:
     the main thread; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
@@ -41,16 +47,16 @@ def _handled(handler):
             signal.signal(sig, before)
 
 
-def _raise_stopped(signum, _frame):
+def _raise_stopped(signum: int, _frame: FrameType | None) -> NoReturn:
     raise Stopped(signum)
 
 
-def stop_signals():
+def stop_signals() -> contextlib.AbstractContextManager[None]:
     """While the block runs, SIGTERM and SIGINT raise :class:`Stopped` in it."""
     return _handled(_raise_stopped)
 
 
-def ignored_stop_signals():
+def ignored_stop_signals() -> contextlib.AbstractContextManager[None]:
     """SIGTERM and SIGINT ignored while the block runs: a stop under way is not cut short."""
     return _handled(signal.SIG_IGN)
 
