@@ -14,7 +14,8 @@ A key is a test's node id, with its parameters (``[...]``) for one case or witho
 from __future__ import annotations
 
 LONG: dict[str, str] = {
-    # rankwise bench --script (tests/tools/bench/test_user_script.py: 1,214 s of 1,269 on a slow day)
+    # rankwise bench --script (tests/tools/bench/test_user_script.py: 1,214 s of 1,269 on a slow
+    # day)
     "tests/tools/bench/test_user_script.py::test_a_stock_language_model_passes_every_rows_equivalence_and_"
     "the_row_says_how_it_was_compared": "covered by: test_verify_scripts' FSDP2 global token mean "
     "(a language model, verify) and test_bench_scripts' plain DDP rows (bench --script)",
@@ -26,9 +27,8 @@ LONG: dict[str, str] = {
     "why": "covered by: test_verify's batch-norm case (the row's reason is verify's)",
     "tests/tools/bench/test_user_script.py::test_a_plain_data_loader_is_counted_from_what_reached_the_"
     "model_and_never_passes": "covered by: test_verify's plain-loader case",
-    "tests/tools/bench/test_user_script.py::test_steps_past_the_scripts_length_say_how_many_it_ran": (
-        "covered by: test_verify_scripts' more steps than the script trains"
-    ),
+    "tests/tools/bench/test_user_script.py::test_steps_past_the_scripts_length_say_how_many_it_"
+    "ran": "covered by: test_verify_scripts' more steps than the script trains",
     # framework scripts under bench --script and verify
     "tests/tools/watch/test_bench_scripts.py::test_fabric_strategies_are_rows_through_its_launch_"
     "setting_and_one_it_cannot_run_here_says_why": "covered by: test_verify_scripts' Fabric "
