@@ -24,10 +24,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,7 +44,16 @@ from rankwise.tools.plan.fake import FakeParameters, fake_mode, is_fake
 from rankwise.tools.plan.lightning_steps import TrainingStep, has_training_step
 from rankwise.tools.plan.own_world import one_rank, unwrapped
 
+if TYPE_CHECKING:
+    from rankwise.runtime import Runtime
+
 log = get_logger(__name__)
+
+Captured = tuple[nn.Module, torch.optim.Optimizer, tuple[Any, ...], dict[str, Any], bool]
+"""The first training forward as caught: the module called (the model, a DDP stand-in around it, or
+a :class:`~rankwise.tools.plan.lightning_steps.TrainingStep`), the optimizer training it, its
+positional and keyword inputs (the script's batch: whatever its loader yields), and whether it ran
+under autocast."""
 
 
 class CaptureDone(observers.Finished):
@@ -57,10 +66,10 @@ class Capture:
     """The model the script trains, its parameters fake, as it was at its first training forward."""
     optimizer: torch.optim.Optimizer
     """The optimizer over the model's parameters (still without state)."""
-    args: tuple
+    args: tuple[Any, ...]
     """Positional inputs of the first training forward (real tensors: one rank's micro-batch at
     world size 1)."""
-    kwargs: dict
+    kwargs: dict[str, Any]
     """Keyword inputs of that forward."""
     mode: FakeTensorMode
     """The mode the fake parameters belong to (every later fake tensor of the plan must share
@@ -100,7 +109,7 @@ class Capture:
         raise ConfigError("the captured forward has no tensor input with a batch dimension")
 
 
-def loss_of(output) -> torch.Tensor:
+def loss_of(output: object) -> torch.Tensor:
     """The loss the plan back-propagates from a forward's output (see the module's docstring)."""
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, dict):
@@ -145,13 +154,14 @@ def _root(params: list[torch.Tensor]) -> nn.Module | None:
 class _Watch(observers.Observer):
     """The Runtime's observer points during a capture: accumulation and global batch."""
 
-    def __init__(self):
-        self.grad_accum, self.global_batch, self.prepared_seen = 1, None, False
+    def __init__(self) -> None:
+        self.grad_accum, self.prepared_seen = 1, False
+        self.global_batch: int | None = None
 
-    def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
+    def prepared(self, rt: Runtime, model: nn.Module, grad_accum: int) -> None:
         self.grad_accum, self.prepared_seen = grad_accum, True
 
-    def loader(self, rt, global_batch: int, shuffle: bool) -> None:
+    def loader(self, rt: Runtime, global_batch: int, shuffle: bool) -> None:
         # the training loader (evaluation loaders do not shuffle)
         if shuffle and self.global_batch is None:
             self.global_batch = global_batch
@@ -161,22 +171,22 @@ class _Catcher:
     """Finds the model each new optimizer trains and records the first forward of one with gradients
     on."""
 
-    def __init__(self, fakes: FakeParameters, script: Path | None = None):
+    def __init__(self, fakes: FakeParameters, script: Path | None = None) -> None:
         self.fakes = fakes
         self.script = script
         self.line: int | None = None
-        self.captured: tuple | None = None
+        self.captured: Captured | None = None
         self.autocast_called = False
         self.values_read = 0
         self.groups: dict[int, list[list[torch.Tensor]]] = {}
 
     @contextlib.contextmanager
-    def watching(self):
+    def watching(self) -> Iterator[_Catcher]:
         init, autocast, item = torch.optim.Optimizer.__init__, Precision.autocast, torch.Tensor.item
         catcher = self
         ITEM.check()
 
-        def fake_item(tensor):
+        def fake_item(tensor: torch.Tensor) -> bool | int | float:
             # (an evaluation before training reads a loss of fake parameters: the script goes on
             # with 0, which the plan never uses; compat.fake_tensor.ITEM)
             if is_fake(tensor):
@@ -186,7 +196,7 @@ class _Catcher:
                 return 0.0 if tensor.dtype.is_floating_point else 0
             return item(tensor)
 
-        def optimizer_init(optimizer, *args, **kwargs):
+        def optimizer_init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             init(optimizer, *args, **kwargs)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(is_fake(p) for p in params):
@@ -200,14 +210,14 @@ class _Catcher:
                         catcher.hook(optimizer), with_kwargs=True
                     )
 
-        def precision_autocast(precision):
+        def precision_autocast(precision: Precision) -> contextlib.AbstractContextManager[Any]:
             catcher.autocast_called = True
             return autocast(precision)
 
         # (patched for the capture only, restored after: mypy does not follow a monkeypatch)
         torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign,assignment]
-        Precision.autocast = precision_autocast  # type: ignore[method-assign]
-        torch.Tensor.item = fake_item  # type: ignore[method-assign]
+        Precision.autocast = precision_autocast  # type: ignore[method-assign,assignment]
+        torch.Tensor.item = fake_item  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
@@ -221,7 +231,7 @@ class _Catcher:
         )
         return on or self.autocast_called
 
-    def own_parameters(self, optimizer) -> None:
+    def own_parameters(self, optimizer: torch.optim.Optimizer) -> None:
         """Give ``optimizer``'s groups back the model's parameters they were built over: DeepSpeed's
         ZeRO-1/2 hands the optimizer it wraps a flat partition of each group in their place
         (``stage_1_and_2.py``), which the plan's copy of the model does not have."""
@@ -230,8 +240,12 @@ class _Catcher:
             for group, params in zip(optimizer.param_groups, groups, strict=True):
                 group["params"] = params
 
-    def hook(self, optimizer):
-        def first_training_forward(module, args, kwargs):
+    def hook(
+        self, optimizer: torch.optim.Optimizer
+    ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def first_training_forward(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None:
             # (the model inside a stand-in DDP wrapper says whether it trains: a framework may
             # switch the model alone to training mode)
             if self.captured is None and torch.is_grad_enabled() and unwrapped(module).training:
@@ -241,13 +255,13 @@ class _Catcher:
 
         return first_training_forward
 
-    def watch_training_step(self, model: Any, optimizer) -> None:
+    def watch_training_step(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
         """Capture the first ``model.training_step(...)`` with gradients on
         (:mod:`~rankwise.tools.plan.lightning_steps`): the call is watched on the instance, which
         Lightning's forward redirection and its plain call both look the method up on."""
         original = model.training_step
 
-        def training_step(*args, **kwargs):
+        def training_step(*args: Any, **kwargs: Any) -> Any:
             if self.captured is None and torch.is_grad_enabled() and model.training:
                 del model.training_step  # (the class's own again)
                 self.captured = (TrainingStep(model), optimizer, args, kwargs, self._autocast_on())
@@ -259,7 +273,7 @@ class _Catcher:
         model.training_step = training_step
 
 
-def map_tensors(fn, value):
+def map_tensors(fn: Callable[[torch.Tensor], object], value: Any) -> Any:
     """``value`` with ``fn`` applied to every tensor in it, through tuples (named ones too), lists
     and mappings (a Lightning batch is a list of tensors; a tokenizer's a ``BatchEncoding``)."""
     if isinstance(value, torch.Tensor):
@@ -277,14 +291,20 @@ def map_tensors(fn, value):
     return value
 
 
-def tensors(value) -> list[torch.Tensor]:
+def tensors(value: object) -> list[torch.Tensor]:
     """Every tensor in ``value``, in order (see :func:`map_tensors`)."""
     found: list[torch.Tensor] = []
     map_tensors(found.append, value)
     return found
 
 
-def on_cpu(model: nn.Module, optimizer, args, kwargs, autocast: bool) -> tuple:
+def on_cpu(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    autocast: bool,
+) -> Captured:
     """The captured step on the CPU, whatever device the script moved it to (a GPU script's
     ``model.to("cuda")``, ``rt.prepare`` on a GPU machine): the plan replays it on fake tensors,
     whose device is a label, with the CPU's autocast and FSDP on a CPU mesh of fake ranks; the
@@ -382,7 +402,7 @@ def from_script(
 
 
 def from_factory(
-    build,
+    build: Callable[[], tuple[nn.Module, torch.optim.Optimizer]],
     batch: dict | tuple,
     *,
     grad_accum: int = 1,

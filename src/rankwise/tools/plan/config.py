@@ -87,7 +87,7 @@ class PlanConfig:
     out: Path = Path("runs/plan")
     """Where plan.md, plan.json and plan.png are written."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
+from typing import overload
 
 import torch
 from torch import nn
@@ -47,7 +49,7 @@ def fake_mode() -> FakeTensorMode:
 class FakeParameters:
     """While active (``with``): parameters registered by any module are fake tensors of ``mode``."""
 
-    def __init__(self, mode: FakeTensorMode):
+    def __init__(self, mode: FakeTensorMode) -> None:
         self.mode = mode
         self._stack = contextlib.ExitStack()
 
@@ -64,7 +66,9 @@ class FakeParameters:
                 )
             register(module, name, param)
 
-        def _apply(module: nn.Module, fn, recurse: bool = True):
+        def _apply(
+            module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+        ) -> nn.Module:
             if not any(is_fake(p) for p in module._parameters.values()):
                 return apply(module, fn, recurse)
             if recurse:
@@ -96,20 +100,32 @@ class FakeParameters:
         self._stack.callback(setattr, nn.Module, "_apply", apply)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+
+@overload
+def fake_copy(
+    model: nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype | None = None
+) -> tuple[nn.Module, torch.optim.Optimizer]: ...
+
+
+@overload
+def fake_copy(
+    model: nn.Module, optimizer: None = None, dtype: torch.dtype | None = None
+) -> tuple[nn.Module, None]: ...
 
 
 def fake_copy(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     dtype: torch.dtype | None = None,
-):
+) -> tuple[nn.Module, torch.optim.Optimizer | None]:
     """A copy of a model with fake parameters (cast to ``dtype`` when given; buffers copied), and a
     fresh optimizer of the same class and parameter groups over the copy's parameters (``None``
     without one): what a strategy may wrap and shard in place while the captured model stays as it
     was."""
-    memo = {}
+    memo: dict[int, nn.Parameter] = {}
     for p in model.parameters():
         if id(p) not in memo:
             copied = (
@@ -165,10 +181,12 @@ def rebuilt_optimizer(
         return cls(groups, **optimizer.defaults)
 
 
-def real_copy(model: nn.Module, optimizer: torch.optim.Optimizer, std: float = 0.02):
+def real_copy(
+    model: nn.Module, optimizer: torch.optim.Optimizer, std: float = 0.02
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A copy of a fake-parameter model with real parameters (normal, ``std``) and its optimizer
     rebuilt over them: what times a real step on this machine where the model fits."""
-    memo = {}
+    memo: dict[int, nn.Parameter] = {}
     for p in model.parameters():
         if id(p) not in memo:
             real = torch.empty(p.shape, dtype=p.dtype, device="cpu")

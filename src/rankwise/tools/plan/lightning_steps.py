@@ -33,11 +33,11 @@ class TrainingStep(nn.Module):
 
     module: Any  # (a LightningModule: its training_step and trainer are its class's, not Module's)
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         with warnings.catch_warnings():
             # (a detached model's self.log does nothing, and Lightning says so at every call site)
             warnings.filterwarnings("ignore", message=r"You are trying to `self\.log")

@@ -26,8 +26,8 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from rankwise.compat.plan_patches import checked
+
+T = TypeVar("T")
+Sharded = TypeVar("Sharded", nn.Module, list[nn.Module])
 
 
 class StandAside(nn.Module):
@@ -46,26 +49,26 @@ class StandAside(nn.Module):
     static_graph = False
     find_unused_parameters = False
 
-    def __init__(self, module: nn.Module, *args, **kwargs):
+    def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.module = module
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
 
-    def _get_ddp_logging_data(self) -> dict:
+    def _get_ddp_logging_data(self) -> dict[str, str | int | bool]:
         return {}
 
-    def register_comm_hook(self, state, hook) -> None:
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
         pass
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         yield
 
-    def join(self, *args, **kwargs):
+    def join(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
 
@@ -88,7 +91,7 @@ class OneRankShards:
         self.params: list[torch.Tensor] = []
         self.classes: dict[type, type] = {}
 
-    def __call__(self, module, *args, **kwargs):
+    def __call__(self, module: Sharded, *args: Any, **kwargs: Any) -> Sharded:
         from torch.distributed.tensor import Shard
 
         modules = module if isinstance(module, list | tuple) else [module]
@@ -98,8 +101,10 @@ class OneRankShards:
                 one.__class__ = self._class_for(type(one))
             for param in one.parameters():
                 if "placements" not in param.__dict__:
-                    param.placements = (Shard(0),)
-                    param.to_local = param.full_tensor = _returns(param)
+                    # (a one-rank DTensor's attributes, on the parameter itself: a Tensor has none
+                    # of them, and undo() pops them from its __dict__ again)
+                    whole = _returns(param)
+                    param.__dict__.update(placements=(Shard(0),), to_local=whole, full_tensor=whole)
                     self.params.append(param)
         return module
 
@@ -120,7 +125,7 @@ class OneRankShards:
                 param.__dict__.pop(name, None)
 
 
-def _returns(value):
+def _returns(value: T) -> Callable[..., T]:
     return lambda *args, **kwargs: value
 
 
@@ -133,7 +138,7 @@ def _one_rank_fsdp_module() -> type:
     if not _MIXIN:
         from torch.distributed.fsdp import FSDPModule
 
-        def nothing(self, *args, **kwargs):
+        def nothing(self: FSDPModule, *args: Any, **kwargs: Any) -> None:
             return None
 
         methods: dict[str, Any] = {
@@ -142,9 +147,11 @@ def _one_rank_fsdp_module() -> type:
             if callable(value) and not name.startswith("_")
         }
 
-        def _apply(self, *args, **kwargs):
+        def _apply(self: FSDPModule, *args: Any, **kwargs: Any) -> Any:
             # (FSDPModule's re-registers its sharded parameters after the move: there are none)
-            return super(FSDPModule, self)._apply(*args, **kwargs)
+            # (past FSDPModule in FSDP<Class>'s order comes the script's class, an nn.Module, which
+            # mypy cannot see from FSDPModule alone)
+            return super(FSDPModule, self)._apply(*args, **kwargs)  # type: ignore[misc]
 
         methods["_apply"] = _apply
         # (FSDP<Class>, this, FSDPModule, Class: FSDPModule.__new__ builds the class at index 3)
@@ -236,10 +243,10 @@ def one_rank() -> Iterator[None]:
         MASTER_PORT=str(port),
     )
     init = dist.init_process_group
-    started = []
+    started: list[bool] = []
     shards = OneRankShards()
 
-    def init_process_group(backend=None, *args, **kwargs):
+    def init_process_group(backend: str | None = None, *args: Any, **kwargs: Any) -> None:
         if dist.is_initialized():
             return None
         if backend is None or "nccl" in str(backend) and not torch.cuda.is_available():
@@ -248,7 +255,14 @@ def one_rank() -> Iterator[None]:
         init(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, **kwargs)
         started.append(True)
 
-    def spawn_one(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+    def spawn_one(
+        fn: Callable[..., object],
+        args: tuple[Any, ...] = (),
+        nprocs: int = 1,
+        join: bool = True,
+        daemon: bool = False,
+        start_method: str = "spawn",
+    ) -> None:
         fn(0, *args)
 
     patched: list[tuple[Any, str, Any]] = [

@@ -38,11 +38,17 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import torch
+from torch import nn
 
 from rankwise.runtime import observers
+
+if TYPE_CHECKING:
+    from rankwise.runtime import Runtime
 
 PROBE = "RANKWISE_PLAN_PROBE"
 """Directory each measured rank writes its ``probe-rank<R>.json`` to."""
@@ -53,15 +59,43 @@ TIMED_STEPS = 8
 MARK = "rankwise.plan.step"
 
 
-def storage_bytes(tensors) -> int:
-    storages = {}
+class ProbeMemory(TypedDict):
+    """One rank's tensor memory over the measured steps (:data:`MEASURED_STEPS`)."""
+
+    peak_bytes: int
+    """The median of ``step_peaks``: what the plan's memory is checked against."""
+    step_peaks: list[int]
+    """Peak live tensor bytes in each measured step."""
+    held_bytes: int
+    """Live tensor bytes at the end of the last measured step."""
+    model_bytes: int
+    """The model's parameters and buffers when ``rt.prepare`` was called."""
+
+
+class ProbeRecord(ProbeMemory):
+    """One rank's ``probe-rank<R>.json``: its memory, and its steady step time."""
+
+    rank: int
+    world_size: int
+    strategy: str
+    """The strategy the Runtime ran (``rankwise launch --strategy``)."""
+    step_s: float
+    """The median of ``step_intervals_s``: what the plan's step time is checked against."""
+    step_intervals_s: list[float]
+    """Seconds between consecutive optimizer steps over :data:`TIMED_STEPS` steps."""
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    storages: dict[int, int] = {}
     for tensor in tensors:
         storage = tensor.untyped_storage()
         storages[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(storages.values())
 
 
-def live_bytes(events, since: float, baseline: int) -> list[tuple[float, int]]:
+def live_bytes(
+    events: Iterable[tuple[float, int, int]], since: float, baseline: int
+) -> list[tuple[float, int]]:
     """Live bytes after each memory event from ``since`` on (``baseline`` then), from ``(time,
     address, bytes)`` events sorted by time (bytes negative when freed).  A block allocated at an
     address still live in the ledger replaces one freed unseen (see the module's docstring): the
@@ -99,7 +133,7 @@ def peak_between(
 
 
 class Probe(observers.Observer):
-    def __init__(self, directory: Path, cuda: bool = False):
+    def __init__(self, directory: Path, cuda: bool = False) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         self.directory = directory
@@ -111,9 +145,9 @@ class Probe(observers.Observer):
         self.baseline = 0
         self.cuda_peaks: list[int] = []
         self.step_times: list[float] = []
-        self.result: dict = {}
+        self.result: ProbeMemory | None = None
 
-    def prepared(self, rt, model, grad_accum: int) -> None:
+    def prepared(self, rt: Runtime, model: nn.Module, grad_accum: int) -> None:
         self.baseline = storage_bytes([*model.parameters(), *model.buffers()])
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(rt.device)
@@ -121,7 +155,7 @@ class Probe(observers.Observer):
         with torch.profiler.record_function(f"{MARK}0"):
             pass
 
-    def stepped(self, rt, model) -> None:
+    def stepped(self, rt: Runtime, model: nn.Module) -> None:
         step = rt.steps
         if self.cuda and step <= MEASURED_STEPS[-1]:
             if step in MEASURED_STEPS:
@@ -152,7 +186,7 @@ class Probe(observers.Observer):
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _measure_memory(self, rt) -> None:
+    def _measure_memory(self, rt: Runtime) -> None:
         profiler, self.profiler = self.profiler, None
         # the measured steps ran under it (a CPU run: a GPU one has no profiler)
         assert profiler is not None
@@ -184,10 +218,12 @@ class Probe(observers.Observer):
         }
         self.step_times.append(self._now())
 
-    def _finish(self, rt) -> None:
+    def _finish(self, rt: Runtime) -> NoReturn:
         times = self.step_times[1:]  # (the first interval paid for reading the profiler's events)
         intervals = [b - a for a, b in zip(times, times[1:])]
-        result = {
+        # (the step times are taken from the last measured step on, after its memory)
+        assert self.result is not None
+        result: ProbeRecord = {
             **self.result,
             "rank": rt.rank,
             "world_size": rt.world_size,

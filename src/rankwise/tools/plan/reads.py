@@ -13,6 +13,9 @@ value takes its false side, and the plan says how many it answered.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
 import torch
 
 from rankwise.compat.fake_tensor import READ, DataDependentOutputException, is_fake
@@ -28,7 +31,13 @@ class ValueReads(TorchDispatchMode):
         super().__init__()
         self.answered = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
         if func is READ and args and is_fake(args[0]):
             self.answered += 1
             dtype = args[0].dtype

@@ -36,7 +36,7 @@ from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.command import capture_script, make_plan
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.planner import Row
-from rankwise.tools.plan.probe import PROBE
+from rankwise.tools.plan.probe import PROBE, ProbeRecord
 
 MEMORY_BOUND = 0.10
 """The stated bound on the planned peak memory's error."""
@@ -117,7 +117,7 @@ def measure(
         cwd=directory,
         result_file=directory / "probe-rank0.json",
     )
-    records = [
+    records: list[ProbeRecord] = [
         json.loads(path.read_text(encoding="utf-8"))
         for path in sorted(directory.glob("probe-rank*.json"))
     ]
