@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
+from rankwise.measure.records import ModelFacts, RankParts
 from rankwise.measure.window_steps import data_excess, paused
 
 MARK = "rankwise#"
@@ -241,7 +242,7 @@ def step_records(spans: list[Span]) -> list[dict]:
     return records
 
 
-def combine(ranks: list[list[dict]]) -> list[dict]:
+def combine(ranks: list[list[dict]]) -> list[RankParts]:
     """Every rank's parts (milliseconds a step, averaged over the steps all ranks profiled, but for
     a step a busy machine paused: :func:`~rankwise.measure.window_steps.paused`), from their
     :func:`step_records`.  The time a rank waited at the
@@ -309,7 +310,7 @@ def combine(ranks: list[list[dict]]) -> list[dict]:
                     "loader": record["loader"],
                 }
             )
-    combined = []
+    combined: list[RankParts] = []
     # A step a busy machine paused is left out; one slowed by a rank's wait for its next batch is
     # the script's own (an occasional slow sample), kept; the rest are averaged, so the parts add up
     # to the step.
@@ -441,10 +442,10 @@ def main_thread_spans(events) -> list[Span]:
     return roots
 
 
-def model_facts(models: Iterable[torch.nn.Module]) -> dict:
+def model_facts(models: Iterable[torch.nn.Module]) -> ModelFacts:
     """What the explanation needs of the models a step ran: DDP's buckets (its logger), FSDP's
     units."""
-    facts: dict = {}
+    facts: ModelFacts = {}
     for model in models:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             # (the logger's data is DDP's private API: best effort)

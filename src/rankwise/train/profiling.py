@@ -13,9 +13,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 from rankwise.measure.breakdown import StepProfile, combine, model_facts
+from rankwise.measure.records import Breakdown
 from rankwise.measure.window_steps import summary as window_summary
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class LoopProfile:
@@ -59,7 +64,9 @@ class LoopProfile:
             # Why: the profiled steps start together on every rank
             self.profile.start(self.rt.barrier)
 
-    def breakdown(self, model, device: str, window_step_s: float | None) -> dict | None:
+    def breakdown(
+        self, model: nn.Module, device: str, window_step_s: float | None
+    ) -> Breakdown | None:
         """Every rank's parts (a collective: every rank calls it), for the run's summary;
         ``window_step_s``: the steady window's seconds a step (the profiler's cost is measured
         against it)."""

@@ -14,6 +14,8 @@ from typing import Any, TypedDict
 
 from typing_extensions import NotRequired
 
+from rankwise.measure.records import Breakdown
+
 RunResult = dict[str, Any]
 """One run of a row: the app's or the baseline's summary (``steady_samples_per_s``, ``accuracy``,
 ``peak_rss_mb``, ``breakdown``, ...) plus ``wall_s`` and ``run_dir``; a run that could not run:
@@ -99,10 +101,10 @@ class Explanation(TypedDict):
 class BreakdownColumns(TypedDict, total=False):
     """A row's breakdown entries in its table row (:func:`rankwise.tools.bench.why.summary`)."""
 
-    breakdown: dict[str, Any] | None
+    breakdown: Breakdown | None
     """The profiled steps' breakdown per rank (:func:`rankwise.measure.breakdown.combine`), where
     the row was profiled."""
-    steps: dict[str, Any] | None
+    steps: dict[str, float] | None
     """The table's step cells: compute, comm, data, sync and wait, in milliseconds a step."""
     why: Explanation | None
     """The row's largest loss and its fix."""

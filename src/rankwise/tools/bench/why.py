@@ -16,8 +16,15 @@ from typing import Any
 
 from rankwise.errors import ConfigError
 from rankwise.measure.breakdown import LABELS, PARTS, PROFILED_STEPS
+from rankwise.measure.records import Breakdown, RankParts
 from rankwise.tools.bench.records import BenchRow, BreakdownColumns, Explanation
-from rankwise.tools.bench.why_window import explain_window, window_lines, window_step, workers
+from rankwise.tools.bench.why_window import (
+    explain_window,
+    timed_ranks,
+    window_lines,
+    window_step,
+    workers,
+)
 
 NOISE = 0.10
 """A loss below this share of the step is not named: profiled steps vary by about this much on a
@@ -30,14 +37,14 @@ _BEFORE_ARRIVAL = ("data", "forward", "backward", "sync", "other")
 """Parts a rank goes through before it arrives at the gradient exchange."""
 
 
-def explain(breakdown: dict | None) -> Explanation | None:
+def explain(breakdown: Breakdown | None) -> Explanation | None:
     """``{"part", "rank", "ms", "share", "line"}``: the row's largest loss and its fix (``part``
     None: nothing above the noise; ``"unexplained"``: the profiled steps do not stand for the timed
     window), or None without a breakdown.  What the window's every step shows comes first
     (:func:`~rankwise.tools.bench.why_window.explain_window`)."""
-    ranks = (breakdown or {}).get("ranks") or []
-    if not ranks or breakdown is None:
+    if breakdown is None or not breakdown.get("ranks"):
         return None
+    ranks = breakdown["ranks"]
     windowed = explain_window(breakdown)
     if windowed is not None:
         return windowed
@@ -83,13 +90,13 @@ def explain(breakdown: dict | None) -> Explanation | None:
     }
 
 
-def _consistently_late(ranks: list[dict]) -> bool:
+def _consistently_late(ranks: list[RankParts]) -> bool:
     """Whether one rank arrived last at the gradient exchange in most of the profiled steps."""
     late = max(ranks, key=lambda r: r.get("last_in", 0))
     return late.get("last_in", 0) > late.get("steps_kept", 0) / 2
 
 
-def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
+def _straggler(ranks: list[RankParts], waiting: RankParts, breakdown: Breakdown) -> str:
     late = max(ranks, key=lambda r: r["late_ms"])
     others = [r for r in ranks if r is not late]
     excess = {
@@ -126,7 +133,7 @@ def _straggler(ranks: list[dict], waiting: dict, breakdown: dict) -> str:
     return f"{head}: {cause} → {fix}"
 
 
-def _data(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+def _data(ranks: list[RankParts], rank: RankParts, breakdown: Breakdown) -> str:
     return (
         f"rank {rank['rank']} waits {rank['parts_ms']['data']:.1f} ms a step for its next batch "
         f"({workers(rank)}) → DataLoader(num_workers=2 or more, pin_memory=True on a GPU, "
@@ -134,7 +141,7 @@ def _data(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     )
 
 
-def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+def _comm(ranks: list[RankParts], rank: RankParts, breakdown: Breakdown) -> str:
     facts = breakdown.get("facts") or {}
     head = (
         f"communication not hidden behind compute: {rank['parts_ms']['comm']:.1f} ms a step on "
@@ -176,7 +183,7 @@ def _comm(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     )
 
 
-def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
+def _sync(ranks: list[RankParts], rank: RankParts, breakdown: Breakdown) -> str:
     return (
         f"host syncs {rank['parts_ms']['sync']:.1f} ms a step on rank {rank['rank']} "
         f"({_sites(rank)}) → drop per-step barriers; reduce values for logging every N steps; add "
@@ -184,23 +191,23 @@ def _sync(ranks: list[dict], rank: dict, breakdown: dict) -> str:
     )
 
 
-def _sites(rank: dict) -> str:
+def _sites(rank: RankParts) -> str:
     sites = sorted(rank.get("sync_ms", {}).items(), key=lambda kv: -kv[1])
     return ", ".join(f"{site}: {ms:.1f} ms" for site, ms in sites[:3]) or "none named"
 
 
-def cells(breakdown: dict | None) -> dict:
+def cells(breakdown: Breakdown | None) -> dict[str, float]:
     """The table's cells, in milliseconds a step: compute averaged over the ranks, each loss the
     most any rank spent in it (a straggler's own wait and the others' wait for it both show); the
     data wait over the whole timed window where it was timed so."""
-    ranks = (breakdown or {}).get("ranks") or []
-    if not ranks or breakdown is None:
+    if breakdown is None or not breakdown.get("ranks"):
         return {}
+    ranks = breakdown["ranks"]
     compute = [
         r["parts_ms"]["forward"] + r["parts_ms"]["backward"] + r["parts_ms"]["optimizer"]
         for r in ranks
     ]
-    timed = (breakdown.get("window") or {}).get("ranks")
+    timed = timed_ranks(breakdown)
     return {
         "step_ms": round(max(r["step_ms"] for r in ranks), 3),
         "compute_ms": round(sum(compute) / len(ranks), 3),
@@ -209,7 +216,7 @@ def cells(breakdown: dict | None) -> dict:
     }
 
 
-def detail(name: str, breakdown: dict | None) -> str:
+def detail(name: str, breakdown: Breakdown | None) -> str:
     """``--explain ROW``: every rank's parts, the steps profiled, and the cause."""
     if not breakdown or not breakdown.get("ranks"):
         return (
@@ -252,13 +259,13 @@ def detail(name: str, breakdown: dict | None) -> str:
     return "\n".join(lines)
 
 
-def summary(breakdown: dict | None) -> BreakdownColumns:
+def summary(breakdown: Breakdown | None) -> BreakdownColumns:
     """A bench row's breakdown entries: the per-rank detail, the table's cells, the cause."""
     found = explain(breakdown)
     return {"breakdown": breakdown, "steps": cells(breakdown) or None, "why": found}
 
 
-def step_cell(steps: dict | None) -> str:
+def step_cell(steps: Mapping[str, float] | None) -> str:
     """``compute · comm · data · sync · wait`` in milliseconds a step (or "—")."""
     if not steps:
         return "—"
@@ -274,11 +281,11 @@ def notes(rows: list[BenchRow]) -> list[str]:
     if not explained:
         return []
     # (a cause comes from a breakdown)
-    breakdowns = [line.get("breakdown") or {} for line in explained]
+    breakdowns = [line.get("breakdown") for line in explained]
     first = breakdowns[0]
     where = (
         f"steps {first['steps'][0]}-{first['steps'][1]}"
-        if first.get("steps")
+        if first and first.get("steps")
         else f"{PROFILED_STEPS} steps"
     )
     out = [
@@ -288,13 +295,13 @@ def notes(rows: list[BenchRow]) -> list[str]:
         "for the slowest rank, the most any rank spent (`rankwise bench --explain ROW` shows "
         "every rank)"
     ]
-    if any(breakdown.get("window") for breakdown in breakdowns):
+    if any(breakdown and breakdown.get("window") for breakdown in breakdowns):
         out.append(
             "data wait: each rank's wait for its batches over every step of the timed window (a "
             "slow sample now and then shows there); a row whose profiled step differs from its "
             "window's by more than the noise says it cannot explain the row"
         )
-    if any(breakdown.get("device") == "cuda" for breakdown in breakdowns):
+    if any(breakdown and breakdown.get("device") == "cuda" for breakdown in breakdowns):
         out.append("step ms on a GPU: the host's times (kernels are queued, not timed)")
     out += [
         f"- {line['row']}: why: {why['line']}" for line in explained if (why := line.get("why"))
@@ -314,7 +321,7 @@ COLOURS = {
 }
 
 
-def plot(axis: Any, rows: list[dict]) -> None:
+def plot(axis: Any, rows: Sequence[Mapping[str, Any]]) -> None:
     """A stacked bar per rank of each row: where its profiled step went."""
     bars = [
         (f"{line['row']} r{r['rank']}", r["parts_ms"])
@@ -341,7 +348,7 @@ def _mean_parts(line: Mapping[str, Any]) -> dict[str, float]:
     return {part: sum(r["parts_ms"][part] for r in ranks) / len(ranks) for part in PARTS}
 
 
-def _stack(axis: Any, labels: list[str], bars: list[dict]) -> None:
+def _stack(axis: Any, labels: list[str], bars: list[dict[str, float]]) -> None:
     left = [0.0] * len(bars)
     for part in PARTS:
         widths = [max(0.0, parts[part]) for parts in bars]

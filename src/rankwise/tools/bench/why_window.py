@@ -12,6 +12,8 @@ and the why line says so, with both numbers.
 
 from __future__ import annotations
 
+from rankwise.measure.records import Breakdown, RankParts
+from rankwise.measure.window_steps import RankWindow
 from rankwise.tools.bench.records import Explanation
 
 WINDOW_MISS = 0.25
@@ -28,14 +30,20 @@ DATA_NOISE = 0.10
 step (:func:`_window_data`)."""
 
 
-def window_step(breakdown: dict) -> float | None:
+def window_step(breakdown: Breakdown) -> float | None:
     """The timed window's step the profiled steps are compared with (milliseconds): its every step
     where the window was timed so, a busy machine's pauses left out; else its mean."""
-    window = breakdown.get("window") or {}
-    return window.get("step_ms") or breakdown.get("window_step_ms")
+    window = breakdown.get("window")
+    return (window.get("step_ms") if window else None) or breakdown.get("window_step_ms")
 
 
-def explain_window(breakdown: dict) -> Explanation | None:
+def timed_ranks(breakdown: Breakdown) -> list[RankWindow]:
+    """Every rank's timed window (none where the window was not timed on every rank)."""
+    window = breakdown.get("window")
+    return (window.get("ranks") if window else None) or []
+
+
+def explain_window(breakdown: Breakdown) -> Explanation | None:
     """The row's cause where its profiled steps do not stand for its window (None where they do)."""
     ranks = breakdown.get("ranks") or []
     window = window_step(breakdown)
@@ -50,7 +58,7 @@ def explain_window(breakdown: dict) -> Explanation | None:
         return None
     steps = breakdown.get("steps")
     which = f"steps {steps[0]}-{steps[1]}" if steps else "the profiled steps"
-    waits = [r["data_ms"] for r in (breakdown.get("window") or {}).get("ranks") or []]
+    waits = [r["data_ms"] for r in timed_ranks(breakdown)]
     measured = (
         f"; over the window no rank waited more than {max(waits):.1f} ms a step for its data"
         if waits
@@ -75,18 +83,19 @@ def explain_window(breakdown: dict) -> Explanation | None:
     }
 
 
-def _now_and_then(rank: dict, steps: int) -> bool:
+def _now_and_then(rank: RankWindow, steps: int) -> bool:
     """Whether most of a rank's data wait over the window came in a few slow batches (at most half
     the steps): five profiled steps are no sample of it."""
     return 0 < rank["slow_batches"] <= steps / 2 and rank["slow_ms"] >= 0.5 * rank["data_ms"]
 
 
-def _window_data(breakdown: dict, window: float) -> Explanation | None:
+def _window_data(breakdown: Breakdown, window: float) -> Explanation | None:
     """The rank that waited longest for its data over the window, where that wait is at least
     :data:`DATA_NOISE` of the window's step and either came now and then (:func:`_now_and_then`)
     or the profiled steps showed :data:`DATA_NOISE` of the step less of it."""
-    timed = (breakdown.get("window") or {}).get("ranks") or []
-    steps = (breakdown.get("window") or {}).get("steps") or 0
+    timed = timed_ranks(breakdown)
+    window_steps = breakdown.get("window")
+    steps = (window_steps.get("steps") if window_steps else None) or 0
     profiled = {r["rank"]: r for r in breakdown["ranks"]}
     found = [
         r
@@ -123,7 +132,7 @@ def _window_data(breakdown: dict, window: float) -> Explanation | None:
     }
 
 
-def workers(rank: dict) -> str:
+def workers(rank: RankParts) -> str:
     """Where a rank's batches are built, from the loader its profiled steps named."""
     loader = rank.get("loader") or ""
     if loader.startswith("_SingleProcess"):
@@ -131,7 +140,7 @@ def workers(rank: dict) -> str:
     return "its worker processes do not keep up" if loader else "the loader's own time"
 
 
-def window_lines(breakdown: dict) -> list[str]:
+def window_lines(breakdown: Breakdown) -> list[str]:
     """``--explain``'s lines on the window: every rank's step and data wait over all its steps."""
     window = breakdown.get("window")
     if not window:
