@@ -9,14 +9,19 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.distributed as dist
 
 from rankwise.compat.watch_patches import HOROVOD_COLLECTIVE_NAMES
 from rankwise.tools.watch.gathered import GatherWatch
-from rankwise.tools.watch.ranks import call_site, outside_the_script, patch
+from rankwise.tools.watch.ranks import ReplacementMaker, call_site, outside_the_script, patch
+from rankwise.tools.watch.records import CallSiteRecord
 from rankwise.tools.watch.shard_metrics import MetricWatch
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 COLLECTIVES = (
     "all_reduce",
@@ -42,11 +47,21 @@ SYNCHRONISING = frozenset({"barrier", "monitored_barrier"})
 """Of those, the ones that carry no data."""
 
 
+class _SiteCount(TypedDict):
+    """A call site's calls so far (:class:`~rankwise.tools.watch.records.CallSiteRecord` once
+    summarised)."""
+
+    calls: int
+    seconds: float
+    steps: set[int]
+    """The optimizer steps (taken before the call) it was called in."""
+
+
 class CallWatch:
     def __init__(self, step: Callable[[], int]):
         self.step = step
         """Returns the optimizer steps taken so far."""
-        self.collectives: dict[str, dict] = {}
+        self.collectives: dict[str, _SiteCount] = {}
         self.comm_hook = "none"
         self.collective_seconds = 0.0
         """Seconds in the script's own collectives since the last optimizer step."""
@@ -72,10 +87,10 @@ class CallWatch:
         self.metrics = MetricWatch()
         """The loss and metrics a rank reports from its own shard (it hears of the reads and
         collectives here)."""
-        self.reads: dict[str, dict] = {}
+        self.reads: dict[str, _SiteCount] = {}
         """``.item()`` calls in the script's own lines, by call site: each one a host-device sync on
         a GPU."""
-        self.region: Callable[[str], contextlib.AbstractContextManager] = lambda site: (
+        self.region: Callable[[str], contextlib.AbstractContextManager[object]] = lambda site: (
             contextlib.nullcontext()
         )
         """A context around each of those calls, by its site (a benchmark's profiled steps mark
@@ -100,7 +115,9 @@ class CallWatch:
         """The script's process group as a step saw it open."""
         self.joined = (rank, world)
 
-    def mark_reads_with(self, region: Callable[[str], contextlib.AbstractContextManager]) -> None:
+    def mark_reads_with(
+        self, region: Callable[[str], contextlib.AbstractContextManager[object]]
+    ) -> None:
         """Put each ``.item()`` of the script's in ``region(site)`` (a benchmark's profiled steps
         mark them)."""
         self.region = region
@@ -117,16 +134,16 @@ class CallWatch:
         seconds, self.collective_seconds = self.collective_seconds, 0.0
         return seconds
 
-    def records(self) -> dict:
+    def records(self) -> dict[str, CallSiteRecord]:
         return _summarised(self.collectives)
 
-    def read_records(self) -> dict:
+    def read_records(self) -> dict[str, CallSiteRecord]:
         return _summarised(self.reads)
 
-    def _item(self, original):
+    def _item(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def item(tensor):
+        def item(tensor: torch.Tensor) -> Any:
             caller = sys._getframe(1).f_code.co_filename
             if outside_the_script(caller) or "site-packages" in caller:
                 # torch's, a framework's or rankwise's own read: not the script's line
@@ -142,11 +159,11 @@ class CallWatch:
 
         return item
 
-    def _collective(self, name: str):
+    def _collective(self, name: str) -> ReplacementMaker:
         watcher = self
 
-        def make(original):
-            def call(*args, **kwargs):
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
                 site = f"{name} at {call_site(via=True)}"
                 started, by_torch = (
                     time.perf_counter(),
@@ -195,19 +212,19 @@ class CallWatch:
                 if hasattr(horovod, name):
                     patch(horovod, name, self._collective(f"hvd.{name}"))
 
-    def _deduplicating(self, original):
+    def _deduplicating(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def deduplicating(*args, **kwargs):
+        def deduplicating(*args: Any, **kwargs: Any) -> Any:
             watcher.deduplicated += 1
             return original(*args, **kwargs)
 
         return deduplicating
 
-    def _destroy(self, original):
+    def _destroy(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def destroy(*args, **kwargs):
+        def destroy(*args: Any, **kwargs: Any) -> Any:
             if caller_is_the_script():
                 watcher.destroyed_group = True
             # (the default group, not a subgroup)
@@ -217,10 +234,10 @@ class CallWatch:
 
         return destroy
 
-    def _comm_hook(self, original):
+    def _comm_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def register(ddp, state, hook):
+        def register(ddp: DistributedDataParallel, state: object, hook: Callable[..., Any]) -> Any:
             watcher.comm_hook = getattr(hook, "__name__", str(hook))
             return original(ddp, state, hook)
 
@@ -233,14 +250,14 @@ def caller_is_the_script() -> bool:
     return not outside_the_script(sys._getframe(2).f_code.co_filename)
 
 
-def _count(sites: dict[str, dict], site: str, seconds: float, step: int) -> None:
+def _count(sites: dict[str, _SiteCount], site: str, seconds: float, step: int) -> None:
     entry = sites.setdefault(site, {"calls": 0, "seconds": 0.0, "steps": set()})
     entry["calls"] += 1
     entry["seconds"] += seconds
     entry["steps"].add(step)
 
 
-def _summarised(sites: dict[str, dict]) -> dict:
+def _summarised(sites: dict[str, _SiteCount]) -> dict[str, CallSiteRecord]:
     return {
         site: {"calls": v["calls"], "seconds": round(v["seconds"], 6), "steps": len(v["steps"])}
         for site, v in sites.items()

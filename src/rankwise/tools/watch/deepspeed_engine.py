@@ -20,16 +20,25 @@ the whole parameter, writes the N-rank run's into that partition and into its fp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from rankwise.compat.deepspeed_zero import skip_shm_comm_build
 from rankwise.tools.watch.ranks import assign, partitioned, patch
 
+if TYPE_CHECKING:
+    # (DeepSpeed ships no types: its engine is Any to mypy)
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from rankwise.tools.watch.watcher_view import WatcherView
+
 ENVIRONMENT = "RANKWISE_WATCH_DEEPSPEED"
 """Set (to 1) in a watched rank of a DeepSpeed-engine script."""
 
 
-def watch(watcher) -> None:
+def watch(watcher: WatcherView) -> None:
     """Watch every DeepSpeed engine the script builds (``watcher``: the rank's
     :class:`~rankwise.tools.watch.watcher.Watcher`)."""
     skip_shm_comm_build()  # (before the script's init_distributed: a kernel only inference uses)
@@ -40,8 +49,8 @@ def watch(watcher) -> None:
     patch(DeepSpeedEngine, "step", lambda original: _step(watcher, original))
 
 
-def _backward(watcher, original):
-    def backward(engine, loss, *args, **kwargs):
+def _backward(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., Any]:
+    def backward(engine: DeepSpeedEngine, loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         result = original(engine, loss, *args, **kwargs)
         # (DeepSpeed back-propagated a copy of the loss, divided by the accumulation steps and
         # scaled: the script reads the one it passed, as a per-rank metric where it prints it)
@@ -51,16 +60,16 @@ def _backward(watcher, original):
     return backward
 
 
-def _named(engine) -> list[tuple[str, torch.nn.Parameter]]:
+def _named(engine: DeepSpeedEngine) -> list[tuple[str, torch.nn.Parameter]]:
     return [(name, p) for name, p in engine.module.named_parameters() if p.requires_grad]
 
 
-def _stage(engine) -> int:
+def _stage(engine: DeepSpeedEngine) -> int:
     return int(engine.zero_optimization_stage())
 
 
-def _forward(watcher, original):
-    def forward(engine, *args, **kwargs):
+def _forward(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., Any]:
+    def forward(engine: DeepSpeedEngine, *args: Any, **kwargs: Any) -> Any:
         if not getattr(engine, "_rankwise_seen", False):
             engine._rankwise_seen = True
             stage = _stage(engine)
@@ -90,7 +99,7 @@ def _forward(watcher, original):
     return forward
 
 
-def _set_masters(engine, weights: dict[str, torch.Tensor]) -> None:
+def _set_masters(engine: DeepSpeedEngine, weights: dict[str, torch.Tensor]) -> None:
     from deepspeed.utils import safe_set_full_fp32_param
 
     if not _stage(engine) and not engine.bfloat16_enabled() and not engine.fp16_enabled():
@@ -104,13 +113,13 @@ def _or(value: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
     return default if value is None else value
 
 
-def _scale(engine) -> float:
+def _scale(engine: DeepSpeedEngine) -> float:
     """The loss scale of an fp16 engine (its gradients are scaled until its step), else 1."""
     return float(getattr(engine.optimizer, "cur_scale", 1.0)) if engine.fp16_enabled() else 1.0
 
 
-def _step(watcher, original):
-    def step(engine, *args, **kwargs):
+def _step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(engine: DeepSpeedEngine, *args: Any, **kwargs: Any) -> Any:
         if not engine.is_gradient_accumulation_boundary():
             return original(engine, *args, **kwargs)  # (a micro-step: DeepSpeed only counts it)
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_set_full_grad

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankwise.tools.watch.loaders import RANK_RECORD
-from rankwise.tools.watch.records import FindingRecord, PassRecord, RankRecord
+from rankwise.tools.watch.records import CallSiteRecord, FindingRecord, PassRecord, RankRecord
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,9 @@ def _saves(records: list[RankRecord]) -> list[Finding]:
     return out
 
 
-def _every_step(record: RankRecord, sites: dict) -> list[tuple[str, dict, float]]:
+def _every_step(
+    record: RankRecord, sites: dict[str, CallSiteRecord]
+) -> list[tuple[str, CallSiteRecord, float]]:
     """The call sites in ``sites`` that ran in every step (the first may be warm-up; a call seen in
     one step only is no pattern), with their share of the step time, costliest first."""
     steps = record["steps"]

@@ -14,7 +14,8 @@ repeats were dropped where those add up to them (``findings``' counted-more chec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -29,7 +30,13 @@ class Gathered(torch.Tensor):
     _rankwise_watch: GatherWatch
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
         # (run as on a plain tensor: the result is one, and the marking goes no further)
         with DisableTorchFunctionSubclass():
             result = func(*args, **(kwargs or {}))
@@ -70,11 +77,11 @@ class GatherWatch:
         if rows > 0:
             self._cut[call] = max(self._cut.get(call, 0), rows)
 
-    def patched(self, original):
+    def patched(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``Accelerator.gather``, its tensors marked where several ranks gathered them."""
         watch = self
 
-        def gather(*args, **kwargs):
+        def gather(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if rank_and_world()[1] < 2:
                 return result
@@ -84,7 +91,9 @@ class GatherWatch:
         return gather
 
 
-def _marked(value, watch: GatherWatch, call: int):
+def _marked(value: Any, watch: GatherWatch, call: int) -> Any:
+    """What ``gather`` returned (the script's own structure: tensors in tuples, named tuples, lists,
+    mappings), its plain tensors marked."""
     if isinstance(value, torch.Tensor) and not isinstance(value, Gathered):
         if type(value) is not torch.Tensor:  # (another subclass: left as it is)
             return value
@@ -96,5 +105,6 @@ def _marked(value, watch: GatherWatch, call: int):
     if isinstance(value, tuple | list):
         return type(value)(_marked(v, watch, call) for v in value)
     if isinstance(value, Mapping):
+        # ignore[call-arg]: the mapping's own class, from a dict (Mapping declares no __init__)
         return type(value)({k: _marked(v, watch, call) for k, v in value.items()})  # type: ignore[call-arg]
     return value

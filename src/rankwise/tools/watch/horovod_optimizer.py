@@ -15,8 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rankwise.tools.watch.ranks import patch
+
+if TYPE_CHECKING:
+    # (Horovod ships no types: its optimizer is Any to mypy)
+    from horovod.torch.optimizer import _DistributedOptimizer
+
+    from rankwise.tools.watch.watcher_view import WatcherView
 
 ENVIRONMENT = "RANKWISE_WATCH_HOROVOD"
 """Set (to 1) in a watched rank of a Horovod script."""
@@ -35,7 +43,7 @@ def ranks_from_horovodrun() -> None:
             os.environ.setdefault(ours, os.environ[theirs])
 
 
-def watch(watcher) -> None:
+def watch(watcher: WatcherView) -> None:
     """Watch every Horovod ``DistributedOptimizer`` the script builds (before it builds them:
     Horovod copies the methods into each optimizer's class)."""
     import horovod.torch as hvd
@@ -48,19 +56,19 @@ def watch(watcher) -> None:
     watcher.facts["api"] = "horovod"
 
 
-def _not_a_step(watcher, original):
+def _not_a_step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., Any]:
     """``hvd.broadcast_optimizer_state`` steps a fresh optimizer once with zero gradients, to create
     the state it broadcasts: not a training step (the watcher leaves it alone, in every run
     alike)."""
 
-    def broadcast(*args, **kwargs):
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
         with watcher.steps.runtime_step():
             return original(*args, **kwargs)
 
     return broadcast
 
 
-def _compression(optimizer) -> str:
+def _compression(optimizer: _DistributedOptimizer) -> str:
     from horovod.torch.compression import FP16Compressor
 
     return (
@@ -70,8 +78,8 @@ def _compression(optimizer) -> str:
     )
 
 
-def _step(watcher, original):
-    def step(optimizer, closure=None):
+def _step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(optimizer: _DistributedOptimizer, closure: Callable[[], object] | None = None) -> Any:
         if optimizer._should_synchronize:
             profile = watcher.window.profile
             with profile.mark("exchange") if profile is not None else contextlib.nullcontext():

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch.optim import lr_scheduler
 
 from rankwise.tools.watch.ranks import patch
 
-SCHEDULERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+SCHEDULERS: weakref.WeakKeyDictionary[lr_scheduler.LRScheduler, int] = weakref.WeakKeyDictionary()
 """Every torch learning-rate scheduler built in this process (since :func:`install`), with the order
 it was built in."""
 _built = itertools.count()
@@ -33,6 +35,9 @@ _DEPTH = 4
 """How many ``.optimizer`` wrappers deep an optimizer is unwrapped (Accelerate's around torch's,
 DeepSpeed's around its basic optimizer)."""
 
+Scalar = bool | int | float | str | None | list["Scalar"]
+"""A setting as the trace holds it: a number, a flag, a word, or a list of them."""
+
 
 def install() -> None:
     """Register every scheduler the script builds from now on."""
@@ -40,8 +45,8 @@ def install() -> None:
         patch(owner, "__init__", _registering)
 
 
-def _registering(original):
-    def init(scheduler, *args, **kwargs):
+def _registering(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init(scheduler: lr_scheduler.LRScheduler, *args: Any, **kwargs: Any) -> None:
         original(scheduler, *args, **kwargs)
         # (a subclass's __init__ runs its base's first: registered once)
         SCHEDULERS.setdefault(scheduler, next(_built))
@@ -49,7 +54,7 @@ def _registering(original):
     return init
 
 
-def _scalar(value):
+def _scalar(value: object) -> Scalar:
     """``value`` as JSON holds it when it is a number, a flag, a word or a list of them (a tensor of
     one element as its number), else ``None`` (not recorded)."""
     if isinstance(value, torch.Tensor):
@@ -62,8 +67,10 @@ def _scalar(value):
     return None
 
 
-def _scalars(mapping: dict, leave: frozenset[str] = frozenset()) -> dict:
-    kept = {}
+def _scalars(
+    mapping: Mapping[str, object], leave: frozenset[str] = frozenset()
+) -> dict[str, Scalar]:
+    kept: dict[str, Scalar] = {}
     for key, value in mapping.items():
         if key in leave:
             continue
@@ -73,7 +80,7 @@ def _scalars(mapping: dict, leave: frozenset[str] = frozenset()) -> dict:
     return kept
 
 
-def hyperparameters(optimizer) -> list[dict]:
+def hyperparameters(optimizer: object) -> list[dict[str, Scalar]]:
     """Each parameter group's scalar settings (``lr``, ``betas``, ``eps``, ``weight_decay``,
     ``momentum``, ``initial_lr`` a scheduler added, any other scalar key), its parameters left
     out."""
@@ -82,9 +89,9 @@ def hyperparameters(optimizer) -> list[dict]:
     ]
 
 
-def _chain(optimizer) -> set[int]:
+def _chain(optimizer: object) -> set[int]:
     """The ids of an optimizer and of every optimizer it wraps (``.optimizer``)."""
-    found = set()
+    found: set[int] = set()
     for _ in range(_DEPTH):
         if optimizer is None:
             break
@@ -93,13 +100,14 @@ def _chain(optimizer) -> set[int]:
     return found
 
 
-def schedulers(optimizer) -> list[dict]:
+def schedulers(optimizer: object) -> list[dict[str, Scalar]]:
     """The state of every scheduler that drives ``optimizer`` (its ``state_dict()``'s scalars and
     lists of scalars: ``last_epoch``, ``_step_count``, ``base_lrs``, ``_last_lr``, a schedule's own
     settings), with its class as ``"scheduler"``, in the order they were built."""
     mine = _chain(optimizer)
-    found = []
+    found: list[dict[str, Scalar]] = []
     for scheduler, _ in sorted(SCHEDULERS.items(), key=lambda item: item[1]):
         if mine & _chain(getattr(scheduler, "optimizer", None)):
-            found.append({"scheduler": type(scheduler).__name__} | _scalars(scheduler.state_dict()))
+            named: dict[str, Scalar] = {"scheduler": type(scheduler).__name__}
+            found.append(named | _scalars(scheduler.state_dict()))
     return found

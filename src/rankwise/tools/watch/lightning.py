@@ -22,15 +22,23 @@ from __future__ import annotations
 import importlib
 import os
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rankwise.tools.watch.ranks import patch
+
+if TYPE_CHECKING:
+    import lightning.pytorch
+    import pytorch_lightning
+
+    Trainer = lightning.pytorch.Trainer | pytorch_lightning.Trainer
 
 TRAINERS = ("lightning.pytorch", "pytorch_lightning")
 """Where a Lightning ``Trainer`` class lives (``import lightning as L; L.Trainer`` is
 ``lightning.pytorch``'s)."""
 
 
-_trainers: weakref.WeakSet = weakref.WeakSet()
+_trainers: weakref.WeakSet[Trainer] = weakref.WeakSet()
 """The Trainers the script built."""
 ENVIRONMENT = "RANKWISE_WATCH_LIGHTNING"
 """Set (to 1) in a watched rank of a Lightning Trainer script."""
@@ -47,8 +55,8 @@ def launcher_devices() -> None:
         patch(module.Trainer, "__init__", _on_launcher_devices)
 
 
-def _on_launcher_devices(original):
-    def init(trainer, *args, **kwargs):
+def _on_launcher_devices(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init(trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         local, world = (
             int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             int(os.environ.get("WORLD_SIZE", "1")),

@@ -20,8 +20,9 @@ import json
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -37,7 +38,7 @@ RANK_RECORD = "watch-rank{rank}.json"
 class _Pass:
     """One pass over a DataLoader on this rank."""
 
-    def __init__(self, loader: DataLoader, number: int, length: int | None):
+    def __init__(self, loader: DataLoader[Any], number: int, length: int | None) -> None:
         sampler = getattr(loader, "sampler", None)
         batch_sampler = getattr(loader, "batch_sampler", None)
         inner = (
@@ -103,11 +104,11 @@ class LoaderWatch:
         on_batch: Callable[[], None] = lambda: None,
         digest_all: bool = True,
         collectives: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
-    ):
+    ) -> None:
         self.scale, self.on_batch, self.digest_all = scale, on_batch, digest_all
         self.loaders: dict[int, int] = {}
         """id(loader) -> its number."""
-        self.lineage: dict[tuple[int, int], tuple[int, weakref.ref]] = {}
+        self.lineage: dict[tuple[int, int], tuple[int, weakref.ref[object]]] = {}
         """(id(dataset), id(sampler)) -> the number of the loader first built over them: a
         framework that builds a new DataLoader over the same sampler each epoch (DeepSpeed's
         DeepSpeedDataLoader) runs one loader's passes, not a new loader each."""
@@ -124,7 +125,7 @@ class LoaderWatch:
         self.yields = 0
         self._iterating: tuple[int, int] | None = None
         # (under None: indices fetched outside any pass the watcher saw start)
-        self._early: dict[tuple[int, int] | None, deque] = {}
+        self._early: dict[tuple[int, int] | None, deque[list[int] | None]] = {}
         self.given = trained_indices(follow) if follow is not None else {}
         """In a following reference: (loader, pass) -> the indices of each batch the N ranks trained
         on together."""
@@ -213,11 +214,11 @@ class LoaderWatch:
             this["trimmed_after"] = end[2] - this["collectives_at_start"][2]
         return passes
 
-    def _loader_init(self, original):
+    def _loader_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
         watcher = self
 
-        def init(loader, *args, **kwargs):
+        def init(loader: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
             site = call_site()
             if site != "?":
                 watcher.sites[id(loader)] = site
@@ -245,10 +246,10 @@ class LoaderWatch:
 
         return init
 
-    def _loader_iter(self, original):
+    def _loader_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def iterate(loader):
+        def iterate(loader: DataLoader[Any]) -> Iterator[Any]:
             number = watcher.number(loader)
             key = (number, watcher.pass_counts.get(number, 0))
             watcher.pass_counts[number] = key[1] + 1
@@ -269,7 +270,7 @@ class LoaderWatch:
 
         return iterate
 
-    def number(self, loader) -> int:
+    def number(self, loader: DataLoader[Any]) -> int:
         """The loader's number: its own, else that of an earlier loader over the same dataset and
         sampler objects (the samplers a DataLoader makes itself are new objects each time)."""
         if id(loader) not in self.loaders:
@@ -286,10 +287,10 @@ class LoaderWatch:
             self.loaders[id(loader)] = number
         return self.loaders[id(loader)]
 
-    def _loader_len(self, original):
+    def _loader_len(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def length(loader):
+        def length(loader: DataLoader[Any]) -> int:
             batches = original(loader)
             if watcher.keep is not None and watcher.loaders.get(id(loader)) in watcher.training:
                 # A framework that reads an epoch's length (Lightning: whether this batch is the
@@ -299,10 +300,10 @@ class LoaderWatch:
 
         return length
 
-    def _next_index(self, original):
+    def _next_index(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def next_index(iterator):
+        def next_index(iterator: _BaseDataLoaderIter) -> Any:
             key, current = getattr(iterator, "_rankwise_pass", (watcher._iterating, None))
             given = watcher.given.get(key) if key is not None else None
             position = getattr(iterator, "_rankwise_position", 0)
@@ -312,7 +313,8 @@ class LoaderWatch:
                 indices = given[position]
             else:
                 indices = original(iterator)
-            iterator._rankwise_position = position + 1
+            # ignore[attr-defined]: our count on torch's iterator, of the batches it asked for
+            iterator._rankwise_position = position + 1  # type: ignore[attr-defined]
             if current is not None:
                 current.fetching.append(
                     list(indices) if isinstance(indices, (list, tuple)) else None
@@ -325,7 +327,9 @@ class LoaderWatch:
 
         return next_index
 
-    def _batches(self, current: _Pass, key: tuple[int, int], batches):
+    def _batches(
+        self, current: _Pass, key: tuple[int, int], batches: Iterable[Any]
+    ) -> Iterator[Any]:
         number = current.record["loader"]
         current.fetching.extend(self._early.pop(key, ()))
         current.record["collectives_at_start"] = self.collectives()
@@ -386,17 +390,17 @@ class LoaderWatch:
             and len(current.indices) >= current.cut_from + self.keep
         )
 
-    def _set_epoch(self, original):
+    def _set_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def set_epoch(sampler, epoch):
+        def set_epoch(sampler: DistributedSampler[Any], epoch: int) -> None:
             watcher.set_epoch_calls += 1
             return original(sampler, epoch)
 
         return set_epoch
 
 
-def _sampler_name(sampler, batch_sampler) -> str | None:
+def _sampler_name(sampler: object, batch_sampler: object) -> str | None:
     """The sampler that orders the pass: a batch sampler of a framework's own (Accelerate's
     ``BatchSamplerShard``) orders it with the sampler inside it, not with the loader's default
     ``sampler`` attribute."""
@@ -412,14 +416,14 @@ def _sampler_name(sampler, batch_sampler) -> str | None:
     )
 
 
-def _length(length, loader: DataLoader) -> int | None:
+def _length(length: Callable[[DataLoader[Any]], int], loader: DataLoader[Any]) -> int | None:
     try:
         return length(loader)
     except TypeError:  # an iterable dataset without a length
         return None
 
 
-def _described(dataset) -> DatasetDescription:
+def _described(dataset: object) -> DatasetDescription:
     """The dataset's class and where it is defined (the script's own class: where its data is
     made)."""
     kind = type(dataset)

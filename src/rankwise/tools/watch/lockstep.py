@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,7 +62,11 @@ class Lockstep:
         return applied
 
     def write(
-        self, step: int, records: list[dict], weights: dict[str, torch.Tensor], facts: WatchedFacts
+        self,
+        step: int,
+        records: list[dict[str, Any]],
+        weights: dict[str, torch.Tensor],
+        facts: WatchedFacts,
     ) -> None:
         """Rank 0, after ``step``: its whole weights, every rank's record, the facts."""
         write_weights(weights, weights_file(self.directory, step))

@@ -34,9 +34,9 @@ def new_facts(keep_dropout: bool) -> WatchedFacts:
 
 
 class ModelWatch:
-    def __init__(self, facts: WatchedFacts, keep_dropout: bool):
+    def __init__(self, facts: WatchedFacts, keep_dropout: bool) -> None:
         self.facts, self.keep_dropout = facts, keep_dropout
-        self.refs: list[weakref.ref] = []
+        self.refs: list[weakref.ref[nn.Module]] = []
         """The models seen, in the order of their first forward."""
         self.names: dict[int, str] = {}
         """id(parameter) -> its name in the first model that holds it, unwrapped."""
@@ -80,7 +80,7 @@ class ModelWatch:
             named.append((name, parameter))
         return named
 
-    def parameters(self, optimizer) -> list[tuple[str, torch.Tensor]]:
+    def parameters(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
         """An optimizer's parameters by name (those of no model seen: by group and position)."""
         return [
             (self.names.get(id(parameter), f"group{g}.param{i}"), parameter)

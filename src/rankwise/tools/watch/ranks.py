@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -20,7 +22,14 @@ _all_gather_object = dist.all_gather_object
 the script's)."""
 
 
-def patch(owner, name: str, make) -> None:
+T = TypeVar("T")
+
+ReplacementMaker = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""What :func:`patch` takes: the original (a library's function, any signature) -> what replaces
+it."""
+
+
+def patch(owner: type | ModuleType, name: str, make: ReplacementMaker) -> None:
     """Replace ``owner.name`` by ``make(original)``, keeping the original's name and docstring: only
     what :mod:`rankwise.compat.watch_patches` records (its version checked there)."""
     checked(owner, name)
@@ -28,7 +37,7 @@ def patch(owner, name: str, make) -> None:
     setattr(owner, name, functools.wraps(original)(make(original)))
 
 
-def _horovod():
+def _horovod() -> ModuleType | None:
     """Horovod's torch module where the script started Horovod (it opens no torch process group),
     else None."""
     hvd = sys.modules.get("horovod.torch")
@@ -38,19 +47,21 @@ def _horovod():
 def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    if _horovod() is not None:
-        return _horovod().rank(), _horovod().size()
+    hvd = _horovod()
+    if hvd is not None:
+        return hvd.rank(), hvd.size()
     return int(os.environ.get("RANK", 0)), 1
 
 
-def gather(value):
+def gather(value: T) -> list[T]:
     """Every rank's ``value`` (a collective: every rank calls it at the same point; over Horovod's
     own in a Horovod script)."""
-    if not (dist.is_available() and dist.is_initialized()) and _horovod() is not None:
-        return _horovod().allgather_object(value) if _horovod().size() > 1 else [value]
+    hvd = None if dist.is_available() and dist.is_initialized() else _horovod()
+    if hvd is not None:
+        return hvd.allgather_object(value) if hvd.size() > 1 else [value]
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
-    values = [None] * dist.get_world_size()
+    values: list[Any] = [None] * dist.get_world_size()  # (each filled by the collective)
     _all_gather_object(values, value)
     return values
 

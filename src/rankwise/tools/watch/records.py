@@ -10,7 +10,7 @@ loader watch, ``seen``), read by ``verify`` (:mod:`rankwise.tools.verify`), the 
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from typing_extensions import NotRequired
 
@@ -142,6 +142,32 @@ class MetricsRecord(TypedDict):
     """The script's ``print`` calls showing that loss, by call site."""
 
 
+class CallSiteRecord(TypedDict):
+    """A line of the script that called a collective or read a value back (``.item()``), and how
+    often (:class:`rankwise.tools.watch.calls.CallWatch`)."""
+
+    calls: int
+    """Its calls."""
+    seconds: float
+    """Their wall time, together."""
+    steps: int
+    """How many optimizer steps it was called in (counted by the steps taken before each call)."""
+
+
+class SaveRecord(TypedDict):
+    """One ``torch.save`` call of the script's (:class:`rankwise.tools.watch.saves.SaveWatch`)."""
+
+    path: str
+    """The file it wrote (resolved), or the ``repr`` of the buffer it wrote to."""
+    site: str
+    """The script's line that called it."""
+    module_prefix: bool
+    """Whether the saved state's keys (or those of a dict in it) start with a wrapper's
+    ``module.``."""
+    step: int
+    """The optimizer steps taken when it was called."""
+
+
 class RankRecord(TypedDict):
     """What one watched rank saw, written at its end (``watch-rank{rank}.json``,
     :mod:`rankwise.tools.watch.seen`) for the findings that need no reference."""
@@ -156,15 +182,15 @@ class RankRecord(TypedDict):
     """Its passes over DataLoaders, in the order they began."""
     set_epoch_calls: int
     """Calls of ``DistributedSampler.set_epoch``."""
-    collectives: dict[str, dict[str, Any]]
-    """The script's collectives by call site (counts, sizes, steps)."""
-    reads: dict[str, dict[str, Any]]
+    collectives: dict[str, CallSiteRecord]
+    """The script's collectives by call site (calls, seconds, steps)."""
+    reads: dict[str, CallSiteRecord]
     """``.item()`` calls in the script's lines, by call site (each a host-device sync on a GPU)."""
     metrics: NotRequired[MetricsRecord]
     """What it reported from its own shard."""
     device: str
     """The device type of the model's parameters."""
-    saves: list[dict[str, Any]]
+    saves: list[SaveRecord]
     """The script's ``torch.save`` calls (what, where, on which rank and step)."""
     replicas_differ: list[int]
     """Steps after which the ranks' replicas held different weights."""

@@ -20,18 +20,24 @@ gradients inside its optimizer's ``step``.  So here:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from rankwise.runtime import observers
 from rankwise.tools.step_trace import uses_tf32
 
+if TYPE_CHECKING:
+    from rankwise.runtime import Runtime
+    from rankwise.tools.watch.watcher_view import WatcherView
+
 
 class RuntimeSteps(observers.Observer):
-    def __init__(self, watcher):
+    def __init__(self, watcher: WatcherView) -> None:
         self.watcher = watcher
 
-    def prepared(self, rt, model: nn.Module, grad_accum: int) -> None:
+    def prepared(self, rt: Runtime, model: nn.Module, grad_accum: int) -> None:
         watcher = self.watcher
         watcher.runtime = rt
         # the Runtime's loaders give one process the N ranks' global batches themselves
@@ -49,11 +55,11 @@ class RuntimeSteps(observers.Observer):
             }
         )
 
-    def backward(self, rt, loss: torch.Tensor) -> None:
+    def backward(self, rt: Runtime, loss: torch.Tensor) -> None:
         if self.watcher.settings.trace:
             self.watcher.steps.runtime_backward(float(loss.detach().float().sum()))
 
-    def before_step(self, rt, model: nn.Module, optimizer) -> None:
+    def before_step(self, rt: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         watcher = self.watcher
         watcher.steps.runtime_step_begins()
         no_grad = [
@@ -82,7 +88,7 @@ class RuntimeSteps(observers.Observer):
             )
         watcher.steps.mark_followed()
 
-    def stepped(self, rt, model: nn.Module) -> None:
+    def stepped(self, rt: Runtime, model: nn.Module) -> None:
         self.watcher.steps.runtime_step_ends()
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
@@ -91,7 +97,7 @@ class RuntimeSteps(observers.Observer):
             lambda theirs: rt.strategy.load_model_state_dict(model, theirs),
         )
 
-    def ended(self, rt) -> None:
+    def ended(self, rt: Runtime) -> None:
         """The script's loop ended before the watcher's last step, its process group still open: a
         benchmark past its asked steps reports the window it had (every rank)."""
         watcher = self.watcher

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 
 from rankwise.tools.watch.ranks import call_site, patch
+from rankwise.tools.watch.records import SaveRecord
 from rankwise.tools.watch.workdir import unlink_before_write
 
 
@@ -18,16 +20,18 @@ class SaveWatch:
     def __init__(self, step: Callable[[], int]):
         self.step = step
         """Returns the optimizer steps taken so far."""
-        self.saves: list[dict] = []
+        self.saves: list[SaveRecord] = []
         """Each ``torch.save``: ``path``, ``site``, ``module_prefix``, ``step``."""
 
     def install(self) -> None:
         patch(torch, "save", self._save)
 
-    def _save(self, original):
+    def _save(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def save(obj, f, *args, **kwargs):
+        def save(
+            obj: object, f: str | os.PathLike[str] | IO[bytes], *args: Any, **kwargs: Any
+        ) -> Any:
             keys = list(obj.keys()) if isinstance(obj, dict) else []
             nested = [
                 k

@@ -5,6 +5,7 @@ and saves, its steps' times, how the script ended."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rankwise.checkpoint import write_text_atomic
 from rankwise.tools.watch.frameworks import framework_world_size
@@ -12,8 +13,11 @@ from rankwise.tools.watch.loaders import RANK_RECORD
 from rankwise.tools.watch.ranks import rank_and_world
 from rankwise.tools.watch.records import RankRecord
 
+if TYPE_CHECKING:
+    from rankwise.tools.watch.watcher_view import WatcherView
 
-def of(watcher) -> RankRecord:
+
+def of(watcher: WatcherView) -> RankRecord:
     """What the rank of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`) saw."""
     rank, world = watcher.calls.joined or watcher.calls.left or rank_and_world()
     return {
@@ -44,13 +48,13 @@ def of(watcher) -> RankRecord:
     }
 
 
-def write(watcher) -> None:
+def write(watcher: WatcherView) -> None:
     record = of(watcher)
     path = watcher.settings.directory / RANK_RECORD.format(rank=record["rank"])
     write_text_atomic(path, json.dumps(record, indent=2, default=_plain))
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """A value the script handed torch as numpy's (a sampler's numpy indices: fabric's k-fold
     example), as Python's."""
     item = getattr(value, "item", None)

@@ -19,10 +19,20 @@ from __future__ import annotations
 import builtins
 import gc
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rankwise.tools.watch.ranks import call_site, outside_the_script, patch, rank_and_world
+from rankwise.tools.watch.records import MetricsRecord
+
+if TYPE_CHECKING:
+    import lightning.pytorch
+    import pytorch_lightning
+    from torchmetrics import Metric
+
+    LightningModule = lightning.pytorch.LightningModule | pytorch_lightning.LightningModule
 
 LIGHTNING_MODULES = ("lightning.pytorch", "pytorch_lightning")
 FABRIC_MODULES = ("lightning.fabric.fabric", "lightning_fabric.fabric")
@@ -62,7 +72,7 @@ class MetricWatch:
         """A backward of ``loss``: the tensor whose reads are watched until the next one."""
         self._loss, self._loss_reduced, self._loss_value = _storage(loss), False, None
 
-    def collective(self, args: tuple) -> None:
+    def collective(self, args: tuple[Any, ...]) -> None:
         """A collective of the script's: one over the loss's data (an in-place ``all_reduce``)
         makes its value the ranks' together."""
         if args and self._loss is not None and _storage(args[0]) == self._loss:
@@ -102,10 +112,12 @@ class MetricWatch:
                 except ReferenceError:  # (a weakref.proxy whose object is gone)
                     continue
 
-    def _log(self, original):
+    def _log(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self
 
-        def log(module, name, value, *args, **kwargs):
+        def log(
+            module: LightningModule, name: str, value: object, *args: Any, **kwargs: Any
+        ) -> Any:
             if (
                 isinstance(value, torch.Tensor)
                 and not kwargs.get("sync_dist", False)
@@ -118,10 +130,10 @@ class MetricWatch:
 
         return log
 
-    def _fabric_print(self, original):
+    def _fabric_print(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self
 
-        def fabric_print(fabric, *args, **kwargs):
+        def fabric_print(fabric: object, *args: Any, **kwargs: Any) -> Any:
             value = watch._loss_value
             if (
                 value is not None
@@ -134,10 +146,10 @@ class MetricWatch:
 
         return fabric_print
 
-    def _print(self, original):
+    def _print(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self
 
-        def print_(*args, **kwargs):
+        def print_(*args: Any, **kwargs: Any) -> Any:
             value = watch._loss_value
             if (
                 value is not None
@@ -151,16 +163,16 @@ class MetricWatch:
 
         return print_
 
-    def _metric_built(self, original):
+    def _metric_built(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self
 
-        def init(metric, *args, **kwargs):
+        def init(metric: Metric, *args: Any, **kwargs: Any) -> None:
             original(metric, *args, **kwargs)
             watch.metric_seen(metric)
 
         return init
 
-    def metric_seen(self, metric) -> None:
+    def metric_seen(self, metric: Metric) -> None:
         """A torchmetrics metric: its compute is watched where it never syncs.  (sync_on_compute:
         torchmetrics' own setting, True by default: only then are the states gathered.  Each metric
         wraps its compute per object in __init__, so the object's is the one to watch.)"""
@@ -168,14 +180,15 @@ class MetricWatch:
             return
         watch, computes = self, metric.compute
 
-        def compute(*args, **kwargs):
+        def compute(*args: Any, **kwargs: Any) -> Any:
             if rank_and_world()[1] > 1:
                 watch.unsynced_metrics.setdefault(type(metric).__name__, call_site())
             return computes(*args, **kwargs)
 
-        metric.compute, metric._rankwise_watched = compute, True
+        # ignore[method-assign]: the object's own compute replaced, as torchmetrics' __init__ does
+        metric.compute, metric._rankwise_watched = compute, True  # type: ignore[method-assign]
 
-    def records(self) -> dict:
+    def records(self) -> MetricsRecord:
         return {
             "unsynced_logs": dict(self.unsynced_logs),
             "unsynced_metrics": dict(self.unsynced_metrics),
@@ -185,7 +198,7 @@ class MetricWatch:
         }
 
 
-def _epoch_level(module, on_epoch: bool | None) -> bool:
+def _epoch_level(module: LightningModule, on_epoch: bool | None) -> bool:
     """Whether Lightning reduces this log over the epoch: ``on_epoch`` as given, else its default
     (True outside the training hooks)."""
     if on_epoch is not None:

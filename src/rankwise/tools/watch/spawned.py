@@ -27,7 +27,9 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypedDict
 from urllib.parse import urlparse
 
 import torch.distributed as dist
@@ -50,6 +52,36 @@ SPAWN_RECORD, CHILD_RECORD = "spawn.json", "spawn-rank{index}.json"
 ONE = "one"
 """``WatchSettings.spawn`` for the one-process reference (any other non-empty value: the
 script's ranks)."""
+
+
+class InitRecord(TypedDict):
+    """What the script's ``init_process_group`` got in a spawned rank, and where its port came
+    from."""
+
+    backend: str
+    init_method: str | None
+    rank: int
+    world_size: int | None
+    port: int | None
+    port_source: str
+    """In words: ``from the environment``, ``set in the script``, ``in its init_method``, ..."""
+
+
+class SamplerRecord(TypedDict):
+    """A ``DistributedSampler`` the one-process reference built at one process (``num_replicas``,
+    ``rank``: as the script passed them)."""
+
+    num_replicas: int
+    rank: int | None
+
+
+class ChildRecord(TypedDict):
+    """One spawned rank's ``spawn-rank{index}.json``."""
+
+    index: int
+    init: InitRecord | None
+    """None: the rank never called ``init_process_group``."""
+    samplers: list[SamplerRecord]
 
 
 def launcher_main(argv: list[str], settings: WatchSettings) -> int:
@@ -79,10 +111,10 @@ def install_spawn_patch(settings: WatchSettings) -> None:
     torch.multiprocessing.start_processes = patched
 
 
-def _start_processes(original, settings: WatchSettings):
+def _start_processes(original: Callable[..., Any], settings: WatchSettings) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
-    def start_processes(*args, **kwargs):
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
@@ -118,10 +150,10 @@ class SpawnedRank:
     method sends it to the child, the script's function by reference to the script, which the child
     runs again as ``__mp_main__``)."""
 
-    def __init__(self, fn, nprocs: int):
+    def __init__(self, fn: Callable[..., object], nprocs: int) -> None:
         self.fn, self.nprocs = fn, nprocs
 
-    def __call__(self, index: int, *args) -> None:
+    def __call__(self, index: int, *args: Any) -> None:
         to_terminal()  # a rank of `verify`: rankwise's messages as under `rankwise launch`
         # (this child's: inherited from the process that spawned it)
         settings = WatchSettings.from_environment()
@@ -147,12 +179,12 @@ class InitSeen:
     """What the script's ``init_process_group`` got in a spawned rank (and the port's check); in the
     reference, the group and the script's samplers at one process."""
 
-    def __init__(self, index: int, one_process: bool):
+    def __init__(self, index: int, one_process: bool) -> None:
         self.index, self.one_process = index, one_process
         self.given_port = os.environ.get("MASTER_PORT")
-        self.record: dict = {"index": index, "init": None, "samplers": []}
+        self.record: ChildRecord = {"index": index, "init": None, "samplers": []}
 
-    def install(self, fn) -> None:
+    def install(self, fn: Callable[..., object]) -> None:
         original = dist.init_process_group
         patch(dist, "init_process_group", self._init)
         # A script that imported the function itself (`from torch.distributed import
@@ -165,11 +197,11 @@ class InitSeen:
         if self.one_process:
             patch(DistributedSampler, "__init__", self._sampler)
 
-    def _init(self, original):
+    def _init(self, original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
         seen = self
 
-        def init_process_group(*args, **kwargs):
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             arguments = bound.arguments
             rank = arguments.get("rank", -1)
@@ -196,7 +228,7 @@ class InitSeen:
 
         return init_process_group
 
-    def _port(self, init_method, store) -> tuple[int | None, str]:
+    def _port(self, init_method: str | None, store: object) -> tuple[int | None, str]:
         if store is not None:
             return None, "a store of the script's own"
         if init_method and not str(init_method).startswith("env://"):
@@ -211,11 +243,11 @@ class InitSeen:
             return None, "not set"
         return int(port), "from the environment" if port == self.given_port else "set in the script"
 
-    def _sampler(self, original):
+    def _sampler(self, original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
         seen = self
 
-        def init(sampler, *args, **kwargs):
+        def init(sampler: DistributedSampler[Any], *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(sampler, *args, **kwargs)
             arguments = bound.arguments
             alone = (
@@ -244,7 +276,7 @@ def check_port_free(port: int, source: str) -> None:
         )
 
 
-def read_records(run_dir: Path) -> dict | None:
+def read_records(run_dir: Path) -> dict[str, Any] | None:
     """What the script passed, from a run's records: ``spawn.json`` with each child's ``init``;
     ``None`` where the script never spawned."""
     path = Path(run_dir) / SPAWN_RECORD

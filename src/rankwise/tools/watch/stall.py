@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from rankwise.launch.stacks import HEADER, Dump, Frame, frame_in, parse_dump, standard
 from rankwise.tools.watch.ranks import outside_the_script
@@ -103,7 +104,7 @@ def progress() -> None:
         _state["heartbeat"].touch()  # (the other processes' watchdogs read it)
 
 
-def _watch_the_run(handle, seconds: float, heartbeat: Path, stop: threading.Event) -> None:
+def _watch_the_run(handle: TextIO, seconds: float, heartbeat: Path, stop: threading.Event) -> None:
     """While any process of the run made progress within ``seconds``, this process's deadline is
     pushed back to that much after it."""
     seen = 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -105,7 +106,7 @@ class StepWatch:
         # hand)
         self._random.stack.append(self._random.names.get(id(module), ""))
 
-    def forward_inputs(self, args: tuple) -> None:
+    def forward_inputs(self, args: tuple[Any, ...]) -> None:
         """The outermost training forward's positional inputs: one digest per row, kept for the
         backward that consumes them (used where no DataLoader batch was consumed)."""
         self._inputs += sample_digests(args)
@@ -151,7 +152,7 @@ class StepWatch:
 
     # -- the optimizer step ------------------------------------------------------------------------
 
-    def begins(self, optimizer, no_grad: list[str], tracing: bool = True) -> None:
+    def begins(self, optimizer: object, no_grad: list[str], tracing: bool = True) -> None:
         """Between the step's last backward and its optimizer step: ``no_grad``, the trainable
         parameters without a gradient (kept in a one-process run); ``tracing``: the optimizer's
         settings too (~0.1 ms a step, not in a benchmark's timed steps)."""
@@ -163,7 +164,9 @@ class StepWatch:
         if rank_and_world()[1] == 1:
             self.record.no_grad = no_grad
 
-    def compared(self, parameters: list[torch.Tensor], compare: bool, sharded: bool) -> list[dict]:
+    def compared(
+        self, parameters: list[torch.Tensor], compare: bool, sharded: bool
+    ) -> list[dict[str, Any]]:
         """After the step: every rank's record where ``compare`` (a collective), with its replica's
         digest, else this rank's; where the replicas' digests differ (and the optimizer state is not
         ``sharded``), noted."""

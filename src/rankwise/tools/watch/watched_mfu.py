@@ -12,17 +12,22 @@ counter does not see inside compiled graphs.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from rankwise.measure.flops import datasheet_peak, matmul_peak
 
+if TYPE_CHECKING:
+    from torch.utils.flop_counter import FlopCounterMode
+
 
 class StepFlops:
     """Counts this rank's FLOPs from its first training forward to its first optimizer step."""
 
-    def __init__(self):
-        self.mode = None
+    def __init__(self) -> None:
+        self.mode: FlopCounterMode | None = None
+        """The counter, from the first training forward to the first optimizer step."""
         self.flops: int | None = None
         """This rank's FLOPs in the counted step; ``None`` until counted (or where they could not
         be)."""
@@ -77,6 +82,18 @@ class StepFlops:
             return None  # no memory left for the product: no MFU, the row keeps its throughput
 
 
+class Utilisation(TypedDict):
+    """What ``probe.json`` says of a benchmark's FLOPs (``None`` throughout where a rank's count is
+    missing)."""
+
+    flops_per_sample: int | None
+    """All ranks' FLOPs of the counted step over its global batch."""
+    peak_flops_per_s: float | None
+    """The ranks' measured matrix-product peaks, summed (``None``: a rank measured none)."""
+    datasheet_flops_per_s: float | None
+    """The ranks' datasheet peaks, summed (``None``: a GPU whose datasheet is unknown)."""
+
+
 def utilisation(
     flops: list[int | None],
     samples: list[int],
@@ -84,7 +101,7 @@ def utilisation(
     device: torch.device,
     dtype: torch.dtype,
     copies: int = 1,
-) -> dict:
+) -> Utilisation:
     """``flops_per_sample`` (all ranks' FLOPs of the counted step over its global batch), the ranks'
     summed measured peak and datasheet peak (known GPUs), for the bench to turn samples/s into
     TFLOP/s and MFU. ``copies``: the ranks each value stands for (a script that left its group

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.optim.optimizer as optimizers
@@ -56,6 +57,9 @@ from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.step_watch import StepWatch
 from rankwise.tools.watch.window import Window, report
 
+if TYPE_CHECKING:
+    from rankwise.runtime import Runtime
+
 STEPS_KEPT = 2
 """Optimizer steps' worth of batches each training pass keeps after the window
 (``after="shorten"``): two, so a pass still steps more than once (a defect of the step after an
@@ -72,7 +76,7 @@ class WatchDone(observers.Finished):
 
 
 class Watcher:
-    def __init__(self, settings: WatchSettings):
+    def __init__(self, settings: WatchSettings) -> None:
         self.settings = settings
         self.facts = new_facts(settings.keep_dropout)
         """What the run is (``facts.json``): the models', and what the Runtime or the framework's
@@ -102,7 +106,7 @@ class Watcher:
         self.ended_by = "watcher"
         """How the script ended: ``"watcher"`` (at its last traced step), ``"script"`` (its
         ``__main__`` returned) or ``"failure"`` (it raised)."""
-        self.runtime = None
+        self.runtime: Runtime | None = None
         """The script's Runtime, where it runs on ``rankwise.setup()``
         (:mod:`rankwise.tools.watch.runtime`): its steps, and the strategy's whole gradients and
         weights, instead of torch's optimizer hooks."""
@@ -144,7 +148,7 @@ class Watcher:
 
     # -- forward, backward -------------------------------------------------------------------------
 
-    def _forward(self, module: nn.Module, args) -> None:
+    def _forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.steps.forward_begins():
             return
         stall.progress()
@@ -159,7 +163,7 @@ class Watcher:
         if self.lockstep.follow is not None and not self.step and torch.is_grad_enabled():
             self.steps.find_random_ops(module)
 
-    def _forward_done(self, module, args, output) -> None:
+    def _forward_done(self, module: nn.Module, args: tuple[Any, ...], output: object) -> None:
         if self.steps.forward_ends():
             self.window.end_of("forward")
 
@@ -172,10 +176,10 @@ class Watcher:
         if self.settings.trace and first and not self.step and not any(p.is_meta for _, p in named):
             self.lockstep.start(named)  # (a model built on the meta device has no weights yet)
 
-    def _backward(self, original):
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watcher = self
 
-        def backward(tensor, *args, **kwargs):
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             watcher._backward_seen(tensor)
             profile = watcher.window.profile
             with profile.mark("backward") if profile is not None else contextlib.nullcontext():
@@ -192,7 +196,7 @@ class Watcher:
     # -- optimizer steps ---------------------------------------------------------------------------
 
     @staticmethod
-    def _is_wrapper(optimizer) -> bool:
+    def _is_wrapper(optimizer: object) -> bool:
         """A framework's optimizer around a torch one (whose own step the hooks see), or one whose
         framework's adapter watches its step itself (Horovod's:
         :mod:`rankwise.tools.watch.horovod_optimizer`)."""
@@ -201,7 +205,9 @@ class Watcher:
             and not getattr(optimizer, "_rankwise_watch_now", 0)
         )
 
-    def _before_step(self, optimizer, args, kwargs):
+    def _before_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
             return None
         closure = kwargs.get("closure", args[0] if args and callable(args[0]) else None)
@@ -213,7 +219,7 @@ class Watcher:
         # the closure has run, so that is where this step begins.
         ready = False
 
-        def closed():
+        def closed() -> object:
             nonlocal ready
             loss = closure()
             if not ready:  # (LBFGS calls it again and again: the first backward is the step's)
@@ -225,7 +231,7 @@ class Watcher:
             return args, {**kwargs, "closure": closed}
         return (closed, *args[1:]), kwargs
 
-    def _gradients_ready(self, optimizer) -> None:
+    def _gradients_ready(self, optimizer: torch.optim.Optimizer) -> None:
         named = self.models.parameters(optimizer)
         self.step_begins(
             optimizer, [name for name, p in named if p.requires_grad and p.grad is None]
@@ -245,7 +251,7 @@ class Watcher:
                 assign(parameter.grad, applied[name])
         self.steps.mark_followed()
 
-    def step_begins(self, optimizer, no_grad: list[str]) -> None:
+    def step_begins(self, optimizer: object, no_grad: list[str]) -> None:
         """Between a step's last backward and its optimizer step: ``no_grad``, the trainable
         parameters without a gradient (kept in a one-process run)."""
         if not self.step:
@@ -258,7 +264,9 @@ class Watcher:
         (:meth:`~rankwise.tools.watch.lockstep.Lockstep.exchange`)."""
         return self.lockstep.exchange(self.step + 1, gradients, self.steps.record)
 
-    def _after_step(self, optimizer, args, kwargs) -> None:
+    def _after_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
             return
         named = self.models.parameters(optimizer)

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,17 +25,26 @@ from rankwise.measure.breakdown import StepProfile, combine, model_facts
 from rankwise.measure.memory import peak_rss_megabytes
 from rankwise.measure.throughput import window_end
 from rankwise.measure.window_steps import summary as window_summary
+from rankwise.tools.watch.models import ModelWatch
 from rankwise.tools.watch.ranks import gather, rank_and_world
+from rankwise.tools.watch.records import WatchedFacts
 from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watched_mfu import StepFlops, utilisation
+
+if TYPE_CHECKING:
+    from rankwise.runtime import Runtime
 
 RANK_PEAKS = "window-peaks-rank{rank}.json"
 """A rank's peak memory, written by every rank where the script left its group before the window's
 end."""
 
+Profiled = tuple[list[dict[str, Any]], list[float], list[float]]
+"""One rank's profiled steps (:meth:`~rankwise.measure.breakdown.StepProfile.records`), and its
+timed steps' seconds and their seconds waiting for batches."""
+
 
 class Window:
-    def __init__(self, settings: WatchSettings):
+    def __init__(self, settings: WatchSettings) -> None:
         steps, warmup = settings.steps, settings.warmup
         self.min_window_s = settings.min_window_s
         self.flops = StepFlops()
@@ -114,7 +124,22 @@ class Window:
         return step < self.end
 
 
-def read_rank_peaks(directory, result: dict) -> dict:
+class ReportedWatcher(Protocol):
+    """What :func:`report` reads of the watcher (:class:`~rankwise.tools.watch.watcher.Watcher`,
+    which imports this module: a protocol it meets)."""
+
+    settings: WatchSettings
+    facts: WatchedFacts
+    models: ModelWatch
+    window: Window
+    runtime: Runtime | None
+    """The script's Runtime, where it runs on ``rankwise.setup()``."""
+
+    @property
+    def step(self) -> int: ...
+
+
+def read_rank_peaks(directory: str | Path, result: dict[str, Any]) -> dict[str, Any]:
     """``result`` (probe.json's) with every rank's peak memory where each rank left its own file."""
     files = sorted(
         Path(directory).glob(RANK_PEAKS.format(rank="*")),
@@ -137,7 +162,7 @@ def _load_average() -> float | None:
         return None
 
 
-def report(watcher, script_ended: bool) -> None:
+def report(watcher: ReportedWatcher, script_ended: bool) -> None:
     """The window of ``watcher`` (a :class:`~rankwise.tools.watch.watcher.Watcher`), on every rank
     (collectives)."""
     rank, world = rank_and_world()
@@ -226,14 +251,17 @@ def report(watcher, script_ended: bool) -> None:
         )
 
 
-def _breakdown(watcher, profiled: list[tuple] | None, step_s: float | None) -> dict | None:
+def _breakdown(
+    watcher: ReportedWatcher, profiled: list[Profiled] | None, step_s: float | None
+) -> dict[str, Any] | None:
     """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps
     profiled before the window, and the window's every step (:mod:`rankwise.measure.window_steps`):
     its time, and each rank's wait for its data."""
     ranks = combine([records for records, _, _ in profiled]) if profiled else []
-    if not profiled or not ranks:
+    profile = watcher.window.profile  # (there whenever steps were profiled)
+    if not profiled or not ranks or profile is None:
         return None
-    first = watcher.window.profile.after + 1
+    first = profile.after + 1
     return {
         "steps": [first, first + ranks[0]["steps"] - 1],
         "ranks": ranks,
