@@ -23,6 +23,7 @@ import torch
 from rankwise.checkpoint import write_text_atomic
 from rankwise.measure.breakdown import StepProfile, combine, model_facts
 from rankwise.measure.memory import peak_rss_megabytes
+from rankwise.measure.records import Breakdown
 from rankwise.measure.throughput import window_end
 from rankwise.measure.window_steps import summary as window_summary
 from rankwise.tools.watch.models import ModelWatch
@@ -253,7 +254,7 @@ def report(watcher: ReportedWatcher, script_ended: bool) -> None:
 
 def _breakdown(
     watcher: ReportedWatcher, profiled: list[Profiled] | None, step_s: float | None
-) -> dict[str, Any] | None:
+) -> Breakdown | None:
     """Every rank's step split into its parts (:mod:`rankwise.measure.breakdown`), from the steps
     profiled before the window, and the window's every step (:mod:`rankwise.measure.window_steps`):
     its time, and each rank's wait for its data."""
