@@ -404,7 +404,7 @@ def test_bench_script_breaks_a_cuda_scripts_step_down(tmp_path):
         1,
         WatchSettings(
             tmp_path,
-            steps=12,
+            watched_steps=12,
             warmup=2,
             trace=False,
             keep_dropout=True,

@@ -45,7 +45,7 @@ def breakdowns(tmp_path_factory):
         run_dir = tmp_path_factory.mktemp(name.replace(" ", "-"))
         settings = WatchSettings(
             run_dir,
-            steps=12,
+            watched_steps=12,
             warmup=3,
             trace=False,
             keep_dropout=True,

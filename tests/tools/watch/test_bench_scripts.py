@@ -236,7 +236,7 @@ def test_a_script_that_ends_during_its_profiled_steps_ends_cleanly(tmp_path):
         framework("accelerate"),
         2,
         WatchSettings(
-            tmp_path, steps=12, warmup=5, trace=False, keep_dropout=True, profile_steps=5
+            tmp_path, watched_steps=12, warmup=5, trace=False, keep_dropout=True, profile_steps=5
         ),
     )
     assert result.get("ended_early") and "ended after 8 optimizer steps" in result["error"], result

@@ -31,7 +31,7 @@ import lightning.fabric, lightning_fabric  # (Fabric's print)
 from rankwise.tools.watch import deepspeed_engine, horovod_optimizer, lightning, spawned
 from rankwise.tools.watch.settings import WatchSettings
 from rankwise.tools.watch.watcher import Watcher
-settings = WatchSettings(tempfile.mkdtemp(), steps=3, spawn=spawned.ONE)
+settings = WatchSettings(tempfile.mkdtemp(), watched_steps=3, spawn=spawned.ONE)
 watcher = Watcher(settings)
 watcher.install()
 watcher.calls.patch_frameworks()

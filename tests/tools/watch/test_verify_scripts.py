@@ -434,7 +434,7 @@ def test_more_steps_than_the_script_trains_says_how_many_it_ran(tmp_path):
         ["--epochs", "1"],
         framework("torch"),
         2,
-        WatchSettings(tmp_path / "run", steps=6, trace=False),
+        WatchSettings(tmp_path / "run", watched_steps=6, trace=False),
         timeout_s=120,
     )
     assert (

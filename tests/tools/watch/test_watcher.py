@@ -24,7 +24,7 @@ def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(
     now, step_s = [0.0], [first_step_s]
     clock = SimpleNamespace(perf_counter=lambda: now[0])
     monkeypatch.setattr(window, "time", clock)  # (the window times the steps and reports them)
-    watcher = Watcher(WatchSettings(tmp_path, steps=10, warmup=1, trace=False))
+    watcher = Watcher(WatchSettings(tmp_path, watched_steps=10, warmup=1, trace=False))
     with pytest.raises(WatchDone):
         for _ in range(20_000):
             now[0] += step_s[0]

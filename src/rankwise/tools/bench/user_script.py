@@ -153,7 +153,7 @@ def run_bench(
                 started_as = row.framework or rankwise_framework(row.strategy, precision)
                 settings = WatchSettings(
                     part,
-                    steps=steps,
+                    watched_steps=steps,
                     warmup=warmup,
                     trace=False,
                     keep_dropout=True,

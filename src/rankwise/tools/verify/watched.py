@@ -64,7 +64,7 @@ def watched_runs(
         scaled = reference and reference_args is None and reference_framework is None
         settings = WatchSettings(
             run_dir,
-            steps=steps,
+            watched_steps=steps,
             keep_dropout=keep_dropout,
             follow=candidate_dir if reference else None,
             scale=processes if scaled else 1,

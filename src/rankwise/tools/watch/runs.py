@@ -39,7 +39,7 @@ def watched_run(
     as ``settings`` say (built once by the tool, handed to every process whole), in
     ``settings.directory/scratch`` (the script's own outputs land there): ``probe.json`` with
     ``wall_s``, or ``{"error": ...}`` (``ended_early`` when the script finished before
-    ``settings.steps`` optimizer steps).
+    ``settings.watched_steps`` optimizer steps).
 
     An ``mp.spawn`` script starts its own ranks: the bootstrap runs it as one ``python script.py``,
     its ``nprocs`` as it passes them (PROCESSES 1: one process, the reference), and ``spawn`` says
@@ -132,7 +132,7 @@ def watched_run(
             "one: script arguments that train longer"
         )
         return {
-            "error": f"the script ended{ran}, before the {settings.steps} asked ({advice})",
+            "error": f"the script ended{ran}, before the {settings.watched_steps} asked ({advice})",
             "wall_s": result["wall_s"],
             "ended_early": True,
             **({"spawn": started} if started else {}),

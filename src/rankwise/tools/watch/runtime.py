@@ -105,6 +105,6 @@ class RuntimeSteps(observers.Observer):
             not watcher.settings.trace
             and not watcher.window.reported
             and watcher.window.started is not None
-            and watcher.step >= watcher.settings.steps
+            and watcher.step >= watcher.settings.watched_steps
         ):
             watcher.finish(script_ended=True)

@@ -26,11 +26,12 @@ class WatchSettings:
 
     directory: Path
     """Where the watcher writes its trace, its rank's record and its measurements."""
-    steps: int
-    """Optimizer steps watched: traced (``verify``) or timed (``bench --script``)."""
+    watched_steps: int
+    """Optimizer steps watched: traced (``verify``) or timed (``bench --script``); the tools take
+    them as ``--steps``."""
     warmup: int = 1
-    """Steps left out of a benchmark's timed window: at least 1 and less than ``steps`` (where
-    ``steps`` allows)."""
+    """Steps left out of a benchmark's timed window: at least 1 and less than ``watched_steps``
+    (where ``watched_steps`` allows)."""
     follow: Path | None = None
     """The N-rank run's directory that a one-process reference follows in lockstep (``None``: the
     run goes alone)."""
@@ -59,7 +60,7 @@ class WatchSettings:
         object.__setattr__(self, "directory", Path(self.directory))
         if self.follow is not None:
             object.__setattr__(self, "follow", Path(self.follow))
-        object.__setattr__(self, "warmup", max(1, min(self.warmup, self.steps - 1)))
+        object.__setattr__(self, "warmup", max(1, min(self.warmup, self.watched_steps - 1)))
         if self.after not in AFTER_WINDOW:
             raise ValueError(f"after={self.after!r}: one of {', '.join(AFTER_WINDOW)}")
 

@@ -58,7 +58,7 @@ def watched(
         if (
             not watcher.settings.trace
             and not watcher.window.reported
-            and watcher.step >= watcher.settings.steps
+            and watcher.step >= watcher.settings.watched_steps
         ):
             # a benchmark's window, cut short by the script's own length
             watcher.finish(script_ended=True)

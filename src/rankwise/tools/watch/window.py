@@ -46,7 +46,7 @@ timed steps' seconds and their seconds waiting for batches."""
 
 class Window:
     def __init__(self, settings: WatchSettings) -> None:
-        steps, warmup = settings.steps, settings.warmup
+        steps, warmup = settings.watched_steps, settings.warmup
         self.min_window_s = settings.min_window_s
         self.flops = StepFlops()
         """A benchmark's FLOPs of the first step (a warm-up step: the counter's cost stays outside
