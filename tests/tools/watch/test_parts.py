@@ -1,6 +1,6 @@
 """The watcher's parts are changed through their own methods: no module of ``tools/watch`` assigns
-another part's fields, directly (``watcher.steps.in_runtime_step = True``) or through a local name
-(``steps = self.steps; steps.step += 1``)."""
+another part's fields, directly (``watcher.step_watch.in_runtime_step = True``) or through a local
+name (``step_watch = self.step_watch; step_watch.step += 1``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import rankwise.tools.watch
 
 WATCH = Path(rankwise.tools.watch.__file__).parent
 PARTS = {
-    "steps": "steps.py",
+    "step_watch": "step_watch.py",
     "data": "loaders.py",
     "calls": "calls.py",
     "window": "window.py",
@@ -19,7 +19,7 @@ PARTS = {
     "models": "models.py",
     "lockstep": "lockstep.py",
     "gathered": "gathered.py",
-    "metrics": "metrics.py",
+    "metrics": "shard_metrics.py",
 }
 """Each part's attribute name on the watcher (or on calls), and the module that owns its class."""
 
@@ -71,6 +71,11 @@ def assignments_into_parts(path: Path) -> list[str]:
     return sorted(set(found))
 
 
+def test_each_part_names_its_module():
+    """(A part's module renamed leaves no stale name here: every assignment would pass.)"""
+    assert not [module for module in PARTS.values() if not (WATCH / module).exists()]
+
+
 def test_no_module_assigns_another_parts_fields():
     found = [line for path in sorted(WATCH.glob("*.py")) for line in assignments_into_parts(path)]
     assert not found, "give the part a method for it:\n" + "\n".join(found)
@@ -80,13 +85,13 @@ def test_the_check_finds_both_forms(tmp_path):
     code = tmp_path / "adapter.py"
     code.write_text(
         "def step(watcher):\n"
-        "    watcher.steps.in_runtime_step = True\n"
-        "    steps = watcher.steps\n"
-        "    steps.step += 1\n"
-        "    watcher.steps.runtime_step_begins()\n",
+        "    watcher.step_watch.in_runtime_step = True\n"
+        "    step_watch = watcher.step_watch\n"
+        "    step_watch.step += 1\n"
+        "    watcher.step_watch.runtime_step_begins()\n",
         encoding="utf-8",
     )
     assert assignments_into_parts(code) == [
-        "adapter.py:2 watcher.steps.in_runtime_step",
-        "adapter.py:4 steps.step",
+        "adapter.py:2 watcher.step_watch.in_runtime_step",
+        "adapter.py:4 step_watch.step",
     ]

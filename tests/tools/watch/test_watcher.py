@@ -11,6 +11,7 @@ import pytest
 from rankwise.measure.throughput import MIN_WINDOW_S
 from rankwise.tools.watch import window
 from rankwise.tools.watch.settings import WatchSettings
+from rankwise.tools.watch.step_watch import StepWatch
 from rankwise.tools.watch.watcher import WatchDone, Watcher
 
 
@@ -33,3 +34,13 @@ def test_the_window_lasts_its_seconds_whatever_the_pace_does_on_the_way(
             watcher.step_ends([], dict, lambda theirs: None)
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert MIN_WINDOW_S <= probe["steady_s"] < 1.5 * MIN_WINDOW_S, probe
+
+
+def test_the_step_part_is_named_after_its_module_and_steps_names_nothing(tmp_path):
+    """``watcher.steps`` was the StepWatch part while ``steps`` also meant a count: the part is
+    ``step_watch`` (as ``calls``, ``data``, ``saves`` are named), the count ``watched_steps``."""
+    watcher = Watcher(WatchSettings(tmp_path, watched_steps=3))
+    assert isinstance(watcher.step_watch, StepWatch)
+    assert not hasattr(watcher, "steps") and not hasattr(watcher.settings, "steps")
+    watcher.step_watch.count_step()
+    assert watcher.step == 1  # (the watcher's step is its part's)

@@ -126,7 +126,7 @@ def _step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., A
 
         named = _named(engine)
         # (torch's hooks see DeepSpeed's inner optimizer over flat partitions)
-        watcher.steps.runtime_step_begins()
+        watcher.step_watch.runtime_step_begins()
         watcher.step_begins(engine.optimizer, [])
         if watcher.tracing:
             scale = _scale(engine)
@@ -150,11 +150,11 @@ def _step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[..., A
                             parameter,
                             (applied[name] * scale).reshape(_shape(parameter)).to(parameter.device),
                         )
-                watcher.steps.mark_followed()
+                watcher.step_watch.mark_followed()
         try:
             result = original(engine, *args, **kwargs)
         finally:
-            watcher.steps.runtime_step_ends()
+            watcher.step_watch.runtime_step_ends()
 
         def weights() -> dict[str, torch.Tensor]:
             # Why: a gather of each parameter's fp32 master on every rank (a collective under ZeRO

@@ -62,7 +62,7 @@ def _not_a_step(watcher: WatcherView, original: Callable[..., Any]) -> Callable[
     alike)."""
 
     def broadcast(*args: Any, **kwargs: Any) -> Any:
-        with watcher.steps.runtime_step():
+        with watcher.step_watch.runtime_step():
             return original(*args, **kwargs)
 
     return broadcast

@@ -57,11 +57,11 @@ class RuntimeSteps(observers.Observer):
 
     def backward(self, rt: Runtime, loss: torch.Tensor) -> None:
         if self.watcher.settings.trace:
-            self.watcher.steps.runtime_backward(float(loss.detach().float().sum()))
+            self.watcher.step_watch.runtime_backward(float(loss.detach().float().sum()))
 
     def before_step(self, rt: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         watcher = self.watcher
-        watcher.steps.runtime_step_begins()
+        watcher.step_watch.runtime_step_begins()
         no_grad = [
             name
             for name, p in rt.strategy.unwrap(model).named_parameters()
@@ -86,10 +86,10 @@ class RuntimeSteps(observers.Observer):
                 if grad is None
                 else (grad.reshape(param.shape) * scale).to(param.device, param.dtype)
             )
-        watcher.steps.mark_followed()
+        watcher.step_watch.mark_followed()
 
     def stepped(self, rt: Runtime, model: nn.Module) -> None:
-        self.watcher.steps.runtime_step_ends()
+        self.watcher.step_watch.runtime_step_ends()
         self.watcher.step_ends(
             list(rt.strategy.unwrap(model).parameters()),
             # a collective if sharded

@@ -66,7 +66,7 @@ class StepWatch:
 
     @contextlib.contextmanager
     def runtime_step(self) -> Iterator[None]:
-        """Around a step another part takes (``with watcher.steps.runtime_step():``)."""
+        """Around a step another part takes (``with watcher.step_watch.runtime_step():``)."""
         self.runtime_step_begins()
         try:
             yield

@@ -27,10 +27,10 @@ written and followed (:mod:`~rankwise.tools.watch.lockstep`) and the timed windo
 happened. Its settings come parsed (:class:`~rankwise.tools.watch.settings.WatchSettings`); every
 attribute of torch (or of a framework) it replaces is recorded in :mod:`rankwise.compat`.
 
-After its last traced step (``steps``) the watcher ends the script (``after="stop"``: a reference, a
-benchmark), or lets it go on through the rest of its work untraced: its later epochs, evaluation,
-saves and shutdown, which the findings that need no reference read.  ``after="shorten"`` cuts every
-later training pass to two optimizer steps' batches
+After its last traced step (``watched_steps``) the watcher ends the script (``after="stop"``: a
+reference, a benchmark), or lets it go on through the rest of its work untraced: its later epochs,
+evaluation, saves and shutdown, which the findings that need no reference read.  ``after="shorten"``
+cuts every later training pass to two optimizer steps' batches
 (:meth:`~rankwise.tools.watch.loaders.LoaderWatch.shorten`) so the rest takes bounded time;
 ``after="as-written"`` runs it as the script wrote it.
 """
@@ -82,8 +82,8 @@ class Watcher:
         """What the run is (``facts.json``): the models', and what the Runtime or the framework's
         adapter says."""
         self.models = ModelWatch(self.facts, settings.keep_dropout)
-        self.steps = StepWatch()
-        self.calls = CallWatch(lambda: self.steps.step)
+        self.step_watch = StepWatch()
+        self.calls = CallWatch(lambda: self.step_watch.step)
         self.data = LoaderWatch(
             scale=settings.scale,
             follow=settings.follow,
@@ -95,7 +95,7 @@ class Watcher:
                 self.calls.gathered.trimmed,
             ),
         )
-        self.saves = SaveWatch(lambda: self.steps.step)
+        self.saves = SaveWatch(lambda: self.step_watch.step)
         self.lockstep = Lockstep(settings.directory, settings.follow)
         self.window = Window(settings)
         self.window_over = False
@@ -113,7 +113,7 @@ class Watcher:
 
     @property
     def step(self) -> int:
-        return self.steps.step
+        return self.step_watch.step
 
     @property
     def tracing(self) -> bool:
@@ -144,12 +144,12 @@ class Watcher:
     def _batch_yielded(self) -> None:
         stall.progress()
         if self.settings.trace:
-            self.steps.batch_yielded()
+            self.step_watch.batch_yielded()
 
     # -- forward, backward -------------------------------------------------------------------------
 
     def _forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if not self.steps.forward_begins():
+        if not self.step_watch.forward_begins():
             return
         stall.progress()
         self.window.begin("forward")
@@ -157,14 +157,14 @@ class Watcher:
             self.model_seen(module)
         if self.tracing and torch.is_grad_enabled() and not self.data.batch_waiting():
             # (a batch no DataLoader yielded: the model's inputs are what its data is known by)
-            self.steps.forward_inputs(args)
+            self.step_watch.forward_inputs(args)
         if not self.settings.trace and not self.step and torch.is_grad_enabled():
             self.window.flops.start(module, self.facts["device"])
         if self.lockstep.follow is not None and not self.step and torch.is_grad_enabled():
-            self.steps.find_random_ops(module)
+            self.step_watch.find_random_ops(module)
 
     def _forward_done(self, module: nn.Module, args: tuple[Any, ...], output: object) -> None:
-        if self.steps.forward_ends():
+        if self.step_watch.forward_ends():
             self.window.end_of("forward")
 
     def model_seen(self, model: nn.Module) -> None:
@@ -191,7 +191,7 @@ class Watcher:
         stall.progress()
         self.calls.metrics.loss_seen(loss)
         # (a benchmark, or after verify's window: no loss read back, a device sync)
-        self.steps.backward(loss, self.data.consume(), self.tracing)
+        self.step_watch.backward(loss, self.data.consume(), self.tracing)
 
     # -- optimizer steps ---------------------------------------------------------------------------
 
@@ -208,7 +208,7 @@ class Watcher:
     def _before_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
+        if self._is_wrapper(optimizer) or self.step_watch.in_runtime_step:
             return None
         closure = kwargs.get("closure", args[0] if args and callable(args[0]) else None)
         if closure is None:
@@ -249,7 +249,7 @@ class Watcher:
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 assign(parameter.grad, applied[name])
-        self.steps.mark_followed()
+        self.step_watch.mark_followed()
 
     def step_begins(self, optimizer: object, no_grad: list[str]) -> None:
         """Between a step's last backward and its optimizer step: ``no_grad``, the trainable
@@ -257,17 +257,17 @@ class Watcher:
         if not self.step:
             self.window.flops.stop()
         self.window.begin("optimizer")
-        self.steps.begins(optimizer, no_grad, self.tracing)
+        self.step_watch.begins(optimizer, no_grad, self.tracing)
 
     def exchange(self, gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Lockstep's gradient of the step under way
         (:meth:`~rankwise.tools.watch.lockstep.Lockstep.exchange`)."""
-        return self.lockstep.exchange(self.step + 1, gradients, self.steps.record)
+        return self.lockstep.exchange(self.step + 1, gradients, self.step_watch.record)
 
     def _after_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._is_wrapper(optimizer) or self.steps.in_runtime_step:
+        if self._is_wrapper(optimizer) or self.step_watch.in_runtime_step:
             return
         named = self.models.parameters(optimizer)
         # (a collective for sharded parameters)
@@ -288,13 +288,13 @@ class Watcher:
         ``weights()``: the whole weights by name (every rank calls it); ``follow(theirs)``: start
         the next step from the N-rank run's weights."""
         stall.progress()
-        steps, settings = self.steps, self.settings
-        steps.count_step()
+        step_watch, settings = self.step_watch, self.settings
+        step_watch.count_step()
         if rank_and_world()[1] > 1:
             self.calls.in_group(*rank_and_world())
         now = self.window.stepped(
-            steps.step,
-            len(steps.record.samples),
+            step_watch.step,
+            len(step_watch.record.samples),
             self.calls.take_collective_seconds(),
             self.data.take_wait_seconds(),
         )
@@ -302,23 +302,23 @@ class Watcher:
         # every REPLICAS_EVERY-th after verify's window.
         compare = (
             self.tracing
-            or steps.step == 1
-            or (self.window_over and steps.step % REPLICAS_EVERY == 0)
+            or step_watch.step == 1
+            or (self.window_over and step_watch.step % REPLICAS_EVERY == 0)
         )
-        records = steps.compared(parameters, compare, self.facts["shards_optimizer_state"])
+        records = step_watch.compared(parameters, compare, self.facts["shards_optimizer_state"])
         if self.tracing:
             whole_weights = weights()
             if rank_and_world()[0] == 0:
                 if self.runtime is None:  # (a Runtime's strategy named its hook as the user set it)
                     self.facts["comm_hook"] = self.calls.comm_hook
-                self.lockstep.write(steps.step, records, whole_weights, self.facts)
-            theirs = self.lockstep.weights_after(steps.step)
+                self.lockstep.write(step_watch.step, records, whole_weights, self.facts)
+            theirs = self.lockstep.weights_after(step_watch.step)
             if theirs is not None:
                 follow(theirs)  # lockstep: the next step starts from the N-rank run's weights
-        steps.next()
-        if steps.step < self.window.end or self.window_over:
+        step_watch.next()
+        if step_watch.step < self.window.end or self.window_over:
             return
-        if not settings.trace and self.window.goes_on(steps.step, now):
+        if not settings.trace and self.window.goes_on(step_watch.step, now):
             return
         self.finish()
         if settings.trace and settings.after != "stop":
@@ -327,7 +327,7 @@ class Watcher:
             self.data.digest_first_only()
             if settings.after == "shorten":
                 self.data.shorten(
-                    STEPS_KEPT * max(1, round(self.data.consumed_batches / steps.step))
+                    STEPS_KEPT * max(1, round(self.data.consumed_batches / step_watch.step))
                 )
                 for adapt in self.on_shorten:
                     adapt()

@@ -23,7 +23,7 @@ from rankwise.tools.watch.window import ReportedWatcher
 class WatcherView(ReportedWatcher, Protocol):
     """A rank's :class:`~rankwise.tools.watch.watcher.Watcher`: its parts, and what it is told."""
 
-    steps: StepWatch
+    step_watch: StepWatch
     calls: CallWatch
     data: LoaderWatch
     saves: SaveWatch
