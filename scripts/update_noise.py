@@ -86,7 +86,7 @@ def noise(out: Path, report: dict) -> tuple[float, float]:
     from rankwise.checkpoint import read_weights
 
     withouts = []
-    for line in report["steps"]:
+    for line in report["step_lines"]:
         step = line["step"]
         if not step or not line.get("followed"):
             continue
@@ -101,7 +101,9 @@ def noise(out: Path, report: dict) -> tuple[float, float]:
             {k: v.double() for k, v in before.items()},
         )
         withouts.append(raw["difference"])
-    withs = [line["update_diff"] for line in report["steps"] if line.get("update_diff") is not None]
+    withs = [
+        line["update_diff"] for line in report["step_lines"] if line.get("update_diff") is not None
+    ]
     return max(withs, default=float("nan")), max(withouts, default=float("nan"))
 
 
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{name:34s} exit {code} {report['verdict']:>15s}: relative update difference "
             f"{with_allowance:.1e} (without the ulp allowance {without:.1e}) over "
-            f"{len(report['steps']) - 1} steps",
+            f"{len(report['step_lines']) - 1} steps",
             flush=True,
         )
     sys.exit(0)

@@ -63,13 +63,13 @@ def test_the_cnn_at_its_optimizers_defaults_is_equivalent_under_every_strategy(
     candidate = json.loads((tmp_path / "candidate" / "probe.json").read_text())
     # as the launcher chose
     assert (candidate["strategy"], candidate["world_size"]) == (strategy, 2)
-    assert [line["step"] for line in report["steps"]] == list(range(6))
-    assert all(line["followed"] and line["equivalent"] for line in report["steps"][1:]), report[
-        "steps"
-    ]
+    assert [line["step"] for line in report["step_lines"]] == list(range(6))
+    assert all(line["followed"] and line["equivalent"] for line in report["step_lines"][1:]), (
+        report["step_lines"]
+    )
     print(
         f"cnn {optimizer} {strategy}: largest gradient difference "
-        f"{max(line['gradient_diff'] for line in report['steps'][1:]):.1e}"
+        f"{max(line['gradient_diff'] for line in report['step_lines'][1:]):.1e}"
     )
 
 
@@ -79,7 +79,7 @@ def test_the_language_model_at_library_defaults_stays_equivalent_over_50_steps(s
         tmp_path, "causal_lm.py", strategy, 50, [*LM, "--samples", "1024", "--steps", "60"]
     )
     assert code == 0, output[-4000:]
-    lines = report["steps"][1:]
+    lines = report["step_lines"][1:]
     assert len(lines) == 50 and all(line["equivalent"] for line in lines)
     # GPT-2's own dropout, switched off to compare
     assert sum(len(m) for m in [report["dropout"]["modules"]]) == 7

@@ -66,9 +66,10 @@ def test_an_equivalent_script_passes_under_a_sharded_strategy_and_says_dropout_w
     proc, report = _verify(tmp_path / "ok", "ok", strategy="fsdp")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["equivalent"] is True and report["diagnosis"] == []
-    assert [line["step"] for line in report["steps"]] == [0, 1, 2]
+    assert [line["step"] for line in report["step_lines"]] == [0, 1, 2]
     assert all(
-        line["data"] == "same" and line["max_param_diff"] <= 1e-5 for line in report["steps"][1:]
+        line["data"] == "same" and line["max_param_diff"] <= 1e-5
+        for line in report["step_lines"][1:]
     )
     assert (
         "dropout: switched off in both runs" in proc.stdout and "drop: Dropout p=0.3" in proc.stdout
@@ -98,8 +99,12 @@ def test_a_setup_script_stepping_with_plain_torch_calls_is_watched_and_equivalen
     'ended after 0 steps'."""
     proc, report = _verify(tmp_path / "plain", "plain-calls")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert report["equivalent"] is True and [line["step"] for line in report["steps"]] == [0, 1, 2]
-    assert all(line["loss_ok"] and line["data"] == "same" for line in report["steps"][1:])
+    assert report["equivalent"] is True and [line["step"] for line in report["step_lines"]] == [
+        0,
+        1,
+        2,
+    ]
+    assert all(line["loss_ok"] and line["data"] == "same" for line in report["step_lines"][1:])
 
 
 @pytest.mark.multiproc

@@ -25,7 +25,7 @@ def _run(samples_per_s: float, peaks: list[float], load: float = 0.4) -> dict:
 def _verdict() -> dict:
     return {
         "verdict": "equivalent",
-        "steps": [{"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.0}],
+        "step_lines": [{"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.0}],
         "dropout": {"modules": []},
         "diagnosis": [],
         "failure": {},

@@ -189,7 +189,7 @@ def test_a_wrong_run_fails_the_count_check(summary):
 def _verify_report(verdict: str, **extra) -> dict:
     return {
         "verdict": verdict,
-        "steps": [
+        "step_lines": [
             {"step": 0, "max_param_diff": 0.0},
             {"step": 1, "max_param_diff": 3e-4, "gradient_diff": 2.7e-4},
         ],

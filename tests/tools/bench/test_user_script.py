@@ -137,7 +137,7 @@ def test_random_ops_that_cannot_be_switched_off_make_a_row_not_comparable_neithe
     }
     report = {
         "verdict": "not comparable",
-        "steps": [
+        "step_lines": [
             {"step": 0, "max_param_diff": 0.0},
             {"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.4},
         ],
@@ -446,7 +446,7 @@ def test_a_row_failed_by_a_finding_says_so_in_the_progress_line_the_table_and_th
 
     report = {
         "verdict": "equivalent",
-        "steps": [{"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.0, "data": "same"}],
+        "step_lines": [{"step": 1, "max_param_diff": 0.0, "gradient_diff": 0.0, "data": "same"}],
         "dropout": {"modules": []},
         "diagnosis": [],
         "failure": {},

@@ -22,10 +22,10 @@ def test_an_unseeded_zero2_script_without_set_epoch_is_followed_step_by_step_and
     epoch."""
     proc, report = _verify(tmp_path / "bad", SCRIPT, "--defective", "--unseeded", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6, proc.stdout
-    assert all(line["max_param_diff"] <= report["tolerance"] for line in report["steps"][1:]), (
-        report["steps"]
-    )
+    assert report["verdict"] == "equivalent" and len(report["step_lines"]) == 6, proc.stdout
+    assert all(
+        line["max_param_diff"] <= report["tolerance"] for line in report["step_lines"][1:]
+    ), report["step_lines"]
     assert any("set_epoch was never called" in text for text in _errors(report)), report["findings"]
     assert any(
         "two runs of this script start from different weights" in text for text in _warnings(report)
@@ -45,9 +45,9 @@ def test_zero3_unseeded_bf16_is_followed_from_step_0_and_its_bf16_gradients_are_
     assert proc.returncode == 1 and report["verdict"] == "not equivalent", (
         proc.stdout + proc.stderr[-3000:]
     )
-    assert all(line["max_param_diff"] <= report["tolerance"] for line in report["steps"][1:]), (
-        report["steps"]
-    )
+    assert all(
+        line["max_param_diff"] <= report["tolerance"] for line in report["step_lines"][1:]
+    ), report["step_lines"]
     assert any(
         "bfloat16" in cause and "DeepSpeed config" in cause for cause in report["diagnosis"]
     ), report

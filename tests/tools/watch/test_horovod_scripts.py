@@ -25,7 +25,7 @@ def test_the_documents_horovod_script_is_not_equivalent_and_both_causes_are_name
     assert "Horovod's fp16 compression" in causes, causes
     assert "learning rate differs at step 1: one process 0.001, 2 ranks 0.002: 2x" in causes, causes
     # step 0 and 3 compared: Horovod's state-creating step is not counted
-    assert len(report["steps"]) == 4
+    assert len(report["step_lines"]) == 4
     # its evaluation, averaged with hvd.allreduce, is combined (before: "rank 0 evaluated 50 of
     # the 100 samples ... nothing was combined"); rank 0 alone prints its own loss
     texts = [(finding["kind"], finding["text"]) for finding in report["findings"]]

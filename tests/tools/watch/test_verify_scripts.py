@@ -72,7 +72,7 @@ def test_a_multi_epoch_ddp_script_is_checked_whole_and_its_later_defects_are_eac
     proc, report = _verify(tmp_path / "bad", "ddp_epochs.py", "--defective", steps=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     # its 5 compared steps match
-    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6
+    assert report["verdict"] == "equivalent" and len(report["step_lines"]) == 6
     errors, warnings = _errors(report), _warnings(report)
     assert any(
         "set_epoch was never called: its 3 passes" in text
@@ -121,7 +121,7 @@ def test_a_multi_epoch_ddp_script_is_checked_whole_and_its_later_defects_are_eac
     proc, report = _verify(tmp_path / "ok", "ddp_epochs.py", steps=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and _errors(report) == []
-    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5
+    assert [line["data"] for line in report["step_lines"][1:]] == ["same"] * 5
     assert "dropout: switched off in both runs" in proc.stdout and "Dropout p=0.1" in proc.stdout
     assert "script: torch, started as torchrun would start it" in proc.stdout
     assert (
@@ -217,7 +217,11 @@ def test_a_tutorial_script_that_trains_nothing_on_unseeded_data_says_so(tmp_path
     # is still read.
     proc, report = _verify(tmp_path / "late", "tutorial_ddp.py", "--fail-at-save", steps=None)
     assert proc.returncode == 4, proc.stdout + proc.stderr[-3000:]
-    assert report["verdict"] == "equivalent" and len(report["steps"]) == 6 and _errors(report) == []
+    assert (
+        report["verdict"] == "equivalent"
+        and len(report["step_lines"]) == 6
+        and _errors(report) == []
+    )
     (late,) = [finding["text"] for finding in report["findings"] if finding["level"] == "failed"]
     assert (
         late.startswith("after the 5 compared steps the distributed run failed")
@@ -239,7 +243,7 @@ def test_fsdp2_with_a_global_token_mean_is_equivalent_and_a_per_micro_batch_mean
     proc, report = _verify(tmp_path / "ok", "plain_fsdp2.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent"
-    assert all(line["gradient_diff"] < 1e-6 for line in report["steps"][1:])
+    assert all(line["gradient_diff"] < 1e-6 for line in report["step_lines"][1:])
     proc, report = _verify(tmp_path / "bad", "plain_fsdp2.py", "--per-micro-batch-mean", steps=2)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert report["first_difference"]["step"] == 1 and report["first_difference"]["data"] == "same"
@@ -284,7 +288,9 @@ def test_accelerates_scheduler_stepped_per_process_is_caught_at_lr_2e_5_and_its_
     proc, report = _verify(tmp_path / "fixed", "accelerate_schedule.py", "--fix", "counts", steps=3)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert report["verdict"] == "equivalent" and report["diagnosis"] == []
-    assert all(line["update_diff"] == 0.0 for line in report["steps"][1:]), report["steps"]
+    assert all(line["update_diff"] == 0.0 for line in report["step_lines"][1:]), report[
+        "step_lines"
+    ]
 
 
 def test_an_accelerate_script_started_without_its_cpu_mode_is_found_training_alone(tmp_path):
@@ -343,7 +349,7 @@ def test_a_lightning_fabric_loop_is_equivalent_and_batch_norm_is_flagged(tmp_pat
     # fabric.print shows rank 0's line only: the loss of its shard (a warning: before, unseen)
     (printed,) = [f["text"] for f in report["findings"] if f["kind"] == "per-rank-metric"]
     assert "rank 0 alone prints the training loss (fabric.print at fabric_loop.py:" in printed
-    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 6
+    assert [line["data"] for line in report["step_lines"][1:]] == ["same"] * 6
     proc, report = _verify(tmp_path / "bn", "fabric_loop.py", "--batch-norm", steps=2)
     assert proc.returncode == 1 and "BatchNorm1d" in report["diagnosis"][0]
 
@@ -364,11 +370,13 @@ def test_a_lightning_trainer_script_is_named_so_and_its_padded_validation_is_fou
     )
     assert (
         report["verdict"] == "equivalent"
-        and [line["data"] for line in report["steps"][1:]] == ["same"] * 5
+        and [line["data"] for line in report["step_lines"][1:]] == ["same"] * 5
     )
     # Lightning steps with a closure (the forward and backward run inside optimizer.step): each
     # step's gradient is still compared in lockstep (before: none, every parameter "no gradient")
-    assert all(line["gradient_diff"] is not None for line in report["steps"][1:]), report["steps"]
+    assert all(line["gradient_diff"] is not None for line in report["step_lines"][1:]), report[
+        "step_lines"
+    ]
     errors = {f["kind"]: f["text"] for f in report["findings"] if f["level"] == "error"}
     assert sorted(errors) == ["counted-more", "per-rank-metric"], errors
     assert (
@@ -495,7 +503,7 @@ def test_an_mp_spawn_script_starts_as_it_starts_itself_and_a_missing_set_epoch_i
         in (report["findings"][0]["text"])
     )
     # epoch 2 begins at step 4
-    assert [line["data"] for line in report["steps"][1:]] == ["same"] * 5
+    assert [line["data"] for line in report["step_lines"][1:]] == ["same"] * 5
     assert (
         "as `python spawn_ddp.py` starts itself: mp.spawn(nprocs=2), its children the ranks, "
         f"port {port} set "

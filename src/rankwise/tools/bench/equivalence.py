@@ -132,7 +132,7 @@ def verify_app(
             "processes": processes,
             "verdict": "could not run",
             "failure": {"verify": f"{type(e).__name__}: {e}"},
-            "steps": [],
+            "step_lines": [],
             "diagnosis": [],
             "findings": [],
             "dropout": {"modules": []},
@@ -143,7 +143,7 @@ def verify_app(
 
 def lockstep_columns(report: VerifyReport) -> EquivalenceColumns:
     """A row's equivalence columns from ``rankwise verify``'s report of it."""
-    lines = [line for line in report["steps"] if line["step"]]
+    lines = [line for line in report["step_lines"] if line["step"]]
     gradients = [gradient for line in lines if (gradient := line.get("gradient_diff")) is not None]
     dropout = report["dropout"]["modules"]
     reason = report["diagnosis"][0] if report["diagnosis"] else None

@@ -221,7 +221,7 @@ def _merged(report: VerifyReport, extra: ReportExtra) -> VerifyReport:
 
 def _written(out: Path, report: VerifyReport, keep_weights: bool) -> VerifyReport:
     write_text_atomic(out / "verify.json", json.dumps(report, indent=2, default=str))
-    if report["steps"]:
+    if report["step_lines"]:
         plot(report, out / "verify.png")
     if not keep_weights:
         for pattern in ("*/step-*.safetensors", "*/grad-*.safetensors"):
@@ -476,7 +476,7 @@ def build(
         "update_tolerance": UPDATE,
         "precision": facts.get("precision"),
         "comm_hook": comm_hook,
-        "steps": lines,
+        "step_lines": lines,
         "steps_asked": steps_asked,
         "steps_reached": [reference.reached, candidate.reached],
         "first_difference": first,

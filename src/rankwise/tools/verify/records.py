@@ -227,8 +227,9 @@ class VerifyReport(ReportExtra):
     """The precision the distributed run ran, where rankwise or DeepSpeed said it."""
     comm_hook: NotRequired[str]
     """DDP's gradient communication hook."""
-    steps: list[StepLine]
-    """One line per step both runs reached (step 0: the weights as prepared)."""
+    step_lines: list[StepLine]
+    """One line per step both runs reached (step 0: the weights as prepared): the comparison step
+    by step."""
     steps_asked: NotRequired[int]
     """The steps the comparison asked for."""
     steps_reached: NotRequired[list[int]]

@@ -48,7 +48,7 @@ def step_table(report: VerifyReport) -> list[str]:
         f"{'step':>4}  {'samples':<8} {'loss (1 process)':>17} {ranks:>17} {'|Δloss|':>9} "
         f"{'Δgradient':>10} {'Δupdate':>9} {'max |Δweight|':>14}"
     ]
-    for line in report["steps"]:
+    for line in report["step_lines"]:
         verdict = "same" if line["equivalent"] else "DIFFERENT"
         if not line["step"] and not line["params_ok"]:
             verdict = "differs as built (the one process took the N-rank run's: a warning below)"
@@ -67,7 +67,9 @@ def step_table(report: VerifyReport) -> list[str]:
 def evolution(report: VerifyReport) -> str | None:
     """The largest differences over the steps, in a line: rounding stays flat, a defect jumps."""
     lines = [
-        line for line in report["steps"] if line["step"] and line.get("gradient_diff") is not None
+        line
+        for line in report["step_lines"]
+        if line["step"] and line.get("gradient_diff") is not None
     ]
     if len(lines) < 2:
         return None
@@ -162,7 +164,7 @@ def render(report: VerifyReport) -> str:
         )
     out.append("")
     out += _failures(report)
-    if report["steps"]:
+    if report["step_lines"]:
         out += step_table(report)
     if curve := evolution(report):
         out.append(curve)
@@ -173,7 +175,7 @@ def render(report: VerifyReport) -> str:
         out += [""] + first_difference(
             first, limit, gradient_limit, report.get("update_tolerance"), processes
         )
-    elif len(report["steps"]) <= 1 and not report["failure"]:
+    elif len(report["step_lines"]) <= 1 and not report["failure"]:
         out.append("no optimizer step was compared: does the script call rt.step?")
     if report.get("vacuous"):
         out += textwrap.wrap(
@@ -206,8 +208,8 @@ def render(report: VerifyReport) -> str:
                 initial_indent=f"  {finding['level'].upper()}: ",
                 subsequent_indent="     ",
             )
-    steps = len(report["steps"]) - 1
-    if report["steps"] and steps < report["steps_asked"]:
+    steps = len(report["step_lines"]) - 1
+    if report["step_lines"] and steps < report["steps_asked"]:
         out.append(
             f"compared {steps} of the {report['steps_asked']} steps asked (the runs recorded "
             f"{' and '.join(map(str, report['steps_reached']))})"

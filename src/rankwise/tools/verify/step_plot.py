@@ -21,7 +21,7 @@ def plot(report: VerifyReport, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = [line for line in report["steps"] if line["step"]]
+    lines = [line for line in report["step_lines"] if line["step"]]
     steps = [line["step"] for line in lines]
     figure, (gradients, weights) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
     panels = (
