@@ -74,7 +74,8 @@ class RankChunks(Sequence[torch.Tensor]):
         if index >= self.made:
             return self[0].new_empty(0)
         start = index * self.step
-        return self.tensor.narrow(self.dim, start, min(self.step, self.tensor.size(self.dim) - start))
+        length = min(self.step, self.tensor.size(self.dim) - start)
+        return self.tensor.narrow(self.dim, start, length)
 
 
 @contextlib.contextmanager

@@ -20,11 +20,21 @@ _REDUCE = StepCall(
 _NORM = StepCall(
     "all_reduce",
     "norm",
-    "one",
+    "parameter-groups",
     "",
-    # every step, clipped or not: the overflow check and the norm DeepSpeed logs and clips by
-    # (counted on gloo at 2 ranks: one call at each stage)
+    # every step, clipped or not: the norm DeepSpeed logs and clips by, one per parameter group
+    # (scaled_global_norm; counted on gloo at 2 ranks)
     "the gradients' norm (overflow check, clipping)",
+)
+_NORM_3 = StepCall(
+    "all_reduce",
+    "norm",
+    # ZeRO-3 reduces one norm per optimizer sub-group (stage3_sub_group_size elements of the
+    # rank's partitions, rankwise's deepspeed.bucket_size; _get_norm_groups)
+    "zero3-sub-groups",
+    "",
+    "the gradients' norm (overflow check, clipping)",
+    bucket=_BUCKET,
 )
 _GATHER_UPDATED = StepCall(
     "all_gather",
@@ -54,12 +64,14 @@ STAGE_FACTS = {
     3: Facts(
         shards=frozenset({"optimizer", "gradients", "parameters"}),
         step=(
-            # each module's partitioned parameters gathered before its forward and again before
-            # its backward, every micro-batch; overlap_comm and prefetching hide them
+            # a module's partitioned parameters gathered before it runs, with the next uses
+            # prefetched up to stage3_prefetch_bucket_size in the same pass; gathered again in the
+            # backward only where released in between (past stage3_max_live_parameters or the
+            # reuse distance), every micro-batch; overlap_comm and prefetching hide them
             StepCall(
                 "all_gather",
                 "partitioned-parameters",
-                "units",
+                "zero3-fetches",
                 "forward",
                 "parameters, forward",
                 every_micro_batch=True,
@@ -67,7 +79,7 @@ STAGE_FACTS = {
             StepCall(
                 "all_gather",
                 "partitioned-parameters",
-                "units",
+                "zero3-fetches",
                 "backward",
                 "parameters, backward",
                 every_micro_batch=True,
@@ -80,7 +92,7 @@ STAGE_FACTS = {
                 "gradients",
                 bucket=_BUCKET,
             ),
-            _NORM,
+            _NORM_3,
             # the parameters kept whole (below stage3_param_persistence_threshold) are stepped in
             # their partition and gathered again after the step, one call each
             StepCall(

@@ -31,12 +31,22 @@ Carries = Literal[
 those kept whole on every rank (below it), or one fp32 number (a norm)."""
 
 Count = Literal[
-    "buckets", "units", "layer-units", "parameter-groups", "element-buckets", "each", "one"
+    "buckets",
+    "units",
+    "layer-units",
+    "parameter-groups",
+    "element-buckets",
+    "each",
+    "one",
+    "zero3-fetches",
+    "zero3-sub-groups",
 ]
 """How many calls it makes: one per bucket of :attr:`StepCall.bucket` bytes of what it carries, one
 per wrapped unit (the layers and the root), one per wrapped layer, one per optimizer parameter
-group, one per bucket of :attr:`StepCall.bucket` parameter elements, one per tensor it carries, or
-one."""
+group, one per bucket of :attr:`StepCall.bucket` parameter elements, one per tensor it carries, one,
+as DeepSpeed ZeRO-3's coordinator fetches and prefetches over the module calls of its pass (and
+only what it gathers again: ``rankwise.tools.plan.zero3_fetch``), or one per ZeRO-3 optimizer
+sub-group (:attr:`StepCall.bucket` elements of the rank's partitions)."""
 
 Layout = Literal[
     "whole",

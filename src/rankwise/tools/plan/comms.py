@@ -29,9 +29,14 @@ from pathlib import Path
 from rankwise.errors import ConfigError
 from rankwise.strategies import lookup
 from rankwise.strategies.facts import StepCall
+from rankwise.strategies.options import DeepSpeedOptions
 from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
 from rankwise.tools.plan.fake_step import Trace
+from rankwise.tools.plan.zero3_fetch import gathers
+
+DEEPSPEED_BUCKET = DeepSpeedOptions().bucket_size
+"""rankwise's ``deepspeed.bucket_size`` (elements), where the caller gives none."""
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 LARGE = 4 * 2**20
@@ -79,11 +84,39 @@ def _carried(call: StepCall, trace: Trace, half: bool, persistence: int) -> tupl
     return itemsize * sum(numels), numels
 
 
-def _calls(call: StepCall, trace: Trace, nbytes: int, numels: list[int]) -> int:
+def _packed(numels: list[int], bucket: int) -> int:
+    """DeepSpeed's reduction buckets (``stage_1_and_2.py``, ``stage3.py``): the gradients in the
+    order the backward makes them (the parameters' reversed), a bucket reduced before the one that
+    would overflow it is added; a parameter is never split."""
+    calls = filled = 0
+    for n in reversed(numels):
+        if filled and filled + n > bucket:
+            calls, filled = calls + 1, 0
+        filled += n
+    return calls + (1 if filled else 0)
+
+
+def _sub_groups(numels: list[int], world: int, size: int) -> int:
+    """ZeRO-3's optimizer sub-groups (``stage3.py``, ``_create_fp16_sub_groups``): the rank's
+    partitions in parameter order, a sub-group closed once it holds ``size`` elements."""
+    partitions = [math.ceil(n / world) for n in numels]
+    if size >= sum(partitions):
+        return 1
+    groups = filled = 0
+    for n in partitions:
+        filled += n
+        if filled >= size:
+            groups, filled = groups + 1, 0
+    return groups + (1 if filled else 0)
+
+
+def _calls(
+    call: StepCall, trace: Trace, nbytes: int, numels: list[int], bucket: int | None = None
+) -> int:
     if call.count == "buckets":
         return max(1, math.ceil(nbytes / call.bucket))
     if call.count == "element-buckets":
-        return max(1, math.ceil(sum(numels) / call.bucket))
+        return _packed(numels, bucket or call.bucket)
     if call.count == "units":
         return _units(trace)
     if call.count == "layer-units":
@@ -104,10 +137,14 @@ def collectives(
     half: bool = False,
     clips: bool = False,
     persistence: int = 100_000,
+    bucket: int | None = None,
+    max_live: int = 10_000_000,
 ) -> list[Collective]:
     """What ``strategy`` communicates per optimizer step at ``world`` ranks, from the collectives
     its file declares (``half``: a mixed precision; ``clips``: the step clips the gradients' norm;
-    ``persistence``: ZeRO-3's threshold below which a parameter stays whole)."""
+    ``persistence``: ZeRO-3's threshold below which a parameter stays whole; ``bucket``:
+    DeepSpeed's reduction and prefetch bucket, rankwise's ``deepspeed.bucket_size``, where not the
+    declared one; ``max_live``: ZeRO-3's live parameters; all in elements)."""
     facts = lookup(strategy).facts
     if facts is None or facts.layout is None:
         raise ConfigError(f"rankwise plan knows no communication model for strategy {strategy!r}")
@@ -118,7 +155,15 @@ def collectives(
         if call.when_clipping and not clips:
             continue
         nbytes, numels = _carried(call, trace, half, persistence)
-        calls = _calls(call, trace, nbytes, numels)
+        calls = _calls(call, trace, nbytes, numels, bucket)
+        if call.count == "zero3-sub-groups":
+            calls = _sub_groups(trace.numels, world, bucket or call.bucket)
+        if call.count == "zero3-fetches":
+            prefetch = bucket or DEEPSPEED_BUCKET
+            fetched = gathers(trace, persistence=persistence, bucket=prefetch, max_live=max_live)[
+                call.beside
+            ]
+            calls, nbytes = fetched.calls, nbytes * fetched.elements // max(1, sum(numels))
         repeats = grad_accum if call.every_micro_batch else 1
         # (no call where there is nothing to move: the root is not gathered again for its backward
         # pass; ZeRO-3 gathers no layer whose parameters all stay whole)

@@ -89,6 +89,14 @@ class Trace:
     param_groups: int = 1
     """The optimizer's parameter groups that hold parameters (ZeRO-1/2 flatten each into one
     buffer, all-gathered in one call)."""
+    module_params: list[tuple[int, ...]] = field(default_factory=list)
+    """Each module call of the forward pass, in the order it started: the indices (into
+    :attr:`numels`) of the trainable parameters the module holds itself (ZeRO-3 gathers a module's
+    own parameters when it is called)."""
+    module_events: list[int] = field(default_factory=list)
+    """The forward's module calls starting (``i + 1``) and ending (``-(i + 1)``), in order: the
+    order ZeRO-3's hooks fetch and release parameters in
+    (:mod:`~rankwise.tools.plan.zero3_fetch`)."""
 
     @property
     def numel(self) -> int:
@@ -180,6 +188,41 @@ class StepTracker(TorchDispatchMode):
             self.live["gradients"] += record[1]
 
 
+class ModuleOrder:
+    """Records the forward's module calls as :attr:`Trace.module_params` and
+    :attr:`Trace.module_events` (hooks that touch no tensor: the trace is the same)."""
+
+    def __init__(self, model: torch.nn.Module, trainable: list[torch.Tensor]):
+        self.index = {id(p): i for i, p in enumerate(trainable)}
+        self.params: list[tuple[int, ...]] = []
+        self.events: list[int] = []
+        self.open: list[int] = []
+        self.recording = False
+        self.handles = [
+            hook
+            for module in model.modules()
+            for hook in (
+                module.register_forward_pre_hook(self.start),
+                module.register_forward_hook(self.end, always_call=True),
+            )
+        ]
+
+    def start(self, module: torch.nn.Module, _args: object) -> None:
+        if self.recording:
+            own = module.parameters(recurse=False)
+            self.open.append(len(self.params))
+            self.params.append(tuple(self.index[id(p)] for p in own if id(p) in self.index))
+            self.events.append(len(self.params))
+
+    def end(self, _module: torch.nn.Module, _args: object, _output: object) -> None:
+        if self.recording and self.open:
+            self.events.append(-(self.open.pop() + 1))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 def resized(capture: Capture, rows: int) -> tuple[tuple, dict]:
     """The captured inputs with ``rows`` samples (the captured ones repeated in order)."""
     have = capture.rows
@@ -262,6 +305,8 @@ def trace(
     tracker = StepTracker()
     tracker.known([*params, *model.buffers(), *state, *inputs])
     hooks = [p.register_post_accumulate_grad_hook(tracker.gradient) for p in trainable]
+    # (the forward's module calls only: a checkpointed layer's recompute calls them again)
+    order = ModuleOrder(model, trainable)
     # (attention on the CPU's fake tensors is its fused kernel, which torch counts as 0 FLOPs:
     # counted as torch counts the GPU's; and no module breakdown, whose hooks kept checkpointed
     # layers' recomputed outputs alive: compat.flop_formulas)
@@ -269,7 +314,9 @@ def trace(
     try:
         with tracker:
             with counter:
+                order.recording = True
                 loss = forward()
+                order.recording = False
                 forward_flops = int(counter.get_total_flops())
                 tracker.phase = 1
                 loss.backward()
@@ -281,6 +328,7 @@ def trace(
     finally:
         for hook in hooks:
             hook.remove()
+        order.remove()
     blocks = transformer_blocks(model)
     return Trace(
         rows=rows,
@@ -299,4 +347,6 @@ def trace(
         samples=tracker.samples,
         block_param_numels=[sum(p.numel() for p in block.parameters()) for block in blocks],
         param_groups=max(1, sum(1 for group in optimizer.param_groups if group["params"])),
+        module_params=order.params,
+        module_events=order.events,
     )

@@ -226,6 +226,8 @@ class Planner:
             self.capture.grad_accum,
             half=precision in HALF,
             clips=self.capture.clips_at is not None,
+            bucket=self.zero.bucket_size,
+            max_live=self.zero.max_live_parameters,
         )
         timed = self.timed_for(strategy, trace, world, precision)
         time = step_time(

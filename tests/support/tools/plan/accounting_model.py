@@ -10,9 +10,9 @@ WIDTH, LAYERS, ROWS = 64, 3, 8
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, width: int = WIDTH):
         super().__init__()
-        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
 
     def forward(self, x):
         return x + self.down(torch.relu(self.up(x)))
@@ -21,10 +21,10 @@ class Block(nn.Module):
 class Net(nn.Module):
     _no_split_modules = ["Block"]
 
-    def __init__(self):
+    def __init__(self, width: int = WIDTH):
         super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.head = nn.Linear(WIDTH, 10)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(LAYERS))
+        self.head = nn.Linear(width, 10)
 
     def forward(self, x):
         for block in self.blocks:
@@ -32,6 +32,6 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def build():
-    model = Net()
+def build(width: int = WIDTH):
+    model = Net(width)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
