@@ -18,8 +18,10 @@ same replay (activation checkpointing's recompute included).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -130,27 +132,33 @@ class Trace:
         return max(best, 0), at or Sample(0, 0, 0, 0)
 
 
-def _nbytes(storage) -> int:
+def _nbytes(storage: torch.UntypedStorage) -> int:
     return storage.nbytes()
 
 
 class StepTracker(TorchDispatchMode):
     """Follows every tensor storage the operations inside it create (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.storages = WeakIdKeyDictionary()
         self.live = {"activations": 0, "gradients": 0, "optimizer_temporaries": 0}
         self.phase = 0
         self.samples: list[Sample] = []
 
-    def known(self, tensors) -> None:
+    def known(self, tensors: Iterable[torch.Tensor]) -> None:
         """Storages that exist before the step (parameters, state, batch): never counted as
         created."""
         for tensor in tensors:
             self.storages[tensor.untyped_storage()] = (None, None)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         grew = False
         for value in tree_flatten(out)[0]:
@@ -163,7 +171,7 @@ class StepTracker(TorchDispatchMode):
             self.samples.append(Sample(self.phase, *self.live.values()))
         return out
 
-    def _created(self, storage, kind: str) -> bool:
+    def _created(self, storage: torch.UntypedStorage, kind: str) -> bool:
         if storage in self.storages:
             return False
         record: list = [kind, _nbytes(storage)]  # [kind, bytes]: a list the freeing callback reads
@@ -171,7 +179,7 @@ class StepTracker(TorchDispatchMode):
         self.live[kind] += record[1]
         return record[1] > 0
 
-    def _freed(self, record: list, _ref) -> None:
+    def _freed(self, record: list[Any], _ref: object) -> None:
         self.live[record[0]] -= record[1]
 
     def gradient(self, param: torch.Tensor) -> None:
@@ -236,7 +244,7 @@ def resized(capture: Capture, rows: int) -> tuple[tuple, dict]:
     return map_tensors(resize, capture.args), map_tensors(resize, capture.kwargs)
 
 
-def _unique(tensors) -> list[torch.Tensor]:
+def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     seen, out = set(), []
     for tensor in tensors:
         if id(tensor) not in seen:
@@ -245,7 +253,7 @@ def _unique(tensors) -> list[torch.Tensor]:
     return out
 
 
-def _storage_bytes(tensors) -> int:
+def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     storages = {}
     for tensor in tensors:
         storage = tensor.untyped_storage()
@@ -283,7 +291,7 @@ def trace(
     args, kwargs = resized(capture, rows)
     use_autocast = autocast is not None and capture.autocast
 
-    def forward():
+    def forward() -> torch.Tensor:
         with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=use_autocast):
             return loss_of(model(*args, **kwargs))
 

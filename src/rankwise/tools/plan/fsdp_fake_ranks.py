@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as torch_dist
+from torch.distributed.fsdp import FSDPModule
 
 from rankwise.compat.fsdp_tools import chunks_when_read, fake_store, mem_tracker
 from rankwise.strategies.blocks import checkpoint_blocks, is_checkpointed, transformer_blocks
@@ -35,6 +38,9 @@ from rankwise.tools.plan.fake import fake_copy
 from rankwise.tools.plan.fake_step import resized
 from rankwise.tools.plan.rank_memory import KINDS, Memory
 from rankwise.tools.plan.reads import DataDependentOutputException, ValueReads
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 KIND_OF = {
     "Sharded Param": "parameters",
@@ -53,7 +59,7 @@ KIND_OF = {
 
 
 @contextlib.contextmanager
-def fake_ranks(world_size: int):
+def fake_ranks(world_size: int) -> Iterator[None]:
     """A process group of ``world_size`` fake ranks in this process (this process is rank 0), closed
     after."""
     if torch_dist.is_initialized():
@@ -147,11 +153,18 @@ def fsdp(
 
 
 def _sharded(
-    model, optimizer, mesh, args, kwargs, grad_accum: int, autocast: torch.dtype | None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mesh: DeviceMesh,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grad_accum: int,
+    autocast: torch.dtype | None,
 ) -> Memory:
     names = {id(p): name for name, p in model.named_parameters()}
     # (as rankwise's fsdp shards it: gathered in the autocast dtype, the mixed-precision policy)
     shard(model, mesh, autocast or torch.float32)
+    assert isinstance(model, FSDPModule)  # (fully_shard gives the root FSDP's class)
     optimizer = rebind_optimizer(optimizer, model, names)
     tracker = mem_tracker()(model, optimizer)
     tracker.track_inputs((args, kwargs))

@@ -146,7 +146,13 @@ class Planner:
         # an engine that casts the model to 16 bits runs no autocast (its file says which)
         return (half, None) if facts is not None and facts.casts_model else (None, half)
 
-    def trace_for(self, rows: int, param_dtype, autocast, checkpointing: bool) -> Trace:
+    def trace_for(
+        self,
+        rows: int,
+        param_dtype: torch.dtype | None,
+        autocast: torch.dtype | None,
+        checkpointing: bool,
+    ) -> Trace:
         key = (rows, param_dtype, autocast, checkpointing)
         if key not in self.traces:
             log.info(
