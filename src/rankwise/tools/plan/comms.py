@@ -111,8 +111,10 @@ def _sub_groups(numels: list[int], world: int, size: int) -> int:
 
 
 def _calls(
-    call: StepCall, trace: Trace, nbytes: int, numels: list[int], bucket: int | None = None
+    call: StepCall, trace: Trace, nbytes: int, numels: list[int], world: int, bucket: int | None
 ) -> int:
+    """Calls of ``call`` in one micro-batch (``zero3-fetches``: counted by
+    :func:`~rankwise.tools.plan.zero3_fetch.gathers`, with the bytes)."""
     if call.count == "buckets":
         return max(1, math.ceil(nbytes / call.bucket))
     if call.count == "element-buckets":
@@ -125,7 +127,9 @@ def _calls(
         return len(numels)
     if call.count == "one":
         return 1
-    return trace.param_groups
+    if call.count == "zero3-sub-groups":
+        return _sub_groups(trace.numels, world, bucket or call.bucket)
+    return trace.param_groups  # parameter-groups
 
 
 def collectives(
@@ -155,9 +159,7 @@ def collectives(
         if call.when_clipping and not clips:
             continue
         nbytes, numels = _carried(call, trace, half, persistence)
-        calls = _calls(call, trace, nbytes, numels, bucket)
-        if call.count == "zero3-sub-groups":
-            calls = _sub_groups(trace.numels, world, bucket or call.bucket)
+        calls = _calls(call, trace, nbytes, numels, world, bucket)
         if call.count == "zero3-fetches":
             prefetch = bucket or DEEPSPEED_BUCKET
             fetched = gathers(trace, persistence=persistence, bucket=prefetch, max_live=max_live)[
