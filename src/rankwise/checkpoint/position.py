@@ -21,7 +21,9 @@ batches handed out so far cover.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -44,13 +46,25 @@ class ResumableLoader(DataLoader):
     """``rt.loader``'s DataLoader: it knows how far into its epoch the loop is, for
     ``rt.save_state``, and continues from there after ``rt.load_state``.  ``gather``: every rank's
     object (the Runtime's ``all_gather_object``); ``say``: how rank 0 prints; ``name``: how messages
-    call it."""
+    call it; ``ahead``: what the batches pass through before they are handed out (the Runtime's
+    device prefetch, which takes one batch ahead: the count here is of batches handed out, so a
+    batch taken ahead is not in the position)."""
 
     sampler: ShardSampler  # checked in __init__
     batch_size: int  # a ResumableLoader batches (rt.loader passes one)
 
-    def __init__(self, *args, gather, say, world_size: int, name: str = "rt.loader", **kwargs):
+    def __init__(
+        self,
+        *args,
+        gather,
+        say,
+        world_size: int,
+        name: str = "rt.loader",
+        ahead: Callable[[Iterable[Any]], Iterator[Any]] | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
+        self.ahead = ahead
         if not isinstance(self.sampler, ShardSampler):
             raise TypeError(
                 "a ResumableLoader needs rankwise's ShardSampler "
@@ -79,7 +93,8 @@ class ResumableLoader(DataLoader):
             sampler.start * self._world,
             False,
         )
-        for k, batch in enumerate(super().__iter__()):
+        batches = super().__iter__()
+        for k, batch in enumerate(batches if self.ahead is None else self.ahead(batches)):
             # Counted as it is handed out: a batch the loop received is trained (or deliberately
             # passed over).
             self._handed += self.global_micro_batch

@@ -50,6 +50,14 @@ INSTANCE_NORM = Private(
     "the base of every instance normalisation, whose running statistics follow the batch",
     TORCH,
 )
+TENSOR_VERSION = Private(
+    "torch.Tensor._version",
+    "torch",
+    "a tensor's count of in-place writes: whether a batch rt.loader handed out was changed before "
+    "rt.to_device, so that the device copy made ahead for it is stale (runtime/prefetch.py); no "
+    "public API counts a tensor's writes",
+    TORCH,
+)
 DROPOUT = Private(
     "torch.nn.modules.dropout._DropoutNd",
     "torch",

@@ -60,8 +60,9 @@ from rankwise.launch.failures import record_for_launcher
 from rankwise.process import ProcessEnv
 from rankwise.runtime import hangs, observers
 from rankwise.runtime.agreement import agree_with_rank0
-from rankwise.runtime.data import Sampling, shard_loader, to_device
+from rankwise.runtime.data import Sampling, shard_loader
 from rankwise.runtime.data_shares import DataSharesCheck
+from rankwise.runtime.prefetch import DeviceAhead
 from rankwise.sampling.batching import (
     dataset_size,
     longest_first,
@@ -123,6 +124,7 @@ class Runtime:
         if seed is not None:
             seed_everything(seed)
         self._data_shares = DataSharesCheck(self.env.world_size)
+        self.prefetch = DeviceAhead(self.device, say=self.print)  # rt.loader's, to the device
         self.observers = observers.registered()
         """What a tool watches in this run (``rankwise verify``, ``bench --script``); empty
         otherwise."""
@@ -218,6 +220,7 @@ class Runtime:
         num_workers: int = 0,
         lengths: Sequence[int] | None = None,
         group_size: int | None = None,
+        prefetch: bool | None = None,
     ) -> ResumableLoader:
         """A DataLoader over this rank's shard; ``batch_size`` is the *global* batch.
 
@@ -230,7 +233,8 @@ class Runtime:
         length into the same global batch, so padding to the batch's longest costs little.
         Under gradient accumulation pass the optimizer step's global batch as
         ``group_size`` so each step, not each micro-batch, is one length group.
-        """
+        ``prefetch`` (default: on a CUDA device): each batch handed out starts the next one's copy
+        to the device, which :meth:`to_device` then takes (:mod:`rankwise.runtime.prefetch`)."""
         micro_batch_size(batch_size, self.world_size)
         drop_last = shuffle if drop_last is None else drop_last
         for observer in self.observers:
@@ -246,6 +250,7 @@ class Runtime:
             num_workers=num_workers,
             lengths=lengths,
             group_size=group_size,
+            prefetch=prefetch,
             name=f"rt.loader #{len(self._loaders) + 1}" if self._loaders else "rt.loader",
         )
         self._loaders.append(weakref.ref(loader))
@@ -265,7 +270,7 @@ class Runtime:
             observer.batch(self, batch)
         if self._data_shares.pending:
             self._data_shares.batch(batch)
-        return to_device(batch, self.device)
+        return self.prefetch.move(batch)  # the copies rt.loader made ahead, where it made some
 
     # -- evaluation --------------------------------------------------------------------------
     def eval_loader(

@@ -39,8 +39,13 @@ def shard_loader(
     lengths: Sequence[int] | None = None,
     group_size: int | None = None,
     name: str = "rt.loader",
+    prefetch: bool | None = None,
 ) -> ResumableLoader:
-    """``rt.loader``'s loader: this rank's share of each global batch, resumable mid-epoch."""
+    """``rt.loader``'s loader: this rank's share of each global batch, resumable mid-epoch;
+    ``prefetch`` (``None``: on a CUDA device) copies each batch to the device one batch ahead
+    (``rt.prefetch``)."""
+    if prefetch is None:
+        prefetch = rt.device.type == "cuda"
     sampler = rank_sampler(
         dataset,
         sampling.batch_size,
@@ -69,15 +74,16 @@ def shard_loader(
         say=rt.print,
         world_size=rt.world_size,
         name=name,
+        ahead=rt.prefetch.ahead if prefetch else None,
     )
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of ``batch`` (nested in dicts, lists and tuples) on ``device``."""
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``fn`` applied to each of its tensors (nested in dicts, lists and tuples)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return fn(batch)
     if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
+        return type(batch)(map_tensors(v, fn) for v in batch)
     return batch

@@ -14,13 +14,14 @@ PADDING = (0, -100)
 -100)."""
 
 
-def _tensors(batch) -> list[torch.Tensor]:
+def batch_tensors(batch) -> list[torch.Tensor]:
+    """The tensors of ``batch`` (nested in mappings, lists and tuples), in order."""
     if isinstance(batch, torch.Tensor):
         return [batch]
     if isinstance(batch, Mapping):
-        return [t for value in batch.values() for t in _tensors(value)]
+        return [t for value in batch.values() for t in batch_tensors(value)]
     if isinstance(batch, (list, tuple)):
-        return [t for value in batch for t in _tensors(value)]
+        return [t for value in batch for t in batch_tensors(value)]
     return []
 
 
@@ -41,13 +42,13 @@ def _row_bytes(row: torch.Tensor, keep: torch.Tensor | None) -> bytes:
 def batch_rows(batch) -> int:
     """Samples in a batch: the first dimension most of its tensors share (0 for a batch without
     tensors)."""
-    firsts = [t.shape[0] for t in _tensors(batch) if t.dim() > 0]
+    firsts = [t.shape[0] for t in batch_tensors(batch) if t.dim() > 0]
     return max(set(firsts), key=firsts.count) if firsts else 0
 
 
 def sample_digests(batch) -> list[str]:
     """One short digest per sample (row) of a batch: every tensor's row, padding left out."""
-    tensors = [t.detach().cpu() for t in _tensors(batch) if t.dim() > 0]
+    tensors = [t.detach().cpu() for t in batch_tensors(batch) if t.dim() > 0]
     if not tensors:
         return []
     firsts = [t.shape[0] for t in tensors]

@@ -459,6 +459,7 @@ class Trainer:
             "steps": self.step,
             "train_s": round(train_time, 3),
             "peak_rss_mb": peak_rss_mb,
+            "prefetched_tensors": rt.prefetch.taken,  # copied to the device a batch ahead (CUDA)
             "samples_per_s": round(samples / train_time, 2) if train_time > 0 else None,
             **self.throughput.rates(tokens),
             **self.compiles.summary(),
