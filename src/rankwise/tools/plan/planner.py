@@ -24,7 +24,7 @@ from rankwise.tools.plan.comms import Bandwidth, Collective, collectives
 from rankwise.tools.plan.config import PlanConfig
 from rankwise.tools.plan.devices import Device
 from rankwise.tools.plan.fake_step import Trace, trace
-from rankwise.tools.plan.fsdp_fake_ranks import fsdp
+from rankwise.tools.plan.fsdp_fake_ranks import at_world, fsdp
 from rankwise.tools.plan.rank_memory import Memory, Setting, formula
 from rankwise.tools.plan.timing import StepTime, Timed, step_time
 
@@ -125,6 +125,8 @@ class Planner:
         self.traces: dict[tuple, Trace] = {}
         self.timed: dict[tuple, Timed | None] = {}
         self.fsdp_cache: dict[tuple, Memory] = {}
+        self.fsdp_measured: dict[tuple, tuple[int, Memory]] = {}
+        """FSDP measured on fake ranks, by (rows, autocast, checkpointing): (world size, memory)."""
         self.ddp, self.zero = DDPOptions(), DeepSpeedOptions()
 
     # -- the pieces --------------------------------------------------------------------------------
@@ -201,7 +203,13 @@ class Planner:
         model = formula(strategy)
         if model is None:  # FSDP2's units, which fake tensors reach: measured on fake ranks
             key = (world, rows, autocast, checkpointing)
-            if key not in self.fsdp_cache:
+            measured = self.fsdp_measured.get(key[1:])
+            if key in self.fsdp_cache:
+                pass
+            elif measured is not None and world > 1:  # one measurement a shape, scaled to world
+                shapes = [p.shape for p in self.capture.model.parameters()]
+                self.fsdp_cache[key] = at_world(measured[1], measured[0], world, shapes)
+            else:
                 log.info(f"rankwise plan: fsdp on {world} fake ranks ({rows} rows a rank)")
                 self.fsdp_cache[key] = fsdp(
                     self.capture,
@@ -212,6 +220,8 @@ class Planner:
                     grad_accum=self.capture.grad_accum,
                     gloo=self.device.name == "cpu",
                 )
+                if world > 1:  # (one rank shards nothing, and has no gloo copies)
+                    self.fsdp_measured[key[1:]] = (world, self.fsdp_cache[key])
             return self.fsdp_cache[key], trace
         setting = Setting(
             world_size=world,
