@@ -297,7 +297,11 @@ class Planner:
             other = self.row(strategy, row.world_size, row.precision, row.checkpointing)
             if other.fits:
                 options.append((other.time.total_s, f"{strategy} at {row.world_size} ranks"))
-        if not row.checkpointing:
+        # (checkpointing drops activations only: where what a rank holds throughout, its parameters
+        # and optimizer state, is already over the limit, no replay with it can fit; 18 CPU-s of
+        # the 8B plan were that replay, for DDP's rows alone)
+        states = row.memory.parameters + row.memory.optimizer
+        if not row.checkpointing and states <= self.plan.limit:
             other = self.row(row.strategy, row.world_size, row.precision, True)
             if other.fits:
                 options.append((other.time.total_s, "activation checkpointing"))
