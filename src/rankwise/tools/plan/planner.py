@@ -229,6 +229,7 @@ class Planner:
             ddp_bucket_view=self.ddp.gradient_as_bucket_view,
             zero_bucket=self.zero.bucket_size,
             zero_max_live=self.zero.max_live_parameters,
+            gloo=self.device.name == "cpu",
         )
         return model(trace, setting), trace
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rankwise.errors import ConfigError
 from rankwise.strategies import lookup
 from rankwise.tools.plan.fake_step import Sample, Trace
+from rankwise.tools.plan.zero3_fetch import gathers
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers")
 """What a rank's memory is made of, in the order the report stacks them."""
@@ -106,6 +107,9 @@ class Setting:
     on every rank."""
     horovod_fusion_bytes: int = 128 * 2**20
     """Horovod's fusion buffer (``HOROVOD_FUSION_THRESHOLD``, 128 MiB by default)."""
+    gloo: bool = False
+    """The ranks communicate over gloo (a plan for this machine's CPU), whose collectives copy more
+    than NCCL's (:func:`reduce_copies`)."""
 
 
 def single(trace: Trace, setting: Setting) -> Memory:
@@ -261,9 +265,139 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
     return memory
 
 
+def largest_sub_group(numels: list[int], world: int, size: int) -> int:
+    """Elements of ZeRO-3's largest optimizer sub-group (``stage3.py``, ``_create_fp16_sub_groups``:
+    the rank's partitions in parameter order, a sub-group closed once it holds ``size`` elements,
+    so up to one partition more; rankwise sets ``sub_group_size`` to its bucket size)."""
+    largest = filled = 0
+    for numel in numels:
+        filled += math.ceil(numel / world)
+        largest = max(largest, filled)
+        if filled >= size:
+            filled = 0
+    return largest
+
+
+def reduce_buckets(numels: list[int], bucket: int) -> list[list[int]]:
+    """ZeRO-3's gradient reductions in one backward pass, each the elements of the gradients it
+    reduces: the gradients in the order the backward pass computes them (the parameters' reverse
+    order), a bucket reduced before a gradient that would overflow it joins
+    (``stage3.py``, ``reduce_independent_p_g_buckets_and_remove_grads``), the last one by the
+    backward's epilogue (``independent_gradient_partition_epilogue``)."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for numel in reversed(numels):
+        if current and filled + numel > bucket:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(numel)
+        filled += numel
+    return [*buckets, current] if current else buckets
+
+
+def reduce_copies(gradients: list[int], world: int, itemsize: int, gloo: bool) -> int:
+    """Bytes one ZeRO-3 reduction allocates besides its bucket (``gradients``: their elements).
+
+    - Every backend: ``reduce_scatter_coalesced`` (``runtime/comm/coalesced_collectives.py``,
+      called by ``stage3.py``'s ``__avg_scatter_grads``: ``reduce_scatter`` is true by default)
+      interleaves the gradients' rank slices, each padded to ceil(n/N), into one flat copy
+      (``torch.cat``), except a lone gradient of a multiple of N elements, reduced in place.
+    - gloo only: torch's reduce-scatter on gloo (``distributed_c10d.reduce_scatter_single``)
+      reduces a copy of its whole input, freed when it returns (measured, 2 ranks); NCCL reduces
+      the input itself."""
+    padded = sum(math.ceil(numel / world) * world for numel in gradients)
+    lone = len(gradients) == 1 and gradients[0] % world == 0
+    return itemsize * ((0 if lone else padded) + (padded if gloo else 0))
+
+
+def zero3_step(trace: Trace, setting: Setting) -> tuple[dict[str, int], Step]:
+    """What :func:`zero3` holds through the step, and what it adds at each of the trace's
+    samples."""
+    n, d = setting.world_size, trace.itemsize
+    partitioned = [numel for numel in trace.numels if numel >= setting.zero_persistence]
+    persistent = sum(numel for numel in trace.numels if numel < setting.zero_persistence)
+    part = sum(math.ceil(numel / n) for numel in trace.numels)
+    masters = 0 if trace.param_dtype == "float32" else 4 * part
+    held = {
+        "parameters": d * (part + persistent),
+        "gradients": d * part,
+        "optimizer": masters + round(4 * trace.optimizer_moments * part),
+        "activations": fixed_activations(trace),
+        "buffers": d * setting.zero_bucket,
+    }
+    sub = largest_sub_group(trace.numels, n, setting.zero_bucket)
+    # the last backward sample: the epilogue's reduction follows it
+    last = next((s for s in reversed(trace.samples) if s.phase == 1), None)
+    gathered = {"forward": 0, "backward": 0}
+    flat = {"forward": 0, "backward": 0}
+    whole_gradient, copies, epilogue = 0, [0], dict[str, int]()
+    if n > 1 and partitioned:
+        passes = gathers(
+            trace,
+            persistence=setting.zero_persistence,
+            bucket=setting.zero_bucket,
+            max_live=setting.zero_max_live,
+        )
+        # the most gathered at once in each pass, as the coordinator's replay has it (without a
+        # recorded module order: the live parameters, or the largest one)
+        bound = min(sum(partitioned), max(setting.zero_max_live, max(partitioned)))
+        live = {name: g.live or bound for name, g in passes.items()}
+        gathered = {name: d * elements for name, elements in live.items()}
+        # (gloo's and NCCL's alike: the call's flat buffer beside each parameter's own copy)
+        flat = {name: d * g.largest for name, g in passes.items()}
+        # what stays gathered at the epilogue: the modules whose post-backward hook never fired
+        # (fed the batch, which needs no gradient: released later, release_backward_leftovers),
+        # the first module to own partitioned parameters; every other one was released after its
+        # backward (release_sub_module)
+        owners = (
+            [trace.numels[p] for p in params if trace.numels[p] >= setting.zero_persistence]
+            for params in trace.module_params
+        )
+        first = next((sum(own) for own in owners if own), live["backward"])
+        epilogue["buffers"] = d * min(first, live["backward"])
+    if n > 1 and trace.numels:
+        # a parameter's gradient is computed whole (the trace's activations hold it at that
+        # sample), then its hook copies it into the bucket (contiguous_gradients) and frees it; one
+        # larger than the bucket stays whole until the next hook reduces it alone, past the
+        # samples the trace shows it in: the largest such one, beside its gathered parameter
+        # (DeepSpeed's own estimator: 4 x the largest layer's parameters, 2 bytes each of
+        # parameter and gradient)
+        largest = max(trace.numels)
+        whole_gradient = d * largest if largest > setting.zero_bucket else 0
+        buckets = reduce_buckets(trace.numels, setting.zero_bucket)
+        copies = [reduce_copies(b, n, d, setting.gloo) for b in buckets]
+        final = buckets[-1]
+        alone = d * final[0] if len(final) == 1 and final[0] > setting.zero_bucket else 0
+        epilogue["buffers"] = epilogue.get("buffers", 0) + copies[-1] + alone
+    # (a reduction before the last: within a gradient's hook, mid-pass)
+    mid = max(copies[:-1], default=0)
+
+    def during(s: Sample) -> dict[str, int]:
+        if s.phase == 0:
+            return {"activations": s.activations, "buffers": gathered["forward"] + flat["forward"]}
+        if s.phase == 1:
+            step = gathered["backward"] + flat["backward"] + whole_gradient + mid
+            now = {"activations": s.activations, "buffers": step}
+            # the epilogue runs once autograd's graph is done (queue_post_backward_callback): the
+            # pass's own tensors are freed by then
+            if s is last and sum(epilogue.values()) > sum(now.values()):
+                return epilogue
+            return now
+        return {
+            "activations": s.activations
+            + round(s.optimizer_temporaries * sub / max(trace.numel, 1)),
+            # the sub-group's gradient flattened to fp32 (_prepare_fp32_grad_for_sub_group),
+            # dropped after its step (_release_sub_group)
+            "buffers": 4 * sub,
+        }
+
+    return held, during
+
+
 def zero3(trace: Trace, setting: Setting) -> Memory:
-    """DeepSpeed ZeRO stage 3 (``deepspeed/runtime/zero/stage3.py`` and ``partition_parameters.py``,
-    DeepSpeed 0.19).
+    """DeepSpeed ZeRO stage 3 (``deepspeed/runtime/zero/stage3.py``, ``partition_parameters.py``
+    and ``partitioned_param_coordinator.py``, DeepSpeed 0.19).
 
     - Parameters: each parameter is partitioned on its own, ceil(n/N) elements a rank
       (``ds_tensor``), at d bytes; parameters smaller than ``stage3_param_persistence_threshold``
@@ -271,58 +405,39 @@ def zero3(trace: Trace, setting: Setting) -> Memory:
     - Gradients: one flat buffer of the partitions, ``grad_partitions_flat_buffer``: d x φ, kept.
     - Optimizer state: fp32 master partitions (none in fp32: rankwise aliases them,
       ``compat.deepspeed_zero``) and the moments: (4 [bf16] + 4m) x φ.
-    - Buffers, kept: the reduction bucket (``reduce_bucket_size`` elements at d bytes;
-      ``overlap_comm`` is true at stage 3) and the fp32 gradient buffer of the largest optimizer
-      sub-group (``sub_group_size`` elements at most, 4 bytes each).  During the forward and
-      backward passes, the gathered parameters of the layers in use: at most
+    - Buffers, kept: the reduction bucket (``reduce_bucket_size`` elements at d bytes,
+      ``ipg_buckets``; ``contiguous_gradients`` copies each whole gradient into it as it is
+      computed, so the gradients waiting for the bucket to fill are in it).  The fp32 gradient
+      buffer ``initialize_optimizer_states`` makes is replaced at the first step, so not kept.
+    - Forward pass: the gathered parameters of the layers in use, at most
       ``stage3_max_live_parameters`` elements (and at least the largest partitioned parameter), d
-      bytes each; during the backward pass also the largest parameter's whole gradient, before its
-      reduce-scatter (DeepSpeed's ``estimate_zero3_model_states_mem_needs``: 4 bytes of the largest
-      layer's parameters, its 16-bit parameter and gradient).
-    - Activations: the trace's; the optimizer's temporaries scale with the partition."""
-    n, d = setting.world_size, trace.itemsize
-    partitioned = [numel for numel in trace.numels if numel >= setting.zero_persistence]
-    persistent = sum(numel for numel in trace.numels if numel < setting.zero_persistence)
-    part = sum(math.ceil(numel / n) for numel in trace.numels)
-    masters = 0 if trace.param_dtype == "float32" else 4 * part
-    optimizer = masters + round(4 * trace.optimizer_moments * part)
-    parameters = d * (part + persistent)
-    gradients = d * part
-    fp32_grads = 4 * min(part, setting.zero_bucket)
-    held = {
-        "parameters": parameters,
-        "gradients": gradients,
-        "optimizer": optimizer,
-        "activations": fixed_activations(trace),
-        "buffers": d * setting.zero_bucket + fp32_grads,
-    }
-    if n > 1 and partitioned:
-        gathered = d * min(sum(partitioned), max(setting.zero_max_live, max(partitioned)))
-        # a parameter's gradient is computed whole, then reduce-scattered into its partition: the
-        # largest one's, beside its gathered parameter (DeepSpeed's own estimator: 4 x the largest
-        # layer's parameters, 2 bytes each of parameter and gradient)
-        whole_gradient = d * max(partitioned)
-    else:
-        gathered = whole_gradient = 0  # one rank: nothing is partitioned away
-
-    def during(s: Sample) -> dict[str, int]:
-        if s.phase == 0:
-            return {"activations": s.activations, "buffers": gathered}
-        if s.phase == 1:
-            return {"activations": s.activations, "buffers": gathered + whole_gradient}
-        return {
-            "activations": s.activations
-            + round(s.optimizer_temporaries * part / max(trace.numel, 1))
-        }
-
+      bytes each; and the flat buffer of the largest gather of several parameters
+      (``_all_gather_dtype``: each parameter is then copied out of it, ``AllGatherCoalescedHandle``,
+      and the buffer lives until the last of them is fetched; replayed by
+      :func:`~rankwise.tools.plan.zero3_fetch.gathers`).  Every backend.
+    - Backward pass: the gathered parameters (and a flat buffer where they are gathered again),
+      the largest gradient when it is larger than the bucket (whole until the next gradient's hook
+      reduces it alone; DeepSpeed's ``estimate_zero3_model_states_mem_needs`` charges 4 bytes of
+      the largest layer's parameters, its 16-bit parameter and gradient), and a reduction's copies
+      (:func:`reduce_copies`: the interleaved flat copy on every backend, a second copy on gloo).
+      The last bucket is reduced after the pass (:func:`reduce_buckets`), beside the parameters
+      still gathered then.  Measured against a real step on gloo at 2 ranks (``gloo``: a plan for
+      the CPU), each phase within 0.1 % on the accounting model, a reduction within the pass
+      counted beside every gathered parameter (an upper bound: +13 % on the backward pass of one
+      case, tests/tools/plan/test_zero3_memory.py and docs/how-to/plan.md).
+    - Optimizer step: one sub-group's gradient in fp32 (``sub_group_size`` elements, rankwise's
+      bucket size) and the optimizer's temporaries scaled to the sub-group it steps.
+    - Activations: the trace's."""
+    held, during = zero3_step(trace, setting)
     return Memory(
-        parameters,
-        gradients,
-        optimizer,
+        held["parameters"],
+        held["gradients"],
+        held["optimizer"],
         peak_over(trace, held, during),
         "formula: DeepSpeed ZeRO-3 (stage3.py: per-parameter partitions of Φ/N, fp32 master and "
         f"moments on them, a kept reduce bucket of {setting.zero_bucket:,} elements, gathered "
-        f"layers up to {setting.zero_max_live:,} elements)",
+        f"layers up to {setting.zero_max_live:,} elements, the gathers' flat buffers and the "
+        f"reductions' copies{' (gloo: one more each)' if setting.gloo else ''})",
     )
 
 

@@ -33,6 +33,13 @@ class Gathers:
     """Calls made."""
     elements: int = 0
     """Parameter elements they gathered."""
+    largest: int = 0
+    """Elements of the largest call that gathered two parameters or more: its flat buffer
+    (``partition_parameters.py``, ``_all_gather_dtype``) lives beside each parameter's own copy; a
+    call of one parameter gathers straight into it (``_all_gather_sequential``)."""
+    live: int = 0
+    """The most parameter elements gathered at once (a prefetch may pass
+    ``stage3_max_live_parameters`` by the parameter it adds last)."""
 
 
 @dataclass
@@ -56,10 +63,13 @@ class _Coordinator:
     def _gather(self, params: set[int], into: Gathers) -> None:
         wanted = [p for p in params if p not in self.available and p not in self.persistent]
         if wanted:
+            elements = sum(self.numels[p] for p in wanted)
             into.calls += 1
-            into.elements += sum(self.numels[p] for p in wanted)
+            into.elements += elements
+            if len(wanted) > 1:
+                into.largest = max(into.largest, elements)
             self.available.update(wanted)
-            self.live += sum(self.numels[p] for p in wanted)
+            self.live += elements
 
     def fetch(self, params: tuple[int, ...], into: Gathers) -> None:
         own = set(params)
@@ -81,6 +91,7 @@ class _Coordinator:
                 prefetch.add(p)
                 elements += self.numels[p]
         self._gather(prefetch, into)
+        into.live = max(into.live, self.live)
         self.step += 1
 
     def release(self, params: tuple[int, ...]) -> None:
