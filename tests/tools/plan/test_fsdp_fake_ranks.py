@@ -29,9 +29,9 @@ def test_fsdp_at_another_world_size_from_one_measurement(capture, at_two, world)
     measured = fsdp(capture, ROWS, world, autocast=torch.bfloat16, gloo=True)
     shapes = [p.shape for p in capture.model.parameters()]
     scaled = at_world(at_two, 2, world, shapes)
-    # the shards a rank keeps: to the byte (the optimizer but for its 4-byte step counts)
+    # the shards a rank keeps, and its optimizer state (moments and step counts): to the byte
     assert (scaled.parameters, scaled.gradients) == (measured.parameters, measured.gradients)
-    assert scaled.optimizer == pytest.approx(measured.optimizer, abs=4 * len(shapes))
+    assert scaled.optimizer == measured.optimizer
     assert scaled.at_peak["activations"] == measured.at_peak["activations"]
     # the rest is padding: 64 ranks pad the 10-row head to 64 (measured: +0.37 % at 5, +1.6 % at 64)
     assert scaled.peak == pytest.approx(measured.peak, rel=0.02)

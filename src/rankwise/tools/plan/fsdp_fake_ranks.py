@@ -175,18 +175,30 @@ def at_world(measured: Memory, measured_world: int, world: int, shapes: list[tor
     scale with their padded sizes; the gathered parameters and communication buffers with the
     padded whole; the activations are the same.  Against fake ranks measured at each world size
     (the accounting model at bf16 and fp32, from 2 ranks to 3-64): the peak within 1.7 %, the
-    difference all padding; the shards held to the byte but for the optimizer's 4-byte step counts
+    difference all padding; the shards and optimizer state held to the byte
     (``tests/tools/plan/test_fsdp_fake_ranks.py``)."""
-    shards = _rows_kept(shapes, world) / _rows_kept(shapes, measured_world)
+    kept = _rows_kept(shapes, measured_world)
+    shards = _rows_kept(shapes, world) / kept
     whole = _rows_kept(shapes, world, gathered=True) / _rows_kept(
         shapes, measured_world, gathered=True
     )
+    # The optimizer's state: bytes per shard element (its moments), plus what every rank keeps
+    # whole whatever the world size (a step count per parameter, smaller than one element a row).
+    per_element, whole_state = divmod(measured.optimizer, kept)
+    optimizer = per_element * _rows_kept(shapes, world) + whole_state
     scale = {kind: shards for kind in SHARDED_KINDS} | {"buffers": whole}
+    at_peak = {
+        kind: round(nbytes * scale.get(kind, 1.0)) for kind, nbytes in measured.at_peak.items()
+    }
+    # (the state at the peak is the state held, plus the step's temporaries where it peaks there)
+    at_peak["optimizer"] = optimizer + round(
+        (measured.at_peak["optimizer"] - measured.optimizer) * shards
+    )
     return Memory(
         round(measured.parameters * shards),
         round(measured.gradients * shards),
-        round(measured.optimizer * shards),
-        {kind: round(nbytes * scale.get(kind, 1.0)) for kind, nbytes in measured.at_peak.items()},
+        optimizer,
+        at_peak,
         f"{measured.source}; at {world} ranks from the measurement at {measured_world}: the "
         "shards scaled by their padded sizes, the gathered buffers by the padded whole",
         list(measured.notes),
