@@ -33,6 +33,7 @@ from rankwise.strategies.options import DeepSpeedOptions
 from rankwise.tools.plan.between import FILE as BETWEEN
 from rankwise.tools.plan.devices import LINK_EFFICIENCY, Device
 from rankwise.tools.plan.fake_step import Trace
+from rankwise.tools.plan.rank_memory import reduce_buckets, sub_groups
 from rankwise.tools.plan.zero3_fetch import gathers
 
 DEEPSPEED_BUCKET = DeepSpeedOptions().bucket_size
@@ -84,32 +85,6 @@ def _carried(call: StepCall, trace: Trace, half: bool, persistence: int) -> tupl
     return itemsize * sum(numels), numels
 
 
-def _packed(numels: list[int], bucket: int) -> int:
-    """DeepSpeed's reduction buckets (``stage_1_and_2.py``, ``stage3.py``): the gradients in the
-    order the backward makes them (the parameters' reversed), a bucket reduced before the one that
-    would overflow it is added; a parameter is never split."""
-    calls = filled = 0
-    for n in reversed(numels):
-        if filled and filled + n > bucket:
-            calls, filled = calls + 1, 0
-        filled += n
-    return calls + (1 if filled else 0)
-
-
-def _sub_groups(numels: list[int], world: int, size: int) -> int:
-    """ZeRO-3's optimizer sub-groups (``stage3.py``, ``_create_fp16_sub_groups``): the rank's
-    partitions in parameter order, a sub-group closed once it holds ``size`` elements."""
-    partitions = [math.ceil(n / world) for n in numels]
-    if size >= sum(partitions):
-        return 1
-    groups = filled = 0
-    for n in partitions:
-        filled += n
-        if filled >= size:
-            groups, filled = groups + 1, 0
-    return groups + (1 if filled else 0)
-
-
 def _calls(
     call: StepCall, trace: Trace, nbytes: int, numels: list[int], world: int, bucket: int | None
 ) -> int:
@@ -118,7 +93,7 @@ def _calls(
     if call.count == "buckets":
         return max(1, math.ceil(nbytes / call.bucket))
     if call.count == "element-buckets":
-        return _packed(numels, bucket or call.bucket)
+        return len(reduce_buckets(numels, bucket or call.bucket))
     if call.count == "units":
         return _units(trace)
     if call.count == "layer-units":
@@ -128,7 +103,7 @@ def _calls(
     if call.count == "one":
         return 1
     if call.count == "zero3-sub-groups":
-        return _sub_groups(trace.numels, world, bucket or call.bucket)
+        return len(sub_groups(trace.numels, world, bucket or call.bucket)) or 1
     return trace.param_groups  # parameter-groups
 
 

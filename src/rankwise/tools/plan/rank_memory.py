@@ -265,17 +265,18 @@ def zero12(stage: int) -> Callable[[Trace, Setting], Memory]:
     return memory
 
 
-def largest_sub_group(numels: list[int], world: int, size: int) -> int:
-    """Elements of ZeRO-3's largest optimizer sub-group (``stage3.py``, ``_create_fp16_sub_groups``:
+def sub_groups(numels: list[int], world: int, size: int) -> list[int]:
+    """Elements of each ZeRO-3 optimizer sub-group (``stage3.py``, ``_create_fp16_sub_groups``:
     the rank's partitions in parameter order, a sub-group closed once it holds ``size`` elements,
     so up to one partition more; rankwise sets ``sub_group_size`` to its bucket size)."""
-    largest = filled = 0
+    groups: list[int] = []
+    filled = 0
     for numel in numels:
         filled += math.ceil(numel / world)
-        largest = max(largest, filled)
         if filled >= size:
+            groups.append(filled)
             filled = 0
-    return largest
+    return [*groups, filled] if filled else groups
 
 
 def reduce_buckets(numels: list[int], bucket: int) -> list[list[int]]:
@@ -326,7 +327,7 @@ def zero3_step(trace: Trace, setting: Setting) -> tuple[dict[str, int], Step]:
         "activations": fixed_activations(trace),
         "buffers": d * setting.zero_bucket,
     }
-    sub = largest_sub_group(trace.numels, n, setting.zero_bucket)
+    sub = max(sub_groups(trace.numels, n, setting.zero_bucket), default=0)
     # the last backward sample: the epilogue's reduction follows it
     last = next((s for s in reversed(trace.samples) if s.phase == 1), None)
     gathered = {"forward": 0, "backward": 0}
