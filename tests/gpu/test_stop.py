@@ -5,14 +5,18 @@ why.  Skipped without CUDA; the same stop on the CPU is tests/train/test_preempt
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
 
-from tests.support.cli import RANK_VARIABLES, command, command_env, tiny_text
+from tests.support.cli import (
+    RANK_VARIABLES,
+    command,
+    command_env,
+    sigterm_in_first_step,
+    tiny_text,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,15 +52,7 @@ def test_sigterm_while_the_first_compiled_step_compiles_on_cuda_ends_the_run_wit
             (*RANK_VARIABLES, "LOCAL_RANK"), src=True, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1"
         ),
     )
-    deadline = time.monotonic() + 180
-    while not (out / "metrics.jsonl").exists():  # (written as the loop starts its first step)
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
-    time.sleep(3)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=90)
-    waited = time.monotonic() - started
+    stderr, waited = sigterm_in_first_step(proc, out, start_s=180)
     print(f"ended {waited:.1f} s after SIGTERM on {torch.cuda.get_device_name()}")
     assert proc.returncode == 143, stderr[-3000:]
     assert waited < 30, waited

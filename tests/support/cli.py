@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -84,3 +86,20 @@ def tiny_text(limit: int = 300, max_length: int = 32, eval_batch_size: int = 64)
         "--set",
         f"eval_batch_size={eval_batch_size}",
     )
+
+
+def sigterm_in_first_step(
+    proc: subprocess.Popen, out: Path, *, after_s: float = 3.0, start_s: float = 120.0
+) -> tuple[str, float]:
+    """SIGTERM a ``rankwise train --out OUT`` process ``after_s`` seconds into its first step (its
+    ``metrics.jsonl`` is written as the loop starts it); returns its stderr and the seconds from the
+    signal to its end."""
+    deadline = time.monotonic() + start_s
+    while not (out / "metrics.jsonl").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(after_s)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=90)
+    return stderr, time.monotonic() - started

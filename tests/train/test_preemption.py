@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.support.cli import command, command_env
+from tests.support.cli import command, command_env, sigterm_in_first_step
 
 NEVER_REACHES_A_BOUNDARY = """
 import time
@@ -75,15 +75,7 @@ def test_sigterm_while_the_first_compiled_step_compiles_ends_the_run_within_30_s
         # (a first compile: inductor's on-disk caches would make a later run's compile fast)
         env=command_env((), src=True, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1"),
     )
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists():  # (written as the loop starts its first step)
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
-    time.sleep(3)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    waited = time.monotonic() - started
+    stderr, waited = sigterm_in_first_step(proc, out)
     print(f"ended {waited:.1f} s after SIGTERM; it said:\n{stderr[-1500:]}")
     assert proc.returncode == 143, stderr[-3000:]
     assert waited < 30, waited
