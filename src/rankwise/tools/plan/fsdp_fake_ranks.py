@@ -236,12 +236,16 @@ def _sharded(
             del loss
         optimizer.step()
 
-    # Untracked first: DTensor computes each sharded op's output spec once per process and shapes,
-    # under the plan's own fake mode, which the tracker cannot tell from the step's own tensors; so
-    # the first measurement of a shape counted those (measured: a peak at the optimizer step of 15
-    # times the shards' bytes, the activations missed).  Cached from here on, and the optimizer's
-    # state made: one tracked step is a steady one (two gave the same peaks to the byte).
-    step()
+    # An untracked optimizer step first, on zero gradients: DTensor computes each sharded op's
+    # output spec once per process and shapes, under the plan's own fake mode, which the tracker
+    # cannot tell from the step's own tensors; so the first measurement of a shape counted those
+    # (measured: a peak at the optimizer step of 15 times the shards' bytes, the activations
+    # missed).  Cached from here on, and the optimizer's state made: one tracked step is a steady
+    # one.  The passes need no warming (FSDP2 computes on the gathered plain tensors): a whole
+    # untracked step gave the 8B plan the same rows to the byte, for 8 CPU-s more.
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     with tracker:
         step()
